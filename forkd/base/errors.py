@@ -1,0 +1,33 @@
+"""The one exception type forkd raises for expected failures, with a hint that says how to fix it."""
+
+from __future__ import annotations
+
+
+class ForkdError(Exception):
+    """An expected failure: `message` says what went wrong, `hint` (optional) how to fix it.
+
+    `exit_code` lets front ends map failures to scripted exit codes (2 = bad input, 1 = runtime failure,
+    3 = not found, 4 = conflict/not ready).
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class InvalidInput(ForkdError):
+    exit_code = 2
+
+
+class NotFound(ForkdError):
+    exit_code = 3
+
+
+class Conflict(ForkdError):
+    exit_code = 4

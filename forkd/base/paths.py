@@ -1,0 +1,68 @@
+"""The one place that knows the on-disk layout of forkd's state.
+
+    $FORKD_HOME (default /var/lib/forkd)
+      images/<image-id>/{vmlinuz, initrd.img, image.json}    content-addressed guest images
+      images/default                                         id of the default image (text)
+      cache/debs/                                            downloaded Debian packages
+      cache/accel.json                                       accelerator probe results by kernel hash
+      snapshots/<tag>/{memory.bin, vmstate, snapshot.json}   snapshots (store layer)
+      children/<id>/{child.json, qmp.sock, agent.sock, console.log, qemu.log}   running children (sandbox layer)
+      tmp/                                                   half-built things; removed on start-up
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOME = "/var/lib/forkd"
+
+
+@dataclass(frozen=True)
+class Layout:
+    home: Path
+
+    @classmethod
+    def from_env(cls) -> "Layout":
+        return cls(Path(os.environ.get("FORKD_HOME", DEFAULT_HOME)).absolute())
+
+    @property
+    def images(self) -> Path:
+        return self.home / "images"
+
+    @property
+    def cache(self) -> Path:
+        return self.home / "cache"
+
+    @property
+    def debs(self) -> Path:
+        return self.cache / "debs"
+
+    @property
+    def accel_cache(self) -> Path:
+        return self.cache / "accel.json"
+
+    @property
+    def snapshots(self) -> Path:
+        return self.home / "snapshots"
+
+    @property
+    def children(self) -> Path:
+        return self.home / "children"
+
+    @property
+    def tmp(self) -> Path:
+        return self.home / "tmp"
+
+    def snapshot_dir(self, tag: str) -> Path:
+        return self.snapshots / tag
+
+    def child_dir(self, child_id: str) -> Path:
+        return self.children / child_id
+
+    def ensure(self) -> "Layout":
+        for d in (self.images, self.debs, self.snapshots, self.children, self.tmp):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.children, 0o700)
+        return self

@@ -1,0 +1,257 @@
+"""`forkd` command line. Each command parses its arguments, calls forkd.core, and prints.
+
+Exit codes: 0 ok; 1 runtime failure; 2 bad input; 3 not found; 4 conflict / not ready;
+`exec` exits with the guest command's own exit code (124 when it timed out).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from forkd import __version__
+from forkd.base.errors import ForkdError
+from forkd.cli.output import Fmt, emit, err, ms, out, size
+from forkd.core.runtime import Runtime
+from forkd.store.snapshot import CorruptManifest
+
+app = typer.Typer(
+    help="forkd: copy-on-write microVM sandboxes. Boot a parent once, snapshot it warm, fork children in "
+         "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd).",
+    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]})
+image_app = typer.Typer(help="Guest images (kernel + initramfs with Python and the forkd agent).",
+                        no_args_is_help=True)
+snapshot_app = typer.Typer(help="Create warm snapshots.", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+app.add_typer(snapshot_app, name="snapshot")
+
+OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
+
+
+class Progress:
+    """Progress lines on stderr with elapsed seconds (stdout stays clean for -o json)."""
+
+    def __init__(self, quiet: bool = False):
+        self.t0 = time.monotonic()
+        self.quiet = quiet
+
+    def __call__(self, msg: str) -> None:
+        if not self.quiet:
+            err.print(f"[dim]{time.monotonic() - self.t0:6.1f}s[/] {msg}")
+
+
+def rt() -> Runtime:
+    return Runtime()
+
+
+@app.command()
+def version() -> None:
+    """Print forkd's version."""
+    out.print(__version__)
+
+
+# -- doctor ---------------------------------------------------------------------------------------
+@app.command()
+def doctor(output: Fmt = OUTPUT,
+           reprobe: bool = typer.Option(False, help="probe the accelerator again instead of using the cache")) -> None:
+    """Check this host: QEMU, kernel and image, accelerator (real boot probe), userfaultfd, space, cgroups,
+    netns. Exits 1 if any check FAILs."""
+    from forkd.core.doctor import run_checks
+
+    checks = run_checks(rt(), reprobe=reprobe, progress=Progress(quiet=output != Fmt.table))
+    data = [c.__dict__ for c in checks]
+    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
+    emit(data, output, [("CHECK", "left"), ("STATUS", "left"), ("DETAIL", "left")],
+         [[c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail + (f"\n[dim]fix: {c.fix}[/]" if c.fix else "")]
+          for c in checks])
+    if any(c.status == "FAIL" for c in checks):
+        raise typer.Exit(1)
+
+
+# -- images ---------------------------------------------------------------------------------------
+@image_app.command("build")
+def image_build(force: bool = typer.Option(False, help="rebuild even if the cached image is current"),
+                output: Fmt = OUTPUT) -> None:
+    """Build the default guest image from Debian packages (cached by content; rebuilt only on change)."""
+    image, built = rt().build_image(Progress(quiet=output != Fmt.table), force=force)
+    data = dict(image.meta, built_now=built, path=str(image.dir))
+    emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("INITRD", "right"), ("PATH", "left")],
+         [[image.id, "built" if built else "cached", size(image.meta.get("initrd_bytes")), str(image.dir)]])
+
+
+# -- snapshots ------------------------------------------------------------------------------------
+@snapshot_app.command("create")
+def snapshot_create(
+        tag: str = typer.Option(..., "--tag", "-t", help="name: [a-z0-9][a-z0-9._-]{0,62}"),
+        memory_mib: int = typer.Option(512, "--memory-mib", help="guest RAM in MiB"),
+        vcpus: int = typer.Option(1, "--vcpus"),
+        warm_import: list[str] = typer.Option([], "--warm-import", help="module to import in the agent (repeat)"),
+        warm_run: list[str] = typer.Option([], "--warm-run", help="shell command to run before pausing (repeat)"),
+        output: Fmt = OUTPUT) -> None:
+    """Boot a parent VM, warm it up, pause it and write a snapshot children can fork from."""
+    snap = rt().create_snapshot(tag, memory_mib, vcpus, tuple(warm_import), tuple(warm_run),
+                                progress=Progress(quiet=output != Fmt.table))
+    t = snap.timings_ms
+    emit(snap.to_json(), output, [("TAG", "left"), ("STATUS", "left"), ("BOOT ms", "right"), ("WARM ms", "right"),
+                                  ("SAVE ms", "right"), ("MEMORY", "right")],
+         [[snap.tag, snap.status, ms(t.get("boot")), ms(t.get("warmup")), ms(t.get("save")),
+           f"{size(snap.memory_stored_bytes)} of {size(snap.memory_bytes)}"]])
+
+
+@app.command()
+def snapshots(output: Fmt = OUTPUT) -> None:
+    """List snapshots."""
+    items = rt().snapshots()
+    data, rows = [], []
+    for s in items:
+        if isinstance(s, CorruptManifest):
+            data.append({"error": s.message})
+            rows.append(["?", "corrupt", "-", "-", "-", s.message])
+            continue
+        data.append(s.to_json())
+        rows.append([s.tag, s.status, str(s.memory_mib), s.accel, size(s.memory_stored_bytes),
+                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at)) + (f"  {s.error}" if s.error else "")])
+    emit(data, output, [("TAG", "left"), ("STATUS", "left"), ("MiB", "right"), ("ACCEL", "left"),
+                        ("STORED", "right"), ("CREATED", "left")], rows)
+
+
+@app.command("snapshot-info")
+def snapshot_info(tag: str, output: Fmt = OUTPUT) -> None:
+    """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
+    info = rt().snapshot_info(tag)
+    keys = ["tag", "status", "error", "path", "depth", "memory_mib", "vcpus", "accel", "image_id", "qemu_version",
+            "warm_imports", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "children", "timings_ms"]
+    emit(info, output, [("FIELD", "left"), ("VALUE", "left")], [[k, str(info.get(k))] for k in keys])
+
+
+@app.command()
+def rmi(tag: str, force: bool = typer.Option(False, "--force", "-f",
+                                             help="delete even while children of it run (they keep running)")) -> None:
+    """Delete a snapshot. Refused while children of it run, unless --force."""
+    left = rt().rmi(tag, force=force)
+    out.print(f"deleted {tag}" + (f" ({len(left)} running children keep their mapping)" if left else ""))
+
+
+# -- children -------------------------------------------------------------------------------------
+def _child_rows(recs) -> list[list[str]]:
+    return [[r.id, r.status, r.snapshot, str(r.pid or "-"), ms(r.timings_ms.get("restore")),
+             ms(r.timings_ms.get("ready"))] for r in recs]
+
+
+CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("PID", "right"),
+                 ("RESTORE ms", "right"), ("READY ms", "right")]
+
+
+@app.command()
+def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from"),
+         n: int = typer.Option(1, "-n", help="number of children (1..1000)"),
+         timeout: float = typer.Option(60.0, help="seconds to wait for each child to answer"),
+         output: Fmt = OUTPUT) -> None:
+    """Fork N children of a snapshot; returns when every child answered. Children outlive this command."""
+    t0 = time.perf_counter()
+    recs = rt().fork(tag, n, timeout=timeout, progress=Progress(quiet=output != Fmt.table))
+    total = (time.perf_counter() - t0) * 1000.0
+    emit({"children": [r.to_json() for r in recs], "all_answered_ms": total}, output, CHILD_COLUMNS,
+         _child_rows(recs))
+    if output == Fmt.table:
+        out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
+
+
+@app.command("ls")
+def ls(output: Fmt = OUTPUT) -> None:
+    """List children (running, dead = its VMM is gone, failed)."""
+    recs = rt().children()
+    emit([dict(r.to_json(), status=r.status) for r in recs], output, CHILD_COLUMNS, _child_rows(recs))
+
+
+@app.command("exec", context_settings={"allow_interspersed_args": False})
+def exec_(child: str, cmd: list[str] = typer.Argument(None, help="command and arguments (after --)"),
+          timeout: Optional[float] = typer.Option(None, help="seconds before the command is killed"),
+          cwd: Optional[str] = typer.Option(None, help="working directory in the guest"),
+          output: Fmt = OUTPUT) -> None:
+    """Run a command in a child: forkd exec ID -- CMD [ARGS...]. Exits with the command's exit code."""
+    argv = list(cmd or [])
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    res = rt().exec(child, argv, cwd=cwd, timeout=timeout)
+    if output != Fmt.table:
+        emit(res, output)
+    else:
+        sys.stdout.write(res["stdout"])
+        sys.stderr.write(res["stderr"])
+        if res.get("truncated"):
+            err.print("[yellow]output truncated[/]")
+    raise typer.Exit(124 if res.get("timed_out") else res["exit_code"])
+
+
+@app.command("eval")
+def eval_(child: str, code: str, output: Fmt = OUTPUT) -> None:
+    """Evaluate a Python expression in the child's warm interpreter and print its repr."""
+    res = rt().eval(child, code)
+    if output != Fmt.table:
+        emit(res, output)
+    else:
+        sys.stdout.write(res["stdout"])
+        if res["error"]:
+            sys.stderr.write(res["error"].get("traceback") or f"{res['error']['type']}: {res['error']['message']}\n")
+        else:
+            out.print(res["value"])
+    if res["error"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def ping(child: str) -> None:
+    """Check that a child's agent answers."""
+    t0 = time.perf_counter()
+    rt().ping(child)
+    out.print(f"{child}: pong in {(time.perf_counter() - t0) * 1000:.1f} ms")
+
+
+@app.command()
+def kill(ids: list[str] = typer.Argument(None, help="child ids"),
+         all_: bool = typer.Option(False, "--all", help="kill every child"),
+         tag: Optional[str] = typer.Option(None, "--tag", help="kill the children of this snapshot")) -> None:
+    """Stop children and remove their records (dead ones too)."""
+    for cid, was_running in rt().kill(ids, all_=all_, tag=tag):
+        out.print(f"{cid}: {'killed' if was_running else 'removed (was not running)'}")
+
+
+@app.command()
+def quickstart(tag: str = typer.Option("quickstart", "--tag"), n: int = typer.Option(4, "-n"),
+               keep: bool = typer.Option(False, help="leave the children running"),
+               output: Fmt = OUTPUT) -> None:
+    """The whole tour: build the image, create a warm snapshot, fork N children, eval + exec in each."""
+    from forkd.core.quickstart import run_quickstart
+
+    result = run_quickstart(rt(), tag=tag, n=n, keep=keep, progress=Progress(quiet=output != Fmt.table))
+    emit(result, output, [("CHILD", "left"), ("READY ms", "right"), ("EVAL ms", "right"), ("EVAL", "left"),
+                          ("EXEC ms", "right"), ("EXEC stdout", "left")],
+         [[c["id"], ms(c["ready_ms"]), ms(c["eval_ms"]), c["eval"], ms(c["exec_ms"]), c["exec_stdout"]]
+          for c in result["children"]])
+    if output == Fmt.table:
+        out.print(f"{n} children forked from '{tag}' answering after {result['fork_ms']:.0f} ms "
+                  f"(parent boot + warm-up took {result['parent_ms'] / 1000:.1f} s"
+                  f"{', reused' if result['snapshot_reused'] else ''})")
+
+
+def main() -> None:
+    try:
+        app()
+    except ForkdError as exc:
+        err.print(f"[red]error:[/] {escape(exc.message)}")
+        if exc.hint:
+            err.print(f"[dim]hint:[/] {escape(exc.hint)}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Rendering for the CLI: tables for people, json/yaml for scripts, errors on stderr with a hint."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class Fmt(str, Enum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+def emit(data: Any, fmt: Fmt, columns: list[tuple[str, str]] | None = None, rows: list[list[str]] | None = None,
+         title: str | None = None) -> None:
+    """Print `data` as json/yaml, or `rows` as a table with `columns` (header, justify)."""
+    if fmt == Fmt.json:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    elif fmt == Fmt.yaml:
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=True))
+    else:
+        t = Table(title=title, box=None, pad_edge=False, header_style="bold")
+        for head, justify in columns or []:
+            t.add_column(head, justify=justify)
+        for r in rows or []:
+            t.add_row(*r)
+        out.print(t)
+
+
+def ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def size(n: int | None) -> str:
+    if not n:
+        return "0"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

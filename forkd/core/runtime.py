@@ -1,0 +1,268 @@
+"""The runtime core every front end calls: images, snapshots, children. Front ends parse and print only."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from pathlib import Path
+
+from forkd.base.atomic import write_json
+from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.base.names import check_tag
+from forkd.base.paths import Layout
+from forkd.image.build import Image, build, default_image
+from forkd.sandbox.registry import ChildRecord, Registry
+from forkd.sandbox.supervisor import Supervisor
+from forkd.store.memfile import copy_sparse_hashed
+from forkd.store.snapshot import Snapshot
+from forkd.store.store import SnapshotStore
+from forkd.base.hashing import sha256_file
+from forkd.vmm.accel import Decision, probe
+from forkd.vmm.agent_client import AgentClient
+from forkd.vmm.driver import Machine, RunFiles, VmmDriver
+from forkd.vmm.qemu import QemuDriver
+
+Progress = Callable[[str], None]
+MAX_FORK = 1000
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class Runtime:
+    def __init__(self, layout: Layout | None = None, driver: VmmDriver | None = None):
+        self.layout = (layout or Layout.from_env()).ensure()
+        self.store = SnapshotStore(self.layout)
+        self.registry = Registry(self.layout)
+        self._driver = driver
+
+    @property
+    def driver(self) -> VmmDriver:
+        if self._driver is None:
+            self._driver = QemuDriver()
+        return self._driver
+
+    @property
+    def supervisor(self) -> Supervisor:
+        return Supervisor(self.registry, self.driver)
+
+    # -- images and accelerator ------------------------------------------------------------------
+    def build_image(self, progress: Progress = _quiet, force: bool = False) -> tuple[Image, bool]:
+        return build(self.layout, progress, force=force)
+
+    def image(self, image_id: str | None = None) -> Image:
+        if image_id is None:
+            return default_image(self.layout)
+        return Image.load(self.layout.images / image_id)
+
+    def accelerator(self, image: Image, progress: Progress = _quiet, reprobe: bool = False) -> tuple[Decision, bool]:
+        """KVM or TCG for this kernel, decided by a real boot probe and cached per kernel hash.
+
+        Returns (decision, from_cache). FORKD_ACCEL=kvm|tcg overrides the probe."""
+        forced = os.environ.get("FORKD_ACCEL")
+        if forced:
+            if forced not in ("kvm", "tcg"):
+                raise InvalidInput(f"FORKD_ACCEL={forced!r}: use kvm or tcg")
+            return Decision(forced, "set by FORKD_ACCEL", 0.0), False
+        cache_path = self.layout.accel_cache
+        try:
+            cache = json.loads(cache_path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+        hit = cache.get(image.kernel_sha256)
+        if hit and not reprobe:
+            return Decision(hit["accel"], hit["reason"], hit.get("probe_seconds", 0.0)), True
+        progress("probing KVM with a real guest boot (cached afterwards)")
+        decision = probe(self.driver.binary, image.kernel, image.initrd)
+        cache[image.kernel_sha256] = {"accel": decision.accel, "reason": decision.reason,
+                                      "probe_seconds": decision.probe_seconds, "probed_at": time.time()}
+        write_json(cache_path, cache)
+        return decision, False
+
+    # -- snapshots ---------------------------------------------------------------------------------
+    def snapshots(self) -> list:
+        return self.store.list()
+
+    def machine_for(self, snap: Snapshot) -> Machine:
+        image = self.image(snap.image_id)
+        return Machine(kernel=image.kernel, initrd=image.initrd, memory_mib=snap.memory_mib, vcpus=snap.vcpus,
+                       accel=snap.accel)
+
+    def create_snapshot(self, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: tuple[str, ...] = (),
+                        warm_run: tuple[str, ...] = (), progress: Progress = _quiet,
+                        boot_timeout: float = 90.0) -> Snapshot:
+        """Boot a parent, warm it up, pause it and write a ready snapshot (or a failed one, never a torn one)."""
+        check_tag(tag)
+        if not 128 <= memory_mib <= 65536:
+            raise InvalidInput(f"--memory-mib {memory_mib}: use 128..65536")
+        if not 1 <= vcpus <= 64:
+            raise InvalidInput(f"--vcpus {vcpus}: use 1..64")
+        for mod in warm_imports:
+            if not all(part.isidentifier() for part in mod.split(".")):
+                raise InvalidInput(f"--warm-import {mod!r} is not a module name")
+        image, _ = self.build_image(progress)
+        decision, _ = self.accelerator(image, progress)
+        machine = Machine(kernel=image.kernel, initrd=image.initrd, memory_mib=memory_mib, vcpus=vcpus,
+                          accel=decision.accel)
+        snap = self.store.begin(Snapshot(
+            tag=tag, status="writing", created_at=time.time(), memory_mib=memory_mib, vcpus=vcpus,
+            accel=decision.accel, image_id=image.id, kernel_sha256=image.kernel_sha256,
+            qemu_version=self.driver.version(), warm_imports=tuple(warm_imports), warm_run=tuple(warm_run)))
+        shm_dir = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
+        work = self.layout.tmp / f"p-{os.getpid()}-{secrets.token_hex(2)}"
+        mem = (shm_dir if shm_dir.is_dir() else work) / f"forkd-{tag}-{os.getpid()}.mem"
+        vm = None
+        timings: dict[str, float] = {}
+        try:
+            t0 = time.perf_counter()
+            progress(f"booting the parent ({memory_mib} MiB, {vcpus} vCPU, {decision.accel})")
+            work.mkdir(parents=True)
+            vm = self.driver.boot(machine, mem, RunFiles(work), timeout=boot_timeout)
+            timings["boot"] = (time.perf_counter() - t0) * 1000.0
+            t1 = time.perf_counter()
+            if warm_imports:
+                progress(f"warming up: import {', '.join(warm_imports)}")
+                res = vm.agent.exec_code("".join(f"import {m}\n" for m in warm_imports))
+                if res["error"]:
+                    raise ForkdError(f"warm-up import failed: {res['error']['type']}: {res['error']['message']}")
+            for cmd in warm_run:
+                progress(f"warming up: {cmd}")
+                res = vm.agent.exec(["/bin/sh", "-c", cmd], timeout=600)
+                if res["exit_code"] != 0:
+                    raise ForkdError(f"warm-up command {cmd!r} exited {res['exit_code']}: "
+                                     f"{(res['stderr'] or res['stdout']).strip()[-400:]}")
+            timings["warmup"] = (time.perf_counter() - t1) * 1000.0
+            progress("pausing and saving device state")
+            d = self.store.dir(tag)
+            t2 = time.perf_counter()
+            self.driver.save(vm, d / "vmstate")
+            vm = None
+            timings["save"] = (time.perf_counter() - t2) * 1000.0
+            progress("writing and hashing the memory file")
+            t3 = time.perf_counter()
+            mem_hash, mem_size, stored = copy_sparse_hashed(mem, d / "memory.bin")
+            timings["memory_copy"] = (time.perf_counter() - t3) * 1000.0
+            snap = snap.with_(memory_sha256=mem_hash, memory_bytes=mem_size, memory_stored_bytes=stored,
+                              vmstate_sha256=sha256_file(d / "vmstate"),
+                              vmstate_bytes=(d / "vmstate").stat().st_size, timings_ms=timings)
+            return self.store.commit(snap)
+        except BaseException as exc:
+            if vm is not None:
+                self.driver.stop(vm)
+            self.store.fail(snap, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise
+        finally:
+            mem.unlink(missing_ok=True)
+            shutil.rmtree(work, ignore_errors=True)
+
+    def snapshot_info(self, tag: str) -> dict:
+        snap = self.store.get(tag)
+        d = self.store.dir(tag)
+        info = snap.to_json()
+        info["path"] = str(d)
+        info["depth"] = 0
+        info["ancestors"] = []
+        info["children"] = [c.id for c in self.registry.list() if c.snapshot == tag and c.status == "running"]
+        info["stored_bytes"] = sum(p.stat().st_blocks * 512 for p in d.iterdir() if p.is_file())
+        info["logical_bytes"] = snap.memory_bytes + snap.vmstate_bytes
+        return info
+
+    def rmi(self, tag: str, force: bool = False) -> list[str]:
+        """Delete a snapshot; refused while children of it run unless `force`. Returns running children left."""
+        with self.registry.locked():
+            users = [c.id for c in self.registry.list() if c.snapshot == tag and c.status in ("running", "starting")]
+            if users and not force:
+                raise Conflict(f"snapshot {tag!r} is used by {len(users)} running children: {', '.join(users[:8])}",
+                               hint=f"kill them first ('forkd kill --tag {tag}') or pass --force "
+                                    "(running children keep their memory mapping)")
+            self.store.remove(tag)
+            return users
+
+    # -- children ----------------------------------------------------------------------------------
+    def fork(self, tag: str, n: int = 1, timeout: float = 60.0, progress: Progress = _quiet) -> list[ChildRecord]:
+        """Restore `n` children of `tag` in parallel; return when every one answered. All or nothing."""
+        if not 1 <= n <= MAX_FORK:
+            raise InvalidInput(f"-n {n}: use 1..{MAX_FORK}")
+        with self.registry.locked():
+            snap = self.store.get_ready(tag)
+        machine = self.machine_for(snap)
+        memory, vmstate = self.store.memory_path(tag), self.store.vmstate_path(tag)
+        sup = self.supervisor
+        done: list[ChildRecord] = []
+        errors: list[BaseException] = []
+        with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
+            futures = [pool.submit(sup.spawn, tag, machine, memory, vmstate, timeout) for _ in range(n)]
+            for fut in as_completed(futures):
+                try:
+                    rec, vm = fut.result()
+                    vm.agent.close()
+                    vm.qmp.close()
+                    done.append(rec)
+                    progress(f"{len(done)}/{n} children answering")
+                except BaseException as exc:  # noqa: BLE001 - collected, reported below
+                    errors.append(exc)
+        if errors:
+            for rec in done:
+                sup.kill(rec)
+            for rec in self.registry.list():
+                if rec.state == "failed" and rec.snapshot == tag:
+                    sup.kill(rec)
+            first = errors[0]
+            raise ForkdError(f"{len(errors)} of {n} children failed to start; none kept. First error: {first}",
+                             hint=getattr(first, "hint", None)) from first
+        return sorted(done, key=lambda r: r.timings_ms.get("ready", 0))
+
+    def children(self) -> list[ChildRecord]:
+        return self.registry.list()
+
+    def child(self, child_id: str) -> ChildRecord:
+        return self.registry.get(child_id)
+
+    @contextmanager
+    def agent(self, child_id: str, timeout: float = 10.0) -> Iterator[AgentClient]:
+        client = self.supervisor.connect(self.registry.get(child_id), timeout=timeout)
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def exec(self, child_id: str, argv: list[str], *, env: dict | None = None, cwd: str | None = None,
+             stdin: str | None = None, timeout: float | None = None) -> dict:
+        if not argv:
+            raise InvalidInput("exec needs a command", hint="forkd exec ID -- CMD [ARGS...]")
+        with self.agent(child_id) as a:
+            return a.exec(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+
+    def eval(self, child_id: str, code: str, timeout: float = 60.0) -> dict:
+        with self.agent(child_id) as a:
+            return a.eval(code, timeout=timeout)
+
+    def exec_code(self, child_id: str, code: str, timeout: float = 300.0) -> dict:
+        with self.agent(child_id) as a:
+            return a.exec_code(code, timeout=timeout)
+
+    def ping(self, child_id: str) -> dict:
+        with self.agent(child_id) as a:
+            return a.ping()
+
+    def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[tuple[str, bool]]:
+        """Stop children and drop their records: the given ids, all of them, or those of one snapshot."""
+        if all_ or tag:
+            recs = [r for r in self.registry.list() if all_ or r.snapshot == tag]
+        else:
+            if not ids:
+                raise InvalidInput("name children to kill, or pass --all / --tag")
+            recs = [self.registry.get(i) for i in ids]
+        sup = self.supervisor
+        return [(r.id, sup.kill(r)) for r in recs]
+
+    def memory(self, child_id: str) -> dict[str, int]:
+        rec = self.registry.get(child_id)
+        return self.supervisor.private_memory_kib(rec, self.store.memory_path(rec.snapshot))

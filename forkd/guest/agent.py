@@ -1,0 +1,282 @@
+"""forkd guest agent: PID 1 inside the microVM (stdlib only, runs on the guest's Python 3.11).
+
+Transport: the virtio-serial port named ``forkd.agent`` (never a guest TCP port). Frames are
+``b"FKD1" + 4-byte big-endian length + UTF-8 JSON``. The magic lets either side resynchronise
+after a host disconnect cut a frame in half (the guest writes at most 32 KiB per write).
+
+Requests: ``{"id": N, "op": "...", "args": {...}}``. Replies: ``{"id": N, "ok": true, "result": ...}``
+or ``{"id": N, "ok": false, "error": {"type", "message", "traceback"}}``. A malformed or unknown
+request gets an error reply and the agent keeps serving.
+
+When no host is connected, read() on the port returns EOF at once; the agent then blocks in
+sigtimedwait(SIGIO) (the port is O_ASYNC), which the kernel raises when the host connects.
+"""
+
+import base64
+import builtins
+import contextlib
+import fcntl
+import io
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+PORT_NAME = "forkd.agent"
+MAGIC = b"FKD1"
+MAX_FRAME = 64 << 20
+DEFAULT_OUTPUT_CAP = 1 << 20
+RNDADDENTROPY = 0x40085203
+RNDRESEEDCRNG = 0x5207
+
+NS = {"__name__": "__forkd__", "__builtins__": builtins}
+STATE = {"child_id": None, "boot": time.monotonic()}
+EVAL_LOCK = threading.Lock()
+WRITE_LOCK = threading.Lock()
+LIVE_PIDS = set()
+
+
+class RequestError(Exception):
+    """An error that is the caller's fault (bad arguments); reported, never fatal."""
+
+
+def find_port():
+    base = "/sys/class/virtio-ports"
+    for _ in range(500):
+        if os.path.isdir(base):
+            for d in sorted(os.listdir(base)):
+                try:
+                    with open(os.path.join(base, d, "name")) as f:
+                        if f.read().strip() == PORT_NAME:
+                            return "/dev/" + d
+                except OSError:
+                    pass
+        time.sleep(0.01)
+    raise SystemExit("forkd-agent: virtio port %s not found" % PORT_NAME)
+
+
+# ---------------------------------------------------------------- ops
+
+
+def op_ping(args):
+    return {"pong": True, "pid": os.getpid(), "child_id": STATE["child_id"],
+            "uptime": time.monotonic() - STATE["boot"]}
+
+
+def _cap(data, cap):
+    if len(data) > cap:
+        return data[:cap].decode("utf-8", "replace"), True
+    return data.decode("utf-8", "replace"), False
+
+
+def op_exec(args):
+    argv = args.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise RequestError("exec: 'argv' must be a non-empty list of strings")
+    env = dict(os.environ)
+    env.update(args.get("env") or {})
+    stdin = args.get("stdin")
+    stdin_bytes = stdin.encode() if isinstance(stdin, str) else b""
+    timeout = args.get("timeout")
+    cap = int(args.get("max_output", DEFAULT_OUTPUT_CAP))
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, env=env, cwd=args.get("cwd") or "/", stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) and exc.filename == argv[0] else 126
+        return {"stdout": "", "stderr": "forkd-agent: %s: %s\n" % (argv[0], exc.strerror), "exit_code": code,
+                "timed_out": False, "truncated": False, "duration_ms": (time.monotonic() - t0) * 1000.0}
+    LIVE_PIDS.add(proc.pid)
+    timed_out = False
+    try:
+        out, err = proc.communicate(stdin_bytes, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    finally:
+        LIVE_PIDS.discard(proc.pid)
+        reap_orphans()
+    stdout, t1 = _cap(out, cap)
+    stderr, t2 = _cap(err, cap)
+    return {"stdout": stdout, "stderr": stderr, "exit_code": proc.returncode,
+            "timed_out": timed_out, "truncated": t1 or t2,
+            "duration_ms": (time.monotonic() - t0) * 1000.0}
+
+
+def _run_code(code, mode):
+    if not isinstance(code, str):
+        raise RequestError("'code' must be a string")
+    out, err = io.StringIO(), io.StringIO()
+    value, error = None, None
+    with EVAL_LOCK, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            compiled = compile(code, "<forkd-%s>" % mode, mode)
+            result = eval(compiled, NS) if mode == "eval" else exec(compiled, NS)  # noqa: S307
+            if mode == "eval":
+                value = repr(result)
+        except BaseException as exc:  # the user's code may raise anything, SystemExit included
+            tb = exc.__traceback__.tb_next or exc.__traceback__  # drop the agent's own frame
+            error = {"type": type(exc).__name__, "message": str(exc),
+                     "traceback": "".join(traceback.format_exception(type(exc), exc, tb))}
+    return {"value": value, "stdout": out.getvalue(), "stderr": err.getvalue(), "error": error}
+
+
+def op_eval(args):
+    return _run_code(args.get("code"), "eval")
+
+
+def op_exec_code(args):
+    return _run_code(args.get("code"), "exec")
+
+
+def op_write_file(args):
+    path = args.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise RequestError("write_file: 'path' must be an absolute path")
+    data = base64.b64decode(args.get("data", ""))
+    if args.get("mkdir", True):
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+    tmp = "%s.forkd-tmp" % path
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, int(args.get("mode", 0o644)))
+    os.replace(tmp, path)
+    return {"path": path, "size": len(data)}
+
+
+def op_read_file(args):
+    path = args.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise RequestError("read_file: 'path' must be an absolute path")
+    limit = int(args.get("max_bytes", 16 << 20))
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    return {"path": path, "data": base64.b64encode(data[:limit]).decode(), "truncated": len(data) > limit}
+
+
+def op_forked(args):
+    """First call in a fresh child: new entropy, identity and clock."""
+    entropy = base64.b64decode(args.get("entropy", ""))
+    if len(entropy) < 32:
+        raise RequestError("forked: at least 32 bytes of entropy are required")
+    with open("/dev/urandom", "wb") as f:
+        fcntl.ioctl(f, RNDADDENTROPY, struct.pack("ii", len(entropy) * 8, len(entropy)) + entropy)
+        fcntl.ioctl(f, RNDRESEEDCRNG)
+    if "random" in sys.modules:  # the warm interpreter's PRNG was seeded in the parent
+        sys.modules["random"].seed()
+    STATE["child_id"] = args.get("child_id")
+    if args.get("hostname"):
+        socket.sethostname(args["hostname"])
+    if args.get("time"):
+        time.clock_settime(time.CLOCK_REALTIME, float(args["time"]))
+    return {"child_id": STATE["child_id"], "hostname": socket.gethostname()}
+
+
+OPS = {"ping": op_ping, "exec": op_exec, "eval": op_eval, "exec_code": op_exec_code,
+       "write_file": op_write_file, "read_file": op_read_file, "forked": op_forked}
+
+
+def reap_orphans():
+    """PID 1 adopts orphans; reap those that are not an exec we are still waiting for."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid in LIVE_PIDS:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+
+
+# ---------------------------------------------------------------- transport
+
+
+class Port:
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDWR)
+        fcntl.fcntl(self.fd, fcntl.F_SETOWN, os.getpid())
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) | os.O_ASYNC)
+        self.buf = b""
+
+    def _fill(self):
+        chunk = os.read(self.fd, 65536)
+        if not chunk:  # no host connected: wait until one connects
+            self.buf = b""
+            signal.sigtimedwait([signal.SIGIO], 5.0)
+            return
+        self.buf += chunk
+
+    def read_frame(self):
+        while True:
+            i = self.buf.find(MAGIC)
+            if i < 0:
+                self.buf = self.buf[-3:]
+            elif len(self.buf) >= i + 8:
+                (n,) = struct.unpack(">I", self.buf[i + 4:i + 8])
+                if n > MAX_FRAME:
+                    self.buf = self.buf[i + 4:]
+                    continue
+                if len(self.buf) >= i + 8 + n:
+                    payload = self.buf[i + 8:i + 8 + n]
+                    self.buf = self.buf[i + 8 + n:]
+                    return payload
+            self._fill()
+
+    def write_frame(self, obj):
+        data = json.dumps(obj).encode()
+        view = memoryview(MAGIC + struct.pack(">I", len(data)) + data)
+        with WRITE_LOCK:
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+
+
+def handle(port, payload):
+    rid = None
+    try:
+        try:
+            req = json.loads(payload)
+        except ValueError as exc:
+            raise RequestError("malformed JSON: %s" % exc) from None
+        if not isinstance(req, dict):
+            raise RequestError("request must be a JSON object")
+        rid = req.get("id")
+        fn = OPS.get(req.get("op"))
+        if fn is None:
+            raise RequestError("unknown op %r (known: %s)" % (req.get("op"), ", ".join(sorted(OPS))))
+        args = req.get("args") or {}
+        if not isinstance(args, dict):
+            raise RequestError("'args' must be an object")
+        reply = {"id": rid, "ok": True, "result": fn(args)}
+    except RequestError as exc:
+        reply = {"id": rid, "ok": False, "error": {"type": "RequestError", "message": str(exc)}}
+    except Exception as exc:
+        reply = {"id": rid, "ok": False, "error": {"type": type(exc).__name__, "message": str(exc),
+                                                   "traceback": traceback.format_exc()}}
+    port.write_frame(reply)
+
+
+def main():
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGIO])
+    port = Port(find_port())
+    print("forkd-agent: ready on %s" % PORT_NAME, flush=True)
+    while True:
+        payload = port.read_frame()
+        if b'"op": "exec"' in payload:  # may run long: its own thread
+            threading.Thread(target=handle, args=(port, payload), daemon=True).start()
+        else:  # inline: a fresh child answers its first requests without translating thread start-up
+            handle(port, payload)
+
+
+if __name__ == "__main__":
+    main()

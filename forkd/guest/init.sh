@@ -1,0 +1,21 @@
+#!/bin/sh
+# forkd guest init (busybox sh). Mounts the basics, loads the virtio modules (Debian's cloud kernel builds
+# them as modules), then hands PID 1 to the Python agent. With `forkd.probe` on the kernel command line it
+# only proves that the guest boots (the accelerator probe) and powers off.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+case " $(cat /proc/cmdline) " in
+  *" forkd.probe "*) echo "FORKD-PROBE-OK"; poweroff -f ;;
+esac
+for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_console; do
+  insmod /lib/modules/forkd/$m.ko || echo "forkd-init: insmod $m failed"
+done
+ip link set lo up 2>/dev/null
+hostname forkd
+cd /
+exec /usr/bin/python3.11 -E -s /forkd/agent.py

@@ -1,0 +1,115 @@
+"""On-disk registry of children: one `child.json` per child directory, written atomically under a lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import shutil
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from forkd.base.atomic import write_json
+from forkd.base.errors import InvalidInput, NotFound
+from forkd.base.paths import Layout
+from forkd.base.procs import is_alive
+
+RECORD = "child.json"
+
+
+@dataclass(frozen=True)
+class ChildRecord:
+    id: str
+    snapshot: str
+    created_at: float
+    dir: str
+    memory_mib: int
+    vcpus: int
+    accel: str
+    driver: str = "qemu"
+    pid: int | None = None
+    started: int | None = None  # process start time (clock ticks): pid-reuse-proof identity
+    state: str = "starting"  # starting | running | failed
+    error: str | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.pid is not None and is_alive(self.pid, self.started)
+
+    @property
+    def status(self) -> str:
+        """What `ls` shows: running, dead (its VMM is gone), starting or failed."""
+        if self.state == "running":
+            return "running" if self.alive else "dead"
+        return self.state
+
+    @property
+    def agent_socket(self) -> Path:
+        return Path(self.dir) / "agent.sock"
+
+    def with_(self, **changes: Any) -> "ChildRecord":
+        return replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Registry:
+    def __init__(self, layout: Layout):
+        self.layout = layout.ensure()
+        self.root = layout.children
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Inter-process lock for changes that must not interleave (e.g. rmi vs fork)."""
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def new_id(self) -> str:
+        while True:
+            cid = "c" + secrets.token_hex(5)
+            if not (self.root / cid).exists():
+                return cid
+
+    def path(self, child_id: str) -> Path:
+        if not child_id or "/" in child_id or child_id.startswith("."):
+            raise InvalidInput(f"invalid child id {child_id!r}")
+        return self.root / child_id
+
+    def save(self, rec: ChildRecord) -> ChildRecord:
+        d = self.path(rec.id)
+        d.mkdir(mode=0o700, exist_ok=True)
+        write_json(d / RECORD, rec.to_json(), mode=0o600)
+        return rec
+
+    def get(self, child_id: str) -> ChildRecord:
+        try:
+            raw = json.loads((self.path(child_id) / RECORD).read_text())
+        except FileNotFoundError:
+            raise NotFound(f"no child {child_id!r}", hint="list children with 'forkd ls'") from None
+        except ValueError as exc:
+            raise NotFound(f"child {child_id!r} has an unreadable record: {exc}",
+                           hint=f"remove it with 'forkd kill {child_id}'") from exc
+        known = set(ChildRecord.__dataclass_fields__)
+        return ChildRecord(**{k: v for k, v in raw.items() if k in known})
+
+    def list(self) -> list[ChildRecord]:
+        out = []
+        for d in sorted(self.root.iterdir()):
+            if d.is_dir() and (d / RECORD).exists():
+                try:
+                    out.append(self.get(d.name))
+                except NotFound:
+                    continue
+        return sorted(out, key=lambda r: (r.created_at, r.id))
+
+    def remove(self, child_id: str) -> None:
+        shutil.rmtree(self.path(child_id), ignore_errors=True)

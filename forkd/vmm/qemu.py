@@ -1,0 +1,227 @@
+"""QEMU driver, using the fork recipe measured on this machine (see shared DESIGN.md):
+
+* parent: q35 whose RAM is a `memory-backend-file` with `share=on`; saving pauses it and migrates only the
+  device state (`x-ignore-shared`) into a file handed over as a descriptor (`getfd` + `fd:` URI);
+* child: the same machine with `share=off` (a MAP_PRIVATE mapping of the parent's memory file) started with
+  `-incoming defer` under a strict seccomp sandbox (`spawn=deny`, so the device state arrives as an inherited
+  descriptor), then `migrate-incoming fd:N` and `cont`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from forkd.base.errors import ForkdError
+from forkd.base.procs import kill_and_wait, start_time
+from forkd.vmm.agent_client import AgentClient, AgentTimeout
+from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles, Vm, VmmDriver, run_steps
+from forkd.vmm.qmp import QMPClient
+
+SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+
+def find_qemu() -> str | None:
+    return shutil.which(os.environ.get("FORKD_QEMU", "qemu-system-x86_64"))
+
+
+def tail(path: Path, n: int = 12) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *, share: bool,
+              incoming: bool, sandbox: bool, extra_cmdline: str = "") -> list[str]:
+    accel = "tcg,tb-size=32" if machine.accel == "tcg" else machine.accel
+    mem = f"{machine.memory_mib}M"
+    argv = [
+        binary, "-name", f"forkd,process=forkd-{files.dir.name}",
+        "-M", "q35,memory-backend=ram", "-accel", accel, "-m", mem, "-smp", str(machine.vcpus),
+        "-object", f"memory-backend-file,id=ram,size={mem},mem-path={mem_path},share={'on' if share else 'off'}",
+        "-kernel", str(machine.kernel), "-initrd", str(machine.initrd),
+        "-append", (machine.cmdline + " " + extra_cmdline).strip(),
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        "-serial", f"file:{files.console}",
+        "-qmp", f"unix:{files.qmp},server=on,wait=off",
+        "-device", "virtio-serial-pci,id=vs0",
+        "-chardev", f"socket,id=agent,path={files.agent},server=on,wait=off",
+        "-device", f"virtserialport,bus=vs0.0,chardev=agent,name={AGENT_PORT}",
+    ]
+    if incoming:
+        argv += ["-incoming", "defer"]
+    if sandbox:
+        argv += ["-sandbox", SANDBOX]
+    return argv
+
+
+class QemuDriver(VmmDriver):
+    name = "qemu"
+
+    def __init__(self, binary: str | None = None):
+        found = binary or find_qemu()
+        if not found:
+            raise ForkdError("qemu-system-x86_64 not found", hint="apt-get install qemu-system-x86")
+        self.binary = found
+        self._version: str | None = None
+
+    def version(self) -> str:
+        if self._version is None:
+            out = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout
+            self._version = out.split("version", 1)[-1].split()[0] if "version" in out else "unknown"
+        return self._version
+
+    # -- process ---------------------------------------------------------------------------------
+    def _start(self, argv: list[str], files: RunFiles, pass_fds: tuple[int, ...] = ()) -> Vm:
+        files.dir.mkdir(parents=True, exist_ok=True)
+        for f in (files.qmp, files.agent):
+            f.unlink(missing_ok=True)
+        with open(files.log, "wb") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, pass_fds=pass_fds, close_fds=True)
+        started = start_time(proc.pid)
+        if started is None:
+            proc.wait()
+            raise ForkdError(f"QEMU exited at once (status {proc.returncode}):\n{tail(files.log)}")
+        return Vm(pid=proc.pid, started=started, files=files, driver=self.name, process=proc)
+
+    def _died(self, vm: Vm) -> str:
+        proc = vm.process
+        if isinstance(proc, subprocess.Popen) and proc.poll() is not None:
+            return f"\nQEMU exited with status {proc.returncode}; its log ({vm.files.log}):\n{tail(vm.files.log)}"
+        return f"\nQEMU log: {vm.files.log}; guest console: {vm.files.console}"
+
+    def stop(self, vm: Vm) -> None:
+        for client in (vm.qmp, vm.agent):
+            if client is not None:
+                client.close()
+        vm.qmp = vm.agent = None
+        if isinstance(vm.process, subprocess.Popen):
+            vm.process.kill()
+            vm.process.wait()
+        else:
+            kill_and_wait(vm.pid, vm.started)
+
+    # -- boot ------------------------------------------------------------------------------------
+    def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0) -> Vm:
+        argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True)
+        vm: Vm | None = None
+        timings: dict[str, float] = {}
+
+        def start() -> None:
+            nonlocal vm
+            vm = self._start(argv, files)
+
+        def connect() -> None:
+            vm.qmp = QMPClient(files.qmp, timeout=10)
+            vm.agent = AgentClient(files.agent, connect_timeout=10)
+
+        def agent_ready() -> None:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    vm.agent.ping(timeout=1.0)
+                    return
+                except AgentTimeout:
+                    if vm.process.poll() is not None or time.monotonic() > deadline:
+                        raise ForkdError(f"guest agent never answered within {timeout:.0f}s; "
+                                         f"see the guest console {files.console}:\n{tail(files.console)}") from None
+
+        try:
+            run_steps([("start_vmm", start), ("connect", connect), ("agent_ready", agent_ready)], timings,
+                      "boot", on_error=lambda: self._died(vm) if vm else "")
+        except BaseException:
+            if vm:
+                self.stop(vm)
+            raise
+        vm.timings_ms.update(timings)
+        return vm
+
+    # -- save ------------------------------------------------------------------------------------
+    def save(self, vm: Vm, state_path: Path) -> dict:
+        qmp: QMPClient = vm.qmp
+        info: dict = {}
+        fd = os.open(state_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+        def pause() -> None:
+            qmp.execute("stop")
+
+        def migrate() -> None:
+            qmp.execute("migrate-set-capabilities",
+                        {"capabilities": [{"capability": "x-ignore-shared", "state": True}]})
+            qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
+            qmp.execute("migrate", {"uri": "fd:state"})
+            info.update(qmp.wait_migration())
+
+        def sync() -> None:
+            os.fsync(fd)
+
+        def quit_vmm() -> None:
+            try:
+                qmp.execute("quit")
+            except ForkdError:
+                pass  # QEMU may close the socket before answering
+            if isinstance(vm.process, subprocess.Popen):
+                vm.process.wait(timeout=10)
+            else:
+                kill_and_wait(vm.pid, vm.started)
+
+        try:
+            run_steps([("pause", pause), ("save_state", migrate), ("fsync_state", sync), ("quit", quit_vmm)],
+                      vm.timings_ms, "save", on_error=lambda: self._died(vm))
+        finally:
+            os.close(fd)
+        return info
+
+    # -- restore ---------------------------------------------------------------------------------
+    def restore(self, machine: Machine, mem_path: Path, state_path: Path, files: RunFiles,
+                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None) -> Vm:
+        fd = os.open(state_path, os.O_RDONLY)
+        files.dir.mkdir(parents=True, exist_ok=True)
+        # The restored guest never reads its initramfs again, but QEMU would load it into every child's heap
+        # (tens of MB each). Any file will do for the command line: give it an empty one.
+        empty = files.dir / "initrd.empty"
+        empty.touch()
+        machine = replace(machine, initrd=empty)
+        argv = qemu_argv(self.binary, machine, mem_path, files, share=False, incoming=True, sandbox=True)
+        vm: Vm | None = None
+        timings: dict[str, float] = {}
+
+        def start() -> None:
+            nonlocal vm
+            vm = self._start(argv, files, pass_fds=(fd,))
+            if on_start:
+                on_start(vm)
+
+        def connect() -> None:
+            vm.qmp = QMPClient(files.qmp, timeout=timeout)
+            # connect before the device state loads: the guest then never sees the agent port close
+            vm.agent = AgentClient(files.agent, connect_timeout=timeout)
+
+        def load() -> None:
+            vm.qmp.execute("migrate-set-capabilities",
+                           {"capabilities": [{"capability": "x-ignore-shared", "state": True}]})
+            vm.qmp.execute("migrate-incoming", {"uri": f"fd:{fd}"})
+            vm.qmp.wait_migration(timeout=timeout)
+
+        def resume() -> None:
+            vm.qmp.execute("cont")
+
+        try:
+            run_steps([("start_vmm", start), ("connect", connect), ("load_state", load), ("resume", resume)],
+                      timings, "restore", on_error=lambda: self._died(vm) if vm else "")
+        except BaseException:
+            if vm:
+                self.stop(vm)
+            raise
+        finally:
+            os.close(fd)
+        vm.timings_ms.update(timings)
+        return vm

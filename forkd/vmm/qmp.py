@@ -1,0 +1,100 @@
+"""The one QMP client: line-delimited JSON over a unix socket, with descriptor passing for `getfd`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from forkd.base.errors import ForkdError
+
+
+class QMPError(ForkdError):
+    def __init__(self, command: str, error: dict):
+        super().__init__(f"QMP {command} failed: {error.get('class')}: {error.get('desc')}")
+        self.error = error
+
+
+class QMPClient:
+    def __init__(self, path: Path, timeout: float = 10.0):
+        self.path = Path(path)
+        self.events: list[dict] = []
+        self._buf = b""
+        self.sock = _connect_unix(self.path, timeout)
+        self.sock.settimeout(timeout)
+        greeting = self._read()
+        if "QMP" not in greeting:
+            raise ForkdError(f"unexpected QMP greeting on {self.path}: {greeting}")
+        self.execute("qmp_capabilities")
+
+    def _read(self) -> dict:
+        while b"\n" not in self._buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ForkdError(f"QMP connection {self.path} closed by QEMU")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, command: str, arguments: dict | None = None, fds: list[int] | None = None,
+                timeout: float | None = None) -> Any:
+        msg: dict[str, Any] = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        data = json.dumps(msg).encode() + b"\n"
+        if timeout is not None:
+            self.sock.settimeout(timeout)
+        if fds:
+            socket.send_fds(self.sock, [data], fds)
+        else:
+            self.sock.sendall(data)
+        while True:
+            reply = self._read()
+            if "event" in reply:
+                self.events.append(reply)
+                continue
+            if "error" in reply:
+                raise QMPError(command, reply["error"])
+            return reply.get("return")
+
+    def wait_migration(self, timeout: float = 120.0, poll: float = 0.002) -> dict:
+        """Poll query-migrate until completed; raise on failure or timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.execute("query-migrate") or {}
+            status = info.get("status")
+            if status == "completed":
+                return info
+            if status in ("failed", "cancelled"):
+                raise ForkdError(f"migration {status}: {info.get('error-desc', 'no reason given')}")
+            if time.monotonic() > deadline:
+                raise ForkdError(f"migration did not complete within {timeout:.0f}s (status {status})")
+            time.sleep(poll)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _connect_unix(path: Path, timeout: float) -> socket.socket:
+    """Connect to a unix socket that the VMM may not have created yet."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(path))
+            return s
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            s.close()
+            if time.monotonic() > deadline:
+                raise ForkdError(f"cannot connect to {path} within {timeout:.1f}s: {exc}") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+
+
+connect_unix = _connect_unix
