@@ -92,10 +92,12 @@ def snapshot_create(
         vcpus: int = typer.Option(1, "--vcpus"),
         warm_import: list[str] = typer.Option([], "--warm-import", help="module to import in the agent (repeat)"),
         warm_run: list[str] = typer.Option([], "--warm-run", help="shell command to run before pausing (repeat)"),
+        warm_exec: list[str] = typer.Option([], "--warm-exec",
+                                            help="Python code to run in the agent's interpreter (repeat)"),
         output: Fmt = OUTPUT) -> None:
     """Boot a parent VM, warm it up, pause it and write a snapshot children can fork from."""
     snap = rt().create_snapshot(tag, memory_mib, vcpus, tuple(warm_import), tuple(warm_run),
-                                progress=Progress(quiet=output != Fmt.table))
+                                progress=Progress(quiet=output != Fmt.table), warm_exec=tuple(warm_exec))
     t = snap.timings_ms
     emit(snap.to_json(), output, [("TAG", "left"), ("STATUS", "left"), ("BOOT ms", "right"), ("WARM ms", "right"),
                                   ("SAVE ms", "right"), ("MEMORY", "right")],
@@ -125,7 +127,7 @@ def snapshot_info(tag: str, output: Fmt = OUTPUT) -> None:
     """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
     info = rt().snapshot_info(tag)
     keys = ["tag", "status", "error", "path", "depth", "memory_mib", "vcpus", "accel", "image_id", "qemu_version",
-            "warm_imports", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "children", "timings_ms"]
+            "warm_imports", "warm_exec", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "children", "timings_ms"]
     emit(info, output, [("FIELD", "left"), ("VALUE", "left")], [[k, str(info.get(k))] for k in keys])
 
 

@@ -97,7 +97,7 @@ class Runtime:
 
     def create_snapshot(self, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: tuple[str, ...] = (),
                         warm_run: tuple[str, ...] = (), progress: Progress = _quiet,
-                        boot_timeout: float = 90.0) -> Snapshot:
+                        boot_timeout: float = 90.0, warm_exec: tuple[str, ...] = ()) -> Snapshot:
         """Boot a parent, warm it up, pause it and write a ready snapshot (or a failed one, never a torn one)."""
         check_tag(tag)
         if not 128 <= memory_mib <= 65536:
@@ -114,7 +114,8 @@ class Runtime:
         snap = self.store.begin(Snapshot(
             tag=tag, status="writing", created_at=time.time(), memory_mib=memory_mib, vcpus=vcpus,
             accel=decision.accel, image_id=image.id, kernel_sha256=image.kernel_sha256,
-            qemu_version=self.driver.version(), warm_imports=tuple(warm_imports), warm_run=tuple(warm_run)))
+            qemu_version=self.driver.version(), warm_imports=tuple(warm_imports), warm_run=tuple(warm_run),
+            warm_exec=tuple(warm_exec)))
         shm_dir = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
         work = self.layout.tmp / f"p-{os.getpid()}-{secrets.token_hex(2)}"
         mem = (shm_dir if shm_dir.is_dir() else work) / f"forkd-{tag}-{os.getpid()}.mem"
@@ -132,6 +133,11 @@ class Runtime:
                 res = vm.agent.exec_code("".join(f"import {m}\n" for m in warm_imports))
                 if res["error"]:
                     raise ForkdError(f"warm-up import failed: {res['error']['type']}: {res['error']['message']}")
+            for code in warm_exec:
+                progress(f"warming up: exec {code[:40]!r}")
+                res = vm.agent.exec_code(code)
+                if res["error"]:
+                    raise ForkdError(f"warm-up code failed: {res['error']['type']}: {res['error']['message']}")
             for cmd in warm_run:
                 progress(f"warming up: {cmd}")
                 res = vm.agent.exec(["/bin/sh", "-c", cmd], timeout=600)

@@ -33,6 +33,7 @@ class Snapshot:
     qemu_version: str
     warm_imports: tuple[str, ...] = ()
     warm_run: tuple[str, ...] = ()
+    warm_exec: tuple[str, ...] = ()
     memory_sha256: str | None = None
     vmstate_sha256: str | None = None
     memory_bytes: int = 0  # logical size of the memory file
@@ -57,6 +58,7 @@ class Snapshot:
         d = asdict(self)
         d["warm_imports"] = list(self.warm_imports)
         d["warm_run"] = list(self.warm_run)
+        d["warm_exec"] = list(self.warm_exec)
         return d
 
     @classmethod
@@ -73,6 +75,7 @@ class Snapshot:
                 raise ValueError(f"status {raw.get('status')!r} is not one of {', '.join(STATUSES)}")
             raw["warm_imports"] = tuple(raw.get("warm_imports", ()))
             raw["warm_run"] = tuple(raw.get("warm_run", ()))
+            raw["warm_exec"] = tuple(raw.get("warm_exec", ()))
             known = {f for f in cls.__dataclass_fields__}
             return cls(**{k: v for k, v in raw.items() if k in known})
         except (TypeError, ValueError) as exc:

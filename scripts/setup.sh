@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine, run as root:
+#   Debian packages (QEMU, busybox, cpio, ...), a virtualenv in .venv with forkd installed,
+#   and the default guest image (Debian's cloud kernel + busybox + Python 3.11 + the forkd agent).
+# Usage: scripts/setup.sh [--dev]     --dev also installs the test and lint tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extra=""
+if [ "${1:-}" = "--dev" ]; then extra="[dev]"; fi
+if [ "$(id -u)" != 0 ]; then echo "setup.sh: run as root (it installs Debian packages)" >&2; exit 1; fi
+
+pkgs="qemu-system-x86 qemu-utils busybox-static cpio python3 python3-venv python3.11-minimal libpython3.11-stdlib \
+iproute2 util-linux ca-certificates"
+missing=""
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "setup: installing Debian packages:$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+echo "setup: installing forkd${extra} into .venv"
+.venv/bin/pip install -q --disable-pip-version-check -e ".${extra}"
+
+echo "setup: building the default guest image (cached after the first time)"
+.venv/bin/forkd image build

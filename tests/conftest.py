@@ -1,0 +1,90 @@
+"""Shared fixtures. Tests that need VMs boot real QEMU guests (TCG here, KVM where the probe finds it works):
+one session-wide FORKD_HOME with the image built once and one warm base snapshot every VM test forks from."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from forkd.base.paths import Layout
+from forkd.core.runtime import Runtime
+
+BASE_TAG = "base"
+WARM_GLOBAL = "set at warm-up"
+
+
+def qemu_pids(home: Path) -> list[int]:
+    """QEMU processes whose command line points into `home` (leak detection in tests only)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z" and cmd and cmd[0].endswith(b"qemu-system-x86_64") and str(home).encode() in b" ".join(cmd):
+                pids.append(int(d.name))
+    return pids
+
+
+@pytest.fixture(scope="session")
+def home():
+    d = Path(tempfile.mkdtemp(prefix="fkt", dir="/tmp"))
+    old = os.environ.get("FORKD_HOME")
+    os.environ["FORKD_HOME"] = str(d)
+    yield d
+    Runtime(Layout(d)).kill(all_=True)
+    leaked = qemu_pids(d)
+    for pid in leaked:
+        os.kill(pid, 9)
+    shutil.rmtree(d, ignore_errors=True)
+    if old is None:
+        os.environ.pop("FORKD_HOME", None)
+    else:
+        os.environ["FORKD_HOME"] = old
+    assert not leaked, f"QEMU processes leaked past the test session: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def rt(home) -> Runtime:
+    return Runtime(Layout(home))
+
+
+@pytest.fixture(scope="session")
+def base(rt):
+    """A warm snapshot: modules imported, a global set and a file written before the pause."""
+    return rt.create_snapshot(BASE_TAG, memory_mib=512, warm_imports=("decimal", "random"),
+                              warm_exec=(f"WARM_GLOBAL = {WARM_GLOBAL!r}",),
+                              warm_run=("echo parent > /root/parent.txt",))
+
+
+@pytest.fixture
+def fork(rt, base):
+    """fork(n) -> records; every child forked through it is killed after the test."""
+    made = []
+
+    def _fork(n=1, tag=BASE_TAG):
+        recs = rt.fork(tag, n)
+        made.extend(recs)
+        return recs
+
+    yield _fork
+    ids = [r.id for r in made if (rt.layout.children / r.id).exists()]
+    if ids:
+        rt.kill(ids)
+
+
+def forkd_cli(*args: str, check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run the real `forkd` CLI (same interpreter) against the session's FORKD_HOME."""
+    res = subprocess.run([sys.executable, "-m", "forkd.cli.main", *args], capture_output=True, text=True,
+                         input=input, env=dict(os.environ), timeout=600)
+    if check and res.returncode != 0:
+        raise AssertionError(f"forkd {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}")
+    return res

@@ -1,0 +1,144 @@
+"""forkd doctor: real host checks against a fresh FORKD_HOME (no mocks, no image build, no VM boots)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from forkd.base.paths import Layout
+from forkd.core import doctor
+from forkd.core.doctor import Check, run_checks
+from forkd.core.runtime import Runtime
+from forkd.store.snapshot import Snapshot
+
+STATUSES = {"PASS", "WARN", "FAIL"}
+
+
+@pytest.fixture
+def rt(monkeypatch):
+    monkeypatch.delenv("FORKD_ACCEL", raising=False)
+    monkeypatch.delenv("FORKD_SHM", raising=False)
+    d = tempfile.mkdtemp(prefix="fk", dir="/tmp")
+    try:
+        yield Runtime(Layout(Path(d)))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def test_fresh_home_without_image(rt):
+    seen: list[str] = []
+    checks = run_checks(rt, progress=seen.append)
+    names = [c.name for c in checks]
+    assert len(names) == len(set(names))
+    assert set(names) == {"qemu", "image", "kernel", "accelerator", "userfaultfd-wp", "store-space", "shm-space",
+                          "cgroup", "netns", "snapshots", "kvm-device"}
+    for c in checks:
+        assert c.status in STATUSES, c
+        assert c.detail and "\n" not in c.detail, c
+        if c.status != "PASS":
+            assert c.fix and "\n" not in c.fix, c
+    got = by_name(checks)
+    assert got["image"].status == "FAIL" and "forkd image build" in got["image"].fix
+    assert got["accelerator"].status == "WARN" and "skipped" in got["accelerator"].detail
+    assert got["kernel"].status == "WARN"
+    assert got["qemu"].status == "PASS"
+    assert got["qemu"].detail.startswith("QEMU ") and "qemu-system-x86_64" in got["qemu"].detail
+    assert got["snapshots"].status == "PASS"
+    assert got["store-space"].status in STATUSES
+    assert "checking qemu" in seen
+
+
+def test_userfaultfd_write_protect_is_available():
+    ok, what = doctor.probe_userfaultfd_wp()
+    assert isinstance(ok, bool) and what
+    c = doctor.check_userfaultfd()
+    assert c.status in {"PASS", "WARN"}
+    assert "unprivileged_userfaultfd=" in c.detail
+    # this machine runs Linux 6.x as root: the syscall and UFFDIO_API handshake must succeed with WP support
+    assert c.status == "PASS", c
+    assert "write-protect available" in c.detail
+
+
+def test_netns_can_be_created_as_root():
+    c = doctor.check_netns()
+    assert c.status == "PASS", c
+    ok, what = doctor.netns_by_fork()
+    assert ok, what
+
+
+def test_image_kernel_and_cached_accelerator(rt):
+    """A hand-made image directory (dummy files, no build) and a cached probe result: no VM is booted."""
+    image_dir = rt.layout.images / "fake0123"
+    image_dir.mkdir()
+    (image_dir / "vmlinuz").write_bytes(b"k" * 4096)
+    (image_dir / "initrd.img").write_bytes(b"i" * 3 * (1 << 20))
+    sha = "ab" * 32
+    (image_dir / "image.json").write_text(json.dumps({"id": "fake0123", "kernel_sha256": sha}))
+    (rt.layout.images / "default").write_text("fake0123\n")
+    rt.layout.accel_cache.write_text(json.dumps({sha: {"accel": "tcg", "reason": "test cache", "probe_seconds": 1}}))
+    got = by_name(run_checks(rt))
+    assert got["image"].status == "PASS" and "fake0123" in got["image"].detail and "3.0 MiB" in got["image"].detail
+    assert got["kernel"].status == "PASS" and sha[:12] in got["kernel"].detail
+    acc = got["accelerator"]
+    assert acc.status == "PASS" and acc.detail.startswith("tcg") and "software emulation" in acc.detail
+    assert "(cached)" in acc.detail and "test cache" in acc.detail
+
+
+def test_snapshot_problems_are_warnings(rt):
+    snap = rt.store.begin(Snapshot(tag="broken", status="writing", created_at=time.time(), memory_mib=256, vcpus=1,
+                                   accel="tcg", image_id="x", kernel_sha256="y", qemu_version="7.2"))
+    c = doctor.check_snapshots(rt)
+    assert c.status == "WARN" and "broken (writing)" in c.detail and "forkd rmi" in c.fix
+    rt.store.fail(snap, "boom")
+    c = doctor.check_snapshots(rt)
+    assert c.status == "WARN" and "1 failed" in c.detail and "forkd rmi" in c.fix and "broken" in c.fix
+    bad = rt.layout.snapshots / "mangled"
+    bad.mkdir()
+    (bad / "snapshot.json").write_text("{not json")
+    c = doctor.check_snapshots(rt)
+    assert c.status == "WARN" and "mangled" in c.detail and "--force" in c.fix
+
+
+def test_cgroup_layouts(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    assert doctor.cgroup_info(v2) == ("v2", [], ["memory", "cpu"], os.access(v2, os.W_OK))
+    hybrid = tmp_path / "hybrid"
+    (hybrid / "unified").mkdir(parents=True)
+    (hybrid / "unified" / "cgroup.controllers").write_text("")
+    (hybrid / "memory").mkdir()
+    (hybrid / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (hybrid / "cpu").mkdir()
+    version, v1c, v2c, usable = doctor.cgroup_info(hybrid)
+    assert (version, v1c, v2c) == ("hybrid", ["memory", "cpu"], [])
+    assert usable
+    empty = tmp_path / "none"
+    empty.mkdir()
+    c = doctor.check_cgroup(empty)
+    assert c.status == "WARN" and c.fix and "v1" in c.detail
+    assert doctor.check_cgroup().status in {"PASS", "WARN"}
+
+
+def test_shm_missing_fails(monkeypatch, tmp_path):
+    monkeypatch.setenv("FORKD_SHM", str(tmp_path / "absent"))
+    c = doctor.check_shm_space()
+    assert c.status == "FAIL" and c.fix
+
+
+def test_an_exploding_check_becomes_a_fail():
+    def boom() -> Check:
+        raise RuntimeError("kaboom\nsecond line")
+
+    c = doctor._guard("x", boom)
+    assert c.status == "FAIL" and "kaboom" in c.detail and "\n" not in c.detail and c.fix
