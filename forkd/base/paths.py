@@ -24,7 +24,7 @@ class Layout:
     home: Path
 
     @classmethod
-    def from_env(cls) -> "Layout":
+    def from_env(cls) -> Layout:
         return cls(Path(os.environ.get("FORKD_HOME", DEFAULT_HOME)).absolute())
 
     @property
@@ -61,7 +61,7 @@ class Layout:
     def child_dir(self, child_id: str) -> Path:
         return self.children / child_id
 
-    def ensure(self) -> "Layout":
+    def ensure(self) -> Layout:
         for d in (self.images, self.debs, self.snapshots, self.children, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.children, 0o700)

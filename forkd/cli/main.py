@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -116,8 +115,9 @@ def snapshots(output: Fmt = OUTPUT) -> None:
             rows.append(["?", "corrupt", "-", "-", "-", s.message])
             continue
         data.append(s.to_json())
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at))
         rows.append([s.tag, s.status, str(s.memory_mib), s.accel, size(s.memory_stored_bytes),
-                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at)) + (f"  {s.error}" if s.error else "")])
+                     created + (f"  {s.error}" if s.error else "")])
     emit(data, output, [("TAG", "left"), ("STATUS", "left"), ("MiB", "right"), ("ACCEL", "left"),
                         ("STORED", "right"), ("CREATED", "left")], rows)
 
@@ -127,7 +127,8 @@ def snapshot_info(tag: str, output: Fmt = OUTPUT) -> None:
     """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
     info = rt().snapshot_info(tag)
     keys = ["tag", "status", "error", "path", "depth", "memory_mib", "vcpus", "accel", "image_id", "qemu_version",
-            "warm_imports", "warm_exec", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "children", "timings_ms"]
+            "warm_imports", "warm_exec", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "children",
+            "timings_ms"]
     emit(info, output, [("FIELD", "left"), ("VALUE", "left")], [[k, str(info.get(k))] for k in keys])
 
 
@@ -173,8 +174,8 @@ def ls(output: Fmt = OUTPUT) -> None:
 
 @app.command("exec", context_settings={"allow_interspersed_args": False})
 def exec_(child: str, cmd: list[str] = typer.Argument(None, help="command and arguments (after --)"),
-          timeout: Optional[float] = typer.Option(None, help="seconds before the command is killed"),
-          cwd: Optional[str] = typer.Option(None, help="working directory in the guest"),
+          timeout: float | None = typer.Option(None, help="seconds before the command is killed"),
+          cwd: str | None = typer.Option(None, help="working directory in the guest"),
           output: Fmt = OUTPUT) -> None:
     """Run a command in a child: forkd exec ID -- CMD [ARGS...]. Exits with the command's exit code."""
     argv = list(cmd or [])
@@ -192,9 +193,10 @@ def exec_(child: str, cmd: list[str] = typer.Argument(None, help="command and ar
 
 
 @app.command("eval")
-def eval_(child: str, code: str, output: Fmt = OUTPUT) -> None:
+def eval_(child: str, code: str, output: Fmt = OUTPUT,
+          timeout: float = typer.Option(60.0, help="seconds to wait for the answer")) -> None:
     """Evaluate a Python expression in the child's warm interpreter and print its repr."""
-    res = rt().eval(child, code)
+    res = rt().eval(child, code, timeout=timeout)
     if output != Fmt.table:
         emit(res, output)
     else:
@@ -218,7 +220,7 @@ def ping(child: str) -> None:
 @app.command()
 def kill(ids: list[str] = typer.Argument(None, help="child ids"),
          all_: bool = typer.Option(False, "--all", help="kill every child"),
-         tag: Optional[str] = typer.Option(None, "--tag", help="kill the children of this snapshot")) -> None:
+         tag: str | None = typer.Option(None, "--tag", help="kill the children of this snapshot")) -> None:
     """Stop children and remove their records (dead ones too)."""
     for cid, was_running in rt().kill(ids, all_=all_, tag=tag):
         out.print(f"{cid}: {'killed' if was_running else 'removed (was not running)'}")

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class Fmt(str, Enum):
+class Fmt(StrEnum):
     table = "table"
     json = "json"
     yaml = "yaml"

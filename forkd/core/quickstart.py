@@ -14,7 +14,7 @@ WARM_IMPORTS = ("json", "decimal", "hashlib", "sqlite3")
 WARM_RUN = ("mkdir -p /srv/work && echo warmed > /srv/work/state",)
 
 
-def run_quickstart(rt: "Runtime", tag: str, n: int, keep: bool, progress: "Progress") -> dict:
+def run_quickstart(rt: Runtime, tag: str, n: int, keep: bool, progress: Progress) -> dict:
     rt.build_image(progress)
     reused = False
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from forkd.base.atomic import write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.base.hashing import sha256_file
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
 from forkd.image.build import Image, build, default_image
@@ -22,7 +23,6 @@ from forkd.sandbox.supervisor import Supervisor
 from forkd.store.memfile import copy_sparse_hashed
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
-from forkd.base.hashing import sha256_file
 from forkd.vmm.accel import Decision, probe
 from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, VmmDriver

@@ -58,7 +58,7 @@ def find_port():
                 except OSError:
                     pass
         time.sleep(0.01)
-    raise SystemExit("forkd-agent: virtio port %s not found" % PORT_NAME)
+    raise SystemExit(f"forkd-agent: virtio port {PORT_NAME} not found")
 
 
 # ---------------------------------------------------------------- ops
@@ -91,7 +91,7 @@ def op_exec(args):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         code = 127 if isinstance(exc, FileNotFoundError) and exc.filename == argv[0] else 126
-        return {"stdout": "", "stderr": "forkd-agent: %s: %s\n" % (argv[0], exc.strerror), "exit_code": code,
+        return {"stdout": "", "stderr": f"forkd-agent: {argv[0]}: {exc.strerror}\n", "exit_code": code,
                 "timed_out": False, "truncated": False, "duration_ms": (time.monotonic() - t0) * 1000.0}
     LIVE_PIDS.add(proc.pid)
     timed_out = False
@@ -119,7 +119,7 @@ def _run_code(code, mode):
     value, error = None, None
     with EVAL_LOCK, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            compiled = compile(code, "<forkd-%s>" % mode, mode)
+            compiled = compile(code, f"<forkd-{mode}>", mode)
             result = eval(compiled, NS) if mode == "eval" else exec(compiled, NS)  # noqa: S307
             if mode == "eval":
                 value = repr(result)
@@ -145,7 +145,7 @@ def op_write_file(args):
     data = base64.b64decode(args.get("data", ""))
     if args.get("mkdir", True):
         os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-    tmp = "%s.forkd-tmp" % path
+    tmp = f"{path}.forkd-tmp"
     with open(tmp, "wb") as f:
         f.write(data)
     os.chmod(tmp, int(args.get("mode", 0o644)))
@@ -247,13 +247,13 @@ def handle(port, payload):
         try:
             req = json.loads(payload)
         except ValueError as exc:
-            raise RequestError("malformed JSON: %s" % exc) from None
+            raise RequestError(f"malformed JSON: {exc}") from None
         if not isinstance(req, dict):
             raise RequestError("request must be a JSON object")
         rid = req.get("id")
         fn = OPS.get(req.get("op"))
         if fn is None:
-            raise RequestError("unknown op %r (known: %s)" % (req.get("op"), ", ".join(sorted(OPS))))
+            raise RequestError("unknown op {!r} (known: {})".format(req.get("op"), ", ".join(sorted(OPS))))
         args = req.get("args") or {}
         if not isinstance(args, dict):
             raise RequestError("'args' must be an object")
@@ -269,7 +269,7 @@ def handle(port, payload):
 def main():
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGIO])
     port = Port(find_port())
-    print("forkd-agent: ready on %s" % PORT_NAME, flush=True)
+    print(f"forkd-agent: ready on {PORT_NAME}", flush=True)
     while True:
         payload = port.read_frame()
         if b'"op": "exec"' in payload:  # may run long: its own thread

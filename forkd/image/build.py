@@ -47,7 +47,7 @@ class Image:
     meta: dict
 
     @classmethod
-    def load(cls, d: Path) -> "Image":
+    def load(cls, d: Path) -> Image:
         try:
             meta = json.loads((d / "image.json").read_text())
         except (OSError, ValueError) as exc:

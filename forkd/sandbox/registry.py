@@ -7,10 +7,11 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from forkd.base.atomic import write_json
 from forkd.base.errors import InvalidInput, NotFound
@@ -51,7 +52,7 @@ class ChildRecord:
     def agent_socket(self) -> Path:
         return Path(self.dir) / "agent.sock"
 
-    def with_(self, **changes: Any) -> "ChildRecord":
+    def with_(self, **changes: Any) -> ChildRecord:
         return replace(self, **changes)
 
     def to_json(self) -> dict:

@@ -51,7 +51,7 @@ class Snapshot:
     def ready(self) -> bool:
         return self.status == "ready"
 
-    def with_(self, **changes: Any) -> "Snapshot":
+    def with_(self, **changes: Any) -> Snapshot:
         return replace(self, **changes)
 
     def to_json(self) -> dict:
@@ -62,7 +62,7 @@ class Snapshot:
         return d
 
     @classmethod
-    def from_file(cls, path: Path) -> "Snapshot":
+    def from_file(cls, path: Path) -> Snapshot:
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import socket
+import secrets
 import struct
 import threading
 import time
@@ -35,7 +35,9 @@ class AgentClient:
         self.path = Path(path)
         self.sock = connect_unix(self.path, connect_timeout)
         self._buf = b""
-        self._ids = itertools.count(1)
+        # ids unique across connections: a reply to an abandoned request of an earlier connection can
+        # still arrive on this one and must not be taken for ours
+        self._ids = itertools.count(secrets.randbits(48))
         self._lock = threading.Lock()
 
     def send_raw(self, payload: bytes) -> None:
@@ -62,7 +64,7 @@ class AgentClient:
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(1 << 20)
-            except socket.timeout:
+            except TimeoutError:
                 raise AgentTimeout(f"guest agent on {self.path} did not answer in time") from None
             if not chunk:
                 raise ForkdError(f"guest agent connection {self.path} closed (VMM exited?)")

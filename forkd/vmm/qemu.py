@@ -94,6 +94,11 @@ class QemuDriver(VmmDriver):
 
     def _died(self, vm: Vm) -> str:
         proc = vm.process
+        if isinstance(proc, subprocess.Popen):
+            try:  # a QEMU that is failing is usually exiting right now: give it a moment
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
         if isinstance(proc, subprocess.Popen) and proc.poll() is not None:
             return f"\nQEMU exited with status {proc.returncode}; its log ({vm.files.log}):\n{tail(vm.files.log)}"
         return f"\nQEMU log: {vm.files.log}; guest console: {vm.files.console}"
