@@ -203,7 +203,9 @@ class Runtime:
         sup = self.supervisor
         done: list[ChildRecord] = []
         errors: list[BaseException] = []
-        with ThreadPoolExecutor(max_workers=min(n, 16)) as pool:
+        # restores are CPU-bound (QEMU start-up and TCG translation): more in flight than twice the cores
+        # only makes each child slower without raising throughput (measured: 4 -> 13.5/s, 16 -> 12.2/s)
+        with ThreadPoolExecutor(max_workers=min(n, 2 * (os.cpu_count() or 1))) as pool:
             futures = [pool.submit(sup.spawn, tag, machine, memory, vmstate, timeout) for _ in range(n)]
             for fut in as_completed(futures):
                 try:
