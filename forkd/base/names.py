@@ -18,3 +18,8 @@ def check_tag(tag: str, what: str = "tag") -> str:
             hint="use 1-63 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit",
         )
     return tag
+
+
+# Object names (metadata.name of ForkParent, ForkPool, ...): DNS-label-like, at most 52 characters, so that
+# "<name>-<10 hex digits>" (a parent's snapshot tag) still fits TAG_PATTERN.
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$"

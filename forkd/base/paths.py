@@ -7,6 +7,9 @@
       cache/accel.json                                       accelerator probe results by kernel hash
       snapshots/<tag>/{memory.bin, vmstate, snapshot.json}   snapshots (store layer)
       children/<id>/{child.json, qmp.sock, agent.sock, console.log, qemu.log}   running children (sandbox layer)
+      objects/<Kind>/<name>.json                             applied declarative objects + status (reconciler)
+      objects/<Kind>/<name>.events.jsonl                     their recent events
+      forkd.sock                                             the daemon's API socket (forkd serve)
       tmp/                                                   half-built things; removed on start-up
 """
 
@@ -52,6 +55,18 @@ class Layout:
         return self.home / "children"
 
     @property
+    def objects(self) -> Path:
+        return self.home / "objects"
+
+    @property
+    def daemon_socket(self) -> Path:
+        return self.home / "forkd.sock"
+
+    @property
+    def daemon_pid(self) -> Path:
+        return self.home / "forkd.pid"
+
+    @property
     def tmp(self) -> Path:
         return self.home / "tmp"
 
@@ -62,7 +77,7 @@ class Layout:
         return self.children / child_id
 
     def ensure(self) -> Layout:
-        for d in (self.images, self.debs, self.snapshots, self.children, self.tmp):
+        for d in (self.images, self.debs, self.snapshots, self.children, self.objects, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.children, 0o700)
         return self

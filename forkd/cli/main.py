@@ -6,14 +6,17 @@ Exit codes: 0 ok; 1 runtime failure; 2 bad input; 3 not found; 4 conflict / not 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 
 import typer
 from rich.markup import escape
 
 from forkd import __version__
 from forkd.base.errors import ForkdError
+from forkd.cli import declarative
 from forkd.cli.output import Fmt, emit, err, ms, out, size
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import CorruptManifest
@@ -242,6 +245,23 @@ def quickstart(tag: str = typer.Option("quickstart", "--tag"), n: int = typer.Op
         out.print(f"{n} children forked from '{tag}' answering after {result['fork_ms']:.0f} ms "
                   f"(parent boot + warm-up took {result['parent_ms'] / 1000:.1f} s"
                   f"{', reused' if result['snapshot_reused'] else ''})")
+
+
+@app.command()
+def serve(watch: Path | None = typer.Option(None, help="apply this directory on every change (GitOps), "
+                                                            "pruning objects removed from it"),
+          interval: float = typer.Option(2.0, help="seconds between reconcile passes when nothing changes")) -> None:
+    """Run the daemon: the reconcile loop, the API on $FORKD_HOME/forkd.sock, and the children it owns.
+    While it runs, apply/get/claim go through it."""
+    argv = [sys.executable, "-m", "forkd.api", "serve", "--interval", str(interval)]
+    if watch is not None:
+        if not watch.is_dir():
+            raise typer.BadParameter(f"{watch} is not a directory")
+        argv += ["--watch", str(watch.resolve())]
+    os.execv(sys.executable, argv)
+
+
+declarative.register(app)
 
 
 def main() -> None:

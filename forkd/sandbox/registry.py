@@ -36,6 +36,11 @@ class ChildRecord:
     state: str = "starting"  # starting | running | failed
     error: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    pool: str | None = None  # owning pool; None for children forked by hand
+    spawner_pid: int | None = None  # the process restoring it (a 'starting' child whose spawner died is dead)
+    spawner_started: int | None = None
+    claimed_at: float | None = None
+    expires_at: float | None = None  # when a claimed child's ttl ends
 
     @property
     def alive(self) -> bool:
@@ -43,10 +48,16 @@ class ChildRecord:
 
     @property
     def status(self) -> str:
-        """What `ls` shows: running, dead (its VMM is gone), starting or failed."""
+        """What `ls` shows: running, dead (its VMM is gone, or its spawner died mid-start), starting, failed."""
         if self.state == "running":
             return "running" if self.alive else "dead"
+        if self.state == "starting" and self.spawner_pid and not is_alive(self.spawner_pid, self.spawner_started):
+            return "dead"
         return self.state
+
+    @property
+    def claimed(self) -> bool:
+        return self.claimed_at is not None
 
     @property
     def agent_socket(self) -> Path:

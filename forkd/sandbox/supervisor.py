@@ -23,12 +23,13 @@ class Supervisor:
         self.driver = driver
 
     def spawn(self, snapshot: str, machine: Machine, memory: Path, vmstate: Path,
-              timeout: float = 30.0) -> tuple[ChildRecord, Vm]:
+              timeout: float = 30.0, pool: str | None = None) -> tuple[ChildRecord, Vm]:
         """Restore one child, reseed it, and return once its agent answered. Recorded before it runs."""
         t0 = time.perf_counter()
         rec = self.registry.save(ChildRecord(
             id=self.registry.new_id(), snapshot=snapshot, created_at=time.time(), dir="", memory_mib=machine.memory_mib,
-            vcpus=machine.vcpus, accel=machine.accel, driver=self.driver.name))
+            vcpus=machine.vcpus, accel=machine.accel, driver=self.driver.name, pool=pool,
+            spawner_pid=os.getpid(), spawner_started=start_time(os.getpid())))
         rec = rec.with_(dir=str(self.registry.path(rec.id)))
 
         def on_start(vm: Vm) -> None:  # persist the pid before the child runs anything

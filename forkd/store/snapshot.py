@@ -45,6 +45,7 @@ class Snapshot:
     writer_started: int | None = None
     error: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # e.g. forkd.dev/parent, forkd.dev/spec-hash
     format: int = FORMAT_VERSION
 
     @property

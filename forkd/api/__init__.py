@@ -1,0 +1,1 @@
+"""The daemon and its HTTP API (`forkd serve`). Run as `python -m forkd.api serve ...`."""

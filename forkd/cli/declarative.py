@@ -1,0 +1,224 @@
+"""kubectl-like commands over the declarative objects: apply, diff, get, describe, delete, claim."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+import yaml
+
+from forkd.cli.output import Fmt, emit, err, out
+from forkd.client import backend
+from forkd.reconciler.control import applyset_id, parse_ref, resolve_kind
+from forkd.spec.loader import build_values, load_paths
+from forkd.spec.models import to_document
+
+FILES = typer.Option(..., "-f", "--filename", help="file or directory of YAML specs ('-' for stdin); repeatable")
+RECURSIVE = typer.Option(False, "-R", "--recursive", help="also read subdirectories of -f directories")
+SETS = typer.Option([], "--set", help="template value k=v (dots nest: a.b=1); repeatable")
+VALUES = typer.Option([], "--values", help="YAML file of template values; repeatable")
+
+
+class DryRun(StrEnum):
+    none = "none"
+    client = "client"
+    server = "server"
+
+
+class ApplyOut(StrEnum):
+    text = "text"
+    yaml = "yaml"
+    json = "json"
+    name = "name"
+
+
+class GetOut(StrEnum):
+    table = "table"
+    wide = "wide"
+    yaml = "yaml"
+    json = "json"
+
+
+def _load(files: list[str], recursive: bool, sets: list[str], values: list[Path]):
+    loaded = load_paths([Path(f) for f in files], recursive=recursive, values=build_values(values, sets))
+    return [(item.obj, f"{item.file}:{item.line}") for item in loaded]
+
+
+def _sources(files: list[str]) -> list[str]:
+    return [str(Path(f).resolve()) if f != "-" else "-" for f in files]
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(apply)
+    app.command()(diff)
+    app.command()(get)
+    app.command()(describe)
+    app.command()(delete)
+    app.command()(claim)
+
+
+def apply(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str] = SETS,
+          values: list[Path] = VALUES,
+          dry_run: DryRun = typer.Option(DryRun.none, "--dry-run", help="client: validate only; server: also "
+                                                                           "compare with what is applied"),
+          prune: bool = typer.Option(False, help="delete objects earlier applied from the same apply set "
+                                                 "that these files no longer contain"),
+          applyset: str | None = typer.Option(None, help="apply set name (default: derived from -f paths)"),
+          wait: bool = typer.Option(False, help="wait until every applied object is Ready"),
+          timeout: str = typer.Option("5m", help="with --wait: give up after this long (e.g. 90s, 5m)"),
+          output: ApplyOut = typer.Option(ApplyOut.text, "-o", "--output")) -> None:
+    """Create or update objects from YAML. Any invalid document means nothing is applied (exit 2)."""
+    objs = _load(files, recursive, sets, values)
+    aset = applyset or applyset_id(_sources(files))
+    if dry_run == DryRun.client:
+        changes = [{"kind": o.kind, "name": o.metadata.name, "change": "validated"} for o, _ in objs]
+    else:
+        changes = [c.__dict__ for c in backend().apply(objs, aset, prune=prune, dry_run=dry_run == DryRun.server)]
+    suffix = f" (dry run: {dry_run.value})" if dry_run != DryRun.none else ""
+    if output == ApplyOut.name:
+        for c in changes:
+            print(f"{c['kind'].lower()}/{c['name']}")
+    elif output in (ApplyOut.json, ApplyOut.yaml):
+        docs = [to_document(o) for o, _ in objs]
+        emit(docs, Fmt(output.value))
+    else:
+        for c in changes:
+            out.print(f"{c['kind']}/{c['name']} {c['change']}{suffix}")
+    if wait and dry_run == DryRun.none:
+        targets = [(o.kind, o.metadata.name) for o, _ in objs]
+        ok, problems = backend().wait(targets, _seconds(timeout), progress=lambda s: err.print(f"[dim]{s}[/]"))
+        for p in problems:
+            err.print(f"[red]not ready:[/] {p}")
+        if not ok:
+            raise typer.Exit(1)
+        err.print("all objects Ready")
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise typer.BadParameter(f"{text!r}: use e.g. 90s, 5m or 1h") from None
+
+
+def diff(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str] = SETS,
+         values: list[Path] = VALUES) -> None:
+    """Show what apply would change. Exit 0: no change; 1: changes; 2 or more: error."""
+    changes = backend().diff(_load(files, recursive, sets, values))
+    for _, text in changes:
+        sys.stdout.write(text)
+    raise typer.Exit(1 if changes else 0)
+
+
+def _age(ts: str | None) -> str:
+    if not ts:
+        return "-"
+    secs = time.time() - time.mktime(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ")) + time.timezone * 0
+    return f"{int(secs)}s" if secs < 120 else f"{int(secs // 60)}m" if secs < 7200 else f"{int(secs // 3600)}h"
+
+
+def _ready(doc: dict) -> tuple[str, str]:
+    for c in (doc.get("status") or {}).get("conditions", []):
+        if c["type"] == "Ready":
+            return c["status"], c.get("reason", "")
+    return "Unknown", ""
+
+
+def get(resource: str = typer.Argument(..., help="parents | layers | pools | branches"),
+        name: str | None = typer.Argument(None), output: GetOut = typer.Option(GetOut.table, "-o", "--output")):
+    """List objects of one kind, with their status."""
+    kind = resolve_kind(resource)
+    docs = [to_document(o) for o in backend().get(kind, name)]
+    if output in (GetOut.json, GetOut.yaml):
+        data = docs[0] if name else {"apiVersion": "v1", "kind": "List", "items": docs}
+        emit(data, Fmt(output.value))
+        return
+    wide = output == GetOut.wide
+    cols = [("NAME", "left"), ("READY", "left")]
+    if kind == "ForkPool":
+        cols += [("WARM", "right"), ("TARGET", "right"), ("CLAIMED", "right"), ("DEPTH", "right"),
+                 ("SPAWN-P50", "right")]
+    elif kind in ("ForkParent", "ForkLayer", "ForkBranch"):
+        cols += [("SNAPSHOT", "left")]
+    cols += [("GEN", "right")] + ([("REASON", "left"), ("SOURCE", "left")] if wide else [])
+    rows = []
+    for d in docs:
+        st = d.get("status") or {}
+        ready, reason = _ready(d)
+        row = [d["metadata"]["name"], ready]
+        if kind == "ForkPool":
+            p50 = st.get("spawnP50Ms")
+            row += [str(st.get("warm", 0)), str(d["spec"].get("warm", 0)), str(st.get("claimed", 0)),
+                    str(st.get("chainDepth", 0)), f"{p50:.0f}ms" if p50 else "-"]
+        else:
+            row += [st.get("snapshot") or "-"]
+        row += [str(d["metadata"].get("generation", 0))]
+        if wide:
+            row += [reason, d["spec"].get("from", "") if kind in ("ForkPool", "ForkLayer") else ""]
+        rows.append(row)
+    emit(docs, Fmt.table, cols, rows)
+
+
+def describe(ref: str = typer.Argument(..., help="KIND/NAME, e.g. pool/agents")) -> None:
+    """Show one object: spec, status, conditions, recent events (and a pool's children)."""
+    kind, name = parse_ref(ref)
+    info = backend().describe(kind, name)
+    doc = info["object"]
+    out.print(f"[bold]{kind}/{name}[/]  generation {doc['metadata'].get('generation')}  "
+              f"source {info.get('source') or '-'}")
+    sys.stdout.write(yaml.safe_dump({"spec": doc["spec"]}, sort_keys=False))
+    st = doc.get("status") or {}
+    nums = {k: v for k, v in st.items() if k != "conditions"}
+    if nums:
+        sys.stdout.write(yaml.safe_dump({"status": nums}, sort_keys=False))
+    emit(None, Fmt.table, [("CONDITION", "left"), ("STATUS", "left"), ("REASON", "left"), ("SINCE", "left"),
+                           ("MESSAGE", "left")],
+         [[c["type"], c["status"], c.get("reason", ""), c.get("lastTransitionTime", ""), c.get("message", "")]
+          for c in st.get("conditions", [])])
+    if info.get("children") is not None:
+        out.print(f"children: {len(info['children'])}")
+        for c in info["children"]:
+            out.print(f"  {c['id']}  {c['status']}  {'claimed' if c['claimed'] else 'idle'}  {c['snapshot']}")
+    out.print("events:")
+    for e in info.get("events", [])[-10:]:
+        when = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+        out.print(f"  {when}  {e['type']:<7} {e['reason']:<14} {e['message']}")
+
+
+def delete(ref: str | None = typer.Argument(None, help="KIND/NAME"),
+           files: list[str] = typer.Option([], "-f", "--filename", help="delete the objects in these files"),
+           recursive: bool = RECURSIVE, sets: list[str] = SETS, values: list[Path] = VALUES) -> None:
+    """Delete objects (by KIND/NAME or by the files that declare them). Their children and snapshots are
+    released by the reconciler; claimed children stay until killed or their ttl ends."""
+    if ref:
+        targets = [parse_ref(ref)]
+    elif files:
+        targets = [(o.kind, o.metadata.name) for o, _ in _load(files, recursive, sets, values)]
+    else:
+        raise typer.BadParameter("name KIND/NAME or pass -f FILE")
+    b = backend()
+    for kind, name in targets:
+        b.delete(kind, name)
+        out.print(f"{kind}/{name} deleted")
+
+
+def claim(pool: str, n: int = typer.Option(1, "-n", help="how many children"),
+          output: Fmt = typer.Option(Fmt.table, "-o", "--output")) -> None:
+    """Hand out N warm children of a pool at once; the pool refills in the background."""
+    t0 = time.perf_counter()
+    recs = backend().claim(pool, n)
+    took = (time.perf_counter() - t0) * 1000.0
+    data = [{"id": r["id"], "pool": pool, "snapshot": r["snapshot"], "agent_socket": r["agent_socket"],
+             "expires_at": r.get("expires_at")} for r in recs]
+    if output == Fmt.json:
+        print(json.dumps({"children": data, "claim_ms": took}, indent=2))
+        return
+    emit({"children": data, "claim_ms": took}, output, [("ID", "left"), ("SNAPSHOT", "left"), ("AGENT SOCKET", "left")],
+         [[d["id"], d["snapshot"], d["agent_socket"]] for d in data])
+    if output == Fmt.table:
+        out.print(f"claimed {len(data)} in {took:.1f} ms; use: forkd exec ID -- CMD, forkd eval ID EXPR")

@@ -1,0 +1,60 @@
+"""The actions `plan` returns and the executor performs. Each has a stable `key` (the object it acts on) used
+for de-duplication, back-off and in-flight tracking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BuildParent:
+    """Boot the parent, warm it up and snapshot it as `tag` (= "<parent>-<spec hash>")."""
+
+    parent: str
+    tag: str
+    spec_hash: str
+
+    @property
+    def key(self) -> str:
+        return f"ForkParent/{self.parent}"
+
+
+@dataclass(frozen=True)
+class SpawnChildren:
+    """Restore `count` idle children of `tag` for `pool`."""
+
+    pool: str
+    tag: str
+    count: int
+
+    @property
+    def key(self) -> str:
+        return f"ForkPool/{self.pool}"
+
+
+@dataclass(frozen=True)
+class RetireChild:
+    """Stop a child and drop its record. `reason`: scale-down | rollout | dead | expired | orphaned."""
+
+    pool: str | None
+    child: str
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"child/{self.child}"
+
+
+@dataclass(frozen=True)
+class DeleteSnapshot:
+    """Remove a reconciler-built snapshot nothing references any more."""
+
+    tag: str
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"snapshot/{self.tag}"
+
+
+Action = BuildParent | SpawnChildren | RetireChild | DeleteSnapshot

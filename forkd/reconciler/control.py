@@ -1,0 +1,166 @@
+"""Operations on declarative objects that every front end shares: apply, diff, get, describe, delete, claim.
+
+Front ends (CLI, daemon API) call these and print; a daemon calls them in-process, the CLI calls them through
+the daemon when one runs (see forkd.client).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from forkd.base.errors import Conflict, InvalidInput, NotFound
+from forkd.reconciler.engine import Reconciler
+from forkd.reconciler.objects import APPLYSET, ObjectStore
+from forkd.reconciler.plan import parent_tag
+from forkd.spec.models import MODELS, RESOURCE_NAMES, ForkObject, to_document
+
+if TYPE_CHECKING:
+    from forkd.core.runtime import Runtime
+    from forkd.sandbox.registry import ChildRecord
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str
+    name: str
+    change: str  # created | configured | unchanged | pruned
+    generation: int
+
+
+def applyset_id(sources: list[str]) -> str:
+    """Default apply set: derived from the files applied together (like kubectl's --applyset)."""
+    return "files-" + hashlib.sha256("\n".join(sorted(sources)).encode()).hexdigest()[:12]
+
+
+def resolve_kind(word: str) -> str:
+    kind = RESOURCE_NAMES.get(word.lower()) or (word if word in MODELS else None)
+    if not kind:
+        raise InvalidInput(f"unknown resource type {word!r}", hint="use parents, layers, pools or branches")
+    return kind
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    """'pool/agents' or 'ForkPool/agents' -> ('ForkPool', 'agents')."""
+    if "/" not in ref:
+        raise InvalidInput(f"{ref!r}: expected KIND/NAME, e.g. pool/agents")
+    word, name = ref.split("/", 1)
+    return resolve_kind(word), name
+
+
+class Control:
+    def __init__(self, rt: Runtime, reconciler: Reconciler | None = None):
+        self.rt = rt
+        self.objects = ObjectStore(rt.layout)
+        self._reconciler = reconciler
+
+    @property
+    def reconciler(self) -> Reconciler:
+        if self._reconciler is None:
+            self._reconciler = Reconciler(self.rt, self.objects)
+        return self._reconciler
+
+    # -- apply / diff / delete ---------------------------------------------------------------------
+    def apply(self, objs: list[tuple[ForkObject, str]], applyset: str, prune: bool = False,
+              dry_run: bool = False) -> list[Change]:
+        """Store every object (all were validated before: any invalid document means nothing is applied)."""
+        out: list[Change] = []
+        with self.objects.locked():
+            for obj, source in objs:
+                annotated = obj.model_copy(update={"metadata": obj.metadata.model_copy(
+                    update={"annotations": {**obj.metadata.annotations, APPLYSET: applyset}})})
+                if dry_run:
+                    change, gen = self.objects.plan_put(annotated)
+                else:
+                    change, stored = self.objects.put(annotated, applyset, source)
+                    gen = stored.metadata.generation
+                out.append(Change(obj.kind, obj.metadata.name, change, gen))
+            if prune:
+                keep = {(o.kind, o.metadata.name) for o, _ in objs}
+                for st in self.objects.list():
+                    key = (st.obj.kind, st.obj.metadata.name)
+                    if st.applyset == applyset and key not in keep:
+                        if not dry_run:
+                            self.objects.delete(*key)
+                        out.append(Change(*key, "pruned", st.obj.metadata.generation))
+        if not dry_run:
+            self.reconciler.wake.set()
+        return out
+
+    def diff(self, objs: list[tuple[ForkObject, str]]) -> list[tuple[str, str]]:
+        """(KIND/NAME, unified diff of the spec) for every object that would change."""
+        out = []
+        for obj, _ in objs:
+            try:
+                old = yaml.safe_dump(to_document(self.objects.get(obj.kind, obj.metadata.name).obj,
+                                                 with_status=False)["spec"], sort_keys=True)
+            except NotFound:
+                old = ""
+            new = yaml.safe_dump(to_document(obj, with_status=False)["spec"], sort_keys=True)
+            if old != new:
+                ref = f"{obj.kind}/{obj.metadata.name}"
+                text = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                    f"{ref} (applied)", f"{ref} (file)"))
+                out.append((ref, text))
+        return out
+
+    def delete(self, kind: str, name: str) -> None:
+        with self.objects.locked():
+            self.objects.delete(kind, name)
+        self.reconciler.wake.set()
+
+    # -- reading -----------------------------------------------------------------------------------
+    def get(self, kind: str, name: str | None = None) -> list[ForkObject]:
+        if name:
+            return [self.objects.get(kind, name).obj]
+        return [st.obj for st in self.objects.list(kind)]
+
+    def describe(self, kind: str, name: str) -> dict[str, Any]:
+        st = self.objects.get(kind, name)
+        out = {"object": to_document(st.obj), "source": st.source, "applyset": st.applyset,
+               "events": self.objects.events(kind, name)}
+        if kind == "ForkPool":
+            out["children"] = [{"id": c.id, "status": c.status, "claimed": c.claimed, "snapshot": c.snapshot}
+                               for c in self.rt.children() if c.pool == name]
+        if kind == "ForkParent":
+            out["snapshot"] = parent_tag(st.obj)
+        return out
+
+    # -- claim ---------------------------------------------------------------------------------------
+    def claim(self, pool: str, n: int = 1) -> list[ChildRecord]:
+        """Hand out `n` warm children of `pool` now; the reconciler refills the pool in the background.
+
+        If fewer than `n` are warm, the rest are forked on the spot from the pool's snapshot (slower)."""
+        if not 1 <= n <= 1000:
+            raise InvalidInput(f"-n {n}: use 1..1000")
+        obj = self.objects.get("ForkPool", pool).obj
+        target = self._pool_target(obj)
+        got = self.rt.claim_children(pool, n, obj.spec.child.ttlSeconds, prefer_tag=target)
+        if len(got) < n:
+            if target is None:
+                raise Conflict(f"pool {pool!r} has {len(got)} warm children and no ready snapshot to fork more",
+                               hint=f"see 'forkd describe pool/{pool}'")
+            extra = self.rt.fork(target, n - len(got), pool=pool)
+            now = time.time()
+            ttl = obj.spec.child.ttlSeconds
+            got += [self.rt.registry.save(r.with_(claimed_at=now, expires_at=now + ttl if ttl else None))
+                    for r in extra]
+        self.reconciler.wake.set()
+        return got
+
+    def _pool_target(self, pool: ForkObject) -> str | None:
+        try:
+            parent = self.objects.get("ForkParent", pool.spec.from_).obj
+        except NotFound:
+            return None
+        tag = parent_tag(parent)
+        try:
+            self.rt.store.get_ready(tag)
+        except Exception:  # noqa: BLE001 - not ready / missing: no target to fork from
+            return None
+        return tag

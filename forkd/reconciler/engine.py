@@ -1,0 +1,186 @@
+"""The executor and the loop: plan, perform the actions through the core, record events, failures (with
+back-off) and statuses; again on every change and on an interval.
+
+Slow actions (building a snapshot, spawning children) run on worker threads and are tracked as in flight, so a
+slow or broken object never stalls the others; quick ones (retire a child, delete a snapshot) run inline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from forkd.reconciler import observe
+from forkd.reconciler.actions import Action, BuildParent, DeleteSnapshot, RetireChild, SpawnChildren
+from forkd.reconciler.objects import ObjectStore
+from forkd.reconciler.plan import backoff_seconds, plan
+from forkd.reconciler.state import Failure
+from forkd.reconciler.status import compute_status
+
+if TYPE_CHECKING:
+    from forkd.core.runtime import Runtime
+
+log = logging.getLogger("forkd.reconciler")
+SLOW = (BuildParent, SpawnChildren)
+PERMANENT_REASONS = {"SourceNotFound", "NotImplemented", "LayersNotImplemented", "NetworkNotImplemented"}
+
+
+def _target(action: Action) -> tuple[str, str] | None:
+    if isinstance(action, BuildParent):
+        return "ForkParent", action.parent
+    if isinstance(action, (SpawnChildren, RetireChild)) and action.pool:
+        return "ForkPool", action.pool
+    return None
+
+
+class Reconciler:
+    def __init__(self, rt: Runtime, objects: ObjectStore | None = None, workers: int = 3):
+        self.rt = rt
+        self.objects = objects or ObjectStore(rt.layout)
+        self.failures: dict[str, Failure] = {}
+        self.in_flight: dict[str, Future] = {}
+        self.spawn_ms: dict[str, deque[float]] = {}
+        self.wake = threading.Event()
+        self._lock = threading.Lock()
+        self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="forkd-action")
+
+    # -- one pass ----------------------------------------------------------------------------------
+    def step(self) -> list[Action]:
+        """Plan against the world as it is now, start what is not already running, update statuses."""
+        with self._lock:
+            self._reap_finished()
+            desired = observe.desired(self.objects)
+            actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight))
+            actions = plan(desired, actual)
+            for action in actions:
+                if action.key in self.in_flight:
+                    continue
+                if isinstance(action, SLOW):
+                    self.in_flight[action.key] = self._workers.submit(self._run, action)
+                else:
+                    self._run(action)
+            self._write_statuses(desired)
+            return actions
+
+    def _reap_finished(self) -> None:
+        for key, fut in list(self.in_flight.items()):
+            if fut.done():
+                del self.in_flight[key]
+
+    def _write_statuses(self, desired) -> None:
+        actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight))
+        previous = {f"{st.obj.kind}/{st.obj.metadata.name}": st.obj.status for st in self.objects.list()}
+        for key, status in compute_status(desired, actual, previous).items():
+            kind, name = key.split("/", 1)
+            if kind == "ForkPool" and name in self.spawn_ms and self.spawn_ms[name]:
+                samples = sorted(self.spawn_ms[name])
+                status = status.model_copy(update={"spawnP50Ms": round(samples[len(samples) // 2], 1)})
+            self.objects.set_status(kind, name, status)
+
+    # -- executor ----------------------------------------------------------------------------------
+    def _run(self, action: Action) -> None:
+        target = _target(action)
+        t0 = time.perf_counter()
+        try:
+            message = self._execute(action)
+        except Exception as exc:  # noqa: BLE001 - any failure is recorded, backed off and shown in status
+            attempts = self.failures[action.key].attempts + 1 if action.key in self.failures else 1
+            delay = backoff_seconds(attempts)
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self.failures[action.key] = Failure(*action.key.split("/", 1), message=text, attempts=attempts,
+                                                retry_at=time.time() + delay)
+            log.warning("%s failed (attempt %d, retry in %.0fs): %s", action.key, attempts, delay, text)
+            if target:
+                self.objects.event(*target, "Failed", f"{type(action).__name__}: {text} (retry in {delay:.0f}s)",
+                                   type_="Warning")
+        else:
+            self.failures.pop(action.key, None)
+            if target and message:
+                self.objects.event(*target, type(action).__name__, f"{message} in {time.perf_counter() - t0:.1f}s")
+        finally:
+            self.wake.set()
+
+    def _execute(self, action: Action) -> str:
+        rt = self.rt
+        if isinstance(action, BuildParent):
+            parent = self.objects.get("ForkParent", action.parent).obj
+            w = parent.spec.warmup
+            rt.create_snapshot(action.tag, parent.spec.memoryMiB, parent.spec.vcpus, tuple(w.imports),
+                               tuple(w.run), warm_exec=tuple(w.exec),
+                               labels={observe.PARENT_LABEL: action.parent, observe.SPEC_HASH_LABEL: action.spec_hash})
+            return f"built snapshot {action.tag}"
+        if isinstance(action, SpawnChildren):
+            recs = rt.fork(action.tag, action.count, pool=action.pool)
+            samples = self.spawn_ms.setdefault(action.pool, deque(maxlen=50))
+            samples.extend(r.timings_ms.get("ready", 0.0) for r in recs)
+            return f"spawned {len(recs)} children of {action.tag}"
+        if isinstance(action, RetireChild):
+            rt.kill([action.child])
+            return f"retired child {action.child} ({action.reason})"
+        if isinstance(action, DeleteSnapshot):
+            rt.rmi(action.tag)
+            return ""
+        raise TypeError(f"unknown action {action!r}")
+
+    # -- loops -------------------------------------------------------------------------------------
+    def converged(self, kinds_names: list[tuple[str, str]] | None = None) -> tuple[bool, list[str]]:
+        """(all Ready, problems): problems are objects Degraded for a reason waiting will not fix."""
+        ready, problems = True, []
+        for st in self.objects.list():
+            key = (st.obj.kind, st.obj.metadata.name)
+            if kinds_names is not None and key not in kinds_names:
+                continue
+            status = st.obj.status
+            cond = status.condition("Ready") if status else None
+            if not cond or cond.status != "True":
+                ready = False
+            deg = status.condition("Degraded") if status else None
+            if deg and deg.status == "True" and deg.reason in PERMANENT_REASONS:
+                problems.append(f"{key[0]}/{key[1]}: {deg.reason}: {deg.message}")
+        return ready and not self.in_flight, problems
+
+    def run_until_converged(self, timeout: float, kinds_names: list[tuple[str, str]] | None = None,
+                            progress=lambda s: None) -> tuple[bool, list[str]]:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            self.step()
+            ok, problems = self.converged(kinds_names)
+            if ok or problems:
+                return ok, problems
+            summary = self._summary(kinds_names)
+            if summary != last:
+                progress(summary)
+                last = summary
+            if time.monotonic() > deadline:
+                return False, [f"timed out after {timeout:.0f}s: {summary}"]
+            self.wake.wait(0.25)
+            self.wake.clear()
+
+    def _summary(self, kinds_names) -> str:
+        parts = []
+        for st in self.objects.list():
+            if kinds_names is not None and (st.obj.kind, st.obj.metadata.name) not in kinds_names:
+                continue
+            status = st.obj.status
+            rec = status.condition("Reconciling") if status else None
+            why = rec.reason if rec and rec.status == "True" else "Ready" if status else "Pending"
+            extra = f" {status.warm}/{status.target} warm" if st.obj.kind == "ForkPool" and status else ""
+            parts.append(f"{st.obj.kind}/{st.obj.metadata.name}: {why}{extra}")
+        return "; ".join(parts)
+
+    def run_forever(self, stop: threading.Event, interval: float = 2.0) -> None:
+        while not stop.is_set():
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - the loop must survive anything one pass throws
+                log.exception("reconcile pass failed")
+            self.wake.wait(interval)
+            self.wake.clear()
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True)

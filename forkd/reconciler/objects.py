@@ -1,0 +1,135 @@
+"""Durable store of applied declarative objects: one JSON file per object (`objects/<Kind>/<name>.json`) with
+the document, its generation, the apply set it came from and its status; plus a short event log per object.
+
+`metadata.generation` moves only when the spec changes. Writes are atomic (temp file + rename) and serialized
+between processes by a lock file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forkd.base.atomic import write_bytes, write_json
+from forkd.base.errors import NotFound
+from forkd.base.paths import Layout
+from forkd.spec.models import KINDS, MODELS, ForkObject, Status, spec_dict
+
+APPLYSET = "forkd.dev/applyset"
+MANAGED_BY = "forkd.dev/managed-by"
+MAX_EVENTS = 20
+
+
+@dataclass(frozen=True)
+class Stored:
+    obj: ForkObject  # with metadata.generation set, status as last computed
+    applyset: str | None
+    source: str | None  # file:line it was applied from
+    updated_at: float
+
+
+class ObjectStore:
+    def __init__(self, layout: Layout):
+        self.root = layout.ensure().objects
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _path(self, kind: str, name: str) -> Path:
+        return self.root / kind / f"{name}.json"
+
+    def _read(self, path: Path) -> Stored:
+        raw = json.loads(path.read_text())
+        obj = MODELS[raw["document"]["kind"]].model_validate(raw["document"])
+        return Stored(obj, raw.get("applyset"), raw.get("source"), raw.get("updated_at", 0.0))
+
+    def _write(self, st: Stored) -> None:
+        d = self.root / st.obj.kind
+        d.mkdir(exist_ok=True)
+        doc = st.obj.model_dump(mode="json", by_alias=True, exclude_none=True)
+        write_json(d / f"{st.obj.metadata.name}.json",
+                   {"document": doc, "applyset": st.applyset, "source": st.source, "updated_at": st.updated_at})
+
+    # -- reading -----------------------------------------------------------------------------------
+    def get(self, kind: str, name: str) -> Stored:
+        try:
+            return self._read(self._path(kind, name))
+        except FileNotFoundError:
+            raise NotFound(f"{kind}/{name} not found", hint="list objects with 'forkd get parents|pools'") from None
+
+    def list(self, kind: str | None = None) -> list[Stored]:
+        out = []
+        for k in [kind] if kind else KINDS:
+            d = self.root / k
+            if d.is_dir():
+                out += [self._read(p) for p in sorted(d.glob("*.json"))]
+        return out
+
+    # -- changes -----------------------------------------------------------------------------------
+    def plan_put(self, obj: ForkObject) -> tuple[str, int]:
+        """What applying `obj` would do: ("created" | "configured" | "unchanged", resulting generation)."""
+        try:
+            old = self.get(obj.kind, obj.metadata.name)
+        except NotFound:
+            return "created", 1
+        if spec_dict(old.obj) != spec_dict(obj):
+            return "configured", old.obj.metadata.generation + 1
+        if (old.obj.metadata.labels, old.obj.metadata.annotations) != (obj.metadata.labels,
+                                                                      obj.metadata.annotations):
+            return "configured", old.obj.metadata.generation
+        return "unchanged", old.obj.metadata.generation
+
+    def put(self, obj: ForkObject, applyset: str | None, source: str | None) -> tuple[str, ForkObject]:
+        change, generation = self.plan_put(obj)
+        status = None
+        if change != "created":
+            status = self.get(obj.kind, obj.metadata.name).obj.status
+        meta = obj.metadata.model_copy(update={"generation": generation})
+        stored = obj.model_copy(update={"metadata": meta, "status": status})
+        if change != "unchanged":
+            self._write(Stored(stored, applyset, source, time.time()))
+            self.event(obj.kind, obj.metadata.name, "Applied", f"{change} (generation {generation})")
+        return change, stored
+
+    def set_status(self, kind: str, name: str, status: Status) -> bool:
+        """Store a new status if it differs. Returns True when something changed."""
+        try:
+            st = self.get(kind, name)
+        except NotFound:
+            return False  # deleted meanwhile
+        if st.obj.status == status:
+            return False
+        self._write(Stored(st.obj.model_copy(update={"status": status}), st.applyset, st.source, time.time()))
+        return True
+
+    def delete(self, kind: str, name: str) -> None:
+        path = self._path(kind, name)
+        if not path.exists():
+            raise NotFound(f"{kind}/{name} not found")
+        path.unlink()
+        path.with_suffix(".events.jsonl").unlink(missing_ok=True)
+
+    # -- events ------------------------------------------------------------------------------------
+    def event(self, kind: str, name: str, reason: str, message: str, type_: str = "Normal") -> None:
+        path = self.root / kind / f"{name}.events.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        lines = path.read_text().splitlines()[-(MAX_EVENTS - 1):] if path.exists() else []
+        lines.append(json.dumps({"time": time.time(), "type": type_, "reason": reason, "message": message}))
+        write_bytes(path, ("\n".join(lines) + "\n").encode())
+
+    def events(self, kind: str, name: str) -> list[dict[str, Any]]:
+        path = self.root / kind / f"{name}.events.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []

@@ -1,0 +1,190 @@
+"""plan(desired, actual) -> actions: the pure heart of the reconciler.
+
+Pure and deterministic: no I/O, no clock (time is `actual.now`), no randomness; inputs are sorted first, so the
+same inputs in any tuple order give the same list in the same order: parents (by name), then per pool (by name)
+its retirements and its spawn, then orphaned children (by id), then snapshot deletions (by tag).
+Building layers and branches is later work: plan emits nothing for them (status reports them as not implemented).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from forkd.reconciler.actions import Action, BuildParent, DeleteSnapshot, RetireChild, SpawnChildren
+from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
+from forkd.spec.models import ForkParent, ForkPool, spec_hash
+
+LIVE = ("starting", "running")  # children that count; dead / failed ones are retired and replaced
+GONE = ("dead", "failed")
+
+
+def parent_tag(parent: ForkParent) -> str:
+    """The snapshot tag of a parent's current spec: "<name>-<10 hex digits>" (names are <= 52 characters)."""
+    return f"{parent.metadata.name}-{spec_hash(parent)[:10]}"
+
+
+def backoff_seconds(attempts: int) -> float:
+    """Delay before retrying an object whose action failed `attempts` times in a row (used by the executor)."""
+    return float(min(300, 2 ** min(attempts, 16)))
+
+
+# -- shared views (also used by status) ---------------------------------------------------------------------
+def unique_by_name(objs: Iterable) -> list:
+    """Objects sorted by name, one per name (duplicates: the smallest spec hash wins, whatever the input order)."""
+    best: dict[str, object] = {}
+    for o in objs:
+        n = o.metadata.name
+        if n not in best or spec_hash(o) < spec_hash(best[n]):
+            best[n] = o
+    return [best[n] for n in sorted(best)]
+
+
+def failures_by_key(actual: Actual) -> dict[str, Failure]:
+    """The latest failure per action key ("ForkParent/<name>", "ForkPool/<name>", ...)."""
+    out: dict[str, Failure] = {}
+    for f in sorted(actual.failures, key=lambda f: (f.retry_at, f.attempts, f.message)):
+        out[f"{f.kind}/{f.name}"] = f
+    return out
+
+
+def snapshots_by_tag(actual: Actual) -> dict[str, SnapshotState]:
+    return {s.tag: s for s in sorted(actual.snapshots, key=lambda s: (s.tag, s.status, s.created_at))}
+
+
+def children_by_pool(actual: Actual) -> dict[str, list[ChildState]]:
+    out: dict[str, list[ChildState]] = {}
+    for c in sorted(actual.children, key=lambda c: c.id):
+        if c.pool is not None:
+            out.setdefault(c.pool, []).append(c)
+    return out
+
+
+def newest_first(children: Sequence[ChildState]) -> list[ChildState]:
+    return sorted(children, key=lambda c: (-c.created_at, c.id))
+
+
+@dataclass(frozen=True)
+class PoolChildren:
+    """A pool's children sorted into what the rules treat differently."""
+
+    dead: list[ChildState]  # dead / failed: retired, no longer count
+    expired: list[ChildState]  # claimed with an ended ttl: retired
+    claimed: list[ChildState]  # claimed, live: never touched
+    idle_current: list[ChildState]  # unclaimed, starting/running, on the target tag
+    idle_old: list[ChildState]  # unclaimed, starting/running, on any other tag
+    other: list[ChildState]  # unclaimed in a status we do not know: left alone, but counted
+
+    @property
+    def live(self) -> int:
+        return len(self.claimed) + len(self.idle_current) + len(self.idle_old) + len(self.other)
+
+
+def split_children(children: Sequence[ChildState], target: str | None, now: float) -> PoolChildren:
+    p = PoolChildren([], [], [], [], [], [])
+    for c in children:
+        if c.status in GONE:
+            p.dead.append(c)
+        elif c.claimed:
+            (p.expired if c.expires_at is not None and c.expires_at <= now else p.claimed).append(c)
+        elif c.status not in LIVE:
+            p.other.append(c)
+        else:
+            (p.idle_current if target is not None and c.snapshot == target else p.idle_old).append(c)
+    return p
+
+
+def pool_target(pool: ForkPool, tags: dict[str, str]) -> str | None:
+    """The snapshot tag a pool spawns from: its ForkParent's current tag (None: a layer or nothing known)."""
+    return tags.get(pool.spec.from_)
+
+
+# -- one function per object kind ---------------------------------------------------------------------------
+def plan_parent(parent: ForkParent, tag: str, snaps: dict[str, SnapshotState]) -> list[Action]:
+    snap = snaps.get(tag)
+    if snap is None or snap.status == "failed":  # back-off of a failed build is applied by the caller
+        return [BuildParent(parent.metadata.name, tag, spec_hash(parent))]
+    return []  # "writing": in progress; "ready": done
+
+
+def _retire(pool: str | None, children: Iterable[ChildState], reason: str) -> list[Action]:
+    return [RetireChild(pool, c.id, reason) for c in children]
+
+
+def plan_pool(pool: ForkPool, target: str | None, snaps: dict[str, SnapshotState], children: Sequence[ChildState],
+              now: float, may_spawn: bool) -> list[Action]:
+    name, warm, cap = pool.metadata.name, pool.spec.warm, pool.spec.maxChildren
+    kids = split_children(children, target, now)
+    out = _retire(name, kids.dead, "dead") + _retire(name, kids.expired, "expired")
+    if target is None:  # from names a ForkLayer or nothing: only the housekeeping above, no spawn / rollout
+        return out
+    ready = (s := snaps.get(target)) is not None and s.status == "ready"
+    # Per-child network isolation is not implemented: never spawn an unisolated child for an isolated pool.
+    may_spawn = may_spawn and ready and pool.spec.child.network != "isolated"
+    old = newest_first(kids.idle_old)
+    if len(kids.idle_current) >= warm:  # enough on the target: finish the rollout, trim the excess
+        out += _retire(name, old, "rollout")
+        return out + _retire(name, newest_first(kids.idle_current)[: len(kids.idle_current) - warm], "scale-down")
+    # Old idle children keep serving claims until the target has `warm` (also while it is not ready yet);
+    # only those beyond `warm` are surplus.
+    surplus = max(0, len(old) - warm)
+    out += _retire(name, old[:surplus], "scale-down")
+    old = old[surplus:]
+    if not may_spawn:
+        return out
+    need = warm - len(kids.idle_current)
+    room = max(0, cap - (kids.live - surplus))
+    if room < need and old:  # maxChildren is full of old idle children: replace them rather than stall
+        swap = min(need - room, len(old))
+        out += _retire(name, old[:swap], "rollout")
+        room += swap
+    if (count := min(need, room)) > 0:
+        out.append(SpawnChildren(name, target, count))
+    return out
+
+
+def plan_orphans(children: Sequence[ChildState], now: float) -> list[Action]:
+    """Children of a deleted pool: unclaimed ones go; claimed ones stay until they expire (or the user kills them)."""
+    kids = split_children(children, None, now)
+    pool = children[0].pool if children else None
+    return (_retire(pool, kids.dead, "dead") + _retire(pool, kids.expired, "expired")
+            + _retire(pool, kids.idle_old + kids.other, "orphaned"))
+
+
+def plan_snapshots(snaps: dict[str, SnapshotState], desired_tags: set[str], actual: Actual) -> list[Action]:
+    """Collect reconciler-built snapshots that are neither desired nor used by any child (nor being written)."""
+    used = {c.snapshot for c in actual.children}
+    return [DeleteSnapshot(tag, "unused") for tag, s in sorted(snaps.items())
+            if s.owner is not None and s.status != "writing" and tag not in desired_tags and tag not in used]
+
+
+def plan(desired: Desired, actual: Actual) -> list[Action]:
+    now = actual.now
+    failures = failures_by_key(actual)
+    blocked = {k for k, f in failures.items() if now < f.retry_at} | set(actual.in_flight)
+    snaps = snapshots_by_tag(actual)
+    parents = unique_by_name(desired.parents)
+    tags = {p.metadata.name: parent_tag(p) for p in parents}
+    by_pool = children_by_pool(actual)
+
+    actions: list[Action] = []
+    for p in parents:
+        actions += plan_parent(p, tags[p.metadata.name], snaps)
+    pools = unique_by_name(desired.pools)
+    for pool in pools:
+        name = pool.metadata.name
+        actions += plan_pool(pool, pool_target(pool, tags), snaps, by_pool.get(name, []), now,
+                             may_spawn=f"ForkPool/{name}" not in blocked)
+    pool_names = {pool.metadata.name for pool in pools}
+    for name in sorted(set(by_pool) - pool_names):
+        actions += plan_orphans(by_pool[name], now)
+    actions += plan_snapshots(snaps, set(tags.values()), actual)
+
+    # Back-off and in-flight apply to every action by its key; one broken object never blocks the others.
+    out: list[Action] = []
+    seen: set[str] = set()
+    for a in actions:
+        if a.key not in blocked and a.key not in seen:
+            seen.add(a.key)
+            out.append(a)
+    return out

@@ -1,0 +1,58 @@
+"""What the reconciler sees of the world: plain frozen values, read from disk by `observe` (executor side)
+and handed to the pure `plan`. Nothing here does I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool
+
+
+@dataclass(frozen=True)
+class SnapshotState:
+    tag: str
+    status: str  # writing | ready | failed
+    owner: str | None = None  # name of the ForkParent that built it (None: made by hand, never collected)
+    spec_hash: str | None = None  # the owner's spec hash it was built from
+    error: str | None = None
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ChildState:
+    id: str
+    snapshot: str
+    pool: str | None  # owning pool (None: forked by hand, never touched by the reconciler)
+    status: str  # starting | running | dead | failed
+    claimed: bool = False
+    claimed_at: float | None = None
+    expires_at: float | None = None  # claimed children: when their ttl ends
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A recent failure of an action on an object, for back-off: retry not before `retry_at`."""
+
+    kind: str
+    name: str
+    message: str
+    attempts: int
+    retry_at: float
+
+
+@dataclass(frozen=True)
+class Desired:
+    parents: tuple[ForkParent, ...] = ()
+    layers: tuple[ForkLayer, ...] = ()
+    pools: tuple[ForkPool, ...] = ()
+    branches: tuple[ForkBranch, ...] = ()
+
+
+@dataclass(frozen=True)
+class Actual:
+    snapshots: tuple[SnapshotState, ...] = ()
+    children: tuple[ChildState, ...] = ()
+    failures: tuple[Failure, ...] = ()
+    now: float = 0.0
+    in_flight: frozenset[str] = field(default_factory=frozenset)  # keys of actions still running

@@ -1,0 +1,190 @@
+"""The declarative objects, Kubernetes-style (apiVersion forkd.dev/v1alpha1): ForkParent, ForkLayer, ForkPool,
+ForkBranch. Pure pydantic v2 models: strict (unknown fields are errors), no I/O.
+
+Field names are camelCase as users write them in YAML; Python attributes are snake_case where they differ
+(`from` is `from_`). Status follows Kubernetes conventions: observedGeneration plus conditions Ready /
+Reconciling / Degraded, and numbers; there is no `phase`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from forkd.base.names import NAME_PATTERN
+
+API_VERSION = "forkd.dev/v1alpha1"
+KINDS = ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch")
+CONDITION_TYPES = ("Ready", "Reconciling", "Degraded")
+
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class Metadata(Strict):
+    name: Name
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    generation: int = Field(0, ge=0, description="set by forkd: moves only when the spec changes")
+
+
+class Condition(Strict):
+    type: Literal["Ready", "Reconciling", "Degraded"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    lastTransitionTime: str = ""
+
+
+class Status(Strict):
+    observedGeneration: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+# -- ForkParent -------------------------------------------------------------------------------------
+class ImageRef(Strict):
+    builtin: Literal["python"] = "python"
+
+
+class Warmup(Strict):
+    imports: list[ModuleName] = Field(default_factory=list, description="modules imported in the guest agent")
+    run: list[str] = Field(default_factory=list, description="shell commands run in the guest before the pause")
+    exec: list[str] = Field(default_factory=list, description="Python code run in the agent's interpreter")
+
+
+class ForkParentSpec(Strict):
+    image: ImageRef = Field(default_factory=ImageRef)
+    memoryMiB: int = Field(512, ge=128, le=65536)
+    vcpus: int = Field(1, ge=1, le=64)
+    warmup: Warmup = Field(default_factory=Warmup)
+
+
+class ForkParentStatus(Status):
+    snapshot: str | None = None
+    specHash: str | None = None
+
+
+class ForkParent(Strict):
+    apiVersion: Literal["forkd.dev/v1alpha1"] = API_VERSION
+    kind: Literal["ForkParent"] = "ForkParent"
+    metadata: Metadata
+    spec: ForkParentSpec = Field(default_factory=ForkParentSpec)
+    status: ForkParentStatus | None = None
+
+
+# -- ForkLayer --------------------------------------------------------------------------------------
+class ForkLayerSpec(Strict):
+    from_: Name = Field(alias="from")
+    run: list[str] = Field(default_factory=list)
+    imports: list[ModuleName] = Field(default_factory=list)
+
+
+class ForkLayerStatus(Status):
+    snapshot: str | None = None
+    chainDepth: int | None = None
+
+
+class ForkLayer(Strict):
+    apiVersion: Literal["forkd.dev/v1alpha1"] = API_VERSION
+    kind: Literal["ForkLayer"] = "ForkLayer"
+    metadata: Metadata
+    spec: ForkLayerSpec
+    status: ForkLayerStatus | None = None
+
+
+# -- ForkPool ---------------------------------------------------------------------------------------
+class ChildSpec(Strict):
+    memoryLimitMiB: int | None = Field(None, ge=16)
+    network: Literal["isolated", "none"] = "none"
+    ttlSeconds: int | None = Field(None, ge=1, description="claimed children are killed this long after claim")
+
+
+class SpawnLatencyTarget(Strict):
+    p50Ms: int = Field(ge=1)
+
+
+class Compaction(Strict):
+    maxDepth: int = Field(3, ge=1)
+
+
+class ForkPoolSpec(Strict):
+    from_: Name = Field(alias="from", description="a ForkParent or ForkLayer name")
+    warm: int = Field(0, ge=0, le=1000, description="children kept restored, idle and answering")
+    maxChildren: int = Field(64, ge=1, le=1000, description="cap on warm + claimed children")
+    child: ChildSpec = Field(default_factory=ChildSpec)
+    spawnLatencyTarget: SpawnLatencyTarget | None = None
+    compaction: Compaction | None = None
+
+
+class ForkPoolStatus(Status):
+    warm: int = 0
+    claimed: int = 0
+    target: int = 0
+    snapshot: str | None = None
+    chainDepth: int = 0
+    spawnP50Ms: float | None = None
+
+
+class ForkPool(Strict):
+    apiVersion: Literal["forkd.dev/v1alpha1"] = API_VERSION
+    kind: Literal["ForkPool"] = "ForkPool"
+    metadata: Metadata
+    spec: ForkPoolSpec
+    status: ForkPoolStatus | None = None
+
+
+# -- ForkBranch -------------------------------------------------------------------------------------
+class ForkBranchSpec(Strict):
+    sandbox: str = Field(min_length=1, description="a child id, or pool/<name> for one of its claimed children")
+    mode: Literal["live", "diff", "full"] = "live"
+    wait: bool = False
+
+
+class ForkBranchStatus(Status):
+    snapshot: str | None = None
+
+
+class ForkBranch(Strict):
+    apiVersion: Literal["forkd.dev/v1alpha1"] = API_VERSION
+    kind: Literal["ForkBranch"] = "ForkBranch"
+    metadata: Metadata
+    spec: ForkBranchSpec
+    status: ForkBranchStatus | None = None
+
+
+ForkObject = ForkParent | ForkLayer | ForkPool | ForkBranch
+MODELS: dict[str, type[Strict]] = {"ForkParent": ForkParent, "ForkLayer": ForkLayer, "ForkPool": ForkPool,
+                                   "ForkBranch": ForkBranch}
+# plural / short names for `forkd get`
+RESOURCE_NAMES = {"parents": "ForkParent", "parent": "ForkParent", "forkparent": "ForkParent",
+                  "layers": "ForkLayer", "layer": "ForkLayer", "forklayer": "ForkLayer",
+                  "pools": "ForkPool", "pool": "ForkPool", "forkpool": "ForkPool",
+                  "branches": "ForkBranch", "branch": "ForkBranch", "forkbranch": "ForkBranch"}
+
+
+def spec_dict(obj: ForkObject) -> dict[str, Any]:
+    """The spec as the user wrote it (aliases, defaults filled in): what generation and hashes are over."""
+    return obj.spec.model_dump(mode="json", by_alias=True)
+
+
+def spec_hash(obj: ForkObject) -> str:
+    """Stable hash of the spec: changes exactly when the spec changes."""
+    raw = json.dumps(spec_dict(obj), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(raw).hexdigest()[:12]
+
+
+def to_document(obj: ForkObject, with_status: bool = True) -> dict[str, Any]:
+    d = obj.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if not with_status:
+        d.pop("status", None)
+    return d

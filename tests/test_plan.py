@@ -1,0 +1,304 @@
+"""plan() and compute_status() as tables over plain values: no VMs, no disk, no clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from forkd.reconciler.actions import BuildParent, DeleteSnapshot, RetireChild, SpawnChildren
+from forkd.reconciler.plan import backoff_seconds, parent_tag, plan
+from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
+from forkd.reconciler.status import compute_status
+from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
+
+NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+
+PY = ForkParent(metadata={"name": "py"}, spec={"warmup": {"imports": ["json"]}})
+PY2 = ForkParent(metadata={"name": "py", "generation": 2}, spec={"warmup": {"imports": ["json", "decimal"]}})
+TAG, TAG2 = parent_tag(PY), parent_tag(PY2)
+BUILD = BuildParent("py", TAG, spec_hash(PY))
+
+
+def pool(warm: int = 3, name: str = "agents", src: str = "py", **spec) -> ForkPool:
+    return ForkPool(metadata={"name": name}, spec={"from": src, "warm": warm, **spec})
+
+
+def snap(tag: str = TAG, status: str = "ready", owner: str | None = "py") -> SnapshotState:
+    return SnapshotState(tag=tag, status=status, owner=owner)
+
+
+def kids(n: int, tag: str = TAG, pool: str | None = "agents", start: int = 0, **kw) -> tuple[ChildState, ...]:
+    kw.setdefault("status", "running")
+    return tuple(ChildState(id=f"{pool or 'x'}-{tag}-{i}", snapshot=tag, pool=pool, created_at=float(i), **kw)
+                 for i in range(start, start + n))
+
+
+def world(parents=(PY,), pools=(), snapshots=(), children=(), failures=(), in_flight=(), layers=()):
+    return (Desired(parents=tuple(parents), pools=tuple(pools), layers=tuple(layers)),
+            Actual(snapshots=tuple(snapshots), children=tuple(children), failures=tuple(failures), now=NOW,
+                   in_flight=frozenset(in_flight)))
+
+
+def retired(actions, reason: str | None = None) -> list[str]:
+    return [a.child for a in actions if isinstance(a, RetireChild) and reason in (None, a.reason)]
+
+
+def spawns(actions) -> list[tuple[str, int]]:
+    return [(a.tag, a.count) for a in actions if isinstance(a, SpawnChildren)]
+
+
+# -- parents --------------------------------------------------------------------------------------------
+def test_parent_tag_and_backoff():
+    assert TAG == f"py-{spec_hash(PY)[:10]}" and TAG != TAG2
+    assert [backoff_seconds(n) for n in (0, 1, 5, 8, 9, 100)] == [1, 2, 32, 256, 300, 300]
+
+
+@pytest.mark.parametrize("snapshots, failures, in_flight, expected", [
+    ((), (), (), [BUILD]),  # missing
+    ((snap(status="writing"),), (), (), []),  # in progress
+    ((snap(),), (), (), []),  # done
+    ((snap(status="failed"),), (), (), [BUILD]),  # failed, no back-off record
+    ((snap(status="failed"),), (Failure("ForkParent", "py", "boom", 2, NOW + 4),), (), []),  # back-off pending
+    ((snap(status="failed"),), (Failure("ForkParent", "py", "boom", 2, NOW),), (), [BUILD]),
+    ((), (), ("ForkParent/py",), []),  # in flight
+], ids=["missing", "writing", "ready", "failed", "backoff-pending", "backoff-over", "in-flight"])
+def test_parent(snapshots, failures, in_flight, expected):
+    assert plan(*world(snapshots=snapshots, failures=failures, in_flight=in_flight)) == expected
+
+
+def test_one_broken_parent_does_not_block_others():
+    other = ForkParent(metadata={"name": "node"})
+    d, a = world(parents=(PY, other), failures=(Failure("ForkParent", "py", "boom", 1, NOW + 60),))
+    assert plan(d, a) == [BuildParent("node", parent_tag(other), spec_hash(other))]
+
+
+def test_spec_change_builds_new_tag_keeps_old_snapshot_while_used_then_collects_it():
+    old_kids = kids(2)
+    d, a = world(parents=(PY2,), pools=(pool(2),), snapshots=(snap(),), children=old_kids)
+    acts = plan(d, a)
+    assert acts == [BuildParent("py", TAG2, spec_hash(PY2))]  # old idle kept, old snapshot kept (used)
+    # new snapshot ready: spawn on it, old idle children still serve claims
+    d, a = world(parents=(PY2,), pools=(pool(2),), snapshots=(snap(), snap(TAG2)), children=old_kids)
+    assert plan(d, a) == [SpawnChildren("agents", TAG2, 2)]
+    # new children up: old ones retired (rollout); old snapshot still referenced by them this round
+    d, a = world(parents=(PY2,), pools=(pool(2),), snapshots=(snap(), snap(TAG2)), children=old_kids + kids(2, TAG2))
+    assert sorted(retired(plan(d, a), "rollout")) == sorted(c.id for c in old_kids)
+    assert not [x for x in plan(d, a) if isinstance(x, DeleteSnapshot)]
+    # old children gone: old snapshot collected
+    d, a = world(parents=(PY2,), pools=(pool(2),), snapshots=(snap(), snap(TAG2)), children=kids(2, TAG2))
+    assert plan(d, a) == [DeleteSnapshot(TAG, "unused")]
+
+
+@pytest.mark.parametrize("s, collected", [
+    (snap("py-0000000000"), True),  # reconciler-built, unused
+    (snap("py-0000000000", status="failed"), True),
+    (snap("py-0000000000", status="writing"), False),
+    (snap("mine", owner=None), False),  # made by hand: never collected
+    (snap(status="failed"), False),  # current desired tag: retried, not collected
+], ids=["unused", "failed-unused", "writing", "hand-made", "failed-desired"])
+def test_snapshot_gc(s, collected):
+    d, a = world(snapshots=(snap(), s) if s.tag != TAG else (s,))
+    assert (DeleteSnapshot(s.tag, "unused") in plan(d, a)) is collected
+
+
+def test_snapshot_used_by_a_hand_forked_or_claimed_child_is_kept():
+    old = snap("py-0000000000")
+    for child in (kids(1, old.tag, pool=None), kids(1, old.tag, claimed=True), kids(1, old.tag, status="dead")):
+        d, a = world(snapshots=(snap(), old), children=child)
+        assert DeleteSnapshot(old.tag, "unused") not in plan(d, a)
+
+
+# -- pools ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("warm, have, spawn, retire", [
+    (3, 0, 3, []),
+    (5, 3, 2, []),
+    (2, 5, 0, [f"agents-{TAG}-{i}" for i in (4, 3, 2)]),  # newest first
+    (3, 3, 0, []),
+], ids=["0->3", "3->5", "5->2", "steady"])
+def test_pool_scaling(warm, have, spawn, retire):
+    d, a = world(pools=(pool(warm),), snapshots=(snap(),), children=kids(have))
+    acts = plan(d, a)
+    assert spawns(acts) == ([(TAG, spawn)] if spawn else [])
+    assert retired(acts, "scale-down") == retire
+
+
+def test_dead_child_retired_and_replaced():
+    children = kids(2) + kids(1, start=2, status="dead") + kids(1, start=3, status="failed")
+    acts = plan(*world(pools=(pool(3),), snapshots=(snap(),), children=children))
+    assert retired(acts, "dead") == [f"agents-{TAG}-2", f"agents-{TAG}-3"]
+    assert spawns(acts) == [(TAG, 1)]
+
+
+def test_claimed_untouched_by_scale_down_and_rollout():
+    claimed = kids(3, claimed=True, start=10) + kids(2, TAG, claimed=True, start=20)
+    d, a = world(pools=(pool(1),), snapshots=(snap(),), children=claimed + kids(3))
+    acts = plan(d, a)
+    assert len(retired(acts, "scale-down")) == 2 and not set(retired(acts)) & {c.id for c in claimed}
+    # rollout: claimed on the old tag stay, idle old ones go once the new tag has enough
+    d, a = world(parents=(PY2,), pools=(pool(1),), snapshots=(snap(), snap(TAG2)),
+                 children=claimed + kids(2) + kids(1, TAG2))
+    acts = plan(d, a)
+    assert retired(acts, "rollout") == [f"agents-{TAG}-1", f"agents-{TAG}-0"] and not spawns(acts)
+
+
+def test_rollout_spawns_on_new_tag_keeps_old_until_enough():
+    d, a = world(parents=(PY2,), pools=(pool(3),), snapshots=(snap(), snap(TAG2)), children=kids(3) + kids(1, TAG2))
+    acts = plan(d, a)
+    assert spawns(acts) == [(TAG2, 2)] and not retired(acts)
+    d, a = world(parents=(PY2,), pools=(pool(3),), snapshots=(snap(), snap(TAG2)), children=kids(3) + kids(3, TAG2))
+    acts = plan(d, a)
+    assert len(retired(acts, "rollout")) == 3 and not spawns(acts)
+
+
+def test_target_not_ready_keeps_old_idle_no_spawn_trims_excess():
+    d, a = world(parents=(PY2,), pools=(pool(2),), snapshots=(snap(), snap(TAG2, "writing")), children=kids(4))
+    acts = plan(d, a)
+    assert not spawns(acts) and retired(acts, "scale-down") == [f"agents-{TAG}-3", f"agents-{TAG}-2"]
+
+
+def test_max_children_caps_spawn():
+    children = kids(4, claimed=True)
+    acts = plan(*world(pools=(pool(3, maxChildren=5),), snapshots=(snap(),), children=children))
+    assert spawns(acts) == [(TAG, 1)]
+    acts = plan(*world(pools=(pool(3, maxChildren=4),), snapshots=(snap(),), children=children))
+    assert spawns(acts) == []
+
+
+def test_max_children_full_of_old_idle_children_swaps_rather_than_stalls():
+    d, a = world(parents=(PY2,), pools=(pool(3, maxChildren=3),), snapshots=(snap(), snap(TAG2)), children=kids(3))
+    acts = plan(d, a)
+    assert len(retired(acts, "rollout")) == 3 and spawns(acts) == [(TAG2, 3)]
+
+
+def test_expired_claimed_retired():
+    children = (ChildState("a", TAG, "agents", "running", claimed=True, expires_at=NOW),
+                ChildState("b", TAG, "agents", "running", claimed=True, expires_at=NOW + 1),
+                ChildState("c", TAG, "agents", "running", claimed=True))
+    acts = plan(*world(pools=(pool(0),), snapshots=(snap(),), children=children))
+    assert acts == [RetireChild("agents", "a", "expired")]
+
+
+def test_deleted_pool_retires_unclaimed_keeps_claimed():
+    children = kids(2, pool="gone") + kids(1, pool="gone", start=5, claimed=True) + \
+        kids(1, pool="gone", start=6, claimed=True, expires_at=NOW - 1) + kids(1, pool=None, start=7)
+    acts = plan(*world(snapshots=(snap(),), children=children))
+    assert retired(acts, "orphaned") == [f"gone-{TAG}-0", f"gone-{TAG}-1"]
+    assert retired(acts, "expired") == [f"gone-{TAG}-6"]
+    assert len(retired(acts)) == 3  # claimed (unexpired) and hand-forked children are left alone
+
+
+def test_pool_in_flight_or_backing_off_suppresses_spawn_only():
+    children = kids(1, status="dead")
+    for kw in ({"in_flight": ("ForkPool/agents",)}, {"failures": (Failure("ForkPool", "agents", "x", 1, NOW + 2),)}):
+        acts = plan(*world(pools=(pool(3),), snapshots=(snap(),), children=children, **kw))
+        assert not spawns(acts) and retired(acts, "dead") == [children[0].id]
+    acts = plan(*world(pools=(pool(3),), snapshots=(snap(),), children=children,
+                       in_flight=(f"child/{children[0].id}",)))
+    assert not retired(acts) and spawns(acts) == [(TAG, 3)]
+
+
+def test_isolated_network_pool_never_spawns():
+    acts = plan(*world(pools=(pool(3, child={"network": "isolated"}),), snapshots=(snap(),)))
+    assert acts == []
+
+
+@pytest.mark.parametrize("layers, src", [((ForkLayer(metadata={"name": "lay"}, spec={"from": "py"}),), "lay"),
+                                         ((), "nothing")], ids=["layer", "unknown"])
+def test_pool_from_layer_or_unknown_spawns_nothing(layers, src):
+    children = kids(1, status="dead") + kids(1, start=1) + kids(1, start=2, claimed=True, expires_at=NOW)
+    acts = plan(*world(pools=(pool(3, src=src),), snapshots=(snap(),), children=children, layers=layers))
+    assert not spawns(acts) and retired(acts) == [children[0].id, children[2].id]  # housekeeping only
+
+
+# -- determinism ----------------------------------------------------------------------------------------
+def big_world():
+    parents = [ForkParent(metadata={"name": f"p{i}"}, spec={"vcpus": 1 + i % 3}) for i in range(5)] + [PY2]
+    pools = [pool(i % 4 + 1, name=f"pool{i}", src=f"p{i % 6}" if i % 6 < 5 else "py", maxChildren=5)
+             for i in range(12)]
+    snapshots = [snap(parent_tag(p), ["ready", "writing", "failed"][i % 3], p.metadata.name)
+                 for i, p in enumerate(parents)] + [snap(), snap("py-old0000000"), snap("hand", owner=None)]
+    children = [c for i in range(12) for c in kids(i % 5, parent_tag(parents[i % 6]), pool=f"pool{i}",
+                                                    claimed=i % 3 == 0)]
+    children += list(kids(3, pool="pool1")) + list(kids(2, pool="deleted", start=4)) + list(kids(2, status="dead"))
+    return parents, pools, snapshots, children
+
+
+def test_plan_is_deterministic_whatever_the_input_order():
+    parents, pools, snapshots, children = big_world()
+    failures = [Failure("ForkParent", "p2", "boom", 3, NOW + 8)]
+    ref = plan(*world(parents, pools, snapshots, children, failures))
+    assert ref == plan(*world(parents, pools, snapshots, children, failures))
+    assert {type(a) for a in ref} == {BuildParent, SpawnChildren, RetireChild, DeleteSnapshot}
+    rnd = random.Random(7)
+    for _ in range(10):
+        for xs in (parents, pools, snapshots, children):
+            rnd.shuffle(xs)
+        assert plan(*world(parents, pools, snapshots, children, failures)) == ref
+    keys = [a.key for a in ref]
+    assert len(keys) == len(set(keys))
+
+
+# -- status ---------------------------------------------------------------------------------------------
+def conds(status) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+def test_status_parent_ready_building_failed():
+    st = compute_status(*world(snapshots=(snap(),)), previous={})["ForkParent/py"]
+    assert conds(st) == {"Ready": ("True", "SnapshotReady"), "Reconciling": ("False", "SnapshotReady"),
+                         "Degraded": ("False", "AsExpected")}
+    assert st.snapshot == TAG and st.specHash == spec_hash(PY) and st.observedGeneration == 0
+    st = compute_status(*world(snapshots=(snap(status="writing"),)), previous={})["ForkParent/py"]
+    assert conds(st)["Reconciling"] == ("True", "Building") and conds(st)["Ready"][0] == "False"
+    d, a = world(snapshots=(snap(status="failed"),), failures=(Failure("ForkParent", "py", "qemu died", 2, NOW + 4),))
+    st = compute_status(d, a, previous={})["ForkParent/py"]
+    assert conds(st)["Degraded"] == ("True", "BuildFailed") and conds(st)["Reconciling"] == ("False", "BackingOff")
+    msg = st.condition("Degraded").message
+    assert "qemu died" in msg and "next retry at 2027-01-15T08:00:04Z" in msg
+
+
+def test_status_pool_ready_reconciling_degraded():
+    layer = ForkLayer(metadata={"name": "lay"}, spec={"from": "py"})
+    branch = ForkBranch(metadata={"name": "b"}, spec={"sandbox": "x"})
+    pools = (pool(2), pool(3, name="scaling"), pool(1, name="nosrc", src="nope"), pool(1, name="lay", src="lay"),
+             pool(1, name="iso", child={"network": "isolated"}), pool(1, name="wait", src="p9"))
+    d, a = world(parents=(PY, ForkParent(metadata={"name": "p9"})), pools=pools, snapshots=(snap(),),
+                 children=kids(2) + kids(1, claimed=True, start=5) + kids(1, pool="scaling"), layers=(layer,),
+                 failures=(Failure("ForkPool", "scaling", "no memory", 1, NOW + 2),))
+    d = Desired(parents=d.parents, pools=d.pools, layers=d.layers, branches=(branch,))
+    st = compute_status(d, a, previous={})
+    ok = st["ForkPool/agents"]
+    assert conds(ok)["Ready"] == ("True", "WarmPoolReady") and conds(ok)["Reconciling"][0] == "False"
+    assert (ok.warm, ok.claimed, ok.target, ok.snapshot, ok.chainDepth) == (2, 1, 2, TAG, 0)
+    assert conds(st["ForkPool/scaling"]) == {"Ready": ("False", "Scaling"), "Reconciling": ("True", "Scaling"),
+                                             "Degraded": ("True", "SpawnFailed")}
+    assert conds(st["ForkPool/nosrc"])["Degraded"] == ("True", "SourceNotFound")
+    assert conds(st["ForkPool/lay"])["Degraded"] == ("True", "LayersNotImplemented")
+    assert st["ForkPool/lay"].condition("Degraded").message == "building layers is not implemented yet"
+    assert conds(st["ForkPool/iso"])["Degraded"] == ("True", "NetworkNotImplemented")
+    assert "use network: none" in st["ForkPool/iso"].condition("Degraded").message
+    assert conds(st["ForkPool/wait"])["Reconciling"] == ("True", "WaitingForSnapshot")
+    assert conds(st["ForkLayer/lay"])["Degraded"] == ("True", "NotImplemented")
+    assert conds(st["ForkBranch/b"])["Degraded"] == ("True", "NotImplemented")
+
+
+def test_status_rolling_out_and_observed_generation():
+    d, a = world(parents=(PY2,), pools=(pool(2),), snapshots=(snap(), snap(TAG2)), children=kids(2))
+    st = compute_status(d, a, previous={})
+    assert conds(st["ForkPool/agents"])["Reconciling"] == ("True", "RollingOut")
+    assert st["ForkParent/py"].observedGeneration == 2
+
+
+def test_status_last_transition_time_carried_over_only_while_unchanged():
+    d, a = world(snapshots=(snap(status="writing"),))
+    first = compute_status(d, a, previous={})
+    assert {c.lastTransitionTime for c in first["ForkParent/py"].conditions} == {"2027-01-15T08:00:00Z"}
+    d, a = world(snapshots=(snap(),))
+    a = Actual(snapshots=a.snapshots, now=NOW + 90)
+    second = compute_status(d, a, previous=first)["ForkParent/py"]
+    assert second.condition("Ready").lastTransitionTime == "2027-01-15T08:01:30Z"  # False -> True
+    assert second.condition("Reconciling").lastTransitionTime == "2027-01-15T08:01:30Z"  # True -> False
+    assert second.condition("Degraded").lastTransitionTime == "2027-01-15T08:00:00Z"  # False all along
+    assert compute_status(d, a, previous={"ForkParent/py": None})["ForkParent/py"] \
+        .condition("Degraded").lastTransitionTime == "2027-01-15T08:01:30Z"

@@ -1,0 +1,266 @@
+"""Spec loader: templating, multi-document YAML, validation errors at file:line:column, all errors at once. No VMs."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from forkd.base.errors import InvalidInput
+from forkd.spec.loader import (
+    SpecError,
+    SpecLoadError,
+    build_values,
+    collect_files,
+    load_paths,
+    load_text,
+    load_values,
+    parse_set,
+    render,
+)
+from forkd.spec.models import ForkParent, ForkPool
+
+HEAD = "apiVersion: forkd.dev/v1alpha1\n"
+PARENT = HEAD + "kind: ForkParent\nmetadata:\n  name: py\nspec:\n  warmup:\n    imports: [json]\n"
+POOL = HEAD + "kind: ForkPool\nmetadata:\n  name: web\nspec:\n  from: py\n  warm: 2\n"
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def errors_of(tmp_path: Path, text: str, **kw) -> list[SpecError]:
+    f = write(tmp_path / "spec.yaml", text)
+    with pytest.raises(SpecLoadError) as exc:
+        load_paths([f], **kw)
+    return exc.value.errors
+
+
+def one_error(tmp_path: Path, text: str, **kw) -> SpecError:
+    errors = errors_of(tmp_path, text, **kw)
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+def test_valid_multi_document_file(tmp_path):
+    f = write(tmp_path / "all.yaml", f"# parent and pool\n{PARENT}---\n---\n{POOL}")
+    loaded = load_paths([f])
+    assert [type(item.obj) for item in loaded] == [ForkParent, ForkPool]
+    parent, pool = (item.obj for item in loaded)
+    assert parent.spec.warmup.imports == ["json"]
+    assert pool.spec.from_ == "py" and pool.spec.warm == 2
+    assert [(item.file, item.line) for item in loaded] == [(str(f), 2), (str(f), 11)]
+    assert loaded[1].document["spec"] == {"from": "py", "warm": 2}
+
+
+BAD_POOL = HEAD + """kind: ForkPool
+metadata:
+  name: web
+spec:
+  from: py
+  {field}
+"""
+
+
+@pytest.mark.parametrize(
+    "field, line, column, path, message",
+    [
+        ("replicas: 3", 7, 3, "spec.replicas", "unknown field 'replicas'"),
+        ("warm: -1", 7, 9, "spec.warm", "Input should be greater than or equal to 0"),
+        ("warm: lots", 7, 9, "spec.warm", "Input should be a valid integer"),
+        ("warm: [1]", 7, 9, "spec.warm", "Input should be a valid integer"),
+        ("child: {network: open}", 7, 20, "spec.child.network", "Input should be 'isolated' or 'none'"),
+        ("child:\n    bogus: 1", 8, 5, "spec.child.bogus", "unknown field 'bogus'"),
+        ("from_: py", 7, 3, "spec.from_", "unknown field 'from_'"),  # YAML says `from`, not the Python name
+    ],
+)
+def test_field_errors_point_at_the_node(tmp_path, field, line, column, path, message):
+    err = one_error(tmp_path, BAD_POOL.format(field=field))
+    assert (err.line, err.column, err.path) == (line, column, path)
+    assert err.message.startswith(message)
+    assert (err.kind, err.name) == ("ForkPool", "web")
+    assert str(err).startswith(f"{tmp_path / 'spec.yaml'}:{line}:{column}: ForkPool/web: {path}: ")
+
+
+@pytest.mark.parametrize(
+    "text, line, column, path, message",
+    [
+        # missing required field: at the parent mapping
+        (HEAD + "kind: ForkPool\nmetadata:\n  name: web\nspec:\n  warm: 1\n", 6, 3, "spec.from", "field required"),
+        (HEAD + "kind: ForkLayer\nmetadata:\n  name: l\n", 1, 1, "spec", "field required"),
+        (HEAD + "kind: ForkParent\nmetadata:\n  name: Web\n", 4, 9, "metadata.name", "invalid name 'Web'"),
+        (HEAD + "kind: ForkParent\nmetadata:\n  name: -x\n", 4, 9, "metadata.name", "invalid name '-x'"),
+        (HEAD + "kind: ForkParent\nmetadata: {name: p}\nspec:\n  warmup:\n    imports: [os, 1bad]\n",
+         6, 19, "spec.warmup.imports[1]", "String should match pattern"),
+        (HEAD + "kind: ForkParent\nmetadata: {name: p}\nstatus:\n  snapshot: x\n", 4, 1, "status",
+         "status is set by forkd, remove it"),
+        (HEAD + "kind: ForkParent\nmetadata:\n  name: p\n  generation: 2\n", 5, 3, "metadata.generation",
+         "metadata.generation is set by forkd"),
+        (HEAD + "kind: ForkPod\nmetadata: {name: p}\n", 2, 7, "kind",
+         "unknown kind 'ForkPod' (expected one of ForkParent, ForkLayer, ForkPool, ForkBranch)"),
+        (HEAD + "metadata: {name: p}\n", 1, 1, "kind", "kind is required"),
+        ("apiVersion: v1\nkind: ForkParent\nmetadata: {name: p}\n", 1, 13, "apiVersion",
+         "apiVersion must be forkd.dev/v1alpha1"),
+        ("- just\n- a list\n", 1, 1, "", "a document must be a mapping"),
+    ],
+)
+def test_document_errors(tmp_path, text, line, column, path, message):
+    err = one_error(tmp_path, text)
+    assert (err.line, err.column, err.path) == (line, column, path)
+    assert err.message.startswith(message)
+
+
+def test_all_errors_of_all_files_at_once(tmp_path):
+    a = write(tmp_path / "a.yaml", BAD_POOL.format(field="warm: -1") + "---\n" + PARENT.replace("py", "P"))
+    b = write(tmp_path / "b.yaml", BAD_POOL.format(field="replicas: 2"))
+    good = write(tmp_path / "c.yaml", PARENT)
+    with pytest.raises(SpecLoadError) as exc:
+        load_paths([b, good, a])
+    got = [(e.file, e.line, e.path) for e in exc.value.errors]
+    assert got == [(str(b), 7, "spec.replicas"), (str(a), 7, "spec.warm"), (str(a), 12, "metadata.name")]
+    assert isinstance(exc.value, InvalidInput) and exc.value.exit_code == 2
+    assert exc.value.message.splitlines() == [str(e) for e in exc.value.errors]
+
+
+def test_yaml_syntax_error_line(tmp_path):
+    err = one_error(tmp_path, HEAD + "kind: ForkParent\nmetadata:\n  name: [p\nspec: {}\n")
+    assert (err.line, err.path) == (5, "")
+    assert err.message.startswith("invalid YAML:")
+
+
+def test_valid_documents_before_a_syntax_error_are_still_checked(tmp_path):
+    errors = errors_of(tmp_path, BAD_POOL.format(field="warm: -1") + "---\nkey: : :\n")
+    assert [(e.line, e.message.split(":")[0]) for e in errors] == [(7, "Input should be greater than or equal to 0"),
+                                                                  (9, "invalid YAML")]
+
+
+def test_duplicate_objects_across_files(tmp_path):
+    a = write(tmp_path / "a.yaml", POOL)
+    b = write(tmp_path / "b.yaml", PARENT + "---\n" + POOL)
+    with pytest.raises(SpecLoadError) as exc:
+        load_paths([a, b])
+    (err,) = exc.value.errors
+    assert (err.file, err.line, err.path) == (str(b), 9, "metadata.name")
+    assert f"duplicate ForkPool 'web' (first defined at {a}:1)" in str(err)
+
+
+def test_same_name_different_kind_is_fine(tmp_path):
+    f = write(tmp_path / "a.yaml", PARENT + "---\n" + PARENT.replace("ForkParent", "ForkLayer").replace(
+        "spec:\n  warmup:\n    imports: [json]\n", "spec:\n  from: py\n"))
+    assert [item.obj.kind for item in load_paths([f])] == ["ForkParent", "ForkLayer"]
+
+
+# -- templating and values --------------------------------------------------------------------------
+POOL_J2 = POOL.replace("warm: 2", "warm: {{ warm }}")
+
+
+@pytest.mark.parametrize(
+    "items, expected",
+    [
+        (["warm=5"], {"warm": 5}),
+        (["a.b=c", "a.d=true", "a.e=1.5"], {"a": {"b": "c", "d": True, "e": 1.5}}),
+        (["x=", "y=null", "s=two words", "eq=a=b"], {"x": "", "y": None, "s": "two words", "eq": "a=b"}),
+        (["l=[1, 2]", "d=2024-01-01"], {"l": "[1, 2]", "d": "2024-01-01"}),  # scalars only
+        (["a=1", "a=2"], {"a": 2}),
+    ],
+)
+def test_parse_set(items, expected):
+    assert parse_set(items) == expected
+
+
+@pytest.mark.parametrize("item", ["warm", "=3", "a..b=1"])
+def test_parse_set_rejects(item):
+    with pytest.raises(InvalidInput):
+        parse_set([item])
+
+
+def test_set_value_is_an_int(tmp_path):
+    f = write(tmp_path / "pool.yaml.j2", POOL_J2)
+    (item,) = load_paths([f], values=parse_set(["warm=5"]))
+    assert item.obj.spec.warm == 5 and isinstance(item.obj.spec.warm, int)
+
+
+def test_values_files_merge_and_set_overrides(tmp_path):
+    v1 = write(tmp_path / "v1.yaml", "pool: {warm: 1, name: web}\n")
+    v2 = write(tmp_path / "v2.yaml", "pool: {warm: 3}\n")
+    assert load_values([v1, v2]) == {"pool": {"warm": 3, "name": "web"}}
+    f = write(tmp_path / "pool.yaml", POOL.replace("warm: 2", "warm: {{ values.pool.warm }}").replace(
+        "name: web", "name: {{ pool.name }}"))
+    (item,) = load_paths([f], values=load_values([v1, v2]))
+    assert (item.obj.metadata.name, item.obj.spec.warm) == ("web", 3)
+    (item,) = load_paths([f], values=build_values([v1, v2], ["pool.warm=7"]))
+    assert (item.obj.metadata.name, item.obj.spec.warm) == ("web", 7)
+
+
+@pytest.mark.parametrize("text", ["- a list\n", "a: [1\n"])
+def test_bad_values_file(tmp_path, text):
+    with pytest.raises(InvalidInput):
+        load_values([write(tmp_path / "v.yaml", text)])
+
+
+def test_undefined_variable_names_file_and_line(tmp_path):
+    err = one_error(tmp_path, POOL_J2)
+    assert (err.file, err.line) == (str(tmp_path / "spec.yaml"), 7)
+    assert "'warm' is undefined" in err.message
+    assert str(err).startswith(f"{tmp_path / 'spec.yaml'}:7:1: ")
+
+
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ("a: 1\n\n{% if %}\n", 3, "template:"),
+        ("a: 1\nb: {{ x.missing }}\n", 2, "has no attribute 'missing'"),
+        ("a: 1\n\n\nb: {{ 1 // 0 }}\n", 4, "division"),
+    ],
+)
+def test_template_errors(text, line, message):
+    loaded, errors = load_text(text, "t.yaml", {"x": {}})
+    assert loaded == []
+    assert [(e.file, e.line) for e in errors] == [("t.yaml", line)]
+    assert message in errors[0].message
+
+
+def test_render_keeps_trailing_newline():
+    assert render("a: {{ a }}\n", {"a": 1}, "t") == "a: 1\n"
+
+
+# -- files ------------------------------------------------------------------------------------------
+def test_directory_non_recursive_vs_recursive(tmp_path):
+    write(tmp_path / "b.yml", POOL)
+    write(tmp_path / "a.yaml", PARENT)
+    write(tmp_path / "notes.txt", "not a spec")
+    write(tmp_path / "sub" / "c.yaml.j2", POOL.replace("web", "api"))
+    assert collect_files([tmp_path]) == [tmp_path / "a.yaml", tmp_path / "b.yml"]
+    assert collect_files([tmp_path], recursive=True) == [tmp_path / "a.yaml", tmp_path / "b.yml",
+                                                         tmp_path / "sub" / "c.yaml.j2"]
+    assert [i.obj.metadata.name for i in load_paths([tmp_path])] == ["py", "web"]
+    assert [i.obj.metadata.name for i in load_paths([tmp_path], recursive=True)] == ["py", "web", "api"]
+
+
+def test_missing_path_and_empty_directory_are_errors(tmp_path):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    write(tmp_path / "empty" / "sub" / "x.yaml", PARENT)
+    with pytest.raises(SpecLoadError) as exc:
+        load_paths([tmp_path / "nope.yaml", tmp_path / "empty"])
+    assert [(e.file, e.message) for e in exc.value.errors] == [
+        (str(tmp_path / "nope.yaml"), "no such file or directory"),
+        (str(tmp_path / "empty"), "no spec files (subdirectories are read only with --recursive)"),
+    ]
+    assert str(exc.value.errors[0]) == f"{tmp_path / 'nope.yaml'}: no such file or directory"
+    with pytest.raises(SpecLoadError):
+        collect_files([tmp_path / "nope.yaml"])
+
+
+def test_stdin(monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(POOL_J2))
+    (item,) = load_paths([Path("-")], values={"warm": 4})
+    assert (item.file, item.obj.spec.warm) == ("<stdin>", 4)
+
+
+def test_empty_files_and_documents_yield_nothing(tmp_path):
+    f = write(tmp_path / "empty.yaml", "# nothing here\n---\n---\n")
+    assert load_paths([f]) == []
