@@ -16,7 +16,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Atomic replace. `durable=False` skips the fsyncs: the file is still never torn (rename), but a power loss
+    may bring back the previous version; right for state that a power loss makes moot anyway."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -24,17 +26,21 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+            if durable:
+                os.fsync(f.fileno())
+        if durable:
+            os.chmod(tmp, mode)  # exact mode whatever the umask (fast path: the umask can only remove bits)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def write_json(path: Path, obj: Any, mode: int = 0o644) -> None:
-    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), mode)
+def write_json(path: Path, obj: Any, mode: int = 0o644, durable: bool = True) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=True) if durable else json.dumps(obj, separators=(",", ":"))
+    write_bytes(path, (text + "\n").encode(), mode, durable)
 
 
 def fsync_file(path: Path) -> None:

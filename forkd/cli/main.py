@@ -230,21 +230,24 @@ def kill(ids: list[str] = typer.Argument(None, help="child ids"),
 
 
 @app.command()
-def quickstart(tag: str = typer.Option("quickstart", "--tag"), n: int = typer.Option(4, "-n"),
-               keep: bool = typer.Option(False, help="leave the children running"),
+def quickstart(spec: Path = typer.Option(Path("specs/examples/pool.yaml"), "-f", "--filename",
+                                         help="spec with a parent and a pool"),
+               n: int = typer.Option(4, "-n", help="children to claim"),
+               keep: bool = typer.Option(False, help="leave the claimed children running"),
                output: Fmt = OUTPUT) -> None:
-    """The whole tour: build the image, create a warm snapshot, fork N children, eval + exec in each."""
-    from forkd.core.quickstart import run_quickstart
+    """The whole tour: apply a parent + pool spec, wait until the pool is warm, claim N children, and run an
+    eval and an exec in each."""
+    from forkd.client import backend
+    from forkd.client.quickstart import run_quickstart
 
-    result = run_quickstart(rt(), tag=tag, n=n, keep=keep, progress=Progress(quiet=output != Fmt.table))
-    emit(result, output, [("CHILD", "left"), ("READY ms", "right"), ("EVAL ms", "right"), ("EVAL", "left"),
-                          ("EXEC ms", "right"), ("EXEC stdout", "left")],
-         [[c["id"], ms(c["ready_ms"]), ms(c["eval_ms"]), c["eval"], ms(c["exec_ms"]), c["exec_stdout"]]
-          for c in result["children"]])
+    result = run_quickstart(backend(), rt(), spec, n, keep, progress=Progress(quiet=output != Fmt.table))
+    emit(result, output, [("CHILD", "left"), ("EVAL ms", "right"), ("EVAL", "left"), ("EXEC ms", "right"),
+                          ("EXEC stdout", "left")],
+         [[c["id"], ms(c["eval_ms"]), c["eval"], ms(c["exec_ms"]), c["exec_stdout"]] for c in result["children"]])
     if output == Fmt.table:
-        out.print(f"{n} children forked from '{tag}' answering after {result['fork_ms']:.0f} ms "
-                  f"(parent boot + warm-up took {result['parent_ms'] / 1000:.1f} s"
-                  f"{', reused' if result['snapshot_reused'] else ''})")
+        out.print(f"pool '{result['pool']}' Ready after {result['ready_s']:.1f} s; {len(result['children'])} "
+                  f"children claimed in {result['claim_ms']:.1f} ms"
+                  + ("" if keep else " (and killed again)"))
 
 
 @app.command()

@@ -74,6 +74,7 @@ class Registry:
     def __init__(self, layout: Layout):
         self.layout = layout.ensure()
         self.root = layout.children
+        self._cache: dict[str, tuple[tuple[int, int], ChildRecord]] = {}
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -98,8 +99,11 @@ class Registry:
 
     def save(self, rec: ChildRecord) -> ChildRecord:
         d = self.path(rec.id)
-        d.mkdir(mode=0o700, exist_ok=True)
-        write_json(d / RECORD, rec.to_json(), mode=0o600)
+        if rec.id not in self._cache:
+            d.mkdir(mode=0o700, exist_ok=True)
+        # Atomic but not fsynced: a record matters only while its VMM process lives, and whatever could lose
+        # the page cache (power loss, kernel crash) kills every VMM too. A daemon kill -9 loses nothing.
+        write_json(d / RECORD, rec.to_json(), mode=0o600, durable=False)
         return rec
 
     def get(self, child_id: str) -> ChildRecord:
@@ -114,13 +118,28 @@ class Registry:
         return ChildRecord(**{k: v for k, v in raw.items() if k in known})
 
     def list(self) -> list[ChildRecord]:
-        out = []
-        for d in sorted(self.root.iterdir()):
-            if d.is_dir() and (d / RECORD).exists():
-                try:
-                    out.append(self.get(d.name))
-                except NotFound:
+        """Every record. Parsed records are cached and re-read only when their file was replaced (records are
+        written by rename, so a new inode means new content): listing is a directory scan plus stats."""
+        out, seen = [], set()
+        with os.scandir(self.root) as it:
+            for entry in it:
+                if not entry.is_dir() or entry.name.startswith("."):
                     continue
+                try:
+                    st = os.stat(os.path.join(entry.path, RECORD))
+                except FileNotFoundError:
+                    continue
+                seen.add(entry.name)
+                hit = self._cache.get(entry.name)
+                if hit is None or hit[0] != (st.st_ino, st.st_mtime_ns):
+                    try:
+                        hit = ((st.st_ino, st.st_mtime_ns), self.get(entry.name))
+                    except NotFound:
+                        continue
+                    self._cache[entry.name] = hit
+                out.append(hit[1])
+        for gone in set(self._cache) - seen:
+            del self._cache[gone]
         return sorted(out, key=lambda r: (r.created_at, r.id))
 
     def remove(self, child_id: str) -> None:
