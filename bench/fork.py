@@ -31,11 +31,11 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError, NotFound
 from forkd.base.paths import DEFAULT_HOME, Layout
-from forkd.core.quickstart import WARM_IMPORTS
 from forkd.core.runtime import Runtime
 from forkd.vmm.driver import Machine, RunFiles
 
 TAG = "bench-fork"
+WARM_IMPORTS = ("json", "decimal", "hashlib", "sqlite3")  # as specs/examples/pool.yaml
 WARM_CODE = "import " + ", ".join(WARM_IMPORTS)  # "import json, decimal, hashlib, sqlite3"
 FORK_EXPR = "decimal.Decimal(1)"
 FORK_EXPECT = "Decimal('1')"

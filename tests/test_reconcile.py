@@ -169,3 +169,14 @@ def test_changed_warmup_rolls_the_pool_and_collects_the_old_snapshot(rt, control
     converge(control)
     with pytest.raises(Exception, match="no snapshot"):
         rt.store.get(old_tag)
+
+
+def test_claimed_child_is_retired_when_its_ttl_ends(rt, control):
+    control.apply(objs(warm=3, mark="v2", ttl=1), "test")
+    converge(control)
+    (c,) = control.claim("rpool", 1)
+    assert c.expires_at is not None and c.expires_at - c.claimed_at == pytest.approx(1, abs=0.01)
+    time.sleep(1.5)
+    converge(control)
+    assert c.id not in {r.id for r in rt.children()}
+    assert len(pool_children(rt, claimed=False)) == 3

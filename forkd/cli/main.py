@@ -145,12 +145,12 @@ def rmi(tag: str, force: bool = typer.Option(False, "--force", "-f",
 
 # -- children -------------------------------------------------------------------------------------
 def _child_rows(recs) -> list[list[str]]:
-    return [[r.id, r.status, r.snapshot, str(r.pid or "-"), ms(r.timings_ms.get("restore")),
-             ms(r.timings_ms.get("ready"))] for r in recs]
+    return [[r.id, r.status, r.snapshot, r.pool or "-", "claimed" if r.claimed else "idle" if r.pool else "-",
+             str(r.pid or "-"), ms(r.timings_ms.get("restore")), ms(r.timings_ms.get("ready"))] for r in recs]
 
 
-CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("PID", "right"),
-                 ("RESTORE ms", "right"), ("READY ms", "right")]
+CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("POOL", "left"), ("CLAIM", "left"),
+                 ("PID", "right"), ("RESTORE ms", "right"), ("READY ms", "right")]
 
 
 @app.command()

@@ -11,8 +11,10 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# piped output is for scripts and logs: never truncate it to an imaginary 80-column terminal
+_WIDTH = None if sys.stdout.isatty() else 240
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 240)
 
 
 class Fmt(StrEnum):

@@ -1,0 +1,25 @@
+"""The benchmark scripts stay runnable: each parses its arguments (imports included); plan.py runs whole."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
+def test_bench_script_help(script):
+    res = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "usage" in res.stdout.lower()
+
+
+def test_plan_bench_meets_its_own_output_contract():
+    res = subprocess.run([sys.executable, str(BENCH / "plan.py"), "--runs", "3"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "plan():" in res.stdout and "1000" in res.stdout
