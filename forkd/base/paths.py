@@ -5,6 +5,7 @@
       images/default                                         id of the default image (text)
       cache/debs/                                            downloaded Debian packages
       cache/accel.json                                       accelerator probe results by kernel hash
+      cache/flat/<sha256>.mem                                flat images of chain heads, materialized once
       snapshots/<tag>/{memory.bin, vmstate, snapshot.json}   snapshots (store layer)
       children/<id>/{child.json, qmp.sock, agent.sock, console.log, qemu.log}   running children (sandbox layer)
       objects/<Kind>/<name>.json                             applied declarative objects + status (reconciler)
@@ -43,6 +44,10 @@ class Layout:
         return self.cache / "debs"
 
     @property
+    def flat_cache(self) -> Path:
+        return self.cache / "flat"
+
+    @property
     def accel_cache(self) -> Path:
         return self.cache / "accel.json"
 
@@ -77,7 +82,7 @@ class Layout:
         return self.children / child_id
 
     def ensure(self) -> Layout:
-        for d in (self.images, self.debs, self.snapshots, self.children, self.objects, self.tmp):
+        for d in (self.images, self.debs, self.flat_cache, self.snapshots, self.children, self.objects, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.children, 0o700)
         return self

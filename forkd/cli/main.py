@@ -129,18 +129,47 @@ def snapshots(output: Fmt = OUTPUT) -> None:
 def snapshot_info(tag: str, output: Fmt = OUTPUT) -> None:
     """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
     info = rt().snapshot_info(tag)
-    keys = ["tag", "status", "error", "path", "depth", "memory_mib", "vcpus", "accel", "image_id", "qemu_version",
+    keys = ["tag", "status", "error", "path", "depth", "ancestors", "dependents", "materialized", "chain_error",
+            "parent_tag", "diff_pages", "memory_mib", "vcpus", "accel", "image_id", "qemu_version",
             "warm_imports", "warm_exec", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "children",
             "timings_ms"]
     emit(info, output, [("FIELD", "left"), ("VALUE", "left")], [[k, str(info.get(k))] for k in keys])
 
 
 @app.command()
-def rmi(tag: str, force: bool = typer.Option(False, "--force", "-f",
-                                             help="delete even while children of it run (they keep running)")) -> None:
-    """Delete a snapshot. Refused while children of it run, unless --force."""
-    left = rt().rmi(tag, force=force)
-    out.print(f"deleted {tag}" + (f" ({len(left)} running children keep their mapping)" if left else ""))
+def rmi(tag: str,
+        force: bool = typer.Option(False, "--force", "-f", help="delete even while children of it run (they keep "
+                                                                 "running) or layers depend on it"),
+        cascade: bool = typer.Option(False, "--cascade", help="also delete the layers built on it")) -> None:
+    """Delete a snapshot. Refused while children of it run or layers depend on it (409-style exit 4)."""
+    for t in rt().rmi(tag, force=force, cascade=cascade):
+        out.print(f"deleted {t}")
+
+
+@app.command("snapshot-diff")
+def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the new layer"),
+                  from_: str = typer.Option(..., "--from", help="snapshot to build on (a base or a layer)"),
+                  run: list[str] = typer.Option([], "--run", help="shell command to run (repeat)"),
+                  imports: list[str] = typer.Option([], "--import", help="module to import in the agent (repeat)"),
+                  code: list[str] = typer.Option([], "--exec", help="Python code to run in the agent (repeat)"),
+                  output: Fmt = OUTPUT) -> None:
+    """Build a layer: fork one child of --from, run the steps, and store only the pages that changed."""
+    snap = rt().snapshot_diff(tag, from_, tuple(run), tuple(imports), tuple(code),
+                              progress=Progress(quiet=output != Fmt.table))
+    emit(snap.to_json(), output, [("TAG", "left"), ("FROM", "left"), ("PAGES", "right"), ("STORED", "right"),
+                                  ("OF", "right"), ("BUILD ms", "right")],
+         [[snap.tag, snap.parent_tag or "-", str(snap.diff_pages), size(snap.memory_stored_bytes),
+           size(snap.memory_bytes), ms(sum(snap.timings_ms.values()))]])
+
+
+@app.command("snapshot-compact")
+def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head to compact"),
+                     to: str = typer.Option(..., "--to", help="tag of the new base snapshot"),
+                     output: Fmt = OUTPUT) -> None:
+    """Write a chain head as a base snapshot (flat memory + device state, no ancestors)."""
+    snap = rt().compact(from_, to, progress=Progress(quiet=output != Fmt.table))
+    emit(snap.to_json(), output, [("TAG", "left"), ("FROM", "left"), ("STORED", "right")],
+         [[snap.tag, from_, size(snap.memory_stored_bytes)]])
 
 
 # -- children -------------------------------------------------------------------------------------

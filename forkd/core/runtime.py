@@ -17,6 +17,7 @@ from forkd.base.errors import Conflict, ForkdError, InvalidInput
 from forkd.base.hashing import sha256_file
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
+from forkd.core.warmup import warm_up
 from forkd.image.build import Image, build, default_image
 from forkd.sandbox.registry import ChildRecord, Registry
 from forkd.sandbox.supervisor import Supervisor
@@ -129,22 +130,7 @@ class Runtime:
             vm = self.driver.boot(machine, mem, RunFiles(work), timeout=boot_timeout)
             timings["boot"] = (time.perf_counter() - t0) * 1000.0
             t1 = time.perf_counter()
-            if warm_imports:
-                progress(f"warming up: import {', '.join(warm_imports)}")
-                res = vm.agent.exec_code("".join(f"import {m}\n" for m in warm_imports))
-                if res["error"]:
-                    raise ForkdError(f"warm-up import failed: {res['error']['type']}: {res['error']['message']}")
-            for code in warm_exec:
-                progress(f"warming up: exec {code[:40]!r}")
-                res = vm.agent.exec_code(code)
-                if res["error"]:
-                    raise ForkdError(f"warm-up code failed: {res['error']['type']}: {res['error']['message']}")
-            for cmd in warm_run:
-                progress(f"warming up: {cmd}")
-                res = vm.agent.exec(["/bin/sh", "-c", cmd], timeout=600)
-                if res["exit_code"] != 0:
-                    raise ForkdError(f"warm-up command {cmd!r} exited {res['exit_code']}: "
-                                     f"{(res['stderr'] or res['stdout']).strip()[-400:]}")
+            warm_up(vm.agent, tuple(warm_imports), tuple(warm_exec), tuple(warm_run), progress)
             timings["warmup"] = (time.perf_counter() - t1) * 1000.0
             progress("pausing and saving device state")
             d = self.store.dir(tag)
@@ -174,23 +160,54 @@ class Runtime:
         d = self.store.dir(tag)
         info = snap.to_json()
         info["path"] = str(d)
-        info["depth"] = 0
-        info["ancestors"] = []
+        try:
+            chain_ = self.store.ancestors(tag)
+            info["depth"] = len(chain_) - 1
+            info["ancestors"] = [s.tag for s in reversed(chain_[:-1])]
+            info["chain_ok"] = True
+        except ForkdError as exc:
+            info["depth"], info["ancestors"], info["chain_ok"], info["chain_error"] = None, [], False, exc.message
+        info["dependents"] = self.store.dependents(tag)
+        info["materialized"] = self.store.flat_path(snap).exists()
         info["children"] = [c.id for c in self.registry.list() if c.snapshot == tag and c.status == "running"]
         info["stored_bytes"] = sum(p.stat().st_blocks * 512 for p in d.iterdir() if p.is_file())
         info["logical_bytes"] = snap.memory_bytes + snap.vmstate_bytes
         return info
 
-    def rmi(self, tag: str, force: bool = False) -> list[str]:
-        """Delete a snapshot; refused while children of it run unless `force`. Returns running children left."""
+    def snapshot_diff(self, tag: str, from_tag: str, run: tuple[str, ...] = (), imports: tuple[str, ...] = (),
+                      code: tuple[str, ...] = (), labels: dict[str, str] | None = None,
+                      progress: Progress = _quiet) -> Snapshot:
+        """Build `tag` as a sparse diff layer on `from_tag` (see forkd.core.layers)."""
+        from forkd.core.layers import build_layer
+
+        return build_layer(self, tag, from_tag, run, imports, code, labels, progress)
+
+    def compact(self, from_tag: str, to_tag: str, labels: dict[str, str] | None = None,
+                progress: Progress = _quiet) -> Snapshot:
+        from forkd.core.layers import compact
+
+        return compact(self, from_tag, to_tag, labels, progress)
+
+    def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
+        """Delete a snapshot. Refused while children of it run, or while layers are built on it, unless
+        `force` (children keep their mapping; dependents are left without their ancestor) or `cascade`
+        (dependents are deleted too, deepest first). Returns what was deleted."""
         with self.registry.locked():
-            users = [c.id for c in self.registry.list() if c.snapshot == tag and c.status in ("running", "starting")]
-            if users and not force:
-                raise Conflict(f"snapshot {tag!r} is used by {len(users)} running children: {', '.join(users[:8])}",
+            dependents = self.store.dependents(tag)
+            if dependents and not (cascade or force):
+                raise Conflict(f"snapshot {tag!r} has dependent layers: {', '.join(dependents)}",
+                               hint="delete them first, or pass --cascade (delete them too) or --force")
+            doomed = [*reversed(dependents), tag] if cascade else [tag]
+            running = [c.id for c in self.registry.list()
+                       if c.snapshot in doomed and c.status in ("running", "starting")]
+            if running and not force:
+                raise Conflict(f"snapshot {tag!r} is used by {len(running)} running children: "
+                               f"{', '.join(running[:8])}",
                                hint=f"kill them first ('forkd kill --tag {tag}') or pass --force "
                                     "(running children keep their memory mapping)")
-            self.store.remove(tag)
-            return users
+            for t in doomed:
+                self.store.remove(t)
+            return doomed
 
     # -- children ----------------------------------------------------------------------------------
     def fork(self, tag: str, n: int = 1, timeout: float = 60.0, progress: Progress = _quiet,
@@ -201,7 +218,8 @@ class Runtime:
         with self.registry.locked():
             snap = self.store.get_ready(tag)
         machine = self.machine_for(snap)
-        memory, vmstate = self.store.memory_path(tag), self.store.vmstate_path(tag)
+        # checks every ancestor's manifest; builds the flat image only the first time (never re-hashes)
+        memory, vmstate = self.store.materialize(tag), self.store.vmstate_path(tag)
         sup = self.supervisor
         done: list[ChildRecord] = []
         errors: list[BaseException] = []
@@ -289,4 +307,4 @@ class Runtime:
 
     def memory(self, child_id: str) -> dict[str, int]:
         rec = self.registry.get(child_id)
-        return self.supervisor.private_memory_kib(rec, self.store.memory_path(rec.snapshot))
+        return self.supervisor.private_memory_kib(rec, self.store.flat_path(self.store.get(rec.snapshot)))

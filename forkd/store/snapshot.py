@@ -39,8 +39,10 @@ class Snapshot:
     memory_bytes: int = 0  # logical size of the memory file
     memory_stored_bytes: int = 0  # bytes allocated on disk (the file is sparse)
     vmstate_bytes: int = 0
-    parent_tag: str | None = None
-    parent_content_hash: str | None = None
+    parent_tag: str | None = None  # set for layers: the snapshot this one is a diff against
+    parent_content_hash: str | None = None  # the parent's memory_sha256 when this layer was built
+    diff_pages: int = 0  # layers: pages stored in diff.pages / diff.data
+    diff_sha256: str | None = None  # layers: sha256 over diff.pages then diff.data
     writer_pid: int | None = None
     writer_started: int | None = None
     error: str | None = None
@@ -51,6 +53,10 @@ class Snapshot:
     @property
     def ready(self) -> bool:
         return self.status == "ready"
+
+    @property
+    def is_layer(self) -> bool:
+        return self.parent_tag is not None
 
     def with_(self, **changes: Any) -> Snapshot:
         return replace(self, **changes)

@@ -18,7 +18,11 @@ from forkd.base.errors import Conflict, NotFound
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
 from forkd.base.procs import is_alive, start_time
+from forkd.store import chain
+from forkd.store.chain import ChainError
 from forkd.store.snapshot import MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot
+
+DATA_FILES = (MEMORY, VMSTATE, chain.PAGES_FILE, chain.DATA_FILE)
 
 
 class SnapshotStore:
@@ -52,7 +56,8 @@ class SnapshotStore:
             why = f": {snap.error}" if snap.error else ""
             raise Conflict(f"snapshot {tag!r} is {snap.status}, not ready{why}",
                            hint="wait for it to finish, or delete it with 'forkd rmi' and create it again")
-        for p in (self.memory_path(tag), self.vmstate_path(tag)):
+        needed = (chain.PAGES_FILE, chain.DATA_FILE, VMSTATE) if snap.is_layer else (MEMORY, VMSTATE)
+        for p in (self.dir(tag) / f for f in needed):
             if not p.exists():
                 raise CorruptManifest(f"snapshot {tag!r} is marked ready but {p} is missing",
                                       hint=f"delete it with 'forkd rmi --force {tag}' and create it again")
@@ -91,15 +96,16 @@ class SnapshotStore:
 
     def commit(self, snap: Snapshot) -> Snapshot:
         d = self.dir(snap.tag)
-        for f in (MEMORY, VMSTATE):
-            os.chmod(d / f, 0o444)
+        for f in DATA_FILES:
+            if (d / f).exists():
+                os.chmod(d / f, 0o444)
         snap = snap.with_(status="ready", writer_pid=None, writer_started=None, error=None)
         write_json(d / MANIFEST, snap.to_json(), mode=0o444)
         return snap
 
     def fail(self, snap: Snapshot, error: str) -> Snapshot:
         d = self.dir(snap.tag)
-        for f in (MEMORY, VMSTATE):
+        for f in DATA_FILES:
             (d / f).unlink(missing_ok=True)
         snap = snap.with_(status="failed", error=error, writer_pid=None, writer_started=None)
         write_json(d / MANIFEST, snap.to_json())
@@ -109,7 +115,94 @@ class SnapshotStore:
         d = self.dir(tag)
         if not d.exists():
             raise NotFound(f"no snapshot tagged {tag!r}", hint="list them with 'forkd snapshots'")
+        try:
+            gone = self.get(tag)
+        except CorruptManifest:
+            gone = None
         self._remove_dir(d)
+        if gone is not None and gone.is_layer and gone.memory_sha256:
+            still = {s.memory_sha256 for s in self.list() if isinstance(s, Snapshot)}
+            if gone.memory_sha256 not in still:
+                self.flat_cache_path(gone.memory_sha256).unlink(missing_ok=True)
+
+    # -- chains ------------------------------------------------------------------------------------
+    def flat_cache_path(self, content_hash: str) -> Path:
+        return self.layout.flat_cache / f"{content_hash}.mem"
+
+    def flat_path(self, snap: Snapshot) -> Path:
+        """The flat memory image children of `snap` map: the base's memory file, or a layer's cached flat."""
+        if not snap.is_layer:
+            return self.dir(snap.tag) / MEMORY
+        return self.flat_cache_path(snap.memory_sha256 or "unknown")
+
+    def ancestors(self, tag: str) -> list[Snapshot]:
+        """The chain from its base to `tag` (inclusive), checked link by link from the manifests alone:
+        every ancestor present and ready, and holding the content each layer was built on."""
+        out = [self.get_ready(tag)]
+        while out[-1].is_layer:
+            child = out[-1]
+            try:
+                parent = self.get(child.parent_tag)
+            except NotFound:
+                raise ChainError(f"snapshot {tag!r}: its ancestor {child.parent_tag!r} is missing",
+                                 hint="unpack or rebuild the ancestor, or delete this chain") from None
+            if parent.status != "ready":
+                raise ChainError(f"snapshot {tag!r}: its ancestor {parent.tag!r} is {parent.status}")
+            if parent.memory_sha256 != child.parent_content_hash:
+                raise ChainError(f"snapshot {tag!r}: its ancestor {parent.tag!r} was altered (content "
+                                 f"{(parent.memory_sha256 or '?')[:12]}, layer built on "
+                                 f"{(child.parent_content_hash or '?')[:12]})",
+                                 hint="rebuild the layer on the current ancestor")
+            out.append(parent)
+            if len(out) > 256:
+                raise ChainError(f"snapshot {tag!r}: chain deeper than 256 (a cycle?)")
+        return list(reversed(out))
+
+    def depth(self, tag: str) -> int:
+        return len(self.ancestors(tag)) - 1
+
+    def dependents(self, tag: str) -> list[str]:
+        """Snapshots built on `tag`, directly or through others (nearest first)."""
+        snaps = [s for s in self.list() if isinstance(s, Snapshot)]
+        out, frontier = [], [tag]
+        while frontier:
+            nxt = [s.tag for s in snaps if s.parent_tag in frontier and s.tag not in out]
+            out += nxt
+            frontier = nxt
+        return out
+
+    def materialize(self, tag: str) -> Path:
+        """The flat image of `tag`, built into the content-addressed cache on first use and verified then."""
+        chain_ = self.ancestors(tag)
+        head = chain_[-1]
+        target = self.flat_path(head)
+        if target.exists():
+            return target
+        tmp = self.layout.flat_cache / f".tmp-{head.tag}-{os.getpid()}-{time.monotonic_ns()}"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            chain.copy_extents(self.dir(chain_[0].tag) / MEMORY, fd)
+            for layer in chain_[1:]:
+                if chain.diff_hash(self.dir(layer.tag)) != layer.diff_sha256:
+                    raise ChainError(f"snapshot {tag!r}: layer {layer.tag!r} was altered (its diff files no longer "
+                                     "match their recorded hash)",
+                                     hint=f"delete it with 'forkd rmi --force --cascade {layer.tag}' and rebuild")
+                chain.apply_diff(self.dir(layer.tag), fd)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            got = chain.hash_image(tmp)
+            if got != head.memory_sha256:
+                raise ChainError(f"snapshot {tag!r}: its layers do not add up to the recorded content "
+                                 f"({got[:12]} != {(head.memory_sha256 or '?')[:12]}): a layer was altered",
+                                 hint=f"delete it with 'forkd rmi --force {tag}' and rebuild")
+            os.chmod(tmp, 0o444)
+            os.rename(tmp, target)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            tmp.unlink(missing_ok=True)
+        return target
 
     def _remove_dir(self, d: Path) -> None:
         # rename first so a crash mid-delete never leaves a partial snapshot under its tag

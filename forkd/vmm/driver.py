@@ -104,8 +104,9 @@ class VmmDriver(ABC):
 
     @abstractmethod
     def restore(self, machine: Machine, mem_path: Path, state_path: Path, files: RunFiles,
-                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None) -> Vm:
-        """Start a child mapping `mem_path` private, load `state_path`, run it; `vm.agent` is connected.
+                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None, share: bool = False) -> Vm:
+        """Start a child mapping `mem_path` private (or shared, to build a layer in a copy of the image), load
+        `state_path`, run it; `vm.agent` is connected.
 
         `on_start(vm)` runs as soon as the VMM process exists, so callers can record its pid first."""
 

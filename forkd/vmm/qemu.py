@@ -200,7 +200,7 @@ class QemuDriver(VmmDriver):
 
     # -- restore ---------------------------------------------------------------------------------
     def restore(self, machine: Machine, mem_path: Path, state_path: Path, files: RunFiles,
-                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None) -> Vm:
+                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None, share: bool = False) -> Vm:
         fd = os.open(state_path, os.O_RDONLY)
         files.dir.mkdir(parents=True, exist_ok=True)
         # The restored guest never reads its kernel or initramfs again, but QEMU would load both into every
@@ -209,7 +209,7 @@ class QemuDriver(VmmDriver):
         empty = files.dir / "initrd.empty"
         empty.touch()
         machine = replace(machine, kernel=kernel_stub(machine.kernel, files.dir / "kernel.stub"), initrd=empty)
-        argv = qemu_argv(self.binary, machine, mem_path, files, share=False, incoming=True, sandbox=True)
+        argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
