@@ -108,3 +108,85 @@ def test_cascade_deletes_dependents(rt, base):
     rt.snapshot_diff("k2", "k1", run=("true",))
     assert rt.rmi("k1", cascade=True) == ["k2", "k1"]
     assert not rt.store.dir("k2").exists() and not rt.store.dir("k1").exists()
+
+
+LAYERED = """\
+apiVersion: forkd.dev/v1alpha1
+kind: ForkParent
+metadata: {name: lp}
+spec: {memoryMiB: 256, warmup: {imports: [json]}}
+---
+apiVersion: forkd.dev/v1alpha1
+kind: ForkLayer
+metadata: {name: la}
+spec: {from: lp, run: ["echo a > /root/a"], imports: [csv]}
+---
+apiVersion: forkd.dev/v1alpha1
+kind: ForkLayer
+metadata: {name: lb}
+spec: {from: la, run: ["echo b > /root/b"]}
+---
+apiVersion: forkd.dev/v1alpha1
+kind: ForkPool
+metadata: {name: lpool}
+spec: {from: lb, warm: 2, compaction: {maxDepth: MAXDEPTH}}
+"""
+
+
+def test_reconciler_builds_layers_and_compacts_while_the_pool_serves(rt):
+    import time
+
+    from forkd.reconciler.control import Control
+    from forkd.spec.loader import load_text
+
+    control = Control(rt)
+
+    def apply(max_depth):
+        loaded, errors = load_text(LAYERED.replace("MAXDEPTH", str(max_depth)), "layered.yaml")
+        assert not errors
+        control.apply([(x.obj, "layered.yaml") for x in loaded], "layered")
+
+    apply(3)  # depth 2 is within bounds: the pool serves from the chain head
+    rec = control.reconciler
+    ok, problems = rec.run_until_converged(300)
+    assert ok, problems
+    head = control.get("ForkPool", "lpool")[0].status.snapshot
+    assert rt.store.depth(head) == 2
+    (claimed,) = control.claim("lpool", 1)
+    apply(1)  # now it is too deep: compaction fires while the pool keeps serving
+    serving_during_compaction = []
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            rec.step()
+            if any(k.startswith("Compact/") for k in rec.in_flight):
+                serving_during_compaction.append(sum(1 for c in rt.children() if c.pool == "lpool"
+                                                     and c.status == "running" and not c.claimed))
+            ok, problems = rec.converged()
+            assert not problems, problems
+            pool = control.get("ForkPool", "lpool")[0]
+            if ok and pool.status and pool.status.snapshot and pool.status.snapshot.startswith("cmp-"):
+                break
+            assert time.monotonic() < deadline, control.describe("ForkPool", "lpool")
+            rec.wake.wait(0.2)
+            rec.wake.clear()
+        layer = control.get("ForkLayer", "lb")[0]
+        assert layer.status.chainDepth == 2 and layer.status.condition("Ready").status == "True"
+        assert pool.status.chainDepth == 0 and "chain depth 2 > maxDepth 1" in pool.status.lastCompaction
+        kids = [c for c in rt.children() if c.pool == "lpool" and c.status == "running" and not c.claimed]
+        assert len(kids) == 2 and {c.snapshot for c in kids} == {pool.status.snapshot}
+        assert rt.exec(kids[0].id, ["cat", "/root/a", "/root/b"])["stdout"] == "a\nb\n"
+        assert rt.eval(kids[0].id, "'csv' in globals()")["value"] == "True"
+        assert serving_during_compaction and max(serving_during_compaction) > 0
+        assert rt.store.get(pool.status.snapshot).labels["forkd.dev/compacted-from"] == head
+        assert rt.ping(claimed.id)["child_id"] == claimed.id  # a claimed child on the head is untouched
+        assert rt.store.get(head).status == "ready"  # nothing referenced was deleted
+    finally:
+        for kind, name in (("ForkPool", "lpool"), ("ForkLayer", "lb"), ("ForkLayer", "la"), ("ForkParent", "lp")):
+            control.delete(kind, name)
+        for _ in range(4):
+            rec.step()
+        left = [c.id for c in rt.children() if c.pool == "lpool"]
+        if left:
+            rt.kill(left)
+        rec.close()

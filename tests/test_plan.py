@@ -6,8 +6,15 @@ import random
 
 import pytest
 
-from forkd.reconciler.actions import BuildParent, DeleteSnapshot, RetireChild, SpawnChildren
-from forkd.reconciler.plan import backoff_seconds, parent_tag, plan
+from forkd.reconciler.actions import (
+    BuildLayer,
+    BuildParent,
+    CompactSnapshot,
+    DeleteSnapshot,
+    RetireChild,
+    SpawnChildren,
+)
+from forkd.reconciler.plan import backoff_seconds, compact_tag, layer_tag, parent_tag, plan, resolve_tags
 from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
 from forkd.reconciler.status import compute_status
 from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
@@ -203,12 +210,85 @@ def test_isolated_network_pool_never_spawns():
     assert acts == []
 
 
-@pytest.mark.parametrize("layers, src", [((ForkLayer(metadata={"name": "lay"}, spec={"from": "py"}),), "lay"),
-                                         ((), "nothing")], ids=["layer", "unknown"])
-def test_pool_from_layer_or_unknown_spawns_nothing(layers, src):
+@pytest.mark.parametrize("layers, src", [((ForkLayer(metadata={"name": "lay"}, spec={"from": "nope"}),), "lay"),
+                                         ((), "nothing")], ids=["unresolved-layer", "unknown"])
+def test_pool_from_unknown_source_spawns_nothing(layers, src):
     children = kids(1, status="dead") + kids(1, start=1) + kids(1, start=2, claimed=True, expires_at=NOW)
     acts = plan(*world(pools=(pool(3, src=src),), snapshots=(snap(),), children=children, layers=layers))
     assert not spawns(acts) and retired(acts) == [children[0].id, children[2].id]  # housekeeping only
+
+
+LAY = ForkLayer(metadata={"name": "lay"}, spec={"from": "py", "run": ["echo x"]})
+LAY2 = ForkLayer(metadata={"name": "lay2"}, spec={"from": "lay", "imports": ["csv"]})
+
+
+def test_layers_build_in_chain_order_and_pools_spawn_from_the_head():
+    t1 = layer_tag(LAY, TAG)
+    t2 = layer_tag(LAY2, t1)
+    # nothing built yet: only the first layer can start (its source is ready); the second waits
+    acts = plan(*world(layers=(LAY2, LAY), pools=(pool(2, src="lay2"),), snapshots=(snap(),)))
+    assert [a for a in acts if isinstance(a, BuildLayer)] == [BuildLayer("lay", t1, TAG)]
+    assert not spawns(acts)
+    acts = plan(*world(layers=(LAY, LAY2), pools=(pool(2, src="lay2"),),
+                       snapshots=(snap(), SnapshotState(t1, "ready", owner="ForkLayer/lay", parent_tag=TAG))))
+    assert [a for a in acts if isinstance(a, BuildLayer)] == [BuildLayer("lay2", t2, t1)]
+    acts = plan(*world(layers=(LAY, LAY2), pools=(pool(2, src="lay2"),),
+                       snapshots=(snap(), SnapshotState(t1, "ready", owner="x", parent_tag=TAG),
+                                  SnapshotState(t2, "ready", owner="x", parent_tag=t1))))
+    assert spawns(acts) == [(t2, 2)]
+    # a changed parent spec moves every tag down the chain
+    assert layer_tag(LAY, TAG2) != t1
+
+
+def test_a_layer_with_children_or_dependents_is_not_collected():
+    t1 = layer_tag(LAY, TAG)
+    snaps = (snap(), SnapshotState(t1, "ready", owner="x", parent_tag=TAG),
+             SnapshotState("orphan-layer", "ready", owner="x", parent_tag=t1))
+    acts = plan(*world(layers=(), snapshots=snaps))
+    # t1 is no longer desired but "orphan-layer" is built on it: only the leaf goes first
+    assert [a.tag for a in acts if isinstance(a, DeleteSnapshot)] == ["orphan-layer"]
+
+
+def chain_snaps(depth):
+    snaps, parent = [snap()], TAG
+    layers = []
+    for i in range(depth):
+        la = ForkLayer(metadata={"name": f"l{i}"}, spec={"from": parent_name(i), "run": [f"echo {i}"]})
+        layers.append(la)
+    tags = resolve_tags([PY], layers)
+    for la in layers:
+        snaps.append(SnapshotState(tags[la.metadata.name], "ready", owner="x", parent_tag=parent))
+        parent = tags[la.metadata.name]
+    return layers, snaps, parent
+
+
+def parent_name(i):
+    return "py" if i == 0 else f"l{i - 1}"
+
+
+def test_compaction_fires_on_depth_and_on_latency_and_the_pool_moves_to_the_base():
+    layers, snaps, head = chain_snaps(4)
+    deep = pool(2, src="l3", compaction={"maxDepth": 3})
+    acts = plan(*world(layers=layers, pools=(deep,), snapshots=snaps))
+    comp = [a for a in acts if isinstance(a, CompactSnapshot)]
+    assert comp == [CompactSnapshot("agents", head, compact_tag(head), "chain depth 4 > maxDepth 3")]
+    assert spawns(acts) == [(head, 2)]  # keeps serving from the head meanwhile
+    shallow = pool(2, src="l3", compaction={"maxDepth": 5}, spawnLatencyTarget={"p50Ms": 100})
+    d, a = world(layers=layers, pools=(shallow,), snapshots=snaps)
+    assert not [x for x in plan(d, a) if isinstance(x, CompactSnapshot)]
+    a = Actual(**{**a.__dict__, "spawn_p50_ms": (("agents", 250.0),)})
+    assert [x.reason for x in plan(d, a) if isinstance(x, CompactSnapshot)] == [
+        "spawn p50 250 ms > target 100 ms at depth 4"]
+    # once the compacted base is ready the pool spawns from it (depth 0) and nothing referenced is deleted
+    done = snaps + [SnapshotState(compact_tag(head), "ready", owner="x", compacted_from=head,
+                                  compaction_reason="chain depth 4 > maxDepth 3")]
+    d, a = world(layers=layers, pools=(deep,), snapshots=done)
+    acts = plan(d, a)
+    assert spawns(acts) == [(compact_tag(head), 2)] and not [x for x in acts if isinstance(x, CompactSnapshot)]
+    assert not [x for x in acts if isinstance(x, DeleteSnapshot)]
+    st = compute_status(d, a, previous={})["ForkPool/agents"]
+    assert st.chainDepth == 0 and st.snapshot == compact_tag(head)
+    assert f"compacted {head} into {compact_tag(head)} (chain depth 4 > maxDepth 3)" in st.lastCompaction
 
 
 # -- determinism ----------------------------------------------------------------------------------------
@@ -274,12 +354,11 @@ def test_status_pool_ready_reconciling_degraded():
     assert conds(st["ForkPool/scaling"]) == {"Ready": ("False", "Scaling"), "Reconciling": ("True", "Scaling"),
                                              "Degraded": ("True", "SpawnFailed")}
     assert conds(st["ForkPool/nosrc"])["Degraded"] == ("True", "SourceNotFound")
-    assert conds(st["ForkPool/lay"])["Degraded"] == ("True", "LayersNotImplemented")
-    assert st["ForkPool/lay"].condition("Degraded").message == "building layers is not implemented yet"
+    assert conds(st["ForkPool/lay"])["Reconciling"] == ("True", "WaitingForSnapshot")  # the layer is not built yet
     assert conds(st["ForkPool/iso"])["Degraded"] == ("True", "NetworkNotImplemented")
     assert "use network: none" in st["ForkPool/iso"].condition("Degraded").message
     assert conds(st["ForkPool/wait"])["Reconciling"] == ("True", "WaitingForSnapshot")
-    assert conds(st["ForkLayer/lay"])["Degraded"] == ("True", "NotImplemented")
+    assert conds(st["ForkLayer/lay"])["Reconciling"] == ("True", "Building")
     assert conds(st["ForkBranch/b"])["Degraded"] == ("True", "NotImplemented")
 
 

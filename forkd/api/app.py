@@ -28,6 +28,8 @@ class ApplyRequest(BaseModel):
     applyset: str
     prune: bool = False
     dry_run: bool = False
+    manager: str = Field("cli", pattern=r"^[a-z][a-z0-9-]{0,30}$")  # recorded as forkd.dev/managed-by
+    force: bool = False  # take over objects another manager applied
 
 
 class DiffRequest(BaseModel):
@@ -68,7 +70,8 @@ def create_app(control: Control) -> FastAPI:
 
     @app.post("/v1/apply")
     def apply(req: ApplyRequest) -> dict:
-        changes = control.apply(_objs(req.items), req.applyset, prune=req.prune, dry_run=req.dry_run)
+        changes = control.apply(_objs(req.items), req.applyset, prune=req.prune, dry_run=req.dry_run,
+                                manager=req.manager, force=req.force)
         return {"changes": [c.__dict__ for c in changes]}
 
     @app.post("/v1/diff")

@@ -18,7 +18,8 @@ ObjList = list[tuple[ForkObject, str]]
 
 
 class Backend(Protocol):
-    def apply(self, objs: ObjList, applyset: str, prune: bool = False, dry_run: bool = False) -> list[Change]: ...
+    def apply(self, objs: ObjList, applyset: str, prune: bool = False, dry_run: bool = False,
+              manager: str = "cli", force: bool = False) -> list[Change]: ...
     def diff(self, objs: ObjList) -> list[tuple[str, str]]: ...
     def get(self, kind: str, name: str | None = None) -> list[ForkObject]: ...
     def describe(self, kind: str, name: str) -> dict[str, Any]: ...
@@ -38,8 +39,8 @@ class LocalBackend:
     def __init__(self, control: Control | None = None):
         self.control = control or Control(Runtime())
 
-    def apply(self, objs, applyset, prune=False, dry_run=False):
-        return self.control.apply(objs, applyset, prune=prune, dry_run=dry_run)
+    def apply(self, objs, applyset, prune=False, dry_run=False, manager="cli", force=False):
+        return self.control.apply(objs, applyset, prune=prune, dry_run=dry_run, manager=manager, force=force)
 
     def diff(self, objs):
         return self.control.diff(objs)
@@ -87,9 +88,10 @@ class RemoteBackend:
     def _docs(objs: ObjList) -> list[dict]:
         return [{"document": to_document(o, with_status=False), "source": src} for o, src in objs]
 
-    def apply(self, objs, applyset, prune=False, dry_run=False):
+    def apply(self, objs, applyset, prune=False, dry_run=False, manager="cli", force=False):
         res = self._call("POST", "/v1/apply", json={"items": self._docs(objs), "applyset": applyset,
-                                                   "prune": prune, "dry_run": dry_run})
+                                                   "prune": prune, "dry_run": dry_run, "manager": manager,
+                                                   "force": force})
         return [Change(**c) for c in res["changes"]]
 
     def diff(self, objs):

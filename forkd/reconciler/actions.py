@@ -20,6 +20,33 @@ class BuildParent:
 
 
 @dataclass(frozen=True)
+class BuildLayer:
+    """Fork one child of `from_tag`, run the layer's steps, store the pages that changed as `tag`."""
+
+    layer: str
+    tag: str
+    from_tag: str
+
+    @property
+    def key(self) -> str:
+        return f"ForkLayer/{self.layer}"
+
+
+@dataclass(frozen=True)
+class CompactSnapshot:
+    """Write the chain head `from_tag` as the base snapshot `tag`, which `pool` then spawns from."""
+
+    pool: str
+    from_tag: str
+    tag: str
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"Compact/{self.tag}"
+
+
+@dataclass(frozen=True)
 class SpawnChildren:
     """Restore `count` idle children of `tag` for `pool`."""
 
@@ -57,4 +84,4 @@ class DeleteSnapshot:
         return f"snapshot/{self.tag}"
 
 
-Action = BuildParent | SpawnChildren | RetireChild | DeleteSnapshot
+Action = BuildParent | BuildLayer | CompactSnapshot | SpawnChildren | RetireChild | DeleteSnapshot

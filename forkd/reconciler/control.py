@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from forkd.base.errors import Conflict, InvalidInput, NotFound
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
-from forkd.reconciler.objects import APPLYSET, ObjectStore
-from forkd.reconciler.plan import parent_tag
+from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore
+from forkd.reconciler.plan import parent_tag, pool_target, resolve_tags
 from forkd.spec.models import MODELS, RESOURCE_NAMES, ForkObject, to_document
 
 if TYPE_CHECKING:
@@ -36,6 +37,11 @@ class Change:
 def applyset_id(sources: list[str]) -> str:
     """Default apply set: derived from the files applied together (like kubectl's --applyset)."""
     return "files-" + hashlib.sha256("\n".join(sorted(sources)).encode()).hexdigest()[:12]
+
+
+def managed_by(obj: ForkObject) -> str:
+    """Who applies `obj`: its forkd.dev/managed-by annotation ("cli" for objects stored before there was one)."""
+    return obj.metadata.annotations.get(MANAGED_BY, "cli")
 
 
 def resolve_kind(word: str) -> str:
@@ -58,6 +64,7 @@ class Control:
         self.rt = rt
         self.objects = ObjectStore(rt.layout)
         self._reconciler = reconciler
+        self._target_cache: dict[str, Any] = {}
 
     @property
     def reconciler(self) -> Reconciler:
@@ -67,13 +74,25 @@ class Control:
 
     # -- apply / diff / delete ---------------------------------------------------------------------
     def apply(self, objs: list[tuple[ForkObject, str]], applyset: str, prune: bool = False,
-              dry_run: bool = False) -> list[Change]:
-        """Store every object (all were validated before: any invalid document means nothing is applied)."""
+              dry_run: bool = False, manager: str = "cli", force: bool = False) -> list[Change]:
+        """Store every object (all were validated before: any invalid document means nothing is applied).
+
+        `manager` (cli, operator, ...) is recorded as the forkd.dev/managed-by annotation; an object another
+        manager applied is refused (Conflict naming its owner, nothing applied) unless `force` takes it over."""
         out: list[Change] = []
         with self.objects.locked():
+            if not force:
+                for obj, _ in objs:
+                    try:
+                        owner = managed_by(self.objects.get(obj.kind, obj.metadata.name).obj)
+                    except NotFound:
+                        continue
+                    if owner != manager:
+                        raise Conflict(f"{obj.kind}/{obj.metadata.name} is managed by {owner}, not {manager}",
+                                       hint=f"change it through {owner}, or delete it there first")
             for obj, source in objs:
                 annotated = obj.model_copy(update={"metadata": obj.metadata.model_copy(
-                    update={"annotations": {**obj.metadata.annotations, APPLYSET: applyset}})})
+                    update={"annotations": {**obj.metadata.annotations, APPLYSET: applyset, MANAGED_BY: manager}})})
                 if dry_run:
                     change, gen = self.objects.plan_put(annotated)
                 else:
@@ -84,7 +103,7 @@ class Control:
                 keep = {(o.kind, o.metadata.name) for o, _ in objs}
                 for st in self.objects.list():
                     key = (st.obj.kind, st.obj.metadata.name)
-                    if st.applyset == applyset and key not in keep:
+                    if st.applyset == applyset and key not in keep and managed_by(st.obj) == manager:
                         if not dry_run:
                             self.objects.delete(*key)
                         out.append(Change(*key, "pruned", st.obj.metadata.generation))
@@ -154,13 +173,20 @@ class Control:
         return got
 
     def _pool_target(self, pool: ForkObject) -> str | None:
-        try:
-            parent = self.objects.get("ForkParent", pool.spec.from_).obj
-        except NotFound:
+        """The ready snapshot the pool spawns from now (the same rule as plan), or None. The resolution is
+        cached until an object or snapshot directory changes: claims stay cheap."""
+        dirs = [self.objects.root / k for k in ("ForkParent", "ForkLayer", "ForkPool")] + [self.rt.store.root]
+        key = (pool.metadata.name, pool.spec.from_, tuple(d.stat().st_mtime_ns if d.exists() else 0 for d in dirs))
+        if self._target_cache.get("key") != key:
+            desired = observe.desired(self.objects)
+            tags = resolve_tags(desired.parents, desired.layers)
+            snaps = {s.tag: s for s in observe.actual_snapshots(self.rt)}
+            self._target_cache = {"key": key, "tag": pool_target(pool, tags, snaps)}
+        tag = self._target_cache["tag"]
+        if tag is None:
             return None
-        tag = parent_tag(parent)
         try:
             self.rt.store.get_ready(tag)
-        except Exception:  # noqa: BLE001 - not ready / missing: no target to fork from
+        except ForkdError:
             return None
         return tag

@@ -15,7 +15,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from forkd.reconciler import observe
-from forkd.reconciler.actions import Action, BuildParent, DeleteSnapshot, RetireChild, SpawnChildren
+from forkd.reconciler.actions import (
+    Action,
+    BuildLayer,
+    BuildParent,
+    CompactSnapshot,
+    DeleteSnapshot,
+    RetireChild,
+    SpawnChildren,
+)
 from forkd.reconciler.objects import ObjectStore
 from forkd.reconciler.plan import backoff_seconds, plan
 from forkd.reconciler.state import Failure
@@ -25,14 +33,16 @@ if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
 log = logging.getLogger("forkd.reconciler")
-SLOW = (BuildParent, SpawnChildren)
-PERMANENT_REASONS = {"SourceNotFound", "NotImplemented", "LayersNotImplemented", "NetworkNotImplemented"}
+SLOW = (BuildParent, BuildLayer, CompactSnapshot, SpawnChildren)
+PERMANENT_REASONS = {"SourceNotFound", "NotImplemented", "NetworkNotImplemented"}
 
 
 def _target(action: Action) -> tuple[str, str] | None:
     if isinstance(action, BuildParent):
         return "ForkParent", action.parent
-    if isinstance(action, (SpawnChildren, RetireChild)) and action.pool:
+    if isinstance(action, BuildLayer):
+        return "ForkLayer", action.layer
+    if isinstance(action, (SpawnChildren, RetireChild, CompactSnapshot)) and action.pool:
         return "ForkPool", action.pool
     return None
 
@@ -54,7 +64,7 @@ class Reconciler:
         with self._lock:
             self._reap_finished()
             desired = observe.desired(self.objects)
-            actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight))
+            actual = self._observe()
             actions = plan(desired, actual)
             for action in actions:
                 if action.key in self.in_flight:
@@ -66,13 +76,17 @@ class Reconciler:
             self._write_statuses(desired)
             return actions
 
+    def _observe(self):
+        p50s = tuple((pool, sorted(v)[len(v) // 2]) for pool, v in sorted(self.spawn_ms.items()) if v)
+        return observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight), p50s)
+
     def _reap_finished(self) -> None:
         for key, fut in list(self.in_flight.items()):
             if fut.done():
                 del self.in_flight[key]
 
     def _write_statuses(self, desired) -> None:
-        actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight))
+        actual = self._observe()
         previous = {f"{st.obj.kind}/{st.obj.metadata.name}": st.obj.status for st in self.objects.list()}
         for key, status in compute_status(desired, actual, previous).items():
             kind, name = key.split("/", 1)
@@ -113,6 +127,15 @@ class Reconciler:
                                tuple(w.run), warm_exec=tuple(w.exec),
                                labels={observe.PARENT_LABEL: action.parent, observe.SPEC_HASH_LABEL: action.spec_hash})
             return f"built snapshot {action.tag}"
+        if isinstance(action, BuildLayer):
+            layer = self.objects.get("ForkLayer", action.layer).obj
+            rt.snapshot_diff(action.tag, action.from_tag, tuple(layer.spec.run), tuple(layer.spec.imports),
+                             labels={observe.LAYER_LABEL: action.layer})
+            return f"built layer {action.tag} on {action.from_tag}"
+        if isinstance(action, CompactSnapshot):
+            rt.compact(action.from_tag, action.tag, labels={observe.POOL_LABEL: action.pool,
+                                                            observe.COMPACTION_REASON_LABEL: action.reason})
+            return f"compacted {action.from_tag} into {action.tag} ({action.reason})"
         if isinstance(action, SpawnChildren):
             recs = rt.fork(action.tag, action.count, pool=action.pool)
             samples = self.spawn_ms.setdefault(action.pool, deque(maxlen=50))

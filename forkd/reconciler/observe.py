@@ -13,7 +13,11 @@ if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
 PARENT_LABEL = "forkd.dev/parent"
+LAYER_LABEL = "forkd.dev/layer"
+POOL_LABEL = "forkd.dev/pool"  # compacted bases: the pool they were compacted for
 SPEC_HASH_LABEL = "forkd.dev/spec-hash"
+COMPACTED_FROM_LABEL = "forkd.dev/compacted-from"  # set by forkd.core.layers.compact
+COMPACTION_REASON_LABEL = "forkd.dev/compaction-reason"
 
 
 def desired(objects: ObjectStore) -> Desired:
@@ -24,17 +28,32 @@ def desired(objects: ObjectStore) -> Desired:
                    pools=tuple(by_kind["ForkPool"]), branches=tuple(by_kind["ForkBranch"]))
 
 
-def actual(rt: Runtime, failures: tuple[Failure, ...] = (), in_flight: frozenset[str] = frozenset()) -> Actual:
-    now = time.time()
-    snaps = []
+def _owner(labels: dict[str, str]) -> str | None:
+    for label, kind in ((PARENT_LABEL, "ForkParent"), (LAYER_LABEL, "ForkLayer"), (POOL_LABEL, "ForkPool")):
+        if label in labels:
+            return f"{kind}/{labels[label]}"
+    return None
+
+
+def actual_snapshots(rt: Runtime) -> list[SnapshotState]:
+    out = []
     for s in rt.store.list():
         if isinstance(s, Snapshot):
-            snaps.append(SnapshotState(tag=s.tag, status=s.status, owner=s.labels.get(PARENT_LABEL),
-                                       spec_hash=s.labels.get(SPEC_HASH_LABEL), error=s.error,
-                                       created_at=s.created_at))
+            out.append(SnapshotState(tag=s.tag, status=s.status, owner=_owner(s.labels),
+                                     spec_hash=s.labels.get(SPEC_HASH_LABEL), error=s.error,
+                                     created_at=s.created_at, parent_tag=s.parent_tag,
+                                     compacted_from=s.labels.get(COMPACTED_FROM_LABEL),
+                                     compaction_reason=s.labels.get(COMPACTION_REASON_LABEL)))
+    return out
+
+
+def actual(rt: Runtime, failures: tuple[Failure, ...] = (), in_flight: frozenset[str] = frozenset(),
+           spawn_p50_ms: tuple[tuple[str, float], ...] = ()) -> Actual:
+    now = time.time()
+    snaps = actual_snapshots(rt)
     children = []
     for r in rt.children():
         children.append(ChildState(id=r.id, snapshot=r.snapshot, pool=r.pool, status=r.status, claimed=r.claimed,
                                    claimed_at=r.claimed_at, expires_at=r.expires_at, created_at=r.created_at))
     return Actual(snapshots=tuple(snaps), children=tuple(children), failures=failures, now=now,
-                  in_flight=in_flight)
+                  in_flight=in_flight, spawn_p50_ms=spawn_p50_ms)

@@ -3,17 +3,28 @@
 Pure and deterministic: no I/O, no clock (time is `actual.now`), no randomness; inputs are sorted first, so the
 same inputs in any tuple order give the same list in the same order: parents (by name), then per pool (by name)
 its retirements and its spawn, then orphaned children (by id), then snapshot deletions (by tag).
-Building layers and branches is later work: plan emits nothing for them (status reports them as not implemented).
+Layers are built once their `from` snapshot is ready; a pool whose chain is deeper than `compaction.maxDepth`, or
+whose spawn p50 exceeds `spawnLatencyTarget.p50Ms`, gets its chain head compacted into a base it then spawns from.
+Building branches is later work: plan emits nothing for them (status reports them as not implemented).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from forkd.reconciler.actions import Action, BuildParent, DeleteSnapshot, RetireChild, SpawnChildren
+from forkd.reconciler.actions import (
+    Action,
+    BuildLayer,
+    BuildParent,
+    CompactSnapshot,
+    DeleteSnapshot,
+    RetireChild,
+    SpawnChildren,
+)
 from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
-from forkd.spec.models import ForkParent, ForkPool, spec_hash
+from forkd.spec.models import ForkLayer, ForkParent, ForkPool, spec_hash
 
 LIVE = ("starting", "running")  # children that count; dead / failed ones are retired and replaced
 GONE = ("dead", "failed")
@@ -22,6 +33,40 @@ GONE = ("dead", "failed")
 def parent_tag(parent: ForkParent) -> str:
     """The snapshot tag of a parent's current spec: "<name>-<10 hex digits>" (names are <= 52 characters)."""
     return f"{parent.metadata.name}-{spec_hash(parent)[:10]}"
+
+
+def layer_tag(layer: ForkLayer, from_tag: str) -> str:
+    """A layer's snapshot tag: changes with its spec and with the snapshot it is built on."""
+    return f"{layer.metadata.name}-{hashlib.sha256(f'{spec_hash(layer)}:{from_tag}'.encode()).hexdigest()[:10]}"
+
+
+def compact_tag(head: str) -> str:
+    """The tag of the base snapshot a chain head is compacted into."""
+    return "cmp-" + hashlib.sha256(head.encode()).hexdigest()[:16]
+
+
+def resolve_tags(parents: Sequence[ForkParent], layers: Sequence[ForkLayer]) -> dict[str, str]:
+    """Object name -> the snapshot tag it stands for (parents first; layers once their `from` resolves;
+    a cycle or an unknown `from` leaves a layer out)."""
+    tags = {p.metadata.name: parent_tag(p) for p in parents}
+    changed = True
+    while changed:
+        changed = False
+        for la in layers:
+            n = la.metadata.name
+            if n not in tags and la.spec.from_ in tags:
+                tags[n] = layer_tag(la, tags[la.spec.from_])
+                changed = True
+    return tags
+
+
+def chain_depth(tag: str, snaps: dict[str, SnapshotState]) -> int:
+    depth, seen = 0, {tag}
+    while (s := snaps.get(tag)) is not None and s.parent_tag and s.parent_tag not in seen and depth < 256:
+        tag = s.parent_tag
+        seen.add(tag)
+        depth += 1
+    return depth
 
 
 def backoff_seconds(attempts: int) -> float:
@@ -94,9 +139,28 @@ def split_children(children: Sequence[ChildState], target: str | None, now: floa
     return p
 
 
-def pool_target(pool: ForkPool, tags: dict[str, str]) -> str | None:
-    """The snapshot tag a pool spawns from: its ForkParent's current tag (None: a layer or nothing known)."""
-    return tags.get(pool.spec.from_)
+def pool_target(pool: ForkPool, tags: dict[str, str], snaps: dict[str, SnapshotState] | None = None) -> str | None:
+    """The snapshot tag a pool spawns from: its source's current tag, or the compacted base of that chain head
+    once it is ready (None: the source is unknown)."""
+    head = tags.get(pool.spec.from_)
+    if head is not None and snaps is not None:
+        compacted = snaps.get(compact_tag(head))
+        if compacted is not None and compacted.status == "ready":
+            return compacted.tag
+    return head
+
+
+def compaction_reason(pool: ForkPool, head: str, snaps: dict[str, SnapshotState], p50: float | None) -> str | None:
+    """Why the pool's chain head should be compacted now (None: it should not)."""
+    depth = chain_depth(head, snaps)
+    if depth == 0:
+        return None
+    if pool.spec.compaction is not None and depth > pool.spec.compaction.maxDepth:
+        return f"chain depth {depth} > maxDepth {pool.spec.compaction.maxDepth}"
+    target = pool.spec.spawnLatencyTarget
+    if target is not None and p50 is not None and p50 > target.p50Ms:
+        return f"spawn p50 {p50:.0f} ms > target {target.p50Ms} ms at depth {depth}"
+    return None
 
 
 # -- one function per object kind ---------------------------------------------------------------------------
@@ -105,6 +169,28 @@ def plan_parent(parent: ForkParent, tag: str, snaps: dict[str, SnapshotState]) -
     if snap is None or snap.status == "failed":  # back-off of a failed build is applied by the caller
         return [BuildParent(parent.metadata.name, tag, spec_hash(parent))]
     return []  # "writing": in progress; "ready": done
+
+
+def plan_layer(layer: ForkLayer, tag: str, from_tag: str, snaps: dict[str, SnapshotState]) -> list[Action]:
+    src, snap = snaps.get(from_tag), snaps.get(tag)
+    if src is None or src.status != "ready":
+        return []  # waits for its source
+    if snap is None or snap.status == "failed":
+        return [BuildLayer(layer.metadata.name, tag, from_tag)]
+    return []
+
+
+def plan_compaction(pool: ForkPool, tags: dict[str, str], snaps: dict[str, SnapshotState],
+                    p50: float | None) -> list[Action]:
+    head = tags.get(pool.spec.from_)
+    src = snaps.get(head) if head else None
+    if head is None or src is None or src.status != "ready":
+        return []
+    existing = snaps.get(compact_tag(head))
+    if existing is not None and existing.status != "failed":
+        return []  # done or in progress
+    reason = compaction_reason(pool, head, snaps, p50)
+    return [CompactSnapshot(pool.metadata.name, head, compact_tag(head), reason)] if reason else []
 
 
 def _retire(pool: str | None, children: Iterable[ChildState], reason: str) -> list[Action]:
@@ -152,8 +238,9 @@ def plan_orphans(children: Sequence[ChildState], now: float) -> list[Action]:
 
 
 def plan_snapshots(snaps: dict[str, SnapshotState], desired_tags: set[str], actual: Actual) -> list[Action]:
-    """Collect reconciler-built snapshots that are neither desired nor used by any child (nor being written)."""
-    used = {c.snapshot for c in actual.children}
+    """Collect reconciler-built snapshots that are neither desired nor used by any child (nor being written, nor
+    the parent of another snapshot: nothing referenced is deleted)."""
+    used = {c.snapshot for c in actual.children} | {s.parent_tag for s in snaps.values() if s.parent_tag}
     return [DeleteSnapshot(tag, "unused") for tag, s in sorted(snaps.items())
             if s.owner is not None and s.status != "writing" and tag not in desired_tags and tag not in used]
 
@@ -164,21 +251,31 @@ def plan(desired: Desired, actual: Actual) -> list[Action]:
     blocked = {k for k, f in failures.items() if now < f.retry_at} | set(actual.in_flight)
     snaps = snapshots_by_tag(actual)
     parents = unique_by_name(desired.parents)
-    tags = {p.metadata.name: parent_tag(p) for p in parents}
+    layers = [la for la in unique_by_name(desired.layers) if la.metadata.name not in {p.metadata.name for p in parents}]
+    tags = resolve_tags(parents, layers)
     by_pool = children_by_pool(actual)
+    p50s = dict(actual.spawn_p50_ms)
 
     actions: list[Action] = []
     for p in parents:
         actions += plan_parent(p, tags[p.metadata.name], snaps)
+    for la in layers:
+        if la.metadata.name in tags:
+            actions += plan_layer(la, tags[la.metadata.name], tags[la.spec.from_], snaps)
     pools = unique_by_name(desired.pools)
+    in_use = set(tags.values())
     for pool in pools:
         name = pool.metadata.name
-        actions += plan_pool(pool, pool_target(pool, tags), snaps, by_pool.get(name, []), now,
+        actions += plan_compaction(pool, tags, snaps, p50s.get(name))
+        target = pool_target(pool, tags, snaps)
+        if target:
+            in_use.add(target)
+        actions += plan_pool(pool, target, snaps, by_pool.get(name, []), now,
                              may_spawn=f"ForkPool/{name}" not in blocked)
     pool_names = {pool.metadata.name for pool in pools}
     for name in sorted(set(by_pool) - pool_names):
         actions += plan_orphans(by_pool[name], now)
-    actions += plan_snapshots(snaps, set(tags.values()), actual)
+    actions += plan_snapshots(snaps, in_use, actual)
 
     # Back-off and in-flight apply to every action by its key; one broken object never blocks the others.
     out: list[Action] = []

@@ -12,10 +12,13 @@ from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool
 class SnapshotState:
     tag: str
     status: str  # writing | ready | failed
-    owner: str | None = None  # name of the ForkParent that built it (None: made by hand, never collected)
+    owner: str | None = None  # the object that built it, "ForkParent/x" style (None: by hand, never collected)
     spec_hash: str | None = None  # the owner's spec hash it was built from
     error: str | None = None
     created_at: float = 0.0
+    parent_tag: str | None = None  # layers: the snapshot it is a diff against
+    compacted_from: str | None = None  # compacted bases: the chain head they were written from
+    compaction_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,3 +59,4 @@ class Actual:
     failures: tuple[Failure, ...] = ()
     now: float = 0.0
     in_flight: frozenset[str] = field(default_factory=frozenset)  # keys of actions still running
+    spawn_p50_ms: tuple[tuple[str, float], ...] = ()  # (pool, p50 of recent spawn-to-answer times)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from forkd.reconciler.plan import (
+    chain_depth,
     children_by_pool,
     failures_by_key,
-    parent_tag,
     pool_target,
+    resolve_tags,
     snapshots_by_tag,
     split_children,
     unique_by_name,
@@ -85,21 +86,49 @@ def parent_status(p: ForkParent, tag: str, snaps: dict[str, SnapshotState], fail
                             specHash=spec_hash(p), conditions=_conditions(key, r, rec, deg, previous, stamp))
 
 
+def layer_status(la: ForkLayer, tags: dict[str, str], snaps: dict[str, SnapshotState], failures: dict[str, Failure],
+                 actual: Actual, previous: dict[str, Status | None], stamp: str) -> ForkLayerStatus:
+    key, now = f"ForkLayer/{la.metadata.name}", actual.now
+    tag, src_tag = tags.get(la.metadata.name), tags.get(la.spec.from_)
+    if tag is None or src_tag is None:
+        msg = f"spec.from {la.spec.from_!r} names no ForkParent or ForkLayer (or the layers form a cycle)"
+        c: Cond = (False, "SourceNotFound", msg)
+        return ForkLayerStatus(observedGeneration=la.metadata.generation,
+                               conditions=_conditions(key, c, c, (True, "SourceNotFound", msg), previous, stamp))
+    snap, src, fail = snaps.get(tag), snaps.get(src_tag), failures.get(key)
+    ready = snap is not None and snap.status == "ready"
+    broken = not ready and (fail is not None or (snap is not None and snap.status == "failed"))
+    msg = _failed("build", fail, snap.error if snap else None, now) if broken else ""
+    if ready:
+        r: Cond = (True, "SnapshotReady", f"layer snapshot {tag} is ready")
+        rec, deg = (False, "SnapshotReady", ""), OK
+    elif src is None or src.status != "ready":
+        r = (False, "WaitingForSource", f"waiting for {src_tag}")
+        rec = (True, "WaitingForSource", f"waiting for {src_tag}")
+        deg = (True, "BuildFailed", msg) if broken else OK
+    else:
+        r = (False, "BuildFailed", msg) if broken else (False, "Building", f"building layer {tag}")
+        rec = (True, "Building", f"building layer {tag} on {src_tag}")
+        deg = (True, "BuildFailed", msg) if broken else OK
+    return ForkLayerStatus(observedGeneration=la.metadata.generation, snapshot=tag if ready else None,
+                           chainDepth=chain_depth(tag, snaps) if ready else None,
+                           conditions=_conditions(key, r, rec, deg, previous, stamp))
+
+
 def pool_status(pool: ForkPool, parents: dict[str, str], layers: set[str], snaps: dict[str, SnapshotState],
                 failures: dict[str, Failure], children: list, actual: Actual,
                 previous: dict[str, Status | None], stamp: str) -> ForkPoolStatus:
     name, src, warm, now = pool.metadata.name, pool.spec.from_, pool.spec.warm, actual.now
-    key, target = f"ForkPool/{name}", pool_target(pool, parents)
+    key, target = f"ForkPool/{name}", pool_target(pool, parents, snaps)
     kids = split_children(children, target, now)
     n_warm = sum(c.status == "running" for c in kids.idle_current + kids.idle_old)
     n_current = sum(c.status == "running" for c in kids.idle_current)
     target_ready = target is not None and (s := snaps.get(target)) is not None and s.status == "ready"
 
     blocked: Cond | None = None
-    if target is None and src in layers:
-        blocked = (True, "LayersNotImplemented", "building layers is not implemented yet")
-    elif target is None:
-        blocked = (True, "SourceNotFound", f"spec.from {src!r} names no ForkParent or ForkLayer")
+    if target is None:
+        blocked = (True, "SourceNotFound", f"spec.from {src!r} names no ForkParent or ForkLayer"
+                                           + (" it can be built from" if src in layers else ""))
     elif pool.spec.child.network == "isolated":
         blocked = (True, "NetworkNotImplemented",
                    "per-child network isolation is not implemented yet; use network: none")
@@ -122,34 +151,39 @@ def pool_status(pool: ForkPool, parents: dict[str, str], layers: set[str], snaps
         r = (True, "WarmPoolReady", f"{n_current} of {warm} warm children ready on {target}")
     else:
         r = (False, rec[1], f"{n_current} of {warm} warm children ready")
+    target_snap = snaps.get(target) if target else None
+    last = None
+    if target_snap is not None and target_snap.compacted_from:
+        last = f"{rfc3339(target_snap.created_at)}: compacted {target_snap.compacted_from} into {target} " \
+               f"({target_snap.compaction_reason or 'no reason recorded'})"
     return ForkPoolStatus(observedGeneration=pool.metadata.generation, warm=n_warm, claimed=len(kids.claimed),
-                          target=warm, snapshot=target, chainDepth=0,
-                          conditions=_conditions(key, r, rec, deg, previous, stamp))
+                          target=warm, snapshot=target, chainDepth=chain_depth(target, snaps) if target else 0,
+                          lastCompaction=last, conditions=_conditions(key, r, rec, deg, previous, stamp))
 
 
-def not_implemented(obj: ForkLayer | ForkBranch, message: str, previous: dict[str, Status | None],
-                    stamp: str) -> ForkLayerStatus | ForkBranchStatus:
+def not_implemented(obj: ForkBranch, message: str, previous: dict[str, Status | None],
+                    stamp: str) -> ForkBranchStatus:
     key = f"{obj.kind}/{obj.metadata.name}"
     c: Cond = (False, "NotImplemented", message)
     conds = _conditions(key, c, c, (True, "NotImplemented", message), previous, stamp)
-    cls = ForkLayerStatus if isinstance(obj, ForkLayer) else ForkBranchStatus
-    return cls(observedGeneration=obj.metadata.generation, conditions=conds)
+    return ForkBranchStatus(observedGeneration=obj.metadata.generation, conditions=conds)
 
 
 def compute_status(desired: Desired, actual: Actual, previous: dict[str, Status | None]) -> dict[str, Status]:
     snaps, failures = snapshots_by_tag(actual), failures_by_key(actual)
     parents = unique_by_name(desired.parents)
-    tags = {p.metadata.name: parent_tag(p) for p in parents}
-    layers = {la.metadata.name for la in desired.layers}
+    parent_names = {p.metadata.name for p in parents}
+    layer_objs = [la for la in unique_by_name(desired.layers) if la.metadata.name not in parent_names]
+    tags = resolve_tags(parents, layer_objs)
+    layers = {la.metadata.name for la in layer_objs}
     by_pool = children_by_pool(actual)
     stamp = rfc3339(actual.now)
     out: dict[str, Status] = {}
     for p in parents:
         name = p.metadata.name
         out[f"ForkParent/{name}"] = parent_status(p, tags[name], snaps, failures, actual, previous, stamp)
-    for la in unique_by_name(desired.layers):
-        out[f"ForkLayer/{la.metadata.name}"] = not_implemented(la, "building layers is not implemented yet",
-                                                                previous, stamp)
+    for la in layer_objs:
+        out[f"ForkLayer/{la.metadata.name}"] = layer_status(la, tags, snaps, failures, actual, previous, stamp)
     for pool in unique_by_name(desired.pools):
         out[f"ForkPool/{pool.metadata.name}"] = pool_status(pool, tags, layers, snaps, failures,
                                                             by_pool.get(pool.metadata.name, []), actual, previous,

@@ -133,6 +133,7 @@ class ForkPoolStatus(Status):
     snapshot: str | None = None
     chainDepth: int = 0
     spawnP50Ms: float | None = None
+    lastCompaction: str | None = None
 
 
 class ForkPool(Strict):

@@ -1,0 +1,269 @@
+"""kopf handlers for ForkParent, ForkLayer, ForkPool and ForkBranch (group forkd.dev, version v1alpha1).
+
+There is no second reconciler here. A custom resource is translated into the same spec model `forkd apply` takes
+(spec + metadata.name; the Kubernetes generation and namespace ride along as annotations) and applied to a
+node-local forkd daemon through its API (forkd.client.RemoteBackend); the daemon's reconcile loop builds
+snapshots and keeps pools warm, and the status it computes is copied back into the resource's `status`.
+
+- Level-triggered: create / update / resume handlers, plus a timer per object (every FORKD_OPERATOR_INTERVAL
+  seconds, default 10) that re-applies (a no-op when nothing changed: the daemon says "unchanged") and copies the
+  status again. A daemon restart or lost object is healed by the next tick.
+- Ownership: the daemon records `forkd.dev/managed-by: operator` on what the operator applies and refuses (409)
+  a CLI apply over it, and vice versa; the operator reports such a conflict in the resource's conditions and
+  retries. Objects are also tagged with their Kubernetes namespace: the daemon has one name space per kind, so two
+  namespaces may not use the same name on one node (the second one is refused the same way).
+- Finalizer (kopf adds it because of the delete handler): a ForkPool is scaled to zero through the daemon and the
+  handler waits until its idle children are retired, then the object is deleted from the daemon (which releases
+  its snapshot when nothing uses it any more). Claimed children stay until their ttl ends, as with `forkd delete`.
+- Errors: InvalidInput -> kopf.PermanentError (the spec will not become valid by waiting); every other ForkdError,
+  including an unreachable daemon, -> kopf.TemporaryError(delay=FORKD_OPERATOR_RETRY, default 10 s).
+
+Which daemon: the unix socket FORKD_DAEMON_SOCKET (default $FORKD_HOME/forkd.sock). Placing pools on several
+nodes' daemons is not implemented yet (see deploy/kubernetes/README.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+import pydantic
+
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.base.paths import Layout
+from forkd.client.backends import RemoteBackend
+from forkd.operator.crdgen import GROUP, VERSION, plural
+from forkd.reconciler.control import managed_by
+from forkd.reconciler.objects import MANAGED_BY
+from forkd.spec.models import API_VERSION, KINDS, MODELS, ForkObject
+
+MANAGER = "operator"
+NAMESPACE_KEY = "forkd.dev/k8s-namespace"
+GENERATION_KEY = "forkd.dev/k8s-generation"
+FINALIZER = "forkd.dev/finalizer"
+INTERVAL = float(os.environ.get("FORKD_OPERATOR_INTERVAL", "10"))
+RETRY = float(os.environ.get("FORKD_OPERATOR_RETRY", "10"))
+DELETE_WAIT = float(os.environ.get("FORKD_OPERATOR_DELETE_WAIT", "60"))  # per attempt of the delete handler
+
+_clients: dict[str, RemoteBackend] = {}
+_clients_lock = threading.Lock()
+
+
+def daemon_socket() -> str:
+    return os.environ.get("FORKD_DAEMON_SOCKET") or str(Layout.from_env().daemon_socket)
+
+
+def daemon(socket_path: str | None = None) -> RemoteBackend:
+    """The node daemon's API client (one per socket, shared by handler threads)."""
+    path = socket_path or daemon_socket()
+    with _clients_lock:
+        if path not in _clients:
+            _clients[path] = RemoteBackend(path, timeout=60.0)
+        return _clients[path]
+
+
+# -- translation ------------------------------------------------------------------------------------------
+def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    return body.get("metadata") or {}
+
+
+def to_model(body: Mapping[str, Any]) -> ForkObject:
+    """A custom resource (as kopf passes it) -> the spec model the daemon applies. Raises InvalidInput."""
+    kind, meta = body.get("kind"), _meta(body)
+    if kind not in MODELS:
+        raise InvalidInput(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
+    doc = {"apiVersion": API_VERSION, "kind": kind,
+           "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+                        "annotations": {MANAGED_BY: MANAGER, NAMESPACE_KEY: str(meta.get("namespace") or ""),
+                                        GENERATION_KEY: str(meta.get("generation") or 0)}},
+           "spec": dict(body.get("spec") or {})}
+    try:
+        return MODELS[kind].model_validate(doc)
+    except pydantic.ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise InvalidInput(f"{kind}/{meta.get('name')}: {problems}") from None
+
+
+def _source(body: Mapping[str, Any]) -> str:
+    meta = _meta(body)
+    return f"kubernetes:{meta.get('namespace') or '-'}/{plural(str(body.get('kind')))}/{meta.get('name')}"
+
+
+def _applyset(body: Mapping[str, Any]) -> str:
+    return f"k8s-{_meta(body).get('namespace') or 'cluster'}"
+
+
+def _now() -> str:
+    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def k8s_status(obj: ForkObject, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The resource's status from the daemon's object: its numbers and conditions; observedGeneration is the
+    Kubernetes generation the daemon's status was computed from (absent while the daemon has not caught up)."""
+    previous = previous or {}
+    st = obj.status
+    if st is None:  # applied, not reconciled yet
+        out: dict[str, Any] = {"conditions": [
+            _cond("Ready", "Unknown", "Pending", "applied to the node daemon, waiting for its reconcile loop",
+                  previous),
+            _cond("Reconciling", "True", "Pending", "", previous),
+            _cond("Degraded", "False", "AsExpected", "", previous)]}
+    else:
+        out = st.model_dump(mode="json", exclude_none=True)
+        out.pop("observedGeneration", None)
+        if st.observedGeneration is not None and st.observedGeneration == obj.metadata.generation:
+            out["observedGeneration"] = int(obj.metadata.annotations.get(GENERATION_KEY) or 0)
+    if "observedGeneration" not in out and previous.get("observedGeneration") is not None:
+        out["observedGeneration"] = previous["observedGeneration"]
+    return out
+
+
+def _cond(type_: str, status: str, reason: str, message: str, previous: Mapping[str, Any]) -> dict[str, str]:
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since or _now()}
+
+
+def error_status(exc: ForkdError, generation: int | None, previous: Mapping[str, Any]) -> dict[str, Any]:
+    """Conditions saying why the resource cannot be reconciled right now."""
+    reason = "InvalidSpec" if isinstance(exc, InvalidInput) else "Conflict" if isinstance(exc, Conflict) \
+        else "DaemonError"
+    message = exc.message + (f" ({exc.hint})" if exc.hint else "")
+    out: dict[str, Any] = {"conditions": [
+        _cond("Ready", "False", reason, message, previous),
+        _cond("Reconciling", "False" if reason == "InvalidSpec" else "True", reason, "" if reason == "InvalidSpec"
+              else f"retrying every {RETRY:.0f}s", previous),
+        _cond("Degraded", "True", reason, message, previous)]}
+    if reason == "InvalidSpec" and generation is not None:
+        out["observedGeneration"] = generation  # seen, and it is wrong: waiting will not help
+    elif previous.get("observedGeneration") is not None:
+        out["observedGeneration"] = previous["observedGeneration"]
+    return out
+
+
+def patch_status(patch: Any, current: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+    """Put into `patch.status` only what differs (a merge patch: removed keys become None)."""
+    current = current or {}
+    for key, value in new.items():
+        if current.get(key) != value:
+            patch.status[key] = value
+    for key in current:
+        if key not in new:
+            patch.status[key] = None
+
+
+def _raise(exc: ForkdError) -> None:
+    if isinstance(exc, InvalidInput):
+        raise kopf.PermanentError(str(exc)) from exc
+    raise kopf.TemporaryError(str(exc), delay=RETRY) from exc
+
+
+def _owner_check(backend: RemoteBackend, obj: ForkObject, namespace: str) -> None:
+    """An operator-managed daemon object of the same kind and name from another namespace is not ours."""
+    try:
+        cur = backend.get(obj.kind, obj.metadata.name)[0]
+    except NotFound:
+        return
+    other = cur.metadata.annotations.get(NAMESPACE_KEY)
+    if managed_by(cur) == MANAGER and other is not None and other != namespace:
+        raise Conflict(f"{obj.kind}/{obj.metadata.name} on this node is managed by the operator for namespace "
+                       f"{other!r}", hint="names must be unique across namespaces on one node")
+
+
+# -- the handlers ---------------------------------------------------------------------------------------------
+def reconcile(body: Mapping[str, Any], patch: Any, logger: logging.Logger | logging.LoggerAdapter | None = None,
+              status: Mapping[str, Any] | None = None, backend: RemoteBackend | None = None,
+              settle: float = 3.0, **_: Any) -> None:
+    """Create / update / resume / timer: apply the resource to the daemon, copy its status back."""
+    log = logger or logging.getLogger("forkd.operator")
+    status = status if status is not None else body.get("status") or {}
+    meta = _meta(body)
+    try:
+        obj = to_model(body)
+        b = backend or daemon()
+        _owner_check(b, obj, str(meta.get("namespace") or ""))
+        change = b.apply([(obj, _source(body))], _applyset(body), manager=MANAGER)[0]
+        if change.change != "unchanged":
+            log.info("%s/%s %s on the node daemon (generation %s)", obj.kind, obj.metadata.name, change.change,
+                     meta.get("generation"))
+        cur = b.get(obj.kind, obj.metadata.name)[0]
+        deadline = time.monotonic() + settle
+        while (cur.status is None or cur.status.observedGeneration != cur.metadata.generation) \
+                and time.monotonic() < deadline:  # the daemon's loop was woken by the apply: one pass
+            time.sleep(0.2)
+            cur = b.get(obj.kind, obj.metadata.name)[0]
+        patch_status(patch, status, k8s_status(cur, status))
+    except ForkdError as exc:
+        patch_status(patch, status, error_status(exc, meta.get("generation"), status))
+        log.warning("%s/%s: %s", body.get("kind"), meta.get("name"), exc)
+        _raise(exc)
+
+
+def _idle_children(backend: RemoteBackend, pool: str) -> list[dict[str, Any]]:
+    info = backend.describe("ForkPool", pool)
+    return [c for c in info.get("children") or [] if not c.get("claimed")]
+
+
+def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter | None = None,
+            backend: RemoteBackend | None = None, wait: float | None = None, **_: Any) -> None:
+    """Delete (the finalizer): release what the daemon holds for this resource, then let Kubernetes delete it.
+
+    Objects the operator does not manage (the CLI's, another namespace's) are left alone."""
+    log = logger or logging.getLogger("forkd.operator")
+    kind, meta = str(body.get("kind")), _meta(body)
+    name, namespace = str(meta.get("name")), str(meta.get("namespace") or "")
+    b = backend or daemon()
+    try:
+        try:
+            cur = b.get(kind, name)[0]
+        except NotFound:
+            return
+        if managed_by(cur) != MANAGER or cur.metadata.annotations.get(NAMESPACE_KEY, namespace) != namespace:
+            log.info("%s/%s on the node daemon is not managed by this resource; leaving it", kind, name)
+            return
+        if kind == "ForkPool":
+            if cur.spec.warm != 0:  # scale to zero through the reconciler: it retires the idle children
+                zero = cur.model_copy(update={"spec": cur.spec.model_copy(update={"warm": 0}), "status": None})
+                b.apply([(zero, _source(body))], _applyset(body), manager=MANAGER)
+            deadline = time.monotonic() + (DELETE_WAIT if wait is None else wait)
+            while idle := _idle_children(b, name):
+                if time.monotonic() > deadline:
+                    raise kopf.TemporaryError(f"waiting for {len(idle)} children of pool {name} to be retired",
+                                              delay=5)
+                time.sleep(0.3)
+        b.delete(kind, name)
+        log.info("%s/%s deleted from the node daemon", kind, name)
+    except NotFound:
+        return
+    except ForkdError as exc:
+        _raise(exc)
+
+
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Keep kopf's bookkeeping in annotations (the status schema is structural: it has no room for it)."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="operator.forkd.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="operator.forkd.dev", key="last-handled-configuration")
+    settings.posting.level = logging.WARNING
+
+
+def register(registry: kopf.OperatorRegistry | None = None) -> kopf.OperatorRegistry:
+    """Register the handlers of every kind (into kopf's default registry unless one is given)."""
+    reg = registry or kopf.get_default_registry()
+    kopf.on.startup(registry=reg)(configure)
+    for kind in KINDS:
+        res = {"group": GROUP, "version": VERSION, "plural": plural(kind), "registry": reg}
+        kopf.on.create(**res, id="reconcile-create")(reconcile)
+        kopf.on.update(**res, id="reconcile-update")(reconcile)
+        kopf.on.resume(**res, id="reconcile-resume")(reconcile)
+        kopf.timer(**res, id="reconcile-timer", interval=INTERVAL, initial_delay=INTERVAL)(reconcile)
+        kopf.on.delete(**res, id="release")(release)
+    return reg

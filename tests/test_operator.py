@@ -1,0 +1,262 @@
+"""The kopf operator's handlers against a real node daemon with real VMs.
+
+No Kubernetes API server can be installed on this machine, so these tests play its part: they call the kopf
+handler functions directly with resource bodies shaped like the ones kopf passes (apiVersion/kind/metadata with
+namespace, uid, generation/spec/status; a kopf.Patch; a logger) and merge the status patch back into the body
+the way the API server's status subresource would. Everything below the API server is real: a `forkd serve`
+daemon process on the session's FORKD_HOME, reached over its unix socket (FORKD_DAEMON_SOCKET), builds a real
+parent snapshot and forks real QEMU children.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import kopf
+import pytest
+
+from forkd.base.errors import NotFound
+from forkd.operator import handlers
+from forkd.reconciler.objects import MANAGED_BY
+from tests.conftest import forkd_cli
+
+pytestmark = pytest.mark.vm
+LOG = logging.getLogger("test-operator")
+
+
+# -- a stand-in for the API server ------------------------------------------------------------------------------
+def resource(kind: str, name: str, spec: dict, namespace: str = "default", generation: int = 1) -> dict:
+    plural = {"ForkParent": "forkparents", "ForkPool": "forkpools"}[kind]
+    return {"apiVersion": "forkd.dev/v1alpha1", "kind": kind,
+            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "generation": generation,
+                         "resourceVersion": "1", "creationTimestamp": "2026-11-29T10:00:00Z",
+                         "finalizers": [handlers.FINALIZER],
+                         "selfLink": f"/apis/forkd.dev/v1alpha1/namespaces/{namespace}/{plural}/{name}",
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+            "spec": spec, "status": {}}
+
+
+def merge(into: dict, patch: dict) -> dict:
+    """RFC 7386 merge patch, as the API server applies kopf's patch to the status subresource."""
+    out = dict(into)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def call(handler, body: dict, **kw) -> kopf.Patch:
+    """Invoke a handler the way kopf does (keyword arguments), then apply its status patch to `body`."""
+    patch = kopf.Patch()
+    try:
+        handler(body=body, spec=body["spec"], meta=body["metadata"], status=body["status"], patch=patch,
+                logger=LOG, name=body["metadata"]["name"], namespace=body["metadata"]["namespace"],
+                uid=body["metadata"]["uid"], **kw)
+    finally:
+        if "status" in patch:
+            body["status"] = merge(body["status"], dict(patch["status"]))
+    return patch
+
+
+def condition(body: dict, type_: str) -> dict:
+    return next((c for c in body["status"].get("conditions", []) if c["type"] == type_), {})
+
+
+def reconcile_until(bodies: list[dict], done, timeout: float = 240, what: str = "condition") -> None:
+    """The operator's timer: reconcile every body again until `done()`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for b in bodies:
+            call(handlers.reconcile, b)
+        if done():
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: " + json.dumps(
+            [b["status"] for b in bodies])[:2000]
+        time.sleep(1.0)
+
+
+# -- a real node daemon -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def node_daemon(home):
+    log = open(home / "operator-daemon.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "forkd.api", "serve", "--interval", "1"],
+                            env=dict(os.environ, FORKD_HOME=str(home)), stdout=log, stderr=log)
+    sock = home / "forkd.sock"
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        assert proc.poll() is None, (home / "operator-daemon.log").read_text()[-2000:]
+        assert time.monotonic() < deadline, "daemon socket never appeared"
+        time.sleep(0.05)
+    old = os.environ.get("FORKD_DAEMON_SOCKET")
+    os.environ["FORKD_DAEMON_SOCKET"] = str(sock)
+    yield sock
+    if old is None:
+        os.environ.pop("FORKD_DAEMON_SOCKET", None)
+    else:
+        os.environ["FORKD_DAEMON_SOCKET"] = old
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def pool_children(rt, name: str) -> list:
+    return [r for r in rt.children() if r.pool == name]
+
+
+def running(rt, name: str) -> int:
+    return sum(r.status == "running" and not r.claimed for r in pool_children(rt, name))
+
+
+def test_pool_create_scale_delete(node_daemon, rt):
+    """Create a ForkParent + ForkPool -> children running and the status says Ready with warm == target; change
+    the pool's warm -> scaled (observedGeneration follows); delete -> the finalizer handler retires the children
+    and removes the objects from the daemon."""
+    parent = resource("ForkParent", "op-base", {"memoryMiB": 256, "warmup": {"imports": ["json"]}})
+    pool = resource("ForkPool", "op-pool", {"from": "op-base", "warm": 2, "maxChildren": 8})
+    try:
+        # create: the first pass applies and reports Reconciling (nothing is built yet)
+        call(handlers.reconcile, parent)
+        call(handlers.reconcile, pool)
+        assert condition(pool, "Ready")["status"] in ("False", "Unknown")
+        assert condition(pool, "Reconciling")["status"] == "True"
+
+        def pool_ready(warm: int, generation: int) -> bool:
+            st = pool["status"]
+            return (condition(pool, "Ready").get("status") == "True" and st.get("warm") == warm
+                    and st.get("target") == warm and st.get("observedGeneration") == generation)
+
+        reconcile_until([parent, pool], lambda: pool_ready(2, 1), what="pool Ready with 2 warm")
+        assert condition(parent, "Ready")["status"] == "True" and parent["status"]["snapshot"].startswith("op-base-")
+        assert parent["status"]["observedGeneration"] == 1
+        assert pool["status"]["snapshot"] == parent["status"]["snapshot"]
+        assert condition(pool, "Degraded")["status"] == "False"
+        assert running(rt, "op-pool") == 2
+        for r in pool_children(rt, "op-pool"):
+            assert rt.ping(r.id)["child_id"] == r.id
+
+        # a timer tick with nothing changed patches nothing
+        assert "status" not in call(handlers.reconcile, pool)
+
+        # the daemon's object says who manages it; the CLI sees it and may not overwrite it
+        got = json.loads(forkd_cli("get", "pools", "op-pool", "-o", "json", check=True).stdout)
+        assert got["metadata"]["annotations"][MANAGED_BY] == "operator"
+        assert got["metadata"]["annotations"][handlers.NAMESPACE_KEY] == "default"
+        res = forkd_cli("apply", "-f", "-", input="apiVersion: forkd.dev/v1alpha1\nkind: ForkPool\n"
+                        "metadata: {name: op-pool}\nspec: {from: op-base, warm: 5}\n")
+        assert res.returncode == 4 and "managed by operator" in res.stderr, res.stderr
+        assert json.loads(forkd_cli("get", "pools", "op-pool", "-o", "json").stdout)["spec"]["warm"] == 2
+
+        # change replicas: the API server bumps the generation; the pool scales to 3
+        pool["spec"] = dict(pool["spec"], warm=3)
+        pool["metadata"]["generation"] = 2
+        reconcile_until([parent, pool], lambda: pool_ready(3, 2), what="pool scaled to 3")
+        assert running(rt, "op-pool") == 3
+
+        # delete: the finalizer's handler scales to zero, waits for the children, removes the objects
+        children = {r.id for r in pool_children(rt, "op-pool")}
+        call(handlers.release, pool)
+        assert pool_children(rt, "op-pool") == []
+        assert not [r for r in rt.children() if r.id in children]
+        with pytest.raises(NotFound):
+            handlers.daemon().get("ForkPool", "op-pool")
+        call(handlers.release, pool)  # again (kopf retries): nothing left to do
+        call(handlers.release, parent)
+        with pytest.raises(NotFound):
+            handlers.daemon().get("ForkParent", "op-base")
+        # the parent's snapshot is collected by the daemon's reconciler once nothing uses it
+        tag = parent["status"]["snapshot"]
+        deadline = time.monotonic() + 30
+        while any(s.tag == tag for s in rt.store.list()):
+            assert time.monotonic() < deadline, f"snapshot {tag} was not released"
+            time.sleep(0.5)
+    finally:
+        for kind, name in (("ForkPool", "op-pool"), ("ForkParent", "op-base")):
+            try:
+                handlers.daemon().delete(kind, name)
+            except NotFound:
+                pass
+        left = [r.id for r in pool_children(rt, "op-pool")]
+        if left:
+            rt.kill(left)
+
+
+def test_errors_and_ownership(node_daemon, rt):
+    """Invalid spec -> PermanentError and Degraded/InvalidSpec; unreachable daemon -> TemporaryError; an object
+    the CLI applied is refused (TemporaryError, condition Conflict) and left alone by the delete handler; so is
+    the same name from another namespace. No VM is started here (the pools' parent does not exist)."""
+    bad = resource("ForkPool", "op-bad", {"from": "nowhere", "warm": 2}, generation=4)
+    bad["spec"]["child"] = {"network": "bridged"}  # the CRD schema forbids it; the operator refuses it too
+    with pytest.raises(kopf.PermanentError):
+        call(handlers.reconcile, bad)
+    assert condition(bad, "Degraded")["status"] == "True" and condition(bad, "Degraded")["reason"] == "InvalidSpec"
+    assert condition(bad, "Ready")["status"] == "False" and bad["status"]["observedGeneration"] == 4
+    long_name = resource("ForkParent", "x" * 60, {})
+    with pytest.raises(kopf.PermanentError):
+        call(handlers.reconcile, long_name)
+
+    unreachable = resource("ForkPool", "op-nodaemon", {"from": "nowhere"})
+    with pytest.raises(kopf.TemporaryError) as exc:
+        call(handlers.reconcile, unreachable, backend=handlers.daemon(str(Path(node_daemon).parent / "no.sock")))
+    assert exc.value.delay == handlers.RETRY
+    assert condition(unreachable, "Ready")["reason"] == "DaemonError"
+
+    # the CLI owns op-cli: the operator is refused and says so; its delete handler leaves it alone
+    forkd_cli("apply", "-f", "-", check=True, input="apiVersion: forkd.dev/v1alpha1\nkind: ForkPool\n"
+              "metadata: {name: op-cli}\nspec: {from: nowhere, warm: 0}\n")
+    try:
+        theirs = resource("ForkPool", "op-cli", {"from": "nowhere", "warm": 1})
+        with pytest.raises(kopf.TemporaryError, match="managed by cli"):
+            call(handlers.reconcile, theirs)
+        assert condition(theirs, "Degraded")["reason"] == "Conflict"
+        call(handlers.release, theirs)
+        assert handlers.daemon().get("ForkPool", "op-cli")[0].spec.warm == 0
+    finally:
+        forkd_cli("delete", "pool/op-cli", check=True)
+
+    # one name from two namespaces on one node: the second is refused
+    a = resource("ForkPool", "op-shared", {"from": "nowhere"}, namespace="team-a")
+    b = resource("ForkPool", "op-shared", {"from": "nowhere"}, namespace="team-b")
+    try:
+        call(handlers.reconcile, a)
+        assert condition(a, "Ready")["status"] == "False"  # SourceNotFound, from the daemon's status
+        with pytest.raises(kopf.TemporaryError, match="team-a"):
+            call(handlers.reconcile, b)
+        call(handlers.release, b)  # not b's: kept
+        assert handlers.daemon().get("ForkPool", "op-shared")
+        call(handlers.release, a)
+        with pytest.raises(NotFound):
+            handlers.daemon().get("ForkPool", "op-shared")
+    finally:
+        try:
+            handlers.daemon().delete("ForkPool", "op-shared")
+        except NotFound:
+            pass
+
+
+def test_handlers_registered_for_every_kind():
+    """What `forkd operator` runs: create/update/resume/delete handlers and a timer per kind, in forkd.dev."""
+    reg = handlers.register(kopf.OperatorRegistry())
+    changing = [(h.id, h.selector.plural) for h in reg._changing.get_all_handlers()]
+    timers = [(h.id, h.selector.plural, h.interval) for h in reg._spawning.get_all_handlers()]
+    for plural in ("forkparents", "forklayers", "forkpools", "forkbranches"):
+        for hid in ("reconcile-create", "reconcile-update", "reconcile-resume", "release"):
+            assert (hid, plural) in changing
+        assert ("reconcile-timer", plural, handlers.INTERVAL) in timers
+    for h in reg._changing.get_all_handlers():
+        assert h.selector.group == "forkd.dev" and h.selector.version == "v1alpha1"
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings=settings)
+    assert settings.persistence.finalizer == handlers.FINALIZER
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
