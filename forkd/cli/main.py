@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from forkd import __version__
 from forkd.base.errors import ForkdError
+from forkd.cli import branch as branch_cli
 from forkd.cli import declarative, k8s
 from forkd.cli.output import Fmt, emit, err, ms, out, size
 from forkd.core.runtime import Runtime
@@ -294,6 +295,7 @@ def serve(watch: Path | None = typer.Option(None, help="apply this directory on 
 
 
 declarative.register(app)
+branch_cli.register(app)
 k8s.register(app)
 
 

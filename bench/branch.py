@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Branch benchmark: how long a running child is paused by a live vs diff vs full BRANCH, and how long until the
+branch is ready; the return time of a wait=False (--no-wait) branch.
+
+    FORKD_HOME=/dev/shm/fkb python3 bench/branch.py [--sizes 512,1536] [--reps 5] [-o json]
+
+Per guest size: a warm snapshot `bench-branch-<MiB>` (created if missing), one source child, in which a probe
+thread in the agent's interpreter timestamps every ~1 ms (time.sleep(0.001)) and records every gap > 2 ms. For each
+mode and repetition: QEMU's reported `downtime`, the host-side pause (live: QEMU's STOP->RESUME event stamps;
+diff/full: our `stop` .. `cont`), the largest gap the guest probe saw during the branch call, and the time until
+the snapshot is `ready`. Then wait=False live branches: the time until the call returned.
+
+Caveats printed with the results: under TCG the guest's clocks are QEMU's virtual clock, which does not advance
+while the VM is stopped, so the guest probe cannot see a stop-the-world pause (it sees the jitter around it, and
+the userfaultfd copy-on-write slowdowns of live mode). The guest-quiet baseline (the same probe over an equally
+long window without a branch) is reported for comparison. Live mode needs FORKD_HOME on tmpfs (see README).
+Progress goes to stderr; results to stdout. Every child and snapshot made here is removed (the base is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+from forkd.core.branch import branch, wait_background
+from forkd.core.runtime import Runtime
+from forkd.vmm.branch import fs_type
+
+PROBE = ("import threading, time\n"
+         "PROBE_GAPS = []\n"
+         "def _probe():\n"
+         "    last = time.monotonic()\n"
+         "    while True:\n"
+         "        time.sleep(0.001)\n"
+         "        now = time.monotonic()\n"
+         "        if now - last > 0.002:\n"
+         "            PROBE_GAPS.append((now, now - last))\n"
+         "            del PROBE_GAPS[:-5000]\n"
+         "        last = now\n"
+         "threading.Thread(target=_probe, daemon=True).start()\n")
+MODES = ("live", "diff", "full")
+
+
+def progress(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    return statistics.median(xs) if p == 50 else xs[max(0, math.ceil(p / 100 * len(xs)) - 1)]
+
+
+def largest_gap(rt: Runtime, cid: str, g0: float, g1: float) -> float:
+    gaps = json.loads(rt.eval(cid, f"__import__('json').dumps([g for t, g in PROBE_GAPS if t - g < {g1} and t > {g0}])")
+                      ["value"].strip("'"))
+    return max(gaps, default=0.0) * 1000.0
+
+
+def guest_now(rt: Runtime, cid: str) -> float:
+    return float(rt.eval(cid, "time.monotonic()")["value"])
+
+
+def ensure_snapshot(rt: Runtime, mib: int) -> str:
+    tag = f"bench-branch-{mib}"
+    try:
+        if rt.store.get(tag).status == "ready":
+            return tag
+        rt.store.remove(tag)
+    except Exception:  # noqa: BLE001 - missing: create it
+        pass
+    progress(f"creating snapshot {tag} ({mib} MiB)")
+    rt.create_snapshot(tag, memory_mib=mib, warm_imports=("decimal", "json"))
+    return tag
+
+
+def bench_size(rt: Runtime, mib: int, reps: int) -> dict:
+    tag = ensure_snapshot(rt, mib)
+    (src,) = rt.fork(tag, 1)
+    out: dict = {"memory_mib": mib, "modes": {}}
+    try:
+        rt.exec_code(src.id, PROBE)
+        time.sleep(1.0)
+        for mode in MODES:
+            rows: dict[str, list] = {k: [] for k in ("qemu_downtime_ms", "host_pause_ms", "guest_gap_ms", "ready_ms",
+                                                     "baseline_gap_ms")}
+            for i in range(reps):
+                btag = f"bench-br-{mib}-{mode}-{i}"
+                g0 = guest_now(rt, src.id)
+                res = branch(rt, src.id, btag, mode=mode, wait=True)
+                g1 = guest_now(rt, src.id)
+                rows["guest_gap_ms"].append(largest_gap(rt, src.id, g0, g1))
+                rows["qemu_downtime_ms"].append(res.qemu_downtime_ms)
+                rows["host_pause_ms"].append(res.timings_ms.get("pause"))
+                rows["ready_ms"].append(res.returned_ms)
+                # noise floor: the same probe over an equally long quiet window
+                b0 = guest_now(rt, src.id)
+                time.sleep(max(0.0, g1 - g0))
+                rows["baseline_gap_ms"].append(largest_gap(rt, src.id, b0, guest_now(rt, src.id)))
+                assert res.snapshot.status == "ready", res.snapshot.error
+                rt.store.remove(btag)
+                progress(f"{mib} MiB {mode} #{i + 1}: downtime {res.qemu_downtime_ms} ms, pause "
+                         f"{rows['host_pause_ms'][-1]:.1f} ms, guest gap {rows['guest_gap_ms'][-1]:.1f} ms, "
+                         f"ready {res.returned_ms:.0f} ms")
+            out["modes"][mode] = {k: {"p50": pct(v, 50), "p90": pct(v, 90), "samples": v} for k, v in rows.items()}
+        returns = []
+        for i in range(reps):
+            btag = f"bench-br-{mib}-nowait-{i}"
+            res = branch(rt, src.id, btag, mode="live", wait=False)
+            returns.append(res.returned_ms)
+            res.thread.join(600)
+            assert rt.store.get(btag).status == "ready", rt.store.get(btag).error
+            rt.store.remove(btag)
+            progress(f"{mib} MiB live --no-wait #{i + 1}: returned in {res.returned_ms:.1f} ms")
+        out["nowait_return_ms"] = {"p50": pct(returns, 50), "p90": pct(returns, 90), "samples": returns}
+    finally:
+        wait_background(600)
+        rt.kill([src.id])
+    return out
+
+
+def fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="512,1536", help="guest sizes in MiB, comma-separated (default 512,1536)")
+    ap.add_argument("--reps", type=int, default=5, help="branches per mode and size (default 5)")
+    ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    args = ap.parse_args()
+    rt = Runtime()
+    kind = fs_type(rt.layout.snapshots)
+    if kind not in ("tmpfs", "hugetlbfs"):
+        progress(f"warning: FORKD_HOME snapshots are on {kind}: live mode needs tmpfs and will be refused")
+    results = {"home_fs": kind, "sizes": [bench_size(rt, int(s), args.reps) for s in args.sizes.split(",")]}
+    if args.output == "json":
+        print(json.dumps(results, indent=2))
+        return
+    print(f"forkd branch benchmark (accel from the snapshot; reps={args.reps}; FORKD_HOME on {kind})")
+    print(f"{'MiB':>5} {'mode':<5} {'qemu downtime p50/p90':>22} {'host pause p50/p90':>19} "
+          f"{'guest gap p50/p90':>18} {'quiet gap p50':>13} {'ready p50':>10}")
+    for size in results["sizes"]:
+        m = size["modes"]
+        for mode in MODES:
+            r = m[mode]
+            print(f"{size['memory_mib']:>5} {mode:<5} "
+                  f"{fmt(r['qemu_downtime_ms']['p50']):>10}/{fmt(r['qemu_downtime_ms']['p90']):<11} "
+                  f"{fmt(r['host_pause_ms']['p50']):>9}/{fmt(r['host_pause_ms']['p90']):<9} "
+                  f"{fmt(r['guest_gap_ms']['p50']):>8}/{fmt(r['guest_gap_ms']['p90']):<9} "
+                  f"{fmt(r['baseline_gap_ms']['p50']):>13} {fmt(r['ready_ms']['p50']):>10}")
+        live = m["live"]["host_pause_ms"]["p50"]
+        ratios = ", ".join(f"{mode} {m[mode]['host_pause_ms']['p50'] / live:.0f}x" for mode in ("diff", "full")
+                           if live)
+        nw = size["nowait_return_ms"]
+        print(f"      live pause vs stop-the-world pause (p50): {ratios}; --no-wait returns p50 {fmt(nw['p50'])} ms, "
+              f"p90 {fmt(nw['p90'])} ms")
+    print("note: under TCG the guest clock stops while the VM is stopped, so the guest probe cannot see a "
+          "stop-the-world pause; host pause is the honest figure for diff/full.")
+
+
+if __name__ == "__main__":
+    main()

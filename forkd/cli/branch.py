@@ -1,0 +1,54 @@
+"""`forkd branch ID --tag T [--mode live|diff|full] [--no-wait]`: snapshot a running child (issue 5)."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+
+import typer
+
+from forkd.cli.output import Fmt, emit, err, ms, out
+
+OUTPUT_HELP = "table, json or yaml"
+
+
+class Mode(StrEnum):
+    live = "live"
+    diff = "diff"
+    full = "full"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("branch")(branch_cmd)
+
+
+def branch_cmd(child: str = typer.Argument(..., help="id of the running child to snapshot"),
+               tag: str = typer.Option(..., "--tag", "-t", help="name of the new snapshot"),
+               mode: Mode = typer.Option(Mode.live, "--mode", help="live: the child keeps running (QEMU background "
+                                         "snapshot); diff/full: paused while its RAM is saved"),
+               no_wait: bool = typer.Option(False, "--no-wait", help="return once the child runs again; the "
+                                            "snapshot stays 'writing' until converted"),
+               output: Fmt = typer.Option(Fmt.table, "-o", "--output", help=OUTPUT_HELP)) -> None:
+    """Snapshot a running child into a forkable snapshot ('forkd fork --tag T' restores its state).
+
+    With --no-wait this command returns as soon as the child runs again and prints the 'writing' snapshot; the
+    conversion continues in this process, which exits only once the snapshot is ready or failed (a daemon
+    returns at once)."""
+    from forkd.core.branch import branch, wait_background
+    from forkd.core.runtime import Runtime
+
+    res = branch(Runtime(), child, tag, mode=mode.value, wait=not no_wait)
+    data = res.to_json()
+    emit(data, output, [("TAG", "left"), ("STATUS", "left"), ("MODE", "left"), ("SOURCE", "left"),
+                        ("PAUSE ms", "right"), ("RETURNED ms", "right")],
+         [[res.snapshot.tag, res.snapshot.status, res.mode, res.source,
+           ms(res.pause_ms), ms(res.returned_ms)]])
+    if no_wait:
+        sys.stdout.flush()
+        # the conversion runs in a thread of this process: keep the process alive until it ends
+        if output == Fmt.table:
+            err.print("[dim]source running again; converting in the background[/]")
+        wait_background()
+        if output == Fmt.table:
+            snap = Runtime().store.get(tag)
+            out.print(f"{tag}: {snap.status}" + (f" ({snap.error})" if snap.error else ""))
