@@ -44,6 +44,7 @@ def home():
     leaked = qemu_pids(d)
     for pid in leaked:
         os.kill(pid, 9)
+    shutil.rmtree(Layout(d).flat_cache.parent, ignore_errors=True)  # flat images on tmpfs
     shutil.rmtree(d, ignore_errors=True)
     if old is None:
         os.environ.pop("FORKD_HOME", None)

@@ -2,8 +2,9 @@
 branches of branches.
 
 Live mode needs the child's memory file on tmpfs (userfaultfd write-protect covers anonymous, shmem and hugetlbfs
-memory only), so these tests run in a FORKD_HOME of their own under /dev/shm, with the session's image; a child of
-the session's ext4-backed base is used to check that live mode is refused there with a clear error."""
+memory only). forkd keeps the flat images children map on tmpfs ($FORKD_SHM, default /dev/shm); these tests also
+run in a FORKD_HOME of their own under /dev/shm, with the session's image. A child whose flat image is put on ext4
+(FORKD_SHM pointing at a disk directory) checks that live mode is refused there with a clear error."""
 
 from __future__ import annotations
 
@@ -218,14 +219,19 @@ def test_grandchildren_of_a_branch_branch_again(srt, sfork):
     assert _seen(srt, kids[1].id) == ("gen1", "'gen1'")
 
 
-def test_live_branch_refused_when_memory_is_not_on_tmpfs(rt, fork):
+def test_live_branch_refused_when_memory_is_not_on_tmpfs(rt, fork, monkeypatch):
+    disk = Path(tempfile.mkdtemp(prefix="fkdisk", dir="/var/tmp"))
+    monkeypatch.setenv("FORKD_SHM", str(disk))  # flat images on ext4 for this child
     (c,) = fork(1)
+    assert str(disk) in open(f"/proc/{c.pid}/cmdline").read()
     with pytest.raises(Conflict) as ei:
         branch(rt, c.id, "never", mode="live")
     assert "tmpfs" in str(ei.value) and c.id in str(ei.value)
     with pytest.raises(Exception):  # noqa: B017 - nothing was created under that tag
         rt.store.get("never")
     assert rt.ping(c.id)["child_id"] == c.id
+    rt.kill([c.id])
+    shutil.rmtree(disk, ignore_errors=True)
 
 
 def test_cli_branch_no_wait(srt, sfork):
@@ -240,3 +246,41 @@ def test_cli_branch_no_wait(srt, sfork):
     res = subprocess.run([sys.executable, "-m", "forkd.cli.main", "branch", c.id, "--tag", "cli1"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 4 and "already exists" in res.stderr
+
+
+def test_forkbranch_object_branches_once_and_feeds_a_pool(srt, sfork):
+    """The reconciler's ForkBranch: snapshot a running child once, then keep a pool of its children warm."""
+    from forkd.reconciler.control import Control
+    from forkd.spec.loader import load_text
+
+    (c,) = sfork(1)
+    assert srt.exec(c.id, ["sh", "-c", "echo from-branch > /root/marker"])["exit_code"] == 0
+    srt.exec_code(c.id, "BRANCH_MARK = 42")
+    spec = (f"apiVersion: forkd.dev/v1alpha1\nkind: ForkBranch\nmetadata: {{name: step7}}\n"
+            f"spec: {{sandbox: {c.id}, mode: live}}\n---\n"
+            "apiVersion: forkd.dev/v1alpha1\nkind: ForkPool\nmetadata: {name: after-step7}\n"
+            "spec: {from: step7, warm: 1}\n")
+    loaded, errors = load_text(spec, "branch.yaml")
+    assert not errors
+    control = Control(srt)
+    control.apply([(x.obj, "branch.yaml") for x in loaded], "branch-test")
+    try:
+        ok, problems = control.reconciler.run_until_converged(240)
+        assert ok, problems
+        b = control.get("ForkBranch", "step7")[0]
+        assert b.status.condition("Ready").status == "True"
+        (kid,) = [r for r in srt.children() if r.pool == "after-step7" and r.status == "running"]
+        assert kid.snapshot == b.status.snapshot
+        assert srt.exec(kid.id, ["cat", "/root/marker"])["stdout"] == "from-branch\n"
+        assert srt.eval(kid.id, "BRANCH_MARK")["value"] == "42"
+        assert srt.ping(c.id)["child_id"] == c.id  # the source kept running
+        events = [e["message"] for e in control.describe("ForkBranch", "step7")["events"]]
+        assert any("branched" in m and "(live" in m for m in events)
+    finally:
+        control.delete("ForkPool", "after-step7")
+        control.delete("ForkBranch", "step7")
+        for _ in range(3):
+            control.reconciler.step()
+        control.reconciler.close()
+    assert not [r for r in srt.children() if r.pool == "after-step7"]
+    assert not [s for s in srt.store.list() if getattr(s, "labels", {}).get("forkd.dev/branch") == "step7"]

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from forkd.reconciler.actions import (
+    BuildBranch,
     BuildLayer,
     BuildParent,
     CompactSnapshot,
@@ -14,7 +15,15 @@ from forkd.reconciler.actions import (
     RetireChild,
     SpawnChildren,
 )
-from forkd.reconciler.plan import backoff_seconds, compact_tag, layer_tag, parent_tag, plan, resolve_tags
+from forkd.reconciler.plan import (
+    backoff_seconds,
+    branch_tag,
+    compact_tag,
+    layer_tag,
+    parent_tag,
+    plan,
+    resolve_tags,
+)
 from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
 from forkd.reconciler.status import compute_status
 from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
@@ -359,7 +368,7 @@ def test_status_pool_ready_reconciling_degraded():
     assert "use network: none" in st["ForkPool/iso"].condition("Degraded").message
     assert conds(st["ForkPool/wait"])["Reconciling"] == ("True", "WaitingForSnapshot")
     assert conds(st["ForkLayer/lay"])["Reconciling"] == ("True", "Building")
-    assert conds(st["ForkBranch/b"])["Degraded"] == ("True", "NotImplemented")
+    assert conds(st["ForkBranch/b"])["Degraded"] == ("True", "SandboxNotFound")  # no running child "x"
 
 
 def test_status_rolling_out_and_observed_generation():
@@ -381,3 +390,21 @@ def test_status_last_transition_time_carried_over_only_while_unchanged():
     assert second.condition("Degraded").lastTransitionTime == "2027-01-15T08:00:00Z"  # False all along
     assert compute_status(d, a, previous={"ForkParent/py": None})["ForkParent/py"] \
         .condition("Degraded").lastTransitionTime == "2027-01-15T08:01:30Z"
+
+
+def test_branch_of_a_claimed_pool_child_is_taken_once_and_can_feed_a_pool():
+    b = ForkBranch(metadata={"name": "step7"}, spec={"sandbox": "pool/agents", "mode": "live"})
+    children = kids(1, start=0) + kids(2, claimed=True, start=1)
+    d, a = world(pools=(pool(1),), snapshots=(snap(),), children=children)
+    d = Desired(parents=d.parents, pools=d.pools + (pool(1, name="from-branch", src="step7"),), branches=(b,))
+    acts = plan(d, a)
+    oldest_claimed = children[1]
+    assert [x for x in acts if isinstance(x, BuildBranch)] == [
+        BuildBranch("step7", oldest_claimed.id, branch_tag(b), "live")]
+    assert not [x for x in spawns(acts) if x[0] == branch_tag(b)]  # the pool waits for the branch
+    done = Actual(**{**a.__dict__, "snapshots": a.snapshots + (SnapshotState(branch_tag(b), "ready", owner="x"),)})
+    acts = plan(d, done)
+    assert not [x for x in acts if isinstance(x, BuildBranch)]  # taken once
+    assert (branch_tag(b), 1) in spawns(acts)
+    st = compute_status(d, done, previous={})["ForkBranch/step7"]
+    assert st.condition("Ready").status == "True" and st.snapshot == branch_tag(b)

@@ -5,7 +5,8 @@
       images/default                                         id of the default image (text)
       cache/debs/                                            downloaded Debian packages
       cache/accel.json                                       accelerator probe results by kernel hash
-      cache/flat/<sha256>.mem                                flat images of chain heads, materialized once
+    $FORKD_SHM (default /dev/shm)/forkd-<hash of FORKD_HOME>/flat/<sha256>.mem
+                                                             flat images children map, materialized once per boot
       snapshots/<tag>/{memory.bin, vmstate, snapshot.json}   snapshots (store layer)
       children/<id>/{child.json, qmp.sock, agent.sock, console.log, qemu.log}   running children (sandbox layer)
       objects/<Kind>/<name>.json                             applied declarative objects + status (reconciler)
@@ -45,7 +46,14 @@ class Layout:
 
     @property
     def flat_cache(self) -> Path:
-        return self.cache / "flat"
+        """Flat memory images children map MAP_PRIVATE. On tmpfs when there is one: a child's guest RAM is then
+        shmem, which userfaultfd write-protect (live branch) supports and ext4 files are not."""
+        shm = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
+        if not shm.is_dir():
+            return self.cache / "flat"
+        import hashlib
+
+        return shm / f"forkd-{hashlib.sha256(str(self.home).encode()).hexdigest()[:10]}" / "flat"
 
     @property
     def accel_cache(self) -> Path:
@@ -82,7 +90,7 @@ class Layout:
         return self.children / child_id
 
     def ensure(self) -> Layout:
-        for d in (self.images, self.debs, self.flat_cache, self.snapshots, self.children, self.objects, self.tmp):
+        for d in (self.images, self.debs, self.snapshots, self.children, self.objects, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.children, 0o700)
         return self

@@ -18,6 +18,7 @@ from forkd import __version__
 from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
 from forkd.cli import declarative, k8s
+from forkd.cli import packs as packs_cli
 from forkd.cli.output import Fmt, emit, err, ms, out, size
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import CorruptManifest
@@ -295,6 +296,7 @@ def serve(watch: Path | None = typer.Option(None, help="apply this directory on 
 
 
 declarative.register(app)
+packs_cli.register(app)
 branch_cli.register(app)
 k8s.register(app)
 
@@ -310,6 +312,9 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except OSError as exc:  # an environment problem forkd did not anticipate: say what, without a traceback
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -134,10 +134,12 @@ def wait_background(timeout: float | None = None) -> None:
 
 
 def branch(rt: Runtime, child_id: str, tag: str, mode: str = "live", wait: bool = True,
-           tmp_dir: Path | None = None, timeout: float = 600.0) -> BranchResult:
+           tmp_dir: Path | None = None, timeout: float = 600.0,
+           labels: dict[str, str] | None = None) -> BranchResult:
     """Snapshot the running child `child_id` as `tag`. See the module docstring.
 
-    `tmp_dir` (default $FORKD_HOME/tmp) holds the transient full-RAM stream."""
+    `tmp_dir` (default $FORKD_HOME/tmp) holds the transient full-RAM stream. `labels` are added to the new
+    snapshot's (the source snapshot's labels are not inherited: they say who owns *that* snapshot)."""
     t_call = time.perf_counter()
     check_tag(tag)
     if mode not in MODES:
@@ -167,9 +169,8 @@ def branch(rt: Runtime, child_id: str, tag: str, mode: str = "live", wait: bool 
                           timings_ms=timings)
     try:
         slot = _slot(rt)
-        labels = dict(source.labels)
-        labels.update({"forkd.dev/branch-of": child_id, "forkd.dev/branch-source-snapshot": rec.snapshot,
-                       "forkd.dev/branch-mode": mode})
+        labels = {**(labels or {}), "forkd.dev/branch-of": child_id, "forkd.dev/branch-source-snapshot": rec.snapshot,
+                  "forkd.dev/branch-mode": mode}
         snap = rt.store.begin(Snapshot(
             tag=tag, status="writing", created_at=time.time(), memory_mib=source.memory_mib, vcpus=source.vcpus,
             accel=source.accel, image_id=source.image_id, kernel_sha256=source.kernel_sha256,

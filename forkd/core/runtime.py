@@ -142,6 +142,7 @@ class Runtime:
             t3 = time.perf_counter()
             mem_hash, mem_size, stored = copy_sparse_hashed(mem, d / "memory.bin")
             timings["memory_copy"] = (time.perf_counter() - t3) * 1000.0
+            self._keep_as_flat(mem, mem_hash)
             snap = snap.with_(memory_sha256=mem_hash, memory_bytes=mem_size, memory_stored_bytes=stored,
                               vmstate_sha256=sha256_file(d / "vmstate"),
                               vmstate_bytes=(d / "vmstate").stat().st_size, timings_ms=timings)
@@ -154,6 +155,17 @@ class Runtime:
         finally:
             mem.unlink(missing_ok=True)
             shutil.rmtree(work, ignore_errors=True)
+
+    def _keep_as_flat(self, mem: Path, content_hash: str) -> None:
+        """The parent's memory file already is the flat image its children map: keep it in the flat cache
+        (a rename on the same tmpfs) instead of copying it back from the store at the first fork."""
+        target = self.store.flat_cache_path(content_hash)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(mem, 0o444)
+            os.rename(mem, target)
+        except OSError:
+            pass  # another filesystem: materialize() copies it on first use
 
     def snapshot_info(self, tag: str) -> dict:
         snap = self.store.get(tag)

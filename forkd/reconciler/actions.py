@@ -33,6 +33,20 @@ class BuildLayer:
 
 
 @dataclass(frozen=True)
+class BuildBranch:
+    """Snapshot the running child `child` as `tag` (live, diff or full)."""
+
+    branch: str
+    child: str
+    tag: str
+    mode: str
+
+    @property
+    def key(self) -> str:
+        return f"ForkBranch/{self.branch}"
+
+
+@dataclass(frozen=True)
 class CompactSnapshot:
     """Write the chain head `from_tag` as the base snapshot `tag`, which `pool` then spawns from."""
 
@@ -84,4 +98,4 @@ class DeleteSnapshot:
         return f"snapshot/{self.tag}"
 
 
-Action = BuildParent | BuildLayer | CompactSnapshot | SpawnChildren | RetireChild | DeleteSnapshot
+Action = BuildParent | BuildLayer | BuildBranch | CompactSnapshot | SpawnChildren | RetireChild | DeleteSnapshot

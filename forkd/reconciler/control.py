@@ -179,7 +179,7 @@ class Control:
         key = (pool.metadata.name, pool.spec.from_, tuple(d.stat().st_mtime_ns if d.exists() else 0 for d in dirs))
         if self._target_cache.get("key") != key:
             desired = observe.desired(self.objects)
-            tags = resolve_tags(desired.parents, desired.layers)
+            tags = resolve_tags(desired.parents, desired.layers, desired.branches)
             snaps = {s.tag: s for s in observe.actual_snapshots(self.rt)}
             self._target_cache = {"key": key, "tag": pool_target(pool, tags, snaps)}
         tag = self._target_cache["tag"]

@@ -11,12 +11,14 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from forkd.reconciler import observe
 from forkd.reconciler.actions import (
     Action,
+    BuildBranch,
     BuildLayer,
     BuildParent,
     CompactSnapshot,
@@ -33,8 +35,8 @@ if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
 log = logging.getLogger("forkd.reconciler")
-SLOW = (BuildParent, BuildLayer, CompactSnapshot, SpawnChildren)
-PERMANENT_REASONS = {"SourceNotFound", "NotImplemented", "NetworkNotImplemented"}
+SLOW = (BuildParent, BuildLayer, BuildBranch, CompactSnapshot, SpawnChildren)
+PERMANENT_REASONS = {"SourceNotFound", "NotImplemented", "NetworkNotImplemented", "SandboxNotFound"}
 
 
 def _target(action: Action) -> tuple[str, str] | None:
@@ -42,14 +44,18 @@ def _target(action: Action) -> tuple[str, str] | None:
         return "ForkParent", action.parent
     if isinstance(action, BuildLayer):
         return "ForkLayer", action.layer
+    if isinstance(action, BuildBranch):
+        return "ForkBranch", action.branch
     if isinstance(action, (SpawnChildren, RetireChild, CompactSnapshot)) and action.pool:
         return "ForkPool", action.pool
     return None
 
 
 class Reconciler:
-    def __init__(self, rt: Runtime, objects: ObjectStore | None = None, workers: int = 3):
+    def __init__(self, rt: Runtime, objects: ObjectStore | None = None, workers: int = 3,
+                 on_action: Callable[[Action, bool, str, float], None] | None = None):
         self.rt = rt
+        self.on_action = on_action  # called after every action with (action, ok, message, ms), e.g. the audit log
         self.objects = objects or ObjectStore(rt.layout)
         self.failures: dict[str, Failure] = {}
         self.in_flight: dict[str, Future] = {}
@@ -99,9 +105,12 @@ class Reconciler:
     def _run(self, action: Action) -> None:
         target = _target(action)
         t0 = time.perf_counter()
+        ok, message = False, ""
         try:
             message = self._execute(action)
+            ok = True
         except Exception as exc:  # noqa: BLE001 - any failure is recorded, backed off and shown in status
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             attempts = self.failures[action.key].attempts + 1 if action.key in self.failures else 1
             delay = backoff_seconds(attempts)
             text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -116,6 +125,11 @@ class Reconciler:
             if target and message:
                 self.objects.event(*target, type(action).__name__, f"{message} in {time.perf_counter() - t0:.1f}s")
         finally:
+            if self.on_action is not None:
+                try:
+                    self.on_action(action, ok, message, (time.perf_counter() - t0) * 1000.0)
+                except Exception:  # noqa: BLE001 - a broken hook must not break reconciling
+                    log.exception("on_action hook failed")
             self.wake.set()
 
     def _execute(self, action: Action) -> str:
@@ -132,6 +146,13 @@ class Reconciler:
             rt.snapshot_diff(action.tag, action.from_tag, tuple(layer.spec.run), tuple(layer.spec.imports),
                              labels={observe.LAYER_LABEL: action.layer})
             return f"built layer {action.tag} on {action.from_tag}"
+        if isinstance(action, BuildBranch):
+            from forkd.core.branch import branch
+
+            res = branch(rt, action.child, action.tag, action.mode, wait=True,
+                         labels={observe.BRANCH_LABEL: action.branch})
+            pause = f", source paused {res.pause_ms:.0f} ms" if res.pause_ms is not None else ""
+            return f"branched {action.child} into {action.tag} ({action.mode}{pause})"
         if isinstance(action, CompactSnapshot):
             rt.compact(action.from_tag, action.tag, labels={observe.POOL_LABEL: action.pool,
                                                             observe.COMPACTION_REASON_LABEL: action.reason})

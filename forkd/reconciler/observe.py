@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 PARENT_LABEL = "forkd.dev/parent"
 LAYER_LABEL = "forkd.dev/layer"
+BRANCH_LABEL = "forkd.dev/branch"
 POOL_LABEL = "forkd.dev/pool"  # compacted bases: the pool they were compacted for
 SPEC_HASH_LABEL = "forkd.dev/spec-hash"
 COMPACTED_FROM_LABEL = "forkd.dev/compacted-from"  # set by forkd.core.layers.compact
@@ -29,7 +30,8 @@ def desired(objects: ObjectStore) -> Desired:
 
 
 def _owner(labels: dict[str, str]) -> str | None:
-    for label, kind in ((PARENT_LABEL, "ForkParent"), (LAYER_LABEL, "ForkLayer"), (POOL_LABEL, "ForkPool")):
+    for label, kind in ((PARENT_LABEL, "ForkParent"), (LAYER_LABEL, "ForkLayer"), (BRANCH_LABEL, "ForkBranch"),
+                        (POOL_LABEL, "ForkPool")):
         if label in labels:
             return f"{kind}/{labels[label]}"
     return None

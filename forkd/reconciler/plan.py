@@ -5,7 +5,8 @@ same inputs in any tuple order give the same list in the same order: parents (by
 its retirements and its spawn, then orphaned children (by id), then snapshot deletions (by tag).
 Layers are built once their `from` snapshot is ready; a pool whose chain is deeper than `compaction.maxDepth`, or
 whose spawn p50 exceeds `spawnLatencyTarget.p50Ms`, gets its chain head compacted into a base it then spawns from.
-Building branches is later work: plan emits nothing for them (status reports them as not implemented).
+A ForkBranch snapshots a running child (by id, or the oldest claimed child of `pool/<name>`) once; pools and
+layers can then use it as their `from`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from forkd.reconciler.actions import (
     Action,
+    BuildBranch,
     BuildLayer,
     BuildParent,
     CompactSnapshot,
@@ -24,7 +26,7 @@ from forkd.reconciler.actions import (
     SpawnChildren,
 )
 from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
-from forkd.spec.models import ForkLayer, ForkParent, ForkPool, spec_hash
+from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
 
 LIVE = ("starting", "running")  # children that count; dead / failed ones are retired and replaced
 GONE = ("dead", "failed")
@@ -45,10 +47,26 @@ def compact_tag(head: str) -> str:
     return "cmp-" + hashlib.sha256(head.encode()).hexdigest()[:16]
 
 
-def resolve_tags(parents: Sequence[ForkParent], layers: Sequence[ForkLayer]) -> dict[str, str]:
-    """Object name -> the snapshot tag it stands for (parents first; layers once their `from` resolves;
-    a cycle or an unknown `from` leaves a layer out)."""
-    tags = {p.metadata.name: parent_tag(p) for p in parents}
+def branch_tag(b: ForkBranch) -> str:
+    return f"{b.metadata.name}-{spec_hash(b)[:10]}"
+
+
+def branch_source(b: ForkBranch, children: Sequence[ChildState]) -> ChildState | None:
+    """The running child a branch snapshots: by id, or the oldest claimed child of `pool/<name>`."""
+    want = b.spec.sandbox
+    if want.startswith("pool/"):
+        pool = want.split("/", 1)[1]
+        cands = [c for c in children if c.pool == pool and c.claimed and c.status == "running"]
+        return min(cands, key=lambda c: (c.created_at, c.id)) if cands else None
+    return next((c for c in children if c.id == want and c.status == "running"), None)
+
+
+def resolve_tags(parents: Sequence[ForkParent], layers: Sequence[ForkLayer],
+                 branches: Sequence[ForkBranch] = ()) -> dict[str, str]:
+    """Object name -> the snapshot tag it stands for (parents and branches first; layers once their `from`
+    resolves; a cycle or an unknown `from` leaves a layer out)."""
+    tags = {b.metadata.name: branch_tag(b) for b in branches}
+    tags.update({p.metadata.name: parent_tag(p) for p in parents})
     changed = True
     while changed:
         changed = False
@@ -180,6 +198,15 @@ def plan_layer(layer: ForkLayer, tag: str, from_tag: str, snaps: dict[str, Snaps
     return []
 
 
+def plan_branch(b: ForkBranch, tag: str, snaps: dict[str, SnapshotState],
+                children: Sequence[ChildState]) -> list[Action]:
+    snap = snaps.get(tag)
+    if snap is not None and snap.status != "failed":
+        return []  # taken (or being taken): a branch is a one-time snapshot
+    src = branch_source(b, children)
+    return [BuildBranch(b.metadata.name, src.id, tag, b.spec.mode)] if src else []
+
+
 def plan_compaction(pool: ForkPool, tags: dict[str, str], snaps: dict[str, SnapshotState],
                     p50: float | None) -> list[Action]:
     head = tags.get(pool.spec.from_)
@@ -251,14 +278,19 @@ def plan(desired: Desired, actual: Actual) -> list[Action]:
     blocked = {k for k, f in failures.items() if now < f.retry_at} | set(actual.in_flight)
     snaps = snapshots_by_tag(actual)
     parents = unique_by_name(desired.parents)
-    layers = [la for la in unique_by_name(desired.layers) if la.metadata.name not in {p.metadata.name for p in parents}]
-    tags = resolve_tags(parents, layers)
+    parent_names = {p.metadata.name for p in parents}
+    branches = [b for b in unique_by_name(desired.branches) if b.metadata.name not in parent_names]
+    taken = parent_names | {b.metadata.name for b in branches}
+    layers = [la for la in unique_by_name(desired.layers) if la.metadata.name not in taken]
+    tags = resolve_tags(parents, layers, branches)
     by_pool = children_by_pool(actual)
     p50s = dict(actual.spawn_p50_ms)
 
     actions: list[Action] = []
     for p in parents:
         actions += plan_parent(p, tags[p.metadata.name], snaps)
+    for b in branches:
+        actions += plan_branch(b, tags[b.metadata.name], snaps, actual.children)
     for la in layers:
         if la.metadata.name in tags:
             actions += plan_layer(la, tags[la.metadata.name], tags[la.spec.from_], snaps)

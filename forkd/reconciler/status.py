@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from forkd.reconciler.plan import (
+    branch_source,
     chain_depth,
     children_by_pool,
     failures_by_key,
@@ -161,20 +162,39 @@ def pool_status(pool: ForkPool, parents: dict[str, str], layers: set[str], snaps
                           lastCompaction=last, conditions=_conditions(key, r, rec, deg, previous, stamp))
 
 
-def not_implemented(obj: ForkBranch, message: str, previous: dict[str, Status | None],
-                    stamp: str) -> ForkBranchStatus:
-    key = f"{obj.kind}/{obj.metadata.name}"
-    c: Cond = (False, "NotImplemented", message)
-    conds = _conditions(key, c, c, (True, "NotImplemented", message), previous, stamp)
-    return ForkBranchStatus(observedGeneration=obj.metadata.generation, conditions=conds)
+def branch_status(b: ForkBranch, tag: str, snaps: dict[str, SnapshotState], failures: dict[str, Failure],
+                  actual: Actual, previous: dict[str, Status | None], stamp: str) -> ForkBranchStatus:
+    key, now = f"ForkBranch/{b.metadata.name}", actual.now
+    snap, fail = snaps.get(tag), failures.get(key)
+    src = branch_source(b, actual.children)
+    if snap is not None and snap.status == "ready":
+        r: Cond = (True, "SnapshotReady", f"branch snapshot {tag} is ready")
+        rec, deg = (False, "SnapshotReady", ""), OK
+    elif snap is not None and snap.status == "writing":
+        r = (False, "Branching", f"writing {tag}")
+        rec, deg = (True, "Branching", f"writing {tag}"), OK
+    elif src is None:
+        msg = f"no running sandbox {b.spec.sandbox!r} to branch"
+        r, rec, deg = (False, "SandboxNotFound", msg), (False, "SandboxNotFound", msg), (True, "SandboxNotFound", msg)
+    else:
+        broken = fail is not None or (snap is not None and snap.status == "failed")
+        msg = _failed("branch", fail, snap.error if snap else None, now) if broken else ""
+        r = (False, "BranchFailed", msg) if broken else (False, "Branching", f"branching {src.id}")
+        rec = (True, "Branching", f"branching {src.id} ({b.spec.mode})")
+        deg = (True, "BranchFailed", msg) if broken else OK
+    return ForkBranchStatus(observedGeneration=b.metadata.generation,
+                            snapshot=tag if snap is not None and snap.status == "ready" else None,
+                            conditions=_conditions(key, r, rec, deg, previous, stamp))
 
 
 def compute_status(desired: Desired, actual: Actual, previous: dict[str, Status | None]) -> dict[str, Status]:
     snaps, failures = snapshots_by_tag(actual), failures_by_key(actual)
     parents = unique_by_name(desired.parents)
     parent_names = {p.metadata.name for p in parents}
-    layer_objs = [la for la in unique_by_name(desired.layers) if la.metadata.name not in parent_names]
-    tags = resolve_tags(parents, layer_objs)
+    branches = [b for b in unique_by_name(desired.branches) if b.metadata.name not in parent_names]
+    taken = parent_names | {b.metadata.name for b in branches}
+    layer_objs = [la for la in unique_by_name(desired.layers) if la.metadata.name not in taken]
+    tags = resolve_tags(parents, layer_objs, branches)
     layers = {la.metadata.name for la in layer_objs}
     by_pool = children_by_pool(actual)
     stamp = rfc3339(actual.now)
@@ -188,6 +208,7 @@ def compute_status(desired: Desired, actual: Actual, previous: dict[str, Status 
         out[f"ForkPool/{pool.metadata.name}"] = pool_status(pool, tags, layers, snaps, failures,
                                                             by_pool.get(pool.metadata.name, []), actual, previous,
                                                             stamp)
-    for b in unique_by_name(desired.branches):
-        out[f"ForkBranch/{b.metadata.name}"] = not_implemented(b, "branches are not implemented yet", previous, stamp)
+    for b in branches:
+        out[f"ForkBranch/{b.metadata.name}"] = branch_status(b, tags[b.metadata.name], snaps, failures, actual,
+                                                             previous, stamp)
     return out

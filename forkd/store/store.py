@@ -120,7 +120,7 @@ class SnapshotStore:
         except CorruptManifest:
             gone = None
         self._remove_dir(d)
-        if gone is not None and gone.is_layer and gone.memory_sha256:
+        if gone is not None and gone.memory_sha256:
             still = {s.memory_sha256 for s in self.list() if isinstance(s, Snapshot)}
             if gone.memory_sha256 not in still:
                 self.flat_cache_path(gone.memory_sha256).unlink(missing_ok=True)
@@ -130,9 +130,8 @@ class SnapshotStore:
         return self.layout.flat_cache / f"{content_hash}.mem"
 
     def flat_path(self, snap: Snapshot) -> Path:
-        """The flat memory image children of `snap` map: the base's memory file, or a layer's cached flat."""
-        if not snap.is_layer:
-            return self.dir(snap.tag) / MEMORY
+        """The flat memory image children of `snap` map: a copy of a base's memory file, or a layer's composed
+        image, in the flat cache (on tmpfs: see Layout.flat_cache)."""
         return self.flat_cache_path(snap.memory_sha256 or "unknown")
 
     def ancestors(self, tag: str) -> list[Snapshot]:
@@ -178,6 +177,7 @@ class SnapshotStore:
         target = self.flat_path(head)
         if target.exists():
             return target
+        self.layout.flat_cache.mkdir(parents=True, exist_ok=True)
         tmp = self.layout.flat_cache / f".tmp-{head.tag}-{os.getpid()}-{time.monotonic_ns()}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -191,7 +191,8 @@ class SnapshotStore:
             os.fsync(fd)
             os.close(fd)
             fd = -1
-            got = chain.hash_image(tmp)
+            # a base's copy is trusted (hashed when it was written or unpacked); a composed image is checked
+            got = chain.hash_image(tmp) if head.is_layer else head.memory_sha256
             if got != head.memory_sha256:
                 raise ChainError(f"snapshot {tag!r}: its layers do not add up to the recorded content "
                                  f"({got[:12]} != {(head.memory_sha256 or '?')[:12]}): a layer was altered",

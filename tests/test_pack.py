@@ -1,0 +1,267 @@
+"""Packs with real VMs: pack a layer with its base and image, unpack into an empty store and fork from it;
+unpack is idempotent and refuses conflicts; hand-made malicious packs are refused with nothing written."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from forkd.base.errors import Conflict, ForkdError
+from forkd.base.paths import Layout
+from forkd.core.pack import PACK_MANIFEST, PackError, pack, read_manifest, unpack
+from forkd.core.runtime import Runtime
+from forkd.store.snapshot import Snapshot
+from tests.conftest import BASE_TAG, forkd_cli
+
+pytestmark = pytest.mark.vm
+
+
+def _empty_runtime() -> tuple[Runtime, Path]:
+    d = Path(tempfile.mkdtemp(prefix="fkp", dir="/tmp"))
+    return Runtime(Layout(d)), d
+
+
+def _drop(rt2: Runtime, d: Path) -> None:
+    rt2.kill(all_=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _state(rt2: Runtime) -> tuple:
+    lay = rt2.layout
+    return (sorted(os.listdir(lay.snapshots)), sorted(os.listdir(lay.images)), sorted(os.listdir(lay.tmp)),
+            sorted(os.listdir(lay.home)))
+
+
+@pytest.fixture(scope="module")
+def layer(rt, base):
+    rt.snapshot_diff("pk1", BASE_TAG, run=("echo packed > /root/p",))
+    yield "pk1"
+    try:
+        rt.rmi("pk1", force=True)
+    except ForkdError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def packfile(rt, layer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("packs") / "pk1.tar.zst"
+    res = forkd_cli("pack", "--tag", layer, "-o", str(out), "--json", check=True)
+    assert json.loads(res.stdout)["chain"] == [BASE_TAG, layer]
+    return out
+
+
+@pytest.fixture
+def target():
+    rt2, d = _empty_runtime()
+    yield rt2
+    _drop(rt2, d)
+
+
+def test_pack_holds_the_chain_and_image_manifest_first(rt, packfile):
+    m = read_manifest(packfile)
+    snap = rt.store.get("pk1")
+    assert m["head"] == "pk1" and m["chain"] == [BASE_TAG, "pk1"] and m["image_id"] == snap.image_id
+    paths = [e["path"] for e in m["members"]]
+    assert paths == [f"snapshots/{BASE_TAG}/snapshot.json", f"snapshots/{BASE_TAG}/vmstate",
+                     f"snapshots/{BASE_TAG}/memory.bin", "snapshots/pk1/snapshot.json", "snapshots/pk1/vmstate",
+                     "snapshots/pk1/diff.pages", "snapshots/pk1/diff.data",
+                     f"images/{snap.image_id}/vmlinuz", f"images/{snap.image_id}/initrd.img",
+                     f"images/{snap.image_id}/image.json"]
+    assert all(e["mode"] == 0o444 and len(e["sha256"]) == 64 for e in m["members"])
+    with open(packfile, "rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as r, \
+            tarfile.open(fileobj=r, mode="r|") as tar:
+        names = [i.name for i in tar]
+    assert names[0] == PACK_MANIFEST and names[1:] == paths  # no flat-cache files, nothing else
+
+
+def test_unpack_into_an_empty_store_then_fork(packfile, target):
+    res = forkd_cli_env(target, "unpack", str(packfile), "-o", "json")
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["head"] == "pk1" and info["skipped"] == []
+    assert info["installed"] == [f"images/{info['image_id']}", BASE_TAG, "pk1"]
+    for tag in (BASE_TAG, "pk1"):
+        snap = target.store.get(tag)
+        assert snap.status == "ready"
+        for f in target.store.dir(tag).iterdir():
+            assert f.stat().st_mode & 0o777 == 0o444, f
+    assert os.listdir(target.layout.tmp) == []
+    (child,) = target.fork("pk1", 1)
+    assert target.exec(child.id, ["cat", "/root/p", "/root/parent.txt"])["stdout"] == "packed\nparent\n"
+    # idempotent: a second unpack installs nothing and changes nothing
+    before = _state(target)
+    again = unpack(target, packfile)
+    assert again["installed"] == [] and again["skipped"] == [f"images/{info['image_id']}", BASE_TAG, "pk1"]
+    assert _state(target) == before
+
+
+def test_unpack_refuses_a_tag_with_other_content(rt, packfile, target):
+    snap = rt.store.get(BASE_TAG)
+    d = target.store.dir(BASE_TAG)
+    d.mkdir()
+    (d / "snapshot.json").write_text(json.dumps(snap.with_(memory_sha256="0" * 64).to_json()))
+    before = _state(target)
+    with pytest.raises(Conflict, match=f"snapshot '{BASE_TAG}' already exists with different content"):
+        unpack(target, packfile)
+    assert _state(target) == before
+
+
+def test_only_ready_snapshots_are_packed(rt, base, tmp_path):
+    snap = rt.store.begin(rt.store.get(BASE_TAG).with_(tag="pkw", status="writing"))
+    try:
+        with pytest.raises(ForkdError, match="not ready"):
+            pack(rt, "pkw", tmp_path / "w.tar.zst")
+        assert not (tmp_path / "w.tar.zst").exists() and os.listdir(tmp_path) == []
+    finally:
+        rt.store.fail(snap, "test")
+        rt.rmi("pkw", force=True)
+
+
+def test_a_truncated_pack_is_refused(packfile, target, tmp_path):
+    raw = packfile.read_bytes()
+    for cut in (len(raw) // 2, len(raw) - 200):
+        bad = tmp_path / f"cut{cut}.tar.zst"
+        bad.write_bytes(raw[:cut])
+        before = _state(target)
+        with pytest.raises(PackError, match="truncated|missing"):
+            unpack(target, bad)
+        assert _state(target) == before and os.listdir(target.layout.tmp) == []
+
+
+# -- hand-made malicious packs (no VM needed) -----------------------------------------------------------
+def forkd_cli_env(rt2: Runtime, *args: str) -> subprocess.CompletedProcess:
+    """The real CLI against another FORKD_HOME."""
+    return subprocess.run([sys.executable, "-m", "forkd.cli.main", *args], capture_output=True, text=True,
+                          env=dict(os.environ, FORKD_HOME=str(rt2.layout.home)), timeout=600)
+
+
+def _entry(path: str, data: bytes) -> dict:
+    return {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "mode": 0o444}
+
+
+def _fake_files() -> dict[str, bytes]:
+    kernel, initrd, vmstate, mem = b"kernel" * 10, b"initrd" * 10, b"vmstate" * 10, bytes(8192)
+    image = {"id": "img1", "kernel_sha256": hashlib.sha256(kernel).hexdigest(),
+             "initrd_sha256": hashlib.sha256(initrd).hexdigest()}
+    snap = Snapshot(tag="evil", status="ready", created_at=0.0, memory_mib=128, vcpus=1, accel="tcg",
+                    image_id="img1", kernel_sha256=image["kernel_sha256"], qemu_version="7.2",
+                    memory_sha256=hashlib.sha256(mem).hexdigest(), vmstate_sha256=hashlib.sha256(vmstate).hexdigest())
+    return {"snapshots/evil/snapshot.json": json.dumps(snap.to_json()).encode(), "snapshots/evil/vmstate": vmstate,
+            "snapshots/evil/memory.bin": mem, "images/img1/vmlinuz": kernel, "images/img1/initrd.img": initrd,
+            "images/img1/image.json": json.dumps(image).encode()}
+
+
+def _manifest(files: dict[str, bytes], **over) -> dict:
+    m = {"format": "forkd-pack", "version": 1, "head": "evil", "chain": ["evil"], "image_id": "img1",
+         "images": ["img1"], "members": [_entry(p, b) for p, b in files.items()]}
+    m.update(over)
+    return m
+
+
+def _write_pack(path: Path, manifest: dict, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        raw = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(PACK_MANIFEST)
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    path.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
+    return path
+
+
+def _reg(name: str, data: bytes, size: int | None = None) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if size is None else size
+    return info, data
+
+
+def _good_members(files: dict[str, bytes]) -> list:
+    return [_reg(p, b) for p, b in files.items()]
+
+
+def test_a_well_formed_fake_pack_passes_verification(target, tmp_path):
+    """Control for the cases below: the same hand-made pack, unmodified, is accepted."""
+    files = _fake_files()
+    res = unpack(target, _write_pack(tmp_path / "ok.tar.zst", _manifest(files), _good_members(files)))
+    assert res["installed"] == ["images/img1", "evil"]
+
+
+def _cases(tmp_path: Path):
+    files = _fake_files()
+    good = _good_members(files)
+    link = tarfile.TarInfo("snapshots/evil/vmstate")
+    link.type, link.linkname = tarfile.SYMTYPE, "../../../../../../etc/passwd"
+    hard = tarfile.TarInfo("snapshots/evil/vmstate")
+    hard.type, hard.linkname = tarfile.LNKTYPE, "/etc/passwd"
+    dev = tarfile.TarInfo("snapshots/evil/vmstate")
+    dev.type, dev.devmajor, dev.devminor = tarfile.CHRTYPE, 1, 3
+    fifo = tarfile.TarInfo("snapshots/evil/vmstate")
+    fifo.type = tarfile.FIFOTYPE
+    tampered = files["snapshots/evil/vmstate"][:-1] + b"X"
+    big = files["snapshots/evil/vmstate"] + b"more"
+    m = _manifest(files)
+    return {
+        "path traversal": (m, [_reg("../x", b"pwned"), *good], "'..'"),
+        "traversal inside": (m, [_reg("snapshots/evil/../../../x", b"pwned"), *good], "'..'"),
+        "absolute path": (m, [_reg("/tmp/forkd-pwned", b"pwned"), *good], "absolute"),
+        "symlink escape": (m, [(link, None), *good[:1], *good[2:]], "symlink"),
+        "hard link": (m, [(hard, None), *good[:1], *good[2:]], "hard link"),
+        "device file": (m, [(dev, None), *good[:1], *good[2:]], "device file"),
+        "fifo": (m, [(fifo, None), *good[:1], *good[2:]], "special file"),
+        "hash mismatch": (m, [good[0], _reg("snapshots/evil/vmstate", tampered), *good[2:]], "sha256"),
+        "larger than declared": (m, [good[0], _reg("snapshots/evil/vmstate", big), *good[2:]], "larger than declared"),
+        "not in manifest": (m, [*good, _reg("snapshots/evil/extra", b"x")], "not listed"),
+        "missing member": (m, good[:-1], "missing"),
+        "manifest absolute path (upstream defect 7)": (
+            dict(m, members=[*m["members"], _entry("/etc/forkd-sidecar", b"x")]), good, "absolute"),
+        "manifest traversal": (
+            dict(m, members=[*m["members"], _entry("snapshots/../../x", b"x")]), good, "'..'"),
+        "manifest odd path": (
+            dict(m, members=[*m["members"], _entry("cache/flat/x.mem", b"x")]), good, "not one of the files"),
+        "manifest bad tag": (dict(m, chain=["../evil"], head="../evil"), good, "invalid snapshot tag"),
+        "manifest not first": (m, [*good], None),
+    }
+
+
+@pytest.mark.parametrize("case", list(_cases(Path("/nonexistent"))))
+def test_malicious_packs_are_refused_with_nothing_written(target, tmp_path, case):
+    manifest, members, match = _cases(tmp_path)[case]
+    path = tmp_path / "evil.tar.zst"
+    if case == "manifest not first":
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for info, data in members:
+                tar.addfile(info, io.BytesIO(data))
+        path.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
+        match = "first member"
+    else:
+        _write_pack(path, manifest, members)
+    before = _state(target)
+    outside = sorted(os.listdir(target.layout.home.parent))
+    with pytest.raises(PackError, match=match):
+        unpack(target, path)
+    assert _state(target) == before
+    assert os.listdir(target.layout.tmp) == [] and os.listdir(target.layout.snapshots) == []
+    assert sorted(os.listdir(target.layout.home.parent)) == outside
+    assert not Path("/tmp/forkd-pwned").exists()
+
+
+def test_cli_reports_a_refused_pack(target, tmp_path):
+    files = _fake_files()
+    path = _write_pack(tmp_path / "evil.tar.zst", _manifest(files), [_reg("../x", b"pwned"), *_good_members(files)])
+    res = forkd_cli_env(target, "unpack", str(path))
+    assert res.returncode == 2 and "path traversal" in res.stderr, res.stderr
+    assert os.listdir(target.layout.snapshots) == []
