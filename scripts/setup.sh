@@ -11,7 +11,8 @@ if [ "${1:-}" = "--dev" ]; then extra="[dev]"; fi
 if [ "$(id -u)" != 0 ]; then echo "setup.sh: run as root (it installs Debian packages)" >&2; exit 1; fi
 
 pkgs="qemu-system-x86 qemu-utils busybox-static cpio python3 python3-venv python3.11-minimal libpython3.11-stdlib \
-iproute2 util-linux ca-certificates"
+iproute2 util-linux ca-certificates nftables mmdebstrap"
+if [ -n "$extra" ]; then pkgs="$pkgs nodejs"; fi  # the TypeScript SDK's tests run under node --test
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -284,3 +284,39 @@ def test_forkbranch_object_branches_once_and_feeds_a_pool(srt, sfork):
         control.reconciler.close()
     assert not [r for r in srt.children() if r.pool == "after-step7"]
     assert not [s for s in srt.store.list() if getattr(s, "labels", {}).get("forkd.dev/branch") == "step7"]
+
+
+@pytest.mark.parametrize("mode", ["live", "full"])
+def test_process_killed_mid_branch_leaves_a_failed_snapshot_and_a_running_source(srt, sfork, mode):
+    """kill -9 the process that is branching: at the next start (recover) the snapshot is failed and the source,
+    which QEMU may have left paused (full mode pauses it), runs and answers again."""
+    (c,) = sfork(1)
+    tag = f"killed-{mode}"
+    env = dict(os.environ, FORKD_HOME=str(srt.layout.home))
+    proc = subprocess.Popen([sys.executable, "-m", "forkd.cli.main", "branch", c.id, "--tag", tag, "--mode", mode],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest = srt.store.dir(tag) / "snapshot.json"
+    deadline = time.monotonic() + 60
+    while not (manifest.exists() and json.loads(manifest.read_text())["status"] == "writing"):
+        assert proc.poll() is None and time.monotonic() < deadline, "branch never started writing"
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert srt.recover() == [tag]
+    assert srt.store.get(tag).status == "failed"
+    assert srt.child(c.id).status == "running"
+    assert srt.ping(c.id)["child_id"] == c.id
+    assert srt.exec(c.id, ["true"])["exit_code"] == 0
+    srt.rmi(tag)
+
+
+def test_upstream_cli_spelling_snapshot_from_sandbox(srt, sfork):
+    (c,) = sfork(1)
+    env = dict(os.environ, FORKD_HOME=str(srt.layout.home))
+    res = subprocess.run([sys.executable, "-m", "forkd.cli.main", "snapshot", "--from-sandbox", c.id, "--tag",
+                          "upstream-spelling", "--diff", "-o", "json"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["snapshot"]["status"] == "ready"
+    assert srt.store.get("upstream-spelling").labels["forkd.dev/branch-mode"] == "diff"
+    srt.rmi("upstream-spelling")

@@ -214,9 +214,27 @@ def test_pool_in_flight_or_backing_off_suppresses_spawn_only():
     assert not retired(acts) and spawns(acts) == [(TAG, 3)]
 
 
-def test_isolated_network_pool_never_spawns():
+def test_isolated_pool_spawns_only_from_an_isolated_parent():
+    # the parent has no NIC: children could not have one, so the pool never spawns (status: NetworkMismatch)
     acts = plan(*world(pools=(pool(3, child={"network": "isolated"}),), snapshots=(snap(),)))
     assert acts == []
+    iso = ForkParent(metadata={"name": "py"}, spec={"warmup": {"imports": ["json"]}, "network": "isolated"})
+    tag = parent_tag(iso)
+    acts = plan(*world(parents=(iso,), pools=(pool(3, child={"network": "isolated", "memoryLimitMiB": 256}),),
+                       snapshots=(snap(tag),)))
+    assert spawns(acts) == [(tag, 3)]
+    # and a parent with a NIC never feeds a pool of unisolated children
+    acts = plan(*world(parents=(iso,), pools=(pool(3),), snapshots=(snap(tag),)))
+    assert not spawns(acts)
+
+
+def test_oom_killed_children_are_retired_and_shown():
+    children = kids(1, status="oom-killed") + kids(1, start=1)
+    acts = plan(*world(pools=(pool(2),), snapshots=(snap(),), children=children))
+    assert retired(acts, "oom-killed") == [children[0].id] and spawns(acts) == [(TAG, 1)]
+    st = compute_status(*world(pools=(pool(2),), snapshots=(snap(),), children=children), previous={})
+    assert conds(st["ForkPool/agents"])["Degraded"] == ("True", "ChildOOMKilled")
+    assert children[0].id in st["ForkPool/agents"].condition("Degraded").message
 
 
 @pytest.mark.parametrize("layers, src", [((ForkLayer(metadata={"name": "lay"}, spec={"from": "nope"}),), "lay"),
@@ -364,8 +382,8 @@ def test_status_pool_ready_reconciling_degraded():
                                              "Degraded": ("True", "SpawnFailed")}
     assert conds(st["ForkPool/nosrc"])["Degraded"] == ("True", "SourceNotFound")
     assert conds(st["ForkPool/lay"])["Reconciling"] == ("True", "WaitingForSnapshot")  # the layer is not built yet
-    assert conds(st["ForkPool/iso"])["Degraded"] == ("True", "NetworkNotImplemented")
-    assert "use network: none" in st["ForkPool/iso"].condition("Degraded").message
+    assert conds(st["ForkPool/iso"])["Degraded"] == ("True", "NetworkMismatch")
+    assert "spec.network: none" in st["ForkPool/iso"].condition("Degraded").message
     assert conds(st["ForkPool/wait"])["Reconciling"] == ("True", "WaitingForSnapshot")
     assert conds(st["ForkLayer/lay"])["Reconciling"] == ("True", "Building")
     assert conds(st["ForkBranch/b"])["Degraded"] == ("True", "SandboxNotFound")  # no running child "x"

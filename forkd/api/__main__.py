@@ -1,11 +1,14 @@
-"""Entry point of the daemon process: `python -m forkd.api serve [--watch DIR] [--interval S]`."""
+"""Entry point of the daemon process:
+`python -m forkd.api serve [--watch DIR] [--interval S] [--bind HOST:PORT] [--token-file PATH]`."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from forkd.api.daemon import serve
+from forkd.base.errors import ForkdError
 from forkd.base.paths import Layout
 
 
@@ -15,8 +18,17 @@ def main() -> None:
     s = sub.add_parser("serve")
     s.add_argument("--watch", type=Path)
     s.add_argument("--interval", type=float, default=2.0)
+    s.add_argument("--bind", help="also listen on TCP HOST[:PORT] (port 8889 by default); a non-loopback host "
+                                  "needs --token-file")
+    s.add_argument("--token-file", type=Path, help="bearer token for TCP (base64 of 32 random bytes, 0600; "
+                                                   "created if missing)")
     args = ap.parse_args()
-    serve(Layout.from_env(), watch=args.watch, interval=args.interval)
+    try:
+        serve(Layout.from_env(), watch=args.watch, interval=args.interval, bind=args.bind,
+              token_file=args.token_file)
+    except ForkdError as exc:
+        print(f"forkd serve: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
-"""The daemon's HTTP API (FastAPI), served on a 0600 unix socket by `forkd serve`. It parses requests, calls
-forkd.reconciler.control and returns JSON; errors are problem details with the status code of their kind."""
+"""The daemon's HTTP API (FastAPI), served on a 0600 unix socket by `forkd serve` (and on TCP with a bearer token,
+see forkd.api.auth). It parses requests, calls forkd.reconciler.control and the core and returns JSON; errors are
+problem details (application/problem+json) with the status code of their kind.
+
+Routes: the upstream-compatible `/v1/snapshots`, `/v1/sandboxes` and ours (`/v1/pools`..., files) are in
+routes_v1.py; the declarative routes the CLI uses (apply, diff, objects, claim, wait) are here."""
 
 from __future__ import annotations
 
@@ -7,15 +11,61 @@ import time
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from forkd import __version__
+from forkd.api.audit import Gate
+from forkd.api.metrics import Metrics
+from forkd.api.routes_v1 import NotSupported, build_router
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
-from forkd.client.backends import child_view
+from forkd.core.audit import AuditLog
 from forkd.reconciler.control import Control
 from forkd.spec.models import MODELS, to_document
 
-STATUS = {InvalidInput: 400, NotFound: 404, Conflict: 409}
+STATUS = {InvalidInput: 400, NotFound: 404, Conflict: 409, NotSupported: 501}
+PROBLEM = "application/problem+json"
+
+
+def problem(status: int, title: str, detail: str, hint: str | None = None, **extra: Any) -> JSONResponse:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "error": detail}
+    if hint:
+        body["hint"] = hint
+    body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM)
+
+
+PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "detail"],
+                  "properties": {"type": {"type": "string"}, "title": {"type": "string"},
+                                 "status": {"type": "integer"}, "detail": {"type": "string"},
+                                 "error": {"type": "string"}, "hint": {"type": "string"}},
+                  "additionalProperties": True}
+PROBLEM_CODES = {"400": "bad input", "401": "missing or wrong bearer token", "404": "not found",
+                 "405": "method not allowed", "409": "conflict: not ready, in use, or owned by another manager",
+                 "422": "invalid request body or document", "500": "internal error", "501": "not implemented"}
+
+
+def document_problems(app: FastAPI) -> None:
+    """Every route can answer with these application/problem+json errors: say so in /openapi.json."""
+    base = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema:
+            return app.openapi_schema
+        spec = base()
+        for ops in spec.get("paths", {}).values():
+            for op in ops.values():
+                responses = op.setdefault("responses", {})
+                for code, why in PROBLEM_CODES.items():
+                    responses[code] = {"description": why,
+                                       "content": {PROBLEM: {"schema": PROBLEM_SCHEMA}}}
+        app.openapi_schema = spec
+        return spec
+
+    app.openapi = openapi
 
 
 class Item(BaseModel):
@@ -36,10 +86,6 @@ class DiffRequest(BaseModel):
     items: list[Item]
 
 
-class ClaimRequest(BaseModel):
-    n: int = Field(1, ge=1, le=1000)
-
-
 class WaitRequest(BaseModel):
     targets: list[tuple[str, str]]
     timeout: float = Field(300, gt=0, le=3600)
@@ -55,18 +101,73 @@ def _objs(items: list[Item]):
     return out
 
 
-def create_app(control: Control) -> FastAPI:
-    app = FastAPI(title="forkd", version="v1")
+def create_app(control: Control, token: str | None = None, audit: AuditLog | None = None,
+               metrics: Metrics | None = None) -> FastAPI:
+    """`token`: required on requests that came through the TCP listener (see auth.TagTransport); `audit`: where
+    mutating calls are recorded (default $FORKD_HOME/audit.log)."""
+    app = FastAPI(title="forkd", version=__version__,
+                  description="forkd daemon API: upstream-compatible /v1 snapshots and sandboxes, plus pools, "
+                              "claim, files and the declarative objects.")
+    metrics = metrics or Metrics(control)
+    audit = audit or AuditLog(control.rt.layout.home)
+    app.state.metrics, app.state.audit, app.state.control = metrics, audit, control
+    app.add_middleware(Gate, token=token, audit=audit, metrics=metrics)
 
     @app.exception_handler(ForkdError)
     async def forkd_error(_: Request, exc: ForkdError) -> JSONResponse:
         code = next((c for t, c in STATUS.items() if isinstance(exc, t)), 500)
-        return JSONResponse({"title": type(exc).__name__, "status": code, "detail": exc.message, "hint": exc.hint},
-                            status_code=code, media_type="application/problem+json")
+        metrics.errors.labels(type(exc).__name__, str(code)).inc()
+        return problem(code, type(exc).__name__, exc.message, exc.hint)
 
-    @app.get("/healthz")
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        metrics.errors.labels("RequestValidationError", "422").inc()
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": str(e.get("type"))}
+                  for e in exc.errors()]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(x) for x in first["loc"])
+        return problem(422, "InvalidRequest", f"{where}: {first['msg']}", errors=errors)
+
+    @app.exception_handler(ValidationError)
+    async def invalid_document(_: Request, exc: ValidationError) -> JSONResponse:
+        metrics.errors.labels("ValidationError", "422").inc()
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": str(e.get("type"))}
+                  for e in exc.errors()]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid document"}
+        return problem(422, "InvalidDocument", f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}",
+                       errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        metrics.errors.labels("HTTPException", str(exc.status_code)).inc()
+        resp = problem(exc.status_code, "HTTPError", str(exc.detail))
+        for k, v in (exc.headers or {}).items():
+            resp.headers[k] = v
+        if exc.status_code == 405:  # Starlette names only the first matching route's methods: name them all
+            allowed = sorted({m for r in app.routes if getattr(r, "methods", None)
+                              and r.matches(request.scope)[0] != Match.NONE for m in r.methods})
+            resp.headers["Allow"] = ", ".join(allowed)
+        return resp
+
+    @app.exception_handler(Exception)
+    async def crash(_: Request, exc: Exception) -> JSONResponse:
+        metrics.errors.labels(type(exc).__name__, "500").inc()
+        return problem(500, "InternalError", f"{type(exc).__name__}: {exc}")
+
+    @app.get("/healthz", tags=["status"])
     def healthz() -> dict:
         return {"ok": True}
+
+    @app.get("/version", tags=["status"])
+    def version() -> dict:
+        return {"version": __version__, "api": "v1"}
+
+    @app.get("/metrics", tags=["status"], response_class=Response,
+             responses={200: {"content": {"text/plain": {}}}})
+    def metrics_() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.include_router(build_router(control, metrics))
 
     @app.post("/v1/apply")
     def apply(req: ApplyRequest) -> dict:
@@ -95,12 +196,6 @@ def create_app(control: Control) -> FastAPI:
         control.delete(_kind(kind), name)
         return {"deleted": f"{kind}/{name}"}
 
-    @app.post("/v1/pools/{name}/claim")
-    def claim(name: str, req: ClaimRequest) -> dict:
-        t0 = time.perf_counter()
-        recs = control.claim(name, req.n)
-        return {"children": [child_view(r) for r in recs], "claim_ms": (time.perf_counter() - t0) * 1000.0}
-
     @app.post("/v1/wait")
     def wait(req: WaitRequest) -> dict:
         deadline = time.monotonic() + req.timeout
@@ -113,6 +208,7 @@ def create_app(control: Control) -> FastAPI:
                 return {"ok": ok, "problems": problems}
             time.sleep(0.2)
 
+    document_problems(app)
     return app
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool = True
     """Atomic replace. `durable=False` skips the fsyncs: the file is still never torn (rename), but a power loss
     may bring back the previous version; right for state that a power loss makes moot anyway."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # unique per writer (process, thread, call): concurrent writers of one file must not share a temp file
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(3).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -55,6 +55,15 @@ class Layout:
 
         return shm / f"forkd-{hashlib.sha256(str(self.home).encode()).hexdigest()[:10]}" / "flat"
 
+    def make_flat_cache(self) -> Path:
+        """Create the flat cache, marking which FORKD_HOME owns it (so gc can remove those whose home is gone)."""
+        d = self.flat_cache
+        d.mkdir(parents=True, exist_ok=True)
+        marker = d.parent / "home"
+        if not marker.exists():
+            marker.write_text(str(self.home) + "\n")
+        return d
+
     @property
     def accel_cache(self) -> Path:
         return self.cache / "accel.json"

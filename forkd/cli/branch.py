@@ -18,8 +18,33 @@ class Mode(StrEnum):
     full = "full"
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, snapshot_app: typer.Typer | None = None) -> None:
     app.command("branch")(branch_cmd)
+    if snapshot_app is not None:  # upstream's spelling: forkd snapshot --from-sandbox ID --tag T [--live|--diff]
+        snapshot_app.callback(invoke_without_command=True)(snapshot_from_sandbox)
+
+
+def snapshot_from_sandbox(ctx: typer.Context,
+                          from_sandbox: str | None = typer.Option(None, "--from-sandbox",
+                                                                  help="branch this running child (as 'forkd "
+                                                                       "branch ID')"),
+                          tag: str | None = typer.Option(None, "--tag", "-t", help="with --from-sandbox: the "
+                                                         "new snapshot's name"),
+                          mode: Mode = typer.Option(Mode.live, "--mode", help="with --from-sandbox: live, diff "
+                                                    "or full"),
+                          live: bool = typer.Option(False, "--live", help="same as --mode live"),
+                          diff: bool = typer.Option(False, "--diff", help="same as --mode diff"),
+                          no_wait: bool = typer.Option(False, "--no-wait", help="with --from-sandbox: return "
+                                                       "once the child runs again"),
+                          output: Fmt = typer.Option(Fmt.table, "-o", "--output", help=OUTPUT_HELP)) -> None:
+    """Create warm snapshots ('create'), or branch a running child with --from-sandbox ID --tag T."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if from_sandbox is None or tag is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0 if from_sandbox is None and tag is None else 2)
+    chosen = Mode.diff if diff else Mode.live if live else mode
+    branch_cmd(from_sandbox, tag, chosen, no_wait, output)
 
 
 def branch_cmd(child: str = typer.Argument(..., help="id of the running child to snapshot"),

@@ -18,6 +18,7 @@ from forkd import __version__
 from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
 from forkd.cli import declarative, k8s
+from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
 from forkd.cli.output import Fmt, emit, err, ms, out, size
 from forkd.core.runtime import Runtime
@@ -30,7 +31,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]})
 image_app = typer.Typer(help="Guest images (kernel + initramfs with Python and the forkd agent).",
                         no_args_is_help=True)
-snapshot_app = typer.Typer(help="Create warm snapshots.", no_args_is_help=True)
+snapshot_app = typer.Typer(help="Create warm snapshots, or branch a running child (--from-sandbox).")
 app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
 
@@ -80,8 +81,14 @@ def doctor(output: Fmt = OUTPUT,
 # -- images ---------------------------------------------------------------------------------------
 @image_app.command("build")
 def image_build(force: bool = typer.Option(False, help="rebuild even if the cached image is current"),
+                debian_packages: list[str] = typer.Option([], "--debian-packages", help="instead of the default "
+                                                          "image: a Debian rootfs with python3 + these packages "
+                                                          "(mmdebstrap; repeat or comma-separate)"),
+                suite: str = typer.Option("bookworm", "--suite", help="Debian suite for --debian-packages"),
                 output: Fmt = OUTPUT) -> None:
     """Build the default guest image from Debian packages (cached by content; rebuilt only on change)."""
+    if debian_packages:
+        return images_cli.debian_build(debian_packages, suite, force, output)
     image, built = rt().build_image(Progress(quiet=output != Fmt.table), force=force)
     data = dict(image.meta, built_now=built, path=str(image.dir))
     emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("INITRD", "right"), ("PATH", "left")],
@@ -98,10 +105,13 @@ def snapshot_create(
         warm_run: list[str] = typer.Option([], "--warm-run", help="shell command to run before pausing (repeat)"),
         warm_exec: list[str] = typer.Option([], "--warm-exec",
                                             help="Python code to run in the agent's interpreter (repeat)"),
+        network: str = typer.Option("none", "--network",
+                                    help="none, or isolated: a NIC, and each child in its own network namespace"),
         output: Fmt = OUTPUT) -> None:
     """Boot a parent VM, warm it up, pause it and write a snapshot children can fork from."""
     snap = rt().create_snapshot(tag, memory_mib, vcpus, tuple(warm_import), tuple(warm_run),
-                                progress=Progress(quiet=output != Fmt.table), warm_exec=tuple(warm_exec))
+                                progress=Progress(quiet=output != Fmt.table), warm_exec=tuple(warm_exec),
+                                network=network)
     t = snap.timings_ms
     emit(snap.to_json(), output, [("TAG", "left"), ("STATUS", "left"), ("BOOT ms", "right"), ("WARM ms", "right"),
                                   ("SAVE ms", "right"), ("MEMORY", "right")],
@@ -188,15 +198,37 @@ CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("POO
 def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from"),
          n: int = typer.Option(1, "-n", help="number of children (1..1000)"),
          timeout: float = typer.Option(60.0, help="seconds to wait for each child to answer"),
+         per_child_netns: bool = typer.Option(False, "--per-child-netns",
+                                              help="require network isolation (the snapshot must have a NIC)"),
+         memory_limit_mib: int | None = typer.Option(None, "--memory-limit-mib", help="cgroup memory limit"),
+         allow_unconstrained: bool = typer.Option(False, "--allow-unconstrained",
+                                                  help="start children even where no cgroup can constrain them"),
          output: Fmt = OUTPUT) -> None:
     """Fork N children of a snapshot; returns when every child answered. Children outlive this command."""
     t0 = time.perf_counter()
-    recs = rt().fork(tag, n, timeout=timeout, progress=Progress(quiet=output != Fmt.table))
+    recs = rt().fork(tag, n, timeout=timeout, progress=Progress(quiet=output != Fmt.table),
+                     network="isolated" if per_child_netns else None, memory_limit_mib=memory_limit_mib,
+                     allow_unconstrained=allow_unconstrained)
     total = (time.perf_counter() - t0) * 1000.0
     emit({"children": [r.to_json() for r in recs], "all_answered_ms": total}, output, CHILD_COLUMNS,
          _child_rows(recs))
     if output == Fmt.table:
         out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
+
+
+@app.command("gc")
+def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would be removed, remove nothing"),
+       grace: float = typer.Option(60.0, help="seconds an unrecorded object may be a spawn still in progress"),
+       output: Fmt = OUTPUT) -> None:
+    """Adopt live children; remove dead ones and orphaned namespaces, veths, taps, cgroups, sockets, memory
+    files and VMM processes (identified by recorded pid + start time, or by our naming, never by process name)."""
+    rep = rt().gc(dry_run=dry_run, grace=grace)
+    kinds = ("reaped", "processes", "netns", "veths", "leases", "cgroups", "dirs", "memory_files")
+    emit(rep, output, [("KIND", "left"), ("COUNT", "right"), ("ITEMS", "left")],
+         [[k, str(len(rep[k])), " ".join(str(x) for x in rep[k][:6])] for k in ("adopted", *kinds)])
+    if output == Fmt.table:
+        out.print(f"{'would remove' if dry_run else 'removed'} {rep['leftovers']} leftovers; "
+                  f"{len(rep['adopted'])} live children adopted")
 
 
 @app.command("ls")
@@ -284,10 +316,18 @@ def quickstart(spec: Path = typer.Option(Path("specs/examples/pool.yaml"), "-f",
 @app.command()
 def serve(watch: Path | None = typer.Option(None, help="apply this directory on every change (GitOps), "
                                                             "pruning objects removed from it"),
-          interval: float = typer.Option(2.0, help="seconds between reconcile passes when nothing changes")) -> None:
+          interval: float = typer.Option(2.0, help="seconds between reconcile passes when nothing changes"),
+          bind: str | None = typer.Option(None, "--bind", help="also serve the API on TCP HOST:PORT (default port "
+                                                               "8889); non-loopback needs --token-file"),
+          token_file: Path | None = typer.Option(None, "--token-file", help="bearer token file for TCP (0600; "
+                                                                             "created if missing)")) -> None:
     """Run the daemon: the reconcile loop, the API on $FORKD_HOME/forkd.sock, and the children it owns.
     While it runs, apply/get/claim go through it."""
     argv = [sys.executable, "-m", "forkd.api", "serve", "--interval", str(interval)]
+    if bind is not None:
+        argv += ["--bind", bind]
+    if token_file is not None:
+        argv += ["--token-file", str(token_file.resolve())]
     if watch is not None:
         if not watch.is_dir():
             raise typer.BadParameter(f"{watch} is not a directory")
@@ -295,9 +335,25 @@ def serve(watch: Path | None = typer.Option(None, help="apply this directory on 
     os.execv(sys.executable, argv)
 
 
+audit_app = typer.Typer(help="The daemon's hash-chained audit log ($FORKD_HOME/audit.log).", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
+
+
+@audit_app.command("verify")
+def audit_verify() -> None:
+    """Check the audit log's hash chain: prints OK, or the first bad line and exits 1."""
+    from forkd.core.audit import verify
+
+    verdict = verify(rt().layout.home)
+    out.print(str(verdict))
+    if not verdict.ok:
+        raise typer.Exit(1)
+
+
 declarative.register(app)
 packs_cli.register(app)
-branch_cli.register(app)
+images_cli.register(app)
+branch_cli.register(app, snapshot_app)
 k8s.register(app)
 
 

@@ -61,15 +61,20 @@ class LocalBackend:
         return self.control.reconciler.run_until_converged(timeout, targets, progress)
 
 
-_ERRORS = {400: InvalidInput, 404: NotFound, 409: Conflict, 422: InvalidInput}
+_ERRORS = {400: InvalidInput, 401: InvalidInput, 404: NotFound, 409: Conflict, 422: InvalidInput}
 
 
 class RemoteBackend:
-    """A running `forkd serve`, over its unix socket."""
+    """A running `forkd serve`, over its unix socket, or over TCP (`url`, with a bearer `token`)."""
 
-    def __init__(self, socket_path: str, timeout: float = 600.0):
-        self.http = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), base_url="http://forkd",
-                                 timeout=timeout)
+    def __init__(self, socket_path: str | None = None, timeout: float = 600.0, url: str | None = None,
+                 token: str | None = None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if url:
+            self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout, headers=headers)
+        else:
+            self.http = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), base_url="http://forkd",
+                                     timeout=timeout, headers=headers)
 
     def _call(self, method: str, path: str, **kw) -> Any:
         try:
@@ -131,6 +136,10 @@ def daemon_socket(layout: Layout | None = None) -> str | None:
 
 
 def backend() -> Backend:
+    """FORKD_URL (+ FORKD_TOKEN) names a daemon on TCP; else the local daemon's socket if one answers; else
+    in-process (FORKD_NO_DAEMON=1 forces that)."""
+    if os.environ.get("FORKD_URL") and os.environ.get("FORKD_NO_DAEMON") != "1":
+        return RemoteBackend(url=os.environ["FORKD_URL"], token=os.environ.get("FORKD_TOKEN"))
     if os.environ.get("FORKD_NO_DAEMON") != "1":
         sock = daemon_socket()
         if sock:

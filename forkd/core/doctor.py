@@ -345,6 +345,18 @@ def check_snapshots(rt: Runtime) -> Check:
     return Check("snapshots", PASS, summary, None)
 
 
+# -- isolation leftovers ----------------------------------------------------------------------------------------
+def check_leftovers(rt: Runtime) -> Check:
+    """What `forkd gc` would remove (a dry run of its scan): orphaned namespaces, veths, cgroups, VMMs, files."""
+    rep = rt.gc(dry_run=True)
+    kinds = [f"{len(rep[k])} {k.replace('_', ' ')}" for k in ("reaped", "processes", "netns", "veths", "leases",
+                                                               "cgroups", "dirs", "memory_files") if rep[k]]
+    adopted = f"{len(rep['adopted'])} live children"
+    if not kinds:
+        return Check("leftovers", PASS, f"nothing orphaned; {adopted}", None)
+    return Check("leftovers", WARN, f"orphaned: {', '.join(kinds)}; {adopted}", "forkd gc")
+
+
 # -- all of them -----------------------------------------------------------------------------------------------
 def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s: None) -> list[Check]:
     """Run every host check in order; never raises."""
@@ -359,6 +371,7 @@ def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s
         ("shm-space", check_shm_space),
         ("cgroup", check_cgroup),
         ("netns", check_netns),
+        ("leftovers", lambda: check_leftovers(rt)),
         ("snapshots", lambda: check_snapshots(rt)),
         ("kvm-device", check_kvm_device),
     ]

@@ -103,7 +103,7 @@ def _into_cache(rt: Runtime, image: Path, content: str) -> None:
     target = rt.store.flat_cache_path(content)
     if target.exists():
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
+    rt.layout.make_flat_cache()
     tmp = target.with_name(f".tmp-{content[:12]}-{os.getpid()}")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:

@@ -16,6 +16,17 @@ for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_p
   insmod /lib/modules/forkd/$m.ko || echo "forkd-init: insmod $m failed"
 done
 ip link set lo up 2>/dev/null
+# forkd.net=1 (a parent built with network: isolated): the NIC gets the fixed guest address every clone keeps.
+# Its gateway 10.42.0.1 is the tap inside each child's own network namespace. Nothing in the guest listens.
+case " $(cat /proc/cmdline) " in
+  *" forkd.net=1 "*)
+    for m in failover net_failover virtio_net; do  # the first two are appended by forkd.core.isolation
+      insmod /lib/modules/forkd/$m.ko || echo "forkd-init: insmod $m failed"
+    done
+    ip link set eth0 up && ip addr add 10.42.0.2/24 dev eth0 && ip route add default via 10.42.0.1 \
+      || echo "forkd-init: eth0 configuration failed"
+    ;;
+esac
 hostname forkd
 cd /
 exec /usr/bin/python3.11 -E -s /forkd/agent.py

@@ -131,16 +131,7 @@ def _populate(root: Path, pkgs: dict[str, Path], kernel_out: Path, progress: Pro
             shutil.copy2(lib.resolve(), dest)
     # kernel and modules
     progress("taking the kernel and virtio modules")
-    kroot = stage / "kernel"
-    vmlinuz = sorted((kroot / "boot").glob("vmlinuz-*"))
-    if not vmlinuz:
-        raise ForkdError(f"{pkgs['kernel'].name} holds no boot/vmlinuz-*")
-    shutil.copy2(vmlinuz[-1], kernel_out)
-    for m in GUEST_MODULES:
-        hits = list((kroot / "lib/modules").rglob(f"{m}.ko"))
-        if not hits:
-            raise ForkdError(f"kernel module {m}.ko not in {pkgs['kernel'].name}")
-        shutil.copy2(hits[0], root / "lib/modules/forkd" / f"{m}.ko")
+    take_kernel(stage / "kernel", pkgs["kernel"].name, kernel_out, root / "lib/modules/forkd")
     # forkd guest parts
     shutil.copy2(GUEST_DIR / "init.sh", root / "init")
     os.chmod(root / "init", 0o755)
@@ -154,6 +145,19 @@ def _populate(root: Path, pkgs: dict[str, Path], kernel_out: Path, progress: Pro
     shutil.rmtree(stage)
 
 
+def take_kernel(kroot: Path, deb_name: str, kernel_out: Path, modules_dir: Path) -> None:
+    """Copy the bzImage and the virtio modules (GUEST_MODULES) out of an extracted kernel package."""
+    vmlinuz = sorted((kroot / "boot").glob("vmlinuz-*"))
+    if not vmlinuz:
+        raise ForkdError(f"{deb_name} holds no boot/vmlinuz-*")
+    shutil.copy2(vmlinuz[-1], kernel_out)
+    for m in GUEST_MODULES:
+        hits = list((kroot / "lib/modules").rglob(f"{m}.ko"))
+        if not hits:
+            raise ForkdError(f"kernel module {m}.ko not in {deb_name}")
+        shutil.copy2(hits[0], modules_dir / f"{m}.ko")
+
+
 def _compile(root: Path) -> None:
     """Byte-compile with the guest's own interpreter so boots and warm-ups don't compile from source."""
     env = {"PYTHONHOME": str(root / "usr"), "PATH": "/usr/bin:/bin"}
@@ -165,7 +169,8 @@ def _compile(root: Path) -> None:
         raise ForkdError(f"byte-compiling the guest stdlib failed: {res.stderr[-500:]}")
 
 
-def _cpio(root: Path, out: Path) -> None:
+def write_initramfs(root: Path, out: Path) -> None:
+    """Pack the directory `root` as an uncompressed newc cpio archive (what the kernel unpacks as initramfs)."""
     files = subprocess.run(["find", ".", "-mindepth", "1"], cwd=root, capture_output=True, text=True,
                            check=True).stdout.split("\n")
     listing = "\n".join(sorted(f for f in files if f)) + "\n"
@@ -192,7 +197,7 @@ def build(layout: Layout, progress: Progress = lambda s: None, force: bool = Fal
         out.mkdir(parents=True)
         _populate(work / "root", pkgs, out / "vmlinuz", progress)
         progress("writing the initramfs (cpio)")
-        _cpio(work / "root", out / "initrd.img")
+        write_initramfs(work / "root", out / "initrd.img")
         shutil.rmtree(work / "root")
         meta = {
             "id": image_id,

@@ -137,8 +137,11 @@ class Reconciler:
         if isinstance(action, BuildParent):
             parent = self.objects.get("ForkParent", action.parent).obj
             w = parent.spec.warmup
+            from forkd.core.images import ensure_image  # builtin -> default image; oci / debian -> built once
+
+            image_id = ensure_image(rt, parent.spec.image.model_dump(mode="json"), memory_mib=parent.spec.memoryMiB)
             rt.create_snapshot(action.tag, parent.spec.memoryMiB, parent.spec.vcpus, tuple(w.imports),
-                               tuple(w.run), warm_exec=tuple(w.exec),
+                               tuple(w.run), warm_exec=tuple(w.exec), network=parent.spec.network, image_id=image_id,
                                labels={observe.PARENT_LABEL: action.parent, observe.SPEC_HASH_LABEL: action.spec_hash})
             return f"built snapshot {action.tag}"
         if isinstance(action, BuildLayer):
@@ -158,7 +161,8 @@ class Reconciler:
                                                             observe.COMPACTION_REASON_LABEL: action.reason})
             return f"compacted {action.from_tag} into {action.tag} ({action.reason})"
         if isinstance(action, SpawnChildren):
-            recs = rt.fork(action.tag, action.count, pool=action.pool)
+            child = self.objects.get("ForkPool", action.pool).obj.spec.child
+            recs = rt.fork(action.tag, action.count, pool=action.pool, memory_limit_mib=child.memoryLimitMiB)
             samples = self.spawn_ms.setdefault(action.pool, deque(maxlen=50))
             samples.extend(r.timings_ms.get("ready", 0.0) for r in recs)
             return f"spawned {len(recs)} children of {action.tag}"

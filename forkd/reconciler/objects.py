@@ -106,14 +106,15 @@ class ObjectStore:
 
     def set_status(self, kind: str, name: str, status: Status) -> bool:
         """Store a new status if it differs. Returns True when something changed."""
-        try:
-            st = self.get(kind, name)
-        except NotFound:
-            return False  # deleted meanwhile
-        if st.obj.status == status:
-            return False
-        self._write(Stored(st.obj.model_copy(update={"status": status}), st.applyset, st.source, time.time()))
-        return True
+        with self.locked():  # read-modify-write: an apply in between must not be undone
+            try:
+                st = self.get(kind, name)
+            except NotFound:
+                return False  # deleted meanwhile
+            if st.obj.status == status:
+                return False
+            self._write(Stored(st.obj.model_copy(update={"status": status}), st.applyset, st.source, time.time()))
+            return True
 
     def delete(self, kind: str, name: str) -> None:
         path = self._path(kind, name)

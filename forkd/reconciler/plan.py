@@ -29,7 +29,7 @@ from forkd.reconciler.state import Actual, ChildState, Desired, Failure, Snapsho
 from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
 
 LIVE = ("starting", "running")  # children that count; dead / failed ones are retired and replaced
-GONE = ("dead", "failed")
+GONE = ("dead", "failed", "oom-killed")
 
 
 def parent_tag(parent: ForkParent) -> str:
@@ -228,12 +228,13 @@ def plan_pool(pool: ForkPool, target: str | None, snaps: dict[str, SnapshotState
               now: float, may_spawn: bool) -> list[Action]:
     name, warm, cap = pool.metadata.name, pool.spec.warm, pool.spec.maxChildren
     kids = split_children(children, target, now)
-    out = _retire(name, kids.dead, "dead") + _retire(name, kids.expired, "expired")
+    out = (_retire(name, [c for c in kids.dead if c.status != "oom-killed"], "dead")
+           + _retire(name, [c for c in kids.dead if c.status == "oom-killed"], "oom-killed")
+           + _retire(name, kids.expired, "expired"))
     if target is None:  # from names a ForkLayer or nothing: only the housekeeping above, no spawn / rollout
         return out
     ready = (s := snaps.get(target)) is not None and s.status == "ready"
-    # Per-child network isolation is not implemented: never spawn an unisolated child for an isolated pool.
-    may_spawn = may_spawn and ready and pool.spec.child.network != "isolated"
+    may_spawn = may_spawn and ready
     old = newest_first(kids.idle_old)
     if len(kids.idle_current) >= warm:  # enough on the target: finish the rollout, trim the excess
         out += _retire(name, old, "rollout")
@@ -254,6 +255,31 @@ def plan_pool(pool: ForkPool, target: str | None, snaps: dict[str, SnapshotState
     if (count := min(need, room)) > 0:
         out.append(SpawnChildren(name, target, count))
     return out
+
+
+def source_network(name: str, parents: Sequence[ForkParent], layers: Sequence[ForkLayer]) -> str | None:
+    """The network mode of the ForkParent a pool's `from` descends from (through layers); None: unknown."""
+    by_parent = {p.metadata.name: p for p in parents}
+    by_layer = {la.metadata.name: la for la in layers}
+    seen: set[str] = set()
+    while name not in seen:
+        seen.add(name)
+        if name in by_parent:
+            return by_parent[name].spec.network
+        if name not in by_layer:
+            return None
+        name = by_layer[name].spec.from_
+    return None
+
+
+def network_mismatch(pool: ForkPool, parents: Sequence[ForkParent], layers: Sequence[ForkLayer]) -> str | None:
+    """Why the pool's child.network cannot work with its parent (None: it can). Children restore the parent's
+    device set: an isolated pool needs a parent with a NIC, and a parent with a NIC only has isolated children."""
+    net = source_network(pool.spec.from_, parents, layers)
+    if net is None or net == pool.spec.child.network:
+        return None
+    return (f"child.network is {pool.spec.child.network} but its ForkParent has spec.network: {net}; "
+            f"set both to the same value")
 
 
 def plan_orphans(children: Sequence[ChildState], now: float) -> list[Action]:
@@ -303,7 +329,8 @@ def plan(desired: Desired, actual: Actual) -> list[Action]:
         if target:
             in_use.add(target)
         actions += plan_pool(pool, target, snaps, by_pool.get(name, []), now,
-                             may_spawn=f"ForkPool/{name}" not in blocked)
+                             may_spawn=f"ForkPool/{name}" not in blocked
+                             and network_mismatch(pool, parents, layers) is None)
     pool_names = {pool.metadata.name for pool in pools}
     for name in sorted(set(by_pool) - pool_names):
         actions += plan_orphans(by_pool[name], now)

@@ -15,6 +15,7 @@ from forkd.reconciler.plan import (
     chain_depth,
     children_by_pool,
     failures_by_key,
+    network_mismatch,
     pool_target,
     resolve_tags,
     snapshots_by_tag,
@@ -118,7 +119,7 @@ def layer_status(la: ForkLayer, tags: dict[str, str], snaps: dict[str, SnapshotS
 
 def pool_status(pool: ForkPool, parents: dict[str, str], layers: set[str], snaps: dict[str, SnapshotState],
                 failures: dict[str, Failure], children: list, actual: Actual,
-                previous: dict[str, Status | None], stamp: str) -> ForkPoolStatus:
+                previous: dict[str, Status | None], stamp: str, net_mismatch: str | None = None) -> ForkPoolStatus:
     name, src, warm, now = pool.metadata.name, pool.spec.from_, pool.spec.warm, actual.now
     key, target = f"ForkPool/{name}", pool_target(pool, parents, snaps)
     kids = split_children(children, target, now)
@@ -130,11 +131,13 @@ def pool_status(pool: ForkPool, parents: dict[str, str], layers: set[str], snaps
     if target is None:
         blocked = (True, "SourceNotFound", f"spec.from {src!r} names no ForkParent or ForkLayer"
                                            + (" it can be built from" if src in layers else ""))
-    elif pool.spec.child.network == "isolated":
-        blocked = (True, "NetworkNotImplemented",
-                   "per-child network isolation is not implemented yet; use network: none")
+    elif net_mismatch is not None:
+        blocked = (True, "NetworkMismatch", net_mismatch)
     fail = failures.get(key)
-    deg = blocked or ((True, "SpawnFailed", _failed("spawn", fail, None, now)) if fail is not None else OK)
+    oom = sorted(c.id for c in kids.dead if c.status == "oom-killed")
+    deg = blocked or ((True, "SpawnFailed", _failed("spawn", fail, None, now)) if fail is not None else
+                      (True, "ChildOOMKilled", f"{len(oom)} child(ren) went past child.memoryLimitMiB and were "
+                                               f"OOM-killed: {', '.join(oom[:5])}") if oom else OK)
 
     if blocked is not None:
         rec: Cond = (False, blocked[1], blocked[2])
@@ -207,7 +210,7 @@ def compute_status(desired: Desired, actual: Actual, previous: dict[str, Status 
     for pool in unique_by_name(desired.pools):
         out[f"ForkPool/{pool.metadata.name}"] = pool_status(pool, tags, layers, snaps, failures,
                                                             by_pool.get(pool.metadata.name, []), actual, previous,
-                                                            stamp)
+                                                            stamp, network_mismatch(pool, parents, layer_objs))
     for b in branches:
         out[f"ForkBranch/{b.metadata.name}"] = branch_status(b, tags[b.metadata.name], snaps, failures, actual,
                                                              previous, stamp)

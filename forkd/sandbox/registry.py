@@ -41,16 +41,39 @@ class ChildRecord:
     spawner_started: int | None = None
     claimed_at: float | None = None
     expires_at: float | None = None  # when a claimed child's ttl ends
+    network: str = "none"  # none | isolated
+    netns: str | None = None  # its network namespace (isolated), recorded before it is created
+    net_addr: str | None = None  # the namespace's leased address on the host bridge
+    cgroup: list[str] | None = None  # its cgroup directories (one per hierarchy), recorded before creation
+    memory_limit_mib: int | None = None
+    unconstrained: bool = False  # started without a cgroup because the caller allowed it
+    runas: str | None = None  # "uid:gid" the VMM dropped to, if any
+    oom: bool = False  # the kernel OOM-killed its VMM (memory limit reached)
 
     @property
     def alive(self) -> bool:
         return self.pid is not None and is_alive(self.pid, self.started)
 
     @property
+    def oom_killed(self) -> bool:
+        """True if its VMM was OOM-killed in its own cgroup (read from the group's counter while it exists)."""
+        if self.oom:
+            return True
+        if not self.cgroup:
+            return False
+        from forkd.sandbox.cgroups import from_record
+
+        g = from_record(self.cgroup)
+        return g is not None and g.oom_kills() > 0
+
+    @property
     def status(self) -> str:
-        """What `ls` shows: running, dead (its VMM is gone, or its spawner died mid-start), starting, failed."""
+        """What `ls` shows: running, dead (its VMM is gone, or its spawner died mid-start), oom-killed (gone because
+        it went past its memory limit), starting, failed."""
         if self.state == "running":
-            return "running" if self.alive else "dead"
+            if self.alive:
+                return "running"
+            return "oom-killed" if self.oom_killed else "dead"
         if self.state == "starting" and self.spawner_pid and not is_alive(self.spawner_pid, self.spawner_started):
             return "dead"
         return self.state

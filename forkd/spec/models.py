@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_serializer, model_validator
 
 from forkd.base.names import NAME_PATTERN
 
@@ -52,8 +52,40 @@ class Status(Strict):
 
 
 # -- ForkParent -------------------------------------------------------------------------------------
+class OciImage(Strict):
+    ref: str = Field(..., min_length=1, description="an OCI image layout directory or a `docker save` tarball")
+
+
+class DebianImage(Strict):
+    suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{1,30}$")] = "bookworm"
+    packages: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]] = Field(
+        default_factory=list, description="Debian packages installed next to python3 (mmdebstrap)")
+
+
 class ImageRef(Strict):
-    builtin: Literal["python"] = "python"
+    """Exactly one of builtin | oci | debian (none given: builtin python)."""
+
+    builtin: Literal["python"] | None = None
+    oci: OciImage | None = None
+    debian: DebianImage | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_builtin(cls, data: Any) -> Any:
+        if isinstance(data, dict) and all(data.get(k) is None for k in ("builtin", "oci", "debian")):
+            return {**data, "builtin": "python"}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ImageRef:
+        given = [k for k in ("builtin", "oci", "debian") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"image: give exactly one of builtin, oci, debian (got {', '.join(given)})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> Any:  # {builtin: python} stays what it was: spec hashes don't move
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class Warmup(Strict):
@@ -67,6 +99,9 @@ class ForkParentSpec(Strict):
     memoryMiB: int = Field(512, ge=128, le=65536)
     vcpus: int = Field(1, ge=1, le=64)
     warmup: Warmup = Field(default_factory=Warmup)
+    network: Literal["none", "isolated"] = Field(
+        "none", description="isolated: the parent gets a NIC and every child runs in its own network namespace; "
+                            "pools using it must say child.network: isolated")
 
 
 class ForkParentStatus(Status):
@@ -104,7 +139,7 @@ class ForkLayer(Strict):
 
 # -- ForkPool ---------------------------------------------------------------------------------------
 class ChildSpec(Strict):
-    memoryLimitMiB: int | None = Field(None, ge=16)
+    memoryLimitMiB: int | None = Field(None, ge=64)
     network: Literal["isolated", "none"] = "none"
     ttlSeconds: int | None = Field(None, ge=1, description="claimed children are killed this long after claim")
 

@@ -48,6 +48,7 @@ class Snapshot:
     error: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # e.g. forkd.dev/parent, forkd.dev/spec-hash
+    network: str = "none"  # none | isolated: isolated parents have a NIC, so their children must be isolated
     format: int = FORMAT_VERSION
 
     @property

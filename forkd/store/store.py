@@ -177,7 +177,7 @@ class SnapshotStore:
         target = self.flat_path(head)
         if target.exists():
             return target
-        self.layout.flat_cache.mkdir(parents=True, exist_ok=True)
+        self.layout.make_flat_cache()
         tmp = self.layout.flat_cache / f".tmp-{head.tag}-{os.getpid()}-{time.monotonic_ns()}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:

@@ -28,6 +28,7 @@ class Machine:
     vcpus: int = 1
     accel: str = "tcg"
     cmdline: str = "console=ttyS0 quiet panic=-1"
+    network: str = "none"  # none | isolated: isolated machines get one virtio-net NIC (see qemu_argv)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ class VmmDriver(ABC):
     def version(self) -> str: ...
 
     @abstractmethod
-    def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0) -> Vm:
+    def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0,
+             netns: str | None = None) -> Vm:
         """Start a parent over a shared memory file and wait until its agent answers."""
 
     @abstractmethod
@@ -104,11 +106,14 @@ class VmmDriver(ABC):
 
     @abstractmethod
     def restore(self, machine: Machine, mem_path: Path, state_path: Path, files: RunFiles,
-                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None, share: bool = False) -> Vm:
+                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None, share: bool = False,
+                netns: str | None = None, runas: str | None = None) -> Vm:
         """Start a child mapping `mem_path` private (or shared, to build a layer in a copy of the image), load
         `state_path`, run it; `vm.agent` is connected.
 
-        `on_start(vm)` runs as soon as the VMM process exists, so callers can record its pid first."""
+        `on_start(vm)` runs as soon as the VMM process exists, so callers can record its pid first (and place it in
+        a cgroup before the guest runs). `netns`: run the VMM in that (prepared) network namespace; `runas`
+        ("uid:gid"): drop to that identity once files and sockets are open."""
 
     @abstractmethod
     def stop(self, vm: Vm) -> None: ...

@@ -24,6 +24,11 @@ from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles, Vm, VmmDriver, run_s
 from forkd.vmm.qmp import QMPClient
 
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+SANDBOX_RUNAS = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
+TAP_NAME = "tap0"
+GUEST_MAC = "52:54:00:12:34:56"
+NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 
 
 def find_qemu() -> str | None:
@@ -39,7 +44,13 @@ def tail(path: Path, n: int = 12) -> str:
 
 
 def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *, share: bool,
-              incoming: bool, sandbox: bool, extra_cmdline: str = "") -> list[str]:
+              incoming: bool, sandbox: bool, extra_cmdline: str = "", netns: str | None = None,
+              runas: str | None = None) -> list[str]:
+    """The QEMU command line. `machine.network` != "none" adds one virtio-net NIC on a tap named TAP_NAME with the
+    fixed GUEST_MAC (parent and children must have the same device set and the guest keeps its MAC). The tap
+    lives in a network namespace: `netns` (prepared by the caller: forkd.sandbox.netns) or, without one, a fresh
+    empty namespace of QEMU's own (`unshare --net`: the NIC exists but has no peer; used for parents and layer
+    builds). `runas` ("uid:gid") makes QEMU drop to that identity once its files, sockets and tap are open."""
     accel = "tcg,tb-size=32" if machine.accel == "tcg" else machine.accel
     mem = f"{machine.memory_mib}M"
     argv = [
@@ -55,10 +66,21 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
         "-chardev", f"socket,id=agent,path={files.agent},server=on,wait=off",
         "-device", f"virtserialport,bus=vs0.0,chardev=agent,name={AGENT_PORT}",
     ]
+    if machine.network != "none":
+        argv += ["-netdev", f"tap,id=net0,ifname={TAP_NAME},script=no,downscript=no",
+                 "-device", f"virtio-net-pci,netdev=net0,mac={GUEST_MAC}"]
     if incoming:
         argv += ["-incoming", "defer"]
+    if runas:
+        # -runas calls setgid/setuid after init, which elevateprivileges=deny (and =children) kill with SIGSYS
+        # (measured, QEMU 7.2). Once QEMU runs as a uid without capabilities, set*id cannot raise it again.
+        argv += ["-runas", runas]
     if sandbox:
-        argv += ["-sandbox", SANDBOX]
+        argv += ["-sandbox", SANDBOX_RUNAS if runas else SANDBOX]
+    if netns:  # nsenter and unshare exec QEMU in place: the pid and start time are QEMU's own
+        argv = [NSENTER, f"--net=/run/netns/{netns}", "--", *argv]
+    elif machine.network != "none":
+        argv = [UNSHARE, "--net", "--", *argv]
     return argv
 
 
@@ -128,8 +150,11 @@ class QemuDriver(VmmDriver):
             kill_and_wait(vm.pid, vm.started)
 
     # -- boot ------------------------------------------------------------------------------------
-    def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0) -> Vm:
-        argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True)
+    def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0,
+             netns: str | None = None) -> Vm:
+        net = " forkd.net=1" if machine.network != "none" else ""
+        argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True,
+                         extra_cmdline=net.strip(), netns=netns)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -200,7 +225,8 @@ class QemuDriver(VmmDriver):
 
     # -- restore ---------------------------------------------------------------------------------
     def restore(self, machine: Machine, mem_path: Path, state_path: Path, files: RunFiles,
-                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None, share: bool = False) -> Vm:
+                timeout: float = 30.0, on_start: Callable[[Vm], None] | None = None, share: bool = False,
+                netns: str | None = None, runas: str | None = None) -> Vm:
         fd = os.open(state_path, os.O_RDONLY)
         files.dir.mkdir(parents=True, exist_ok=True)
         # The restored guest never reads its kernel or initramfs again, but QEMU would load both into every
@@ -209,7 +235,8 @@ class QemuDriver(VmmDriver):
         empty = files.dir / "initrd.empty"
         empty.touch()
         machine = replace(machine, kernel=kernel_stub(machine.kernel, files.dir / "kernel.stub"), initrd=empty)
-        argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True)
+        argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True,
+                         netns=netns, runas=runas)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 

@@ -1,0 +1,188 @@
+"""The JSON shapes of the `/v1` REST API, shared by the daemon (forkd.api) and the SDKs (forkd.sdk, forkd.mcp).
+
+Field names follow upstream forkd where it has them (`snapshot_tag`, `created_at_unix`, `timeout_secs`,
+`exit_code`, `branched_from`, ...); forkd's own extras are added beside them, never renamed. Converters from
+the core's records live here too, so the server and the clients cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SnapshotStatus = Literal["writing", "ready", "failed"]
+BranchMode = Literal["full", "diff", "live"]
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(extra="allow")  # newer servers may add fields; old clients keep working
+
+    def __getitem__(self, key: str) -> Any:
+        """Dict-style access too, so code written for upstream's SDK (which returns dicts) keeps working."""
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+# -- snapshots ------------------------------------------------------------------------------------
+class SnapshotInfo(Wire):
+    tag: str
+    status: SnapshotStatus
+    dir: str | None = None
+    created_at_unix: int = 0
+    parent_tag: str | None = None
+    branched_from: str | None = None  # source sandbox id when made by POST /v1/sandboxes/{id}/branch
+    memory_mib: int = 0
+    vcpus: int = 1
+    accel: str | None = None
+    memory_bytes: int = 0
+    memory_stored_bytes: int = 0
+    error: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SnapshotDetail(SnapshotInfo):
+    depth: int | None = None
+    ancestors: list[str] = Field(default_factory=list)
+    dependents: list[str] = Field(default_factory=list)
+    children: list[str] = Field(default_factory=list)
+    logical_bytes: int = 0
+    stored_bytes: int = 0
+    chain_ok: bool = True
+    chain_error: str | None = None
+
+
+class CreateSnapshotRequest(BaseModel):
+    tag: str = Field(min_length=1, max_length=63)
+    memory_mib: int = Field(512, ge=128, le=65536)
+    vcpus: int = Field(1, ge=1, le=64)
+    warm_imports: list[str] = Field(default_factory=list)
+    warm_run: list[str] = Field(default_factory=list)
+    warm_exec: list[str] = Field(default_factory=list)
+    from_tag: str | None = Field(None, description="build a diff layer on this snapshot instead of a new parent")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class CompactRequest(BaseModel):
+    to: str = Field(min_length=1, max_length=63)
+
+
+# -- sandboxes ------------------------------------------------------------------------------------
+class SpawnRequest(BaseModel):
+    snapshot_tag: str = Field(min_length=1)
+    n: int = Field(1, ge=1, le=1000)
+    per_child_netns: bool = False
+    memory_limit_mib: int | None = Field(None, ge=64)
+    timeout_secs: float = Field(60.0, gt=0, le=600)
+
+
+class SandboxInfo(Wire):
+    id: str
+    snapshot_tag: str
+    status: str
+    netns: str | None = None
+    guest_addr: str | None = None
+    created_at_unix: int = 0
+    pid: int | None = None
+    memory_limit_mib: int | None = None
+    memory_mib: int = 0
+    pool: str | None = None
+    claimed: bool = False
+    expires_at_unix: int | None = None
+    ready_ms: float | None = None
+
+
+class ClaimRequest(BaseModel):
+    n: int = Field(1, ge=1, le=1000)
+
+
+class ClaimResult(Wire):
+    children: list[dict[str, Any]]  # the CLI's child view (kept for `forkd claim`)
+    sandboxes: list[SandboxInfo] = Field(default_factory=list)
+    claim_ms: float = 0.0
+
+
+class ExecRequest(BaseModel):
+    args: list[str] = Field(min_length=1)
+    timeout_secs: float = Field(30, gt=0, le=3600)
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    stdin: str | None = None
+
+
+class ExecResult(Wire):
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+    truncated: bool = False
+
+
+class EvalRequest(BaseModel):
+    code: str
+    timeout_secs: float = Field(60, gt=0, le=3600)
+    mode: Literal["eval", "exec"] = Field("eval", description="eval an expression, or exec statements")
+
+
+class EvalResult(Wire):
+    result: str | None  # repr of the value (upstream name)
+    error: dict[str, Any] | None = None
+    exit_code: int = 0
+    stdout: str = ""
+
+
+class PingResult(Wire):
+    pong: bool = True
+
+
+class BranchRequest(BaseModel):
+    tag: str | None = None
+    mode: BranchMode = "live"
+    wait: bool = True
+    diff: bool | None = None  # upstream's older flag: true means mode=diff
+
+
+class BranchResult(SnapshotInfo):
+    mode: BranchMode = "live"
+    pause_ms: float | None = None
+    returned_ms: float = 0.0
+
+
+class FileWritten(Wire):
+    path: str
+    bytes: int
+
+
+# -- errors ---------------------------------------------------------------------------------------
+class Problem(Wire):
+    """RFC 9457 problem details; `error` repeats `detail` for clients written for upstream's ErrorBody."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    hint: str | None = None
+    error: str | None = None
+
+
+# -- converters (core records -> wire) -------------------------------------------------------------
+def snapshot_info(snap: Any, layout_dir: str | None = None) -> SnapshotInfo:
+    d = snap.to_json()
+    return SnapshotInfo(
+        tag=snap.tag, status=snap.status, dir=layout_dir, created_at_unix=int(snap.created_at),
+        parent_tag=snap.parent_tag, branched_from=snap.labels.get("forkd.dev/branch-of"),
+        memory_mib=snap.memory_mib, vcpus=snap.vcpus, accel=snap.accel, memory_bytes=snap.memory_bytes,
+        memory_stored_bytes=snap.memory_stored_bytes, error=snap.error, labels=dict(snap.labels),
+        **{k: d[k] for k in ("diff_pages", "image_id", "timings_ms") if k in d})
+
+
+def sandbox_info(rec: Any) -> SandboxInfo:
+    return SandboxInfo(
+        id=rec.id, snapshot_tag=rec.snapshot, status=rec.status, created_at_unix=int(rec.created_at), pid=rec.pid,
+        memory_mib=rec.memory_mib, pool=rec.pool, claimed=rec.claimed,
+        expires_at_unix=int(rec.expires_at) if rec.expires_at else None, ready_ms=rec.timings_ms.get("ready"))

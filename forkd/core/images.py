@@ -1,0 +1,98 @@
+"""Which guest image a parent boots: resolve an ImageRef (as a dict, the way specs hold it) to a built image id.
+
+    {builtin: python}                         the default image (Debian kernel + busybox + Python 3.11)
+    {oci: {ref: PATH}}                        an OCI image layout directory or a `docker save` tarball
+    {debian: {suite: bookworm, packages: []}} a Debian rootfs from packages (mmdebstrap), cached by content
+
+Every kind is built once and cached by content under $FORKD_HOME/images/<id>; this only builds what is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from forkd.base.errors import Conflict, ForkdError, InvalidInput
+
+if TYPE_CHECKING:
+    from forkd.core.runtime import Runtime
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def ensure_image(rt: Runtime, image_ref: dict[str, Any] | None, memory_mib: int | None = None,
+                 progress: Progress = _quiet, pip: tuple[str, ...] = ()) -> str:
+    """Build (or find) the image `image_ref` names and return its id. With `memory_mib`, refuse an image
+    whose initramfs would not fit in that much guest RAM (before anything boots)."""
+    ref = {k: v for k, v in (image_ref or {}).items() if v is not None} or {"builtin": "python"}
+    if len(ref) != 1:
+        raise InvalidInput(f"image: give exactly one of builtin, oci, debian (got {', '.join(sorted(ref))})")
+    kind, value = next(iter(ref.items()))
+    if kind == "builtin":
+        if value != "python":
+            raise InvalidInput(f"image: builtin {value!r} is unknown (there is only 'python')")
+        image, _ = rt.build_image(progress)
+        return image.id
+    if kind == "oci":
+        from forkd.image.oci import from_image
+
+        path = value.get("ref") if isinstance(value, dict) else value
+        if not path:
+            raise InvalidInput("image: oci needs ref: PATH (an OCI layout directory or a docker save tarball)")
+        image, _ = from_image(rt.layout, path, memory_mib=memory_mib, pip=tuple(pip), progress=progress)
+        return image.id
+    if kind == "debian":
+        from forkd.image.debian import DEFAULT_SUITE, build_debian
+
+        value = value or {}
+        image, _ = build_debian(rt.layout, list(value.get("packages") or []), value.get("suite") or DEFAULT_SUITE,
+                                memory_mib=memory_mib, progress=progress)
+        return image.id
+    raise InvalidInput(f"image: unknown kind {kind!r} (use builtin, oci or debian)")
+
+
+def build_oci(rt: Runtime, ref: str, memory_mib: int | None = None, pip: tuple[str, ...] = (),
+              progress: Progress = _quiet, force: bool = False):
+    """forkd from-image: the image for an OCI layout / docker save tarball. Returns (Image, built_now)."""
+    from forkd.image.oci import from_image
+
+    return from_image(rt.layout, ref, memory_mib=memory_mib, pip=pip, progress=progress, force=force)
+
+
+def build_debian(rt: Runtime, packages: list[str], suite: str | None = None, memory_mib: int | None = None,
+                 progress: Progress = _quiet, force: bool = False):
+    """forkd image build --debian-packages: returns (Image, built_now)."""
+    from forkd.image.debian import DEFAULT_SUITE, build_debian
+
+    return build_debian(rt.layout, packages, suite or DEFAULT_SUITE, memory_mib=memory_mib, progress=progress,
+                        force=force)
+
+
+def from_image(rt: Runtime, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1,
+               warm_imports: tuple[str, ...] = (), warm_run: tuple[str, ...] = (), pip: tuple[str, ...] = (),
+               apt: tuple[str, ...] = (), progress: Progress = _quiet, labels: dict[str, str] | None = None):
+    """Build the image for `ref` (cached) and boot, warm and snapshot it as `tag`. Returns (Snapshot, Image, built)."""
+    from forkd.base.names import check_tag
+
+    check_tag(tag)
+    if apt:
+        raise InvalidInput(f"--apt {' '.join(apt)}: installing Debian packages into an arbitrary OCI rootfs would mean "
+                           "running its package manager at build time (and the guest has no network)",
+                           hint="bake them into the container image (RUN apt-get install ...), or build from "
+                                "Debian packages: forkd image build --debian-packages PKG, or image: {debian: "
+                                "{packages: [...]}} in a ForkParent")
+    try:  # refuse before a long image build, not after it
+        old = rt.store.get(tag)
+    except ForkdError:
+        old = None
+    if old is not None and old.status != "failed":
+        raise Conflict(f"snapshot {tag!r} already exists ({old.status})",
+                       hint=f"forkd rmi {tag}, or pick another --tag")
+    image, built = build_oci(rt, ref, memory_mib=memory_mib, pip=pip, progress=progress)
+    snap = rt.create_snapshot(tag, memory_mib, vcpus, warm_imports, warm_run, progress=progress,
+                              labels={"forkd.dev/image": image.id, **(labels or {})}, image_id=image.id)
+    return snap, image, built

@@ -1,0 +1,206 @@
+"""`forkd gc`: find and remove what crashed spawners and daemons left behind.
+
+Policy (decided, and tested in tests/test_gc.py):
+  * a child whose record says running and whose VMM is alive (pid + start time match) is ADOPTED: left running,
+    its namespace and cgroup kept; `forkd kill` removes it like any other;
+  * a child whose spawner died mid-start, or that is dead / OOM-killed / failed, is REAPED: its VMM is killed if
+    the recorded pid + start time still match, then its namespace, veth, tap, lease, cgroup and files go;
+  * kernel objects named by our prefixes whose owning child record is gone are removed: namespaces forkd-<id>
+    and their leases (only those leased for this FORKD_HOME, or for a home that no longer exists), host veths
+    fkh<id> without a lease, cgroups under this home's forkd/<home-hash>/ subtree. A process inside such an
+    orphaned namespace or cgroup can only be a VMM we put there, so it is killed (found by namespace inode or
+    cgroup membership, never by name);
+  * stale child directories without a record (sockets, logs) and staging memory files / work directories whose
+    writer pid is gone are deleted.
+A VMM with no record, no namespace and no cgroup (network none on a host without cgroups) cannot be identified
+safely and is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forkd.base.paths import Layout
+from forkd.base.procs import is_alive, kill_and_wait, start_time
+from forkd.sandbox import cgroups, netns
+from forkd.sandbox.registry import RECORD, Registry
+from forkd.sandbox.supervisor import release_isolation
+
+GRACE_SECONDS = 60.0  # objects younger than this with no record may be a spawn in progress
+MEMFILE = re.compile(r"^forkd-.+-(\d+)(?:-[0-9a-f]+)?\.mem$")
+WORKDIR = re.compile(r"^(?:p|l|branch-.+)-(\d+)-[0-9a-f]+$")
+
+
+@dataclass
+class GcReport:
+    adopted: list[str] = field(default_factory=list)  # live, recorded children left running
+    reaped: list[str] = field(default_factory=list)  # records removed (dead, failed, abandoned mid-start)
+    processes: list[int] = field(default_factory=list)  # VMM pids killed
+    netns: list[str] = field(default_factory=list)
+    veths: list[str] = field(default_factory=list)
+    leases: list[str] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)  # child directories (sockets, logs) without a record
+    memory_files: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def leftovers(self) -> int:
+        return sum(len(getattr(self, k)) for k in ("reaped", "processes", "netns", "veths", "leases", "cgroups",
+                                                   "dirs", "memory_files"))
+
+    def to_json(self) -> dict:
+        d = {k: list(getattr(self, k)) for k in ("adopted", "reaped", "processes", "netns", "veths", "leases",
+                                                 "cgroups", "dirs", "memory_files")}
+        d["dry_run"] = self.dry_run
+        d["leftovers"] = self.leftovers
+        return d
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _kill_unrecorded(pid: int, report: GcReport, dry_run: bool) -> None:
+    """Kill a process found inside one of our orphaned namespaces / cgroups (identity: membership + start time)."""
+    st = start_time(pid)
+    if st is None or pid == os.getpid():
+        return
+    report.processes.append(pid)
+    if not dry_run:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        kill_and_wait(pid, st, timeout=5.0)
+
+
+def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS) -> GcReport:
+    report = GcReport(dry_run=dry_run)
+    registry = Registry(layout)
+    home = str(layout.home)
+    keep: set[str] = set()  # child ids whose kernel objects stay
+    for rec in registry.list():
+        status = rec.status
+        if status == "running" or (status == "starting" and rec.spawner_pid
+                                   and is_alive(rec.spawner_pid, rec.spawner_started)):
+            keep.add(rec.id)
+            if status == "running":
+                report.adopted.append(rec.id)
+            continue
+        if status == "starting" and not rec.spawner_pid and time.time() - rec.created_at < grace:
+            keep.add(rec.id)
+            continue
+        report.reaped.append(rec.id)
+        if rec.pid is not None and is_alive(rec.pid, rec.started):
+            report.processes.append(rec.pid)
+        if not dry_run:
+            if rec.pid is not None:
+                kill_and_wait(rec.pid, rec.started)
+            release_isolation(rec)
+            registry.remove(rec.id)
+    # child directories without a record
+    with contextlib.suppress(FileNotFoundError), os.scandir(layout.children) as it:
+        for entry in it:
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in keep \
+                    and not os.path.exists(os.path.join(entry.path, RECORD)) and _age(Path(entry.path)) > grace:
+                report.dirs.append(entry.path)
+                if not dry_run:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+    _collect_network(home, keep, report, dry_run, grace)
+    _collect_cgroups(home, keep, report, dry_run)
+    _collect_files(layout, report, dry_run, grace)
+    return report
+
+
+def _child_of(name: str) -> str:
+    return name[len(netns.NETNS_PREFIX):]
+
+
+def _collect_network(home: str, keep: set[str], report: GcReport, dry_run: bool, grace: float) -> None:
+    leased: dict[str, netns.ChildNet] = {}
+    for path, lease in netns.leases():
+        if lease is None:
+            if _age(path) > grace:
+                report.leases.append(path.name)
+                if not dry_run:
+                    path.unlink(missing_ok=True)
+            continue
+        mine = os.path.realpath(lease.home) == os.path.realpath(home)
+        home_gone = not os.path.isdir(lease.home)
+        if (mine and lease.child not in keep) or home_gone:
+            _teardown(lease, report, dry_run)
+        else:
+            leased[lease.netns] = lease
+    live_host_ifs = {lease.host_if for lease in leased.values()}
+    for name in netns.list_netns():
+        if name in leased or _child_of(name) in keep:
+            continue
+        if name in report.netns:
+            continue
+        if _age(netns.NETNS_DIR / name) <= grace:
+            continue  # no lease yet: may be a spawn in progress
+        _teardown(netns.ChildNet(name, netns.host_if_name(_child_of(name)), "", "", _child_of(name)), report,
+                  dry_run)
+    for ifname in netns.host_links():
+        if ifname in live_host_ifs or ifname in report.veths:
+            continue
+        if any(netns.host_if_name(c) == ifname for c in keep):
+            continue
+        report.veths.append(ifname)
+        if not dry_run:
+            netns.delete_link(ifname)
+
+
+def _teardown(lease: netns.ChildNet, report: GcReport, dry_run: bool) -> None:
+    if netns.exists(lease.netns):
+        report.netns.append(lease.netns)
+        for pid in netns.pids_in(lease.netns):
+            _kill_unrecorded(pid, report, dry_run)
+    if lease.host_if in netns.host_links():
+        report.veths.append(lease.host_if)
+    if lease.addr:
+        report.leases.append(lease.addr)
+    if not dry_run:
+        netns.teardown(lease)
+
+
+def _collect_cgroups(home: str, keep: set[str], report: GcReport, dry_run: bool) -> None:
+    for g in cgroups.home_groups(home):
+        if g.name in keep:
+            continue
+        report.cgroups.append(str(g))
+        for pid in cgroups.procs(g):
+            if pid not in report.processes:
+                _kill_unrecorded(pid, report, dry_run)
+        if not dry_run:
+            cgroups.remove_group([g])
+    if not dry_run:  # empty per-home parent groups (of any home: only empty ones can go; spawns re-create them)
+        cgroups.prune_empty_homes()
+
+
+def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float) -> None:
+    shm = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
+    for d in {shm, layout.tmp}:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(d) as it:
+            for entry in it:
+                m = MEMFILE.match(entry.name)
+                if m and entry.is_file() and not is_alive(int(m.group(1)), None) and _age(Path(entry.path)) > 1.0:
+                    report.memory_files.append(entry.path)
+                    if not dry_run:
+                        Path(entry.path).unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError), os.scandir(layout.tmp) as it:
+        for entry in it:
+            m = WORKDIR.match(entry.name)
+            if m and entry.is_dir() and not is_alive(int(m.group(1)), None):
+                report.dirs.append(entry.path)
+                if not dry_run:
+                    shutil.rmtree(entry.path, ignore_errors=True)

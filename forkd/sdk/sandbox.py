@@ -1,0 +1,187 @@
+"""E2B-style sandboxes over the daemon API: `Sandbox.create(template=...)` forks one child of a snapshot,
+`Sandbox.create(pool=...)` claims a warm one.
+
+    with Sandbox.create(template="base") as sb:
+        print(sb.commands.run("echo hi").stdout)
+        sb.files.write("/root/a.txt", "data")
+        print(sb.eval("1 + 1").result)
+        snap = sb.branch("step-1")          # a forkable snapshot of this sandbox, now
+    # killed on exit
+
+`AsyncSandbox` is the same with `await` (and `async with`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from forkd.client import wire
+from forkd.sdk.controller import AsyncController, Controller
+
+
+def _argv(cmd: str | list[str]) -> list[str]:
+    return ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+
+
+def _pick(template: str | None, pool: str | None) -> None:
+    if (template is None) == (pool is None):
+        raise ValueError("Sandbox.create needs exactly one of template= (a snapshot tag) or pool= (a pool name)")
+
+
+class Commands:
+    def __init__(self, sb: Sandbox):
+        self._sb = sb
+
+    def run(self, cmd: str | list[str], timeout: float = 60, cwd: str | None = None,
+            envs: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
+        """Run a command (a string goes through /bin/sh -c) in a fresh guest process: {stdout, stderr, exit_code}."""
+        return self._sb.controller.exec_command(self._sb.id, _argv(cmd), timeout, cwd=cwd, env=envs, stdin=stdin)
+
+
+class Files:
+    def __init__(self, sb: Sandbox):
+        self._sb = sb
+
+    def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
+        return self._sb.controller.write_file(self._sb.id, path, data, mode)
+
+    def read(self, path: str, format: str = "text") -> str | bytes:
+        data = self._sb.controller.read_file(self._sb.id, path)
+        return data if format == "bytes" else data.decode()
+
+
+class Sandbox:
+    def __init__(self, info: wire.SandboxInfo, controller: Controller, owned: bool = True):
+        self.info, self.controller, self.owned = info, controller, owned
+        self.commands, self.files = Commands(self), Files(self)
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    sandbox_id = id
+
+    @classmethod
+    def create(cls, template: str | None = None, pool: str | None = None, *, controller: Controller | None = None,
+               url: str | None = None, token: str | None = None, socket: str | Path | None = None) -> Sandbox:
+        _pick(template, pool)
+        ctrl = controller or Controller(url=url, token=token, socket=socket)
+        info = ctrl.claim(pool, 1)[0] if pool else ctrl.spawn_sandboxes(template, 1)[0]
+        return cls(info, ctrl)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, controller: Controller | None = None, url: str | None = None,
+                token: str | None = None, socket: str | Path | None = None) -> Sandbox:
+        """Attach to a running sandbox; leaving a `with` block does not kill it."""
+        ctrl = controller or Controller(url=url, token=token, socket=socket)
+        return cls(ctrl.get_sandbox(sandbox_id), ctrl, owned=False)
+
+    def eval(self, code: str, timeout: float = 60) -> wire.EvalResult:
+        """Evaluate an expression in the warm interpreter (PID 1's agent): `.result` is its repr."""
+        return self.controller.eval_code(self.id, code, timeout)
+
+    def run_code(self, code: str, timeout: float = 300) -> wire.EvalResult:
+        """Execute statements in the warm interpreter (state persists between calls)."""
+        return self.controller.eval_code(self.id, code, timeout, mode="exec")
+
+    def ping(self) -> wire.PingResult:
+        return self.controller.ping_sandbox(self.id)
+
+    def branch(self, tag: str | None = None, mode: str = "live", wait: bool = True) -> wire.BranchResult:
+        """Snapshot this running sandbox as `tag`; spawn from it with Sandbox.create(template=tag)."""
+        return self.controller.branch_sandbox(self.id, tag, mode, wait)
+
+    def get_info(self) -> wire.SandboxInfo:
+        self.info = self.controller.get_sandbox(self.id)
+        return self.info
+
+    def kill(self) -> None:
+        self.controller.kill_sandbox(self.id)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.owned:
+            try:
+                self.kill()
+            except Exception:  # noqa: BLE001 - already gone is fine on the way out
+                pass
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
+
+
+class AsyncCommands:
+    def __init__(self, sb: AsyncSandbox):
+        self._sb = sb
+
+    async def run(self, cmd: str | list[str], timeout: float = 60, cwd: str | None = None,
+                  envs: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
+        return await self._sb.controller.exec_command(self._sb.id, _argv(cmd), timeout, cwd=cwd, env=envs,
+                                                      stdin=stdin)
+
+
+class AsyncFiles:
+    def __init__(self, sb: AsyncSandbox):
+        self._sb = sb
+
+    async def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
+        return await self._sb.controller.write_file(self._sb.id, path, data, mode)
+
+    async def read(self, path: str, format: str = "text") -> str | bytes:
+        data = await self._sb.controller.read_file(self._sb.id, path)
+        return data if format == "bytes" else data.decode()
+
+
+class AsyncSandbox:
+    def __init__(self, info: wire.SandboxInfo, controller: AsyncController, owned: bool = True):
+        self.info, self.controller, self.owned = info, controller, owned
+        self.commands, self.files = AsyncCommands(self), AsyncFiles(self)
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    sandbox_id = id
+
+    @classmethod
+    async def create(cls, template: str | None = None, pool: str | None = None, *,
+                     controller: AsyncController | None = None, url: str | None = None, token: str | None = None,
+                     socket: str | Path | None = None) -> AsyncSandbox:
+        _pick(template, pool)
+        ctrl = controller or AsyncController(url=url, token=token, socket=socket)
+        infos = await (ctrl.claim(pool, 1) if pool else ctrl.spawn_sandboxes(template, 1))
+        return cls(infos[0], ctrl)
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, *, controller: AsyncController | None = None, url: str | None = None,
+                      token: str | None = None, socket: str | Path | None = None) -> AsyncSandbox:
+        ctrl = controller or AsyncController(url=url, token=token, socket=socket)
+        return cls(await ctrl.get_sandbox(sandbox_id), ctrl, owned=False)
+
+    async def eval(self, code: str, timeout: float = 60) -> wire.EvalResult:
+        return await self.controller.eval_code(self.id, code, timeout)
+
+    async def run_code(self, code: str, timeout: float = 300) -> wire.EvalResult:
+        return await self.controller.eval_code(self.id, code, timeout, mode="exec")
+
+    async def ping(self) -> wire.PingResult:
+        return await self.controller.ping_sandbox(self.id)
+
+    async def branch(self, tag: str | None = None, mode: str = "live", wait: bool = True) -> wire.BranchResult:
+        return await self.controller.branch_sandbox(self.id, tag, mode, wait)
+
+    async def kill(self) -> None:
+        await self.controller.kill_sandbox(self.id)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self.owned:
+            try:
+                await self.kill()
+            except Exception:  # noqa: BLE001
+                pass

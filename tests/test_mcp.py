@@ -1,0 +1,69 @@
+"""`forkd-mcp` over stdio, driven by the official mcp client library, against a real daemon and real VMs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from tests.conftest import BASE_TAG, WARM_GLOBAL
+from tests.test_api import start_api_daemon, stop_api_daemon
+
+pytestmark = pytest.mark.vm
+TOOLS = {"spawn_sandboxes", "claim", "exec_command", "eval_code", "branch_sandbox", "kill_sandbox", "list_sandboxes",
+         "list_snapshots", "snapshot_info", "ping_sandbox", "get_sandbox"}
+
+
+@pytest.fixture(scope="module")
+def daemon(home, base, tmp_path_factory):
+    d = start_api_daemon(home, tmp_path_factory.mktemp("mcp"))
+    yield d
+    stop_api_daemon(d)
+
+
+def _is_error(res) -> bool:
+    return bool(getattr(res, "is_error", None) or getattr(res, "isError", None))  # mcp 2.x / 1.x names
+
+
+def _data(res):
+    assert not _is_error(res), res.content
+    structured = getattr(res, "structured_content", None) or getattr(res, "structuredContent", None)
+    if structured is not None:
+        return structured
+    return json.loads(res.content[0].text)
+
+
+def test_mcp_tools_over_stdio(daemon):
+    params = StdioServerParameters(command=sys.executable, args=["-m", "forkd.mcp.server"],
+                                   env={"FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token,
+                                        "PATH": os.environ.get("PATH", "")})
+
+    async def go():
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            assert TOOLS <= {t.name for t in (await s.list_tools()).tools}
+            snaps = _data(await s.call_tool("list_snapshots", {}))["snapshots"]
+            assert BASE_TAG in [x["tag"] for x in snaps]
+            assert _data(await s.call_tool("snapshot_info", {"tag": BASE_TAG}))["depth"] == 0
+            [sb] = _data(await s.call_tool("spawn_sandboxes", {"snapshot_tag": BASE_TAG, "n": 1}))["sandboxes"]
+            try:
+                res = _data(await s.call_tool("exec_command", {"sandbox_id": sb["id"], "args": ["echo", "mcp"]}))
+                assert res["stdout"] == "mcp\n" and res["exit_code"] == 0
+                res = _data(await s.call_tool("eval_code", {"sandbox_id": sb["id"], "code": "WARM_GLOBAL"}))
+                assert res["result"] == repr(WARM_GLOBAL)
+                assert _data(await s.call_tool("ping_sandbox", {"sandbox_id": sb["id"]}))["pong"] is True
+                listed = _data(await s.call_tool("list_sandboxes", {}))["sandboxes"]
+                assert sb["id"] in [x["id"] for x in listed]
+                bad = await s.call_tool("get_sandbox", {"sandbox_id": "cnope"})
+                assert _is_error(bad) and "404" in bad.content[0].text
+                bad = await s.call_tool("claim", {"pool": "no-such-pool"})
+                assert _is_error(bad)
+            finally:
+                res = _data(await s.call_tool("kill_sandbox", {"sandbox_id": sb["id"]}))
+            assert res == {"killed": sb["id"]}
+    asyncio.run(go())

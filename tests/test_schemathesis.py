@@ -1,0 +1,58 @@
+"""Property-based tests of the daemon API with schemathesis, generated from its own /openapi.json: no request the
+schema allows may cause a 5xx, and every response must match the schema.
+
+The app runs in-process (ASGI) over a real but empty store of its own (so generated objects never reach the
+other tests' daemons). Operations that boot VMs by the hundred (spawn, snapshot creation, branch, compaction,
+claim) are not called: a generated `n=1000` would start a thousand QEMU processes on this 2-core machine. They
+are exercised with real VMs in test_api.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import (
+    allow_header_conformance,
+    content_type_conformance,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from forkd.api.app import create_app
+from forkd.base.paths import Layout
+from forkd.core.runtime import Runtime
+from forkd.reconciler.control import Control
+
+EXCLUDED = r"^/v1/(sandboxes|snapshots(/[^/]+/compact)?|pools/[^/]+/claim|sandboxes/[^/]+/branch)$"
+
+
+@pytest.fixture(scope="module")
+def api_schema():
+    home = Path(tempfile.mkdtemp(prefix="fksch", dir="/tmp"))
+    app = create_app(Control(Runtime(Layout(home))))
+    yield schemathesis.openapi.from_asgi("/openapi.json", app).exclude(method="POST", path_regex=EXCLUDED)
+    shutil.rmtree(Layout(home).flat_cache.parent, ignore_errors=True)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_5xx_and_responses_match_the_schema(case):
+    if case.method.upper() == "POST" and re.match(EXCLUDED, case.path):
+        return  # belt and braces: never boot VMs from generated input, whatever phase generated it
+    # what the issue asks: no server error, and every status code, content type, header and body as documented
+    # (4xx answers to schema-valid input, e.g. 404 for a random child id, are correct here, not failures)
+    case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance,
+                                   response_schema_conformance, response_headers_conformance,
+                                   allow_header_conformance])
