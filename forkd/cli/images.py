@@ -3,26 +3,15 @@ of `forkd image build` (issue 9). Parsing and printing only: the work is in fork
 
 from __future__ import annotations
 
-import time
-
 import typer
 
-from forkd.cli.output import Fmt, emit, err, ms, size
+from forkd.cli.output import Fmt, Progress, emit, ms, size
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 
 
 def register(app: typer.Typer) -> None:
     app.command("from-image")(from_image_cmd)
-
-
-def _progress(quiet: bool):
-    t0 = time.monotonic()
-
-    def say(msg: str) -> None:
-        if not quiet:
-            err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {msg}")
-    return say
 
 
 def _rt():
@@ -46,7 +35,7 @@ def from_image_cmd(
     from forkd.core.images import from_image
 
     snap, image, built = from_image(_rt(), ref, tag, memory_mib, vcpus, tuple(warm_import), tuple(warm_run),
-                                    pip=tuple(pip), apt=tuple(apt), progress=_progress(output != Fmt.table))
+                                    pip=tuple(pip), apt=tuple(apt), progress=Progress(output != Fmt.table))
     t = snap.timings_ms
     data = dict(snap.to_json(), image=dict(image.meta, built_now=built))
     emit(data, output, [("TAG", "left"), ("IMAGE", "left"), ("STATE", "left"), ("ROOTFS", "right"),
@@ -60,7 +49,7 @@ def debian_build(packages: list[str], suite: str | None, force: bool, output: Fm
     from forkd.core.images import build_debian
 
     pkgs = [p.strip() for item in packages for p in item.split(",") if p.strip()]
-    image, built = build_debian(_rt(), pkgs, suite, progress=_progress(output != Fmt.table), force=force)
+    image, built = build_debian(_rt(), pkgs, suite, progress=Progress(output != Fmt.table), force=force)
     data = dict(image.meta, built_now=built, path=str(image.dir))
     emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("ROOTFS", "right"), ("INITRD", "right"),
                         ("MIN MiB", "right"), ("PATH", "left")],

@@ -20,7 +20,7 @@ from forkd.cli import branch as branch_cli
 from forkd.cli import declarative, k8s
 from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
-from forkd.cli.output import Fmt, emit, err, ms, out, size
+from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import CorruptManifest
 
@@ -36,18 +36,6 @@ app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
-
-
-class Progress:
-    """Progress lines on stderr with elapsed seconds (stdout stays clean for -o json)."""
-
-    def __init__(self, quiet: bool = False):
-        self.t0 = time.monotonic()
-        self.quiet = quiet
-
-    def __call__(self, msg: str) -> None:
-        if not self.quiet:
-            err.print(f"[dim]{time.monotonic() - self.t0:6.1f}s[/] {msg}")
 
 
 def rt() -> Runtime:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from enum import StrEnum
 from typing import Any
 
@@ -37,6 +38,18 @@ def emit(data: Any, fmt: Fmt, columns: list[tuple[str, str]] | None = None, rows
         for r in rows or []:
             t.add_row(*r)
         out.print(t)
+
+
+class Progress:
+    """Progress lines on stderr with elapsed seconds (stdout stays clean for -o json)."""
+
+    def __init__(self, quiet: bool = False):
+        self.t0 = time.monotonic()
+        self.quiet = quiet
+
+    def __call__(self, msg: str) -> None:
+        if not self.quiet:
+            err.print(f"[dim]{time.monotonic() - self.t0:6.1f}s[/] {msg}")
 
 
 def ms(v: float | None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from forkd.cli.output import Fmt, emit, err, out, size
+from forkd.cli.output import Fmt, Progress, emit, err, out, size
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 HUB = typer.Option(None, "--hub", help="hub base URL (default: $FORKD_HUB): http://... or file:///dir")
@@ -23,15 +23,6 @@ def register(app: typer.Typer) -> None:
     app.command("push")(push_cmd)
     app.add_typer(hub_app, name="hub")
     hub_app.command("serve")(hub_serve)
-
-
-def _progress(quiet: bool):
-    t0 = time.monotonic()
-
-    def say(msg: str) -> None:
-        if not quiet:
-            err.print(f"[dim]{time.monotonic() - t0:6.1f}s[/] {msg}")
-    return say
 
 
 class _Bar:
@@ -75,7 +66,7 @@ def pack_cmd(tag: str = typer.Option(..., "--tag", "-t", help="chain head to pac
     from forkd.core.pack import pack
     from forkd.core.runtime import Runtime
 
-    res = pack(Runtime(), tag, output_file, _progress(json_), level=level)
+    res = pack(Runtime(), tag, output_file, Progress(json_), level=level)
     if json_:
         emit(res, Fmt.json)
     else:
@@ -88,7 +79,7 @@ def unpack_cmd(file: Path = typer.Argument(..., help="pack file (.tar.zst)"), ou
     from forkd.core.pack import unpack
     from forkd.core.runtime import Runtime
 
-    res = unpack(Runtime(), file, _progress(output != Fmt.table))
+    res = unpack(Runtime(), file, Progress(output != Fmt.table))
     emit(res, output, COLUMNS, _rows(res))
 
 
@@ -98,7 +89,7 @@ def pull_cmd(ref: str = typer.Argument(..., help="owner/name[@version] (default:
     from forkd.core.hub import pull
     from forkd.core.runtime import Runtime
 
-    res = pull(Runtime(), ref, hub, _progress(output != Fmt.table), on_bytes=_Bar())
+    res = pull(Runtime(), ref, hub, Progress(output != Fmt.table), on_bytes=_Bar())
     emit(res, output, COLUMNS, _rows(res))
 
 
@@ -110,7 +101,7 @@ def push_cmd(ref: str = typer.Argument(..., help="owner/name@version"),
     from forkd.core.hub import push
     from forkd.core.runtime import Runtime
 
-    res = push(Runtime(), tag, ref, hub, _progress(output != Fmt.table), force=force)
+    res = push(Runtime(), tag, ref, hub, Progress(output != Fmt.table), force=force)
     emit(res, output, [("NAME", "left"), ("VERSION", "left"), ("CHAIN", "left"), ("SIZE", "right"),
                        ("FILE", "left")],
          [[res["name"], res["version"], " -> ".join(res["chain"]), size(res["bytes"]), res["file"]]])

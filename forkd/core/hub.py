@@ -13,8 +13,6 @@ small static HTTP server for tests and air-gapped sites.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import http.server
 import json
@@ -33,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from forkd.base.atomic import fsync_dir, write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.base.locks import file_lock
 from forkd.core.pack import PackError, pack, safe_relpath, unpack
 
 if TYPE_CHECKING:
@@ -204,14 +203,8 @@ def pull(rt: Runtime, ref_s: str, url: str | None = None, progress: Progress = _
                 seconds=round(time.perf_counter() - t0, 3))
 
 
-@contextlib.contextmanager
 def _locked(root: Path):
-    fd = os.open(root / ".registry.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return file_lock(root / ".registry.lock", 0o644)
 
 
 def push(rt: Runtime, tag: str, ref_s: str, url: str | None = None, progress: Progress = _quiet,

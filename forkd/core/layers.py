@@ -78,7 +78,7 @@ def build_layer(rt: Runtime, tag: str, parent_tag: str, run: tuple[str, ...] = (
         pages, stored = chain.write_diff(parent_flat, scratch, d)
         content = chain.hash_image(scratch)
         timings["diff"] = (time.perf_counter() - t2) * 1000.0
-        _into_cache(rt, scratch, content)
+        rt.store.adopt_flat(scratch, content)
         snap = snap.with_(memory_sha256=content, memory_bytes=scratch_size(parent_flat), diff_pages=pages,
                           diff_sha256=chain.diff_hash(d),
                           memory_stored_bytes=stored, vmstate_sha256=sha256_file(d / VMSTATE),
@@ -96,23 +96,6 @@ def build_layer(rt: Runtime, tag: str, parent_tag: str, run: tuple[str, ...] = (
 
 def scratch_size(path: Path) -> int:
     return path.stat().st_size
-
-
-def _into_cache(rt: Runtime, image: Path, content: str) -> None:
-    """Keep a freshly built flat image as the cached flat of its content hash."""
-    target = rt.store.flat_cache_path(content)
-    if target.exists():
-        return
-    rt.layout.make_flat_cache()
-    tmp = target.with_name(f".tmp-{content[:12]}-{os.getpid()}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        chain.copy_extents(image, fd)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o444)
-    os.rename(tmp, target)
 
 
 def compact(rt: Runtime, from_tag: str, to_tag: str, labels: dict[str, str] | None = None,

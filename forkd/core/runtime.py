@@ -170,7 +170,10 @@ class Runtime:
             t3 = time.perf_counter()
             mem_hash, mem_size, stored = copy_sparse_hashed(mem, d / "memory.bin")
             timings["memory_copy"] = (time.perf_counter() - t3) * 1000.0
-            self._keep_as_flat(mem, mem_hash)
+            try:  # the parent's memory file is its children's flat image: keep it instead of copying it back
+                self.store.adopt_flat(mem, mem_hash)
+            except OSError:
+                pass  # materialize() copies it from the store on first use
             snap = snap.with_(memory_sha256=mem_hash, memory_bytes=mem_size, memory_stored_bytes=stored,
                               vmstate_sha256=sha256_file(d / "vmstate"),
                               vmstate_bytes=(d / "vmstate").stat().st_size, timings_ms=timings)
@@ -183,17 +186,6 @@ class Runtime:
         finally:
             mem.unlink(missing_ok=True)
             shutil.rmtree(work, ignore_errors=True)
-
-    def _keep_as_flat(self, mem: Path, content_hash: str) -> None:
-        """The parent's memory file already is the flat image its children map: keep it in the flat cache
-        (a rename on the same tmpfs) instead of copying it back from the store at the first fork."""
-        target = self.store.flat_cache_path(content_hash)
-        try:
-            self.layout.make_flat_cache()
-            os.chmod(mem, 0o444)
-            os.rename(mem, target)
-        except OSError:
-            pass  # another filesystem: materialize() copies it on first use
 
     def snapshot_info(self, tag: str) -> dict:
         snap = self.store.get(tag)

@@ -7,18 +7,16 @@ between processes by a lock file.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from forkd.base.atomic import write_bytes, write_json
 from forkd.base.errors import NotFound
+from forkd.base.locks import file_lock
 from forkd.base.paths import Layout
 from forkd.spec.models import KINDS, MODELS, ForkObject, Status, spec_dict
 
@@ -39,14 +37,8 @@ class ObjectStore:
     def __init__(self, layout: Layout):
         self.root = layout.ensure().objects
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def locked(self) -> AbstractContextManager[None]:
+        return file_lock(self.root / ".lock")
 
     def _path(self, kind: str, name: str) -> Path:
         return self.root / kind / f"{name}.json"

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
+from forkd.base.locks import file_lock
 from forkd.vmm.qemu import TAP_NAME
 
 BRIDGE = "forkd0"
@@ -259,15 +260,9 @@ def ensure_host() -> None:
         _host_done = True
 
 
-@contextlib.contextmanager
-def _host_lock() -> Iterator[None]:
+def _host_lock() -> contextlib.AbstractContextManager[None]:
     RUN_DIR.mkdir(parents=True, exist_ok=True)
-    fd = os.open(RUN_DIR / ".host.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return file_lock(RUN_DIR / ".host.lock")
 
 
 @contextlib.contextmanager

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from forkd.base.atomic import write_json
 from forkd.base.errors import InvalidInput, NotFound
+from forkd.base.locks import file_lock
 from forkd.base.paths import Layout
 from forkd.base.procs import is_alive
 
@@ -99,15 +98,9 @@ class Registry:
         self.root = layout.children
         self._cache: dict[str, tuple[tuple[int, int], ChildRecord]] = {}
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> AbstractContextManager[None]:
         """Inter-process lock for changes that must not interleave (e.g. rmi vs fork)."""
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return file_lock(self.root / ".lock")
 
     def new_id(self) -> str:
         while True:

@@ -129,6 +129,28 @@ class SnapshotStore:
     def flat_cache_path(self, content_hash: str) -> Path:
         return self.layout.flat_cache / f"{content_hash}.mem"
 
+    def adopt_flat(self, image: Path, content_hash: str) -> Path:
+        """Keep an image just built (a parent's memory file, a layer's scratch copy) as the cached flat image of
+        its content: moved when it is on the cache's filesystem, else copied extent by extent. `image` is gone
+        or left for the caller to delete afterwards."""
+        target = self.flat_cache_path(content_hash)
+        if target.exists():
+            return target
+        self.layout.make_flat_cache()
+        tmp = target.with_name(f".tmp-{content_hash[:12]}-{os.getpid()}-{time.monotonic_ns()}")
+        try:
+            os.rename(image, tmp)
+        except OSError:  # another filesystem
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                chain.copy_extents(image, fd)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.chmod(tmp, 0o444)
+        os.rename(tmp, target)
+        return target
+
     def flat_path(self, snap: Snapshot) -> Path:
         """The flat memory image children of `snap` map: a copy of a base's memory file, or a layer's composed
         image, in the flat cache (on tmpfs: see Layout.flat_cache)."""
