@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from forkd.base.paths import Layout
+from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.core.runtime import Runtime
 
 BASE_TAG = "base"
@@ -34,8 +34,15 @@ def qemu_pids(home: Path) -> list[int]:
     return pids
 
 
+def remove_stale_flat_dirs() -> None:
+    """Stores that tests created and deleted leave their flat images on tmpfs: give that RAM back."""
+    for d in stale_flat_dirs():
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def home():
+    remove_stale_flat_dirs()
     d = Path(tempfile.mkdtemp(prefix="fkt", dir="/tmp"))
     old = os.environ.get("FORKD_HOME")
     os.environ["FORKD_HOME"] = str(d)
@@ -46,6 +53,7 @@ def home():
         os.kill(pid, 9)
     shutil.rmtree(Layout(d).flat_cache.parent, ignore_errors=True)  # flat images on tmpfs
     shutil.rmtree(d, ignore_errors=True)
+    remove_stale_flat_dirs()
     if old is None:
         os.environ.pop("FORKD_HOME", None)
     else:

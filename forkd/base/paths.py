@@ -24,6 +24,21 @@ from pathlib import Path
 DEFAULT_HOME = "/var/lib/forkd"
 
 
+def stale_flat_dirs(shm: Path | None = None) -> list[Path]:
+    """Flat-image directories on tmpfs whose FORKD_HOME no longer exists (a store deleted without `forkd rmi`):
+    their memory is RAM nobody can use any more."""
+    shm = shm or Path(os.environ.get("FORKD_SHM", "/dev/shm"))
+    out = []
+    for d in sorted(shm.glob("forkd-*")) if shm.is_dir() else []:
+        try:
+            home = (d / "home").read_text().strip()
+        except OSError:
+            continue  # not ours to judge
+        if home and not Path(home).is_dir():
+            out.append(d)
+    return out
+
+
 @dataclass(frozen=True)
 class Layout:
     home: Path

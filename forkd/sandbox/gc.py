@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forkd.base.paths import Layout
+from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.base.procs import is_alive, kill_and_wait, start_time
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.registry import RECORD, Registry
@@ -49,16 +49,17 @@ class GcReport:
     cgroups: list[str] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)  # child directories (sockets, logs) without a record
     memory_files: list[str] = field(default_factory=list)
+    flat_dirs: list[str] = field(default_factory=list)  # tmpfs flat images of stores that no longer exist
     dry_run: bool = False
 
     @property
     def leftovers(self) -> int:
         return sum(len(getattr(self, k)) for k in ("reaped", "processes", "netns", "veths", "leases", "cgroups",
-                                                   "dirs", "memory_files"))
+                                                   "dirs", "memory_files", "flat_dirs"))
 
     def to_json(self) -> dict:
         d = {k: list(getattr(self, k)) for k in ("adopted", "reaped", "processes", "netns", "veths", "leases",
-                                                 "cgroups", "dirs", "memory_files")}
+                                                 "cgroups", "dirs", "memory_files", "flat_dirs")}
         d["dry_run"] = self.dry_run
         d["leftovers"] = self.leftovers
         return d
@@ -118,6 +119,10 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
     _collect_network(home, keep, report, dry_run, grace)
     _collect_cgroups(home, keep, report, dry_run)
     _collect_files(layout, report, dry_run, grace)
+    for d in stale_flat_dirs():
+        report.flat_dirs.append(str(d))
+        if not dry_run:
+            shutil.rmtree(d, ignore_errors=True)
     return report
 
 
