@@ -18,12 +18,18 @@ snapshots and keeps pools warm, and the status it computes is copied back into t
 - Errors: InvalidInput -> kopf.PermanentError (the spec will not become valid by waiting); every other ForkdError,
   including an unreachable daemon, -> kopf.TemporaryError(delay=FORKD_OPERATOR_RETRY, default 10 s).
 
-Which daemon: the unix socket FORKD_DAEMON_SOCKET (default $FORKD_HOME/forkd.sock). Placing pools on several
-nodes' daemons is not implemented yet (see deploy/kubernetes/README.md).
+Which daemons (placement): FORKD_NODES="node-a=/path/a.sock,node-b=/path/b.sock" names the node daemons (one per
+node: the DaemonSet); without it there is one node, the daemon on FORKD_DAEMON_SOCKET (default
+$FORKD_HOME/forkd.sock). ForkParents and ForkLayers go to every node (each node builds the snapshots its pools fork
+from); a ForkPool goes to one node chosen by rendezvous hashing of namespace/name (stable across operator
+restarts, spreads pools, moves only the pools of a node that leaves), or to the node named by the annotation
+`forkd.dev/node`; a ForkBranch of `pool/<name>` goes where that pool is, a branch of a child id needs the
+annotation. The chosen node is reported in `status.node`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -46,6 +52,7 @@ from forkd.spec.models import API_VERSION, KINDS, MODELS, ForkObject
 MANAGER = "operator"
 NAMESPACE_KEY = "forkd.dev/k8s-namespace"
 GENERATION_KEY = "forkd.dev/k8s-generation"
+NODE_KEY = "forkd.dev/node"
 FINALIZER = "forkd.dev/finalizer"
 INTERVAL = float(os.environ.get("FORKD_OPERATOR_INTERVAL", "10"))
 RETRY = float(os.environ.get("FORKD_OPERATOR_RETRY", "10"))
@@ -53,6 +60,47 @@ DELETE_WAIT = float(os.environ.get("FORKD_OPERATOR_DELETE_WAIT", "60"))  # per a
 
 _clients: dict[str, RemoteBackend] = {}
 _clients_lock = threading.Lock()
+
+
+def nodes() -> dict[str, str]:
+    """Node name -> its daemon's socket, from FORKD_NODES (default: one node, "local")."""
+    raw = os.environ.get("FORKD_NODES", "").strip()
+    if not raw:
+        return {"local": daemon_socket()}
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        name, _, sock = item.strip().partition("=")
+        if not name or not sock:
+            raise InvalidInput(f"FORKD_NODES entry {item!r}: use NAME=SOCKET")
+        out[name] = sock
+    return out
+
+
+def _rendezvous(candidates: list[str], key: str) -> str:
+    return max(sorted(candidates), key=lambda n: hashlib.sha256(f"{n}|{key}".encode()).hexdigest())
+
+
+def place(body: Mapping[str, Any]) -> list[str]:
+    """The nodes a resource is applied to (see the module docstring)."""
+    known = nodes()
+    kind, meta = str(body.get("kind")), _meta(body)
+    namespace = str(meta.get("namespace") or "")
+    pin = (meta.get("annotations") or {}).get(NODE_KEY)
+    if pin:
+        if pin not in known:
+            raise InvalidInput(f"annotation {NODE_KEY}: {pin!r} is not a known node ({', '.join(sorted(known))})")
+        return [pin]
+    if kind in ("ForkParent", "ForkLayer"):
+        return sorted(known)
+    if kind == "ForkBranch":
+        sandbox = str((body.get("spec") or {}).get("sandbox") or "")
+        if not sandbox.startswith("pool/"):
+            if len(known) == 1:
+                return list(known)
+            raise InvalidInput(f"ForkBranch/{meta.get('name')}: a branch of child {sandbox!r} needs the annotation "
+                               f"{NODE_KEY} naming the node that runs it")
+        return [_rendezvous(list(known), f"{namespace}/{sandbox.split('/', 1)[1]}")]
+    return [_rendezvous(list(known), f"{namespace}/{meta.get('name')}")]
 
 
 def daemon_socket() -> str:
@@ -181,29 +229,47 @@ def _owner_check(backend: RemoteBackend, obj: ForkObject, namespace: str) -> Non
 def reconcile(body: Mapping[str, Any], patch: Any, logger: logging.Logger | logging.LoggerAdapter | None = None,
               status: Mapping[str, Any] | None = None, backend: RemoteBackend | None = None,
               settle: float = 3.0, **_: Any) -> None:
-    """Create / update / resume / timer: apply the resource to the daemon, copy its status back."""
+    """Create / update / resume / timer: apply the resource to its node daemon(s), copy the status back (from
+    the first node that is not Ready, else the first node)."""
     log = logger or logging.getLogger("forkd.operator")
     status = status if status is not None else body.get("status") or {}
     meta = _meta(body)
     try:
         obj = to_model(body)
-        b = backend or daemon()
-        _owner_check(b, obj, str(meta.get("namespace") or ""))
-        change = b.apply([(obj, _source(body))], _applyset(body), manager=MANAGER)[0]
-        if change.change != "unchanged":
-            log.info("%s/%s %s on the node daemon (generation %s)", obj.kind, obj.metadata.name, change.change,
-                     meta.get("generation"))
-        cur = b.get(obj.kind, obj.metadata.name)[0]
-        deadline = time.monotonic() + settle
-        while (cur.status is None or cur.status.observedGeneration != cur.metadata.generation) \
-                and time.monotonic() < deadline:  # the daemon's loop was woken by the apply: one pass
-            time.sleep(0.2)
-            cur = b.get(obj.kind, obj.metadata.name)[0]
-        patch_status(patch, status, k8s_status(cur, status))
+        targets = [(None, backend)] if backend is not None else [(n, daemon(nodes()[n])) for n in place(body)]
+        shown: dict[str, Any] | None = None
+        for node, b in targets:
+            new = _apply_on(b, obj, body, meta, status, settle, log)
+            if node is not None and obj.kind in ("ForkPool", "ForkBranch"):
+                new["node"] = node
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in new.get("conditions", []))
+            if shown is None or (not ready and _is_ready(shown)):
+                shown = new
+        patch_status(patch, status, shown or {})
     except ForkdError as exc:
         patch_status(patch, status, error_status(exc, meta.get("generation"), status))
         log.warning("%s/%s: %s", body.get("kind"), meta.get("name"), exc)
         _raise(exc)
+
+
+def _is_ready(st: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions", []))
+
+
+def _apply_on(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], meta: Mapping[str, Any],
+              status: Mapping[str, Any], settle: float, log) -> dict[str, Any]:
+    _owner_check(b, obj, str(meta.get("namespace") or ""))
+    change = b.apply([(obj, _source(body))], _applyset(body), manager=MANAGER)[0]
+    if change.change != "unchanged":
+        log.info("%s/%s %s on the node daemon (generation %s)", obj.kind, obj.metadata.name, change.change,
+                 meta.get("generation"))
+    cur = b.get(obj.kind, obj.metadata.name)[0]
+    deadline = time.monotonic() + settle
+    while (cur.status is None or cur.status.observedGeneration != cur.metadata.generation) \
+            and time.monotonic() < deadline:  # the daemon's loop was woken by the apply: one pass
+        time.sleep(0.2)
+        cur = b.get(obj.kind, obj.metadata.name)[0]
+    return k8s_status(cur, status)
 
 
 def _idle_children(backend: RemoteBackend, pool: str) -> list[dict[str, Any]]:
@@ -216,10 +282,14 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
     """Delete (the finalizer): release what the daemon holds for this resource, then let Kubernetes delete it.
 
     Objects the operator does not manage (the CLI's, another namespace's) are left alone."""
+    if backend is None:  # every node: placement may have changed since the object was applied
+        for sock in nodes().values():
+            release(body, logger=logger, backend=daemon(sock), wait=wait)
+        return
     log = logger or logging.getLogger("forkd.operator")
     kind, meta = str(body.get("kind")), _meta(body)
     name, namespace = str(meta.get("name")), str(meta.get("namespace") or "")
-    b = backend or daemon()
+    b = backend
     try:
         try:
             cur = b.get(kind, name)[0]

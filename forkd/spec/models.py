@@ -46,6 +46,7 @@ class Condition(Strict):
 class Status(Strict):
     observedGeneration: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    node: str | None = Field(None, description="Kubernetes: the node daemon the operator placed this object on")
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
