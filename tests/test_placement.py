@@ -1,5 +1,6 @@
 """Placement of Kubernetes objects on several node daemons (FORKD_NODES): two real `forkd serve` daemons, each
-on a store of its own (two "nodes" on this one machine), with real VMs. No Kubernetes API server can be installed
+on a store of its own (two "nodes" on this one machine), with real VMs; node "a" is reached over its unix socket,
+node "b" over TCP on loopback with a bearer token, as a remote node would be. No Kubernetes API server can be installed
 on this machine: the kopf handlers are called directly with realistic resource bodies, as in test_operator.py."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +26,13 @@ from tests.test_operator import call, condition, reconcile_until, resource
 pytestmark = pytest.mark.vm
 
 
-def _node(rt, name: str):
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node(rt, name: str, tcp: bool = False):
     home = Path(tempfile.mkdtemp(prefix=f"fkn{name}", dir="/tmp"))
     layout = Layout(home).ensure()
     shutil.rmtree(layout.images)
@@ -32,26 +40,38 @@ def _node(rt, name: str):
     if rt.layout.accel_cache.exists():
         shutil.copy(rt.layout.accel_cache, layout.accel_cache)
     log = open(home / "daemon.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "forkd.api", "serve", "--interval", "1"],
-                            env=dict(os.environ, FORKD_HOME=str(home)), stdout=log, stderr=log)
+    argv = [sys.executable, "-m", "forkd.api", "serve", "--interval", "1"]
+    endpoint = str(layout.daemon_socket)
+    if tcp:
+        port = _free_port()
+        argv += ["--bind", f"127.0.0.1:{port}", "--token-file", str(home / "token")]
+        endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(argv, env=dict(os.environ, FORKD_HOME=str(home)), stdout=log, stderr=log)
     deadline = time.monotonic() + 30
-    while not layout.daemon_socket.exists():
+    while not layout.daemon_socket.exists() or (tcp and not _listening(port)):
         assert proc.poll() is None and time.monotonic() < deadline, (home / "daemon.log").read_text()[-2000:]
         time.sleep(0.05)
-    return home, proc
+    return home, proc, endpoint
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture(scope="module")
 def two_nodes(rt):
-    made = {n: _node(rt, n) for n in ("a", "b")}
-    old = os.environ.get("FORKD_NODES")
-    os.environ["FORKD_NODES"] = ",".join(f"{n}={home / 'forkd.sock'}" for n, (home, _) in made.items())
-    yield {n: Runtime(Layout(home)) for n, (home, _) in made.items()}
-    if old is None:
-        os.environ.pop("FORKD_NODES", None)
-    else:
-        os.environ["FORKD_NODES"] = old
-    for home, proc in made.values():
+    made = {"a": _node(rt, "a"), "b": _node(rt, "b", tcp=True)}
+    old = {k: os.environ.get(k) for k in ("FORKD_NODES", "FORKD_TOKEN")}
+    os.environ["FORKD_NODES"] = ",".join(f"{n}={endpoint}" for n, (_, _, endpoint) in made.items())
+    os.environ["FORKD_TOKEN"] = (made["b"][0] / "token").read_text().strip()
+    yield {n: Runtime(Layout(home)) for n, (home, _, _) in made.items()}
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    for home, proc, _ in made.values():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         r = Runtime(Layout(home))
@@ -73,8 +93,10 @@ def test_pools_go_to_one_node_each_parents_to_all(two_nodes):
     try:
         reconcile_until(bodies, lambda: all(condition(b, "Ready").get("status") == "True" for b in bodies),
                         timeout=300, what="everything Ready on its node")
-        for rt_ in two_nodes.values():  # the parent is on every node
-            assert rt_.snapshot_info(handlers.daemon(str(rt_.layout.daemon_socket)).get(
+        endpoints = handlers.nodes()
+        assert endpoints["b"].startswith("http://127.0.0.1:")
+        for node, rt_ in two_nodes.items():  # the parent is on every node
+            assert rt_.snapshot_info(handlers.daemon(endpoints[node]).get(
                 "ForkParent", "pl-base")[0].status.snapshot)["status"] == "ready"
         for body in [*pools, pinned]:
             name = body["metadata"]["name"]
@@ -85,15 +107,14 @@ def test_pools_go_to_one_node_each_parents_to_all(two_nodes):
             assert len(kids) == 1 and here.ping(kids[0].id)["child_id"] == kids[0].id
             assert not [r for r in there.children() if r.pool == name]
             with pytest.raises(NotFound):
-                handlers.daemon(str(there.layout.daemon_socket)).get("ForkPool", name)
+                handlers.daemon(endpoints["b" if node == "a" else "a"]).get("ForkPool", name)
     finally:
         for body in [*pools, pinned, parent]:
             call(handlers.release, body, wait=120)
-    for rt_ in two_nodes.values():
-        sock = str(rt_.layout.daemon_socket)
+    for endpoint in handlers.nodes().values():
         for body in bodies:
             with pytest.raises(NotFound):
-                handlers.daemon(sock).get(body["kind"], body["metadata"]["name"])
+                handlers.daemon(endpoint).get(body["kind"], body["metadata"]["name"])
 
 
 def test_branch_of_a_child_id_needs_a_pin_with_several_nodes(two_nodes):

@@ -18,13 +18,14 @@ snapshots and keeps pools warm, and the status it computes is copied back into t
 - Errors: InvalidInput -> kopf.PermanentError (the spec will not become valid by waiting); every other ForkdError,
   including an unreachable daemon, -> kopf.TemporaryError(delay=FORKD_OPERATOR_RETRY, default 10 s).
 
-Which daemons (placement): FORKD_NODES="node-a=/path/a.sock,node-b=/path/b.sock" names the node daemons (one per
-node: the DaemonSet); without it there is one node, the daemon on FORKD_DAEMON_SOCKET (default
-$FORKD_HOME/forkd.sock). ForkParents and ForkLayers go to every node (each node builds the snapshots its pools fork
-from); a ForkPool goes to one node chosen by rendezvous hashing of namespace/name (stable across operator
-restarts, spreads pools, moves only the pools of a node that leaves), or to the node named by the annotation
-`forkd.dev/node`; a ForkBranch of `pool/<name>` goes where that pool is, a branch of a child id needs the
-annotation. The chosen node is reported in `status.node`.
+Which daemons (placement): FORKD_NODES="node-a=/path/a.sock,node-b=http://NODE-B-ADDRESS:8889" names the node
+daemons (one per node: the DaemonSet), each by its unix socket or its TCP URL (bearer token from FORKD_TOKEN);
+without it there is one node, the daemon on FORKD_DAEMON_SOCKET (default $FORKD_HOME/forkd.sock). ForkParents
+and ForkLayers go to every node (each node builds the snapshots its pools fork from); a ForkPool goes to one
+node chosen by rendezvous hashing of namespace/name (stable across operator restarts, spreads pools, moves only
+the pools of a node that leaves), or to the node named by the annotation `forkd.dev/node`; a ForkBranch of
+`pool/<name>` goes where that pool is, a branch of a child id needs the annotation. The chosen node is reported
+in `status.node`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def nodes() -> dict[str, str]:
     for item in raw.split(","):
         name, _, sock = item.strip().partition("=")
         if not name or not sock:
-            raise InvalidInput(f"FORKD_NODES entry {item!r}: use NAME=SOCKET")
+            raise InvalidInput(f"FORKD_NODES entry {item!r}: use NAME=SOCKET or NAME=http://HOST:PORT")
         out[name] = sock
     return out
 
@@ -108,11 +109,15 @@ def daemon_socket() -> str:
 
 
 def daemon(socket_path: str | None = None) -> RemoteBackend:
-    """The node daemon's API client (one per socket, shared by handler threads)."""
+    """The node daemon's API client (one per endpoint, shared by handler threads): a unix socket path, or an
+    http(s) URL of a daemon serving TCP (`forkd serve --bind`) with the bearer token in FORKD_TOKEN."""
     path = socket_path or daemon_socket()
     with _clients_lock:
         if path not in _clients:
-            _clients[path] = RemoteBackend(path, timeout=60.0)
+            if path.startswith(("http://", "https://")):
+                _clients[path] = RemoteBackend(url=path, token=os.environ.get("FORKD_TOKEN"), timeout=60.0)
+            else:
+                _clients[path] = RemoteBackend(path, timeout=60.0)
         return _clients[path]
 
 
