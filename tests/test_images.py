@@ -20,7 +20,7 @@ import pytest
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.core import images as core_images
 from forkd.image import build as image_build
-from forkd.image import oci
+from forkd.image import oci, rootfs
 from forkd.spec.models import ImageRef
 from tests.conftest import forkd_cli
 
@@ -268,11 +268,11 @@ def test_image_ref_exactly_one():
 
 def test_check_fits_messages():
     with pytest.raises(InvalidInput) as exc:
-        oci.check_fits(200 << 20, 512, "img")
+        rootfs.check_fits(200 << 20, 512, "img")
     assert "--memory-mib 768" in exc.value.hint
-    oci.check_fits(100 << 20, 512, "img")
+    rootfs.check_fits(100 << 20, 512, "img")
     with pytest.raises(ForkdError, match="NotImplemented"):
-        oci.check_fits(3 << 30, 65536, "img")
+        rootfs.check_fits(3 << 30, 65536, "img")
 
 
 # ---------------------------------------------------------------- the numpy example (Debian path, slow)

@@ -1,6 +1,6 @@
 """Guest images from a set of Debian packages: `mmdebstrap --variant=essential` plus python3 and the packages,
 trimmed (docs, man pages, locales, apt lists), with forkd's init, agent, busybox and virtio modules injected
-(forkd.image.oci.inject) and packed as an uncompressed initramfs like every other forkd image.
+(forkd.image.rootfs.inject) and packed as an uncompressed initramfs like every other forkd image.
 
 Cached by content: the image id hashes the suite, the mirror, the sorted package list and the versions apt
 resolves for their dependency closure (on the host's package index, when the suite is the host's), so a
@@ -23,7 +23,7 @@ from forkd.base.errors import ForkdError, InvalidInput
 from forkd.base.paths import Layout
 from forkd.image import debs
 from forkd.image.build import BUSYBOX_PACKAGE, Image
-from forkd.image.oci import Progress, cached_image, find_python, finish, guest_sources_hash, inject
+from forkd.image.rootfs import Progress, cached_image, find_python, finish, guest_sources_hash, inject, workspace
 
 DEBIAN_BUILDER_VERSION = "1"
 DEFAULT_SUITE = "bookworm"
@@ -155,12 +155,7 @@ def build_debian(layout: Layout, packages: list[str], suite: str = DEFAULT_SUITE
     if hit is not None:
         return hit, False
     t0 = time.monotonic()
-    work = layout.tmp / f"deb-{image_id}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    try:
-        root, out, stage = work / "root", work / "out", work / "stage"
-        out.mkdir(parents=True)
-        stage.mkdir()
+    with workspace(layout, image_id) as (root, out, stage):
         _mmdebstrap(root, suite, pkgs, layout.cache / "debian" / suite, progress)
         _trim(root)
         status = _dpkg_status(root)
@@ -177,6 +172,4 @@ def build_debian(layout: Layout, packages: list[str], suite: str = DEFAULT_SUITE
                 "packages": {"kernel": kname, "busybox": bdeb.name},
                 "build_seconds": round(time.monotonic() - t0, 2)}
         img = finish(layout, image_id, root, out, meta, memory_mib, progress)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return img, True

@@ -22,8 +22,6 @@ import json
 import os
 import re
 import shutil
-import stat
-import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -32,17 +30,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from forkd.base.atomic import write_json
-from forkd.base.errors import ForkdError, InvalidInput, NotFound
-from forkd.base.hashing import sha256_file
+from forkd.base.errors import InvalidInput, NotFound
 from forkd.base.paths import Layout
 from forkd.image import debs
-from forkd.image.build import BUSYBOX_PACKAGE, GUEST_DIR, GUEST_SOURCES, Image, take_kernel, write_initramfs
+from forkd.image.build import BUSYBOX_PACKAGE, Image
+from forkd.image.rootfs import (
+    Progress,
+    UnsafeImage,
+    cached_image,
+    find_python,
+    finish,
+    guest_sources_hash,
+    inject,
+    pip_install,
+    remove_path,
+    resolve_in,
+    workspace,
+)
 
 OCI_BUILDER_VERSION = "1"
-MIB = 1 << 20
-# an initramfs is unpacked into guest RAM at boot; past this a disk-backed rootfs is the way (not built yet)
-INITRAMFS_MAX_BYTES = 2048 * MIB
 LAYER_TYPES = {
     "application/vnd.oci.image.layer.v1.tar": "tar",
     "application/vnd.oci.image.layer.v1.tar+gzip": "gzip",
@@ -53,14 +59,7 @@ INDEX_TYPES = {"application/vnd.oci.image.index.v1+json",
                "application/vnd.docker.distribution.manifest.list.v2+json"}
 MANIFEST_TYPES = {"application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json"}
-PYTHON_CANDIDATES = ["usr/local/bin/python3", "usr/bin/python3", "bin/python3"]
-MIN_PYTHON = (3, 8)
 
-Progress = Callable[[str], None]
-
-
-class UnsafeImage(InvalidInput):
-    """A layer that would write outside the rootfs (or otherwise cannot be unpacked safely)."""
 
 
 # ---------------------------------------------------------------- sources
@@ -206,32 +205,6 @@ def open_source(ref: str | Path) -> Source:
 
 
 # ---------------------------------------------------------------- safe paths in the rootfs
-def resolve_in(root: Path, rel: str, follow_last: bool = False) -> Path:
-    """`rel` resolved inside `root` as if `root` were `/`: symlinks are followed within it (absolute ones
-    relative to it), `..` stops at it. The result is always under `root`."""
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    cur: list[str] = []
-    hops = 0
-    while parts:
-        comp = parts.pop(0)
-        if comp == "..":
-            if cur:
-                cur.pop()
-            continue
-        p = os.path.join(root, *cur, comp)
-        if (parts or follow_last) and os.path.islink(p):
-            hops += 1
-            if hops > 40:
-                raise UnsafeImage(f"too many levels of symbolic links resolving /{rel}")
-            target = os.readlink(p)
-            if target.startswith("/"):
-                cur = []
-            parts = [x for x in target.split("/") if x not in ("", ".")] + parts
-            continue
-        cur.append(comp)
-    return Path(root, *cur)
-
-
 def _member_name(name: str, layer: str) -> str:
     if name.startswith("/") or "\\" in name and name.startswith("\\"):
         raise UnsafeImage(f"layer {layer}: absolute member path {name!r} refused")
@@ -239,13 +212,6 @@ def _member_name(name: str, layer: str) -> str:
     if ".." in parts:
         raise UnsafeImage(f"layer {layer}: member path {name!r} climbs out of the rootfs ('..'); refused")
     return "/".join(parts)
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
-    elif os.path.lexists(p):
-        p.unlink()
 
 
 @contextmanager
@@ -295,13 +261,13 @@ def _apply_layer(root: Path, layer: Layer, stats: UnpackStats, as_root: bool) ->
                     if parent.is_dir():
                         for child in parent.iterdir():
                             if f"{parent_rel}/{child.name}".lstrip("/") not in this_layer:
-                                _remove(child)
+                                remove_path(child)
                     continue
                 if base.startswith(".wh."):
                     if base[4:] in ("", ".", ".."):
                         raise UnsafeImage(f"layer {layer.name}: malformed whiteout {name!r}")
                     stats.whiteouts += 1
-                    _remove(parent / base[4:])
+                    remove_path(parent / base[4:])
                     continue
                 this_layer.add(name)
                 if m.ischr() or m.isblk():
@@ -321,21 +287,21 @@ def _apply_layer(root: Path, layer: Layer, stats: UnpackStats, as_root: bool) ->
                             if depth < 0:
                                 raise UnsafeImage(f"layer {layer.name}: symlink /{name} -> {m.linkname} points "
                                                   f"above the rootfs; refused")
-                    _remove(target)
+                    remove_path(target)
                     os.symlink(m.linkname, target)
                 elif m.islnk():
                     src_rel = _member_name(m.linkname, layer.name)
                     src = resolve_in(root, src_rel)
                     if not os.path.lexists(src) or src.is_dir():
                         raise UnsafeImage(f"layer {layer.name}: hard link /{name} -> /{src_rel}: no such file")
-                    _remove(target)
+                    remove_path(target)
                     os.link(src, target, follow_symlinks=False)
                     continue  # shares the inode (mode, owner) of its source
                 elif m.isfifo():
-                    _remove(target)
+                    remove_path(target)
                     os.mkfifo(target)
                 elif m.isreg():
-                    _remove(target)
+                    remove_path(target)
                     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                     with os.fdopen(fd, "wb") as out:
                         src_f = tar.extractfile(m)
@@ -368,214 +334,6 @@ def unpack(src: Source, root: Path, progress: Progress = lambda s: None) -> Unpa
 
 
 # ---------------------------------------------------------------- guest parts
-@dataclass(frozen=True)
-class GuestPython:
-    path: str             # in the guest, e.g. /usr/local/bin/python3
-    version: tuple[int, int]
-    site_dir: str | None  # a directory on its sys.path for extra packages (.pth), when found
-
-
-def find_python(root: Path) -> GuestPython:
-    for cand in PYTHON_CANDIDATES:
-        real = resolve_in(root, cand, follow_last=True)
-        if not real.is_file():
-            continue
-        prefix = "/" + cand.rsplit("/bin/", 1)[0] if "/bin/" in cand else ""
-        version = None
-        m = re.fullmatch(r"python(\d+)\.(\d+)", real.name)
-        if m:
-            version = (int(m[1]), int(m[2]))
-        else:
-            for lib in sorted(resolve_in(root, f"{prefix}/lib").glob("python3.*/os.py")):
-                m = re.fullmatch(r"python(\d+)\.(\d+)", lib.parent.name)
-                if m:
-                    version = (int(m[1]), int(m[2]))
-        if version is None:
-            raise InvalidInput(f"found /{cand} in the image but cannot tell its version (no {prefix}/lib/python3.N)")
-        if version < MIN_PYTHON:
-            raise InvalidInput(f"the image's /{cand} is Python {version[0]}.{version[1]}; forkd's agent needs "
-                               f">= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}", hint="use a newer python base image")
-        v = f"{version[0]}.{version[1]}"
-        site = None
-        for s in [f"{prefix}/lib/python{v}/site-packages", "/usr/lib/python3/dist-packages",
-                  f"/usr/local/lib/python{v}/dist-packages", f"{prefix}/lib/python{v}/dist-packages"]:
-            if resolve_in(root, s, follow_last=True).is_dir():
-                site = s
-                break
-        return GuestPython("/" + cand, version, site)
-    raise InvalidInput("no python3 in the image (looked for /" + ", /".join(PYTHON_CANDIDATES) + "): forkd's "
-                       "agent runs on the image's own Python (>= 3.8, stdlib only)",
-                       hint="start from an image with Python (e.g. python:3.11-slim, or debian + python3), or "
-                            "use the Debian path: forkd image build --debian-packages ...")
-
-
-def guest_init(python: str) -> str:
-    """forkd's init.sh, run by the injected busybox, exec'ing the image's python for the agent."""
-    src = (GUEST_DIR / "init.sh").read_text()
-    lines = src.splitlines()
-    if lines and lines[0].startswith("#!"):
-        lines[0] = "#!/forkd/bin/busybox sh"
-    text = "\n".join(lines) + "\n"
-    # init's own commands: busybox first (the image may lack insmod, ip, ...); the agent gets the image's PATH
-    text, n = re.subn(r"^export PATH=(\S+)", r"export PATH=/forkd/bin:\1", text, count=1, flags=re.M)
-    agent_path = "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/forkd/bin"
-    text, k = re.subn(r"^exec \S+python\S* (.*/forkd/agent\.py.*)$", lambda m: f"{agent_path}\nexec {python} "
-                      f"{m[1]}", text, count=1, flags=re.M)
-    if n != 1 or k != 1:
-        raise ForkdError("forkd/guest/init.sh no longer has the PATH / exec-agent lines the OCI builder rewrites",
-                         hint="update forkd.image.oci.guest_init")
-    return text
-
-
-def _busybox(layout: Layout, stage: Path) -> Path:
-    deb = debs.download(layout.debs, BUSYBOX_PACKAGE)
-    debs.extract(deb, stage / "busybox")
-    return stage / "busybox" / "bin" / "busybox"
-
-
-def inject(layout: Layout, root: Path, python: GuestPython, stage: Path, kernel_out: Path) -> str:
-    """Put forkd's init, agent, busybox and the kernel's virtio modules into `root`; write the kernel to
-    `kernel_out`. Returns the kernel package name."""
-    for rel in ["init", "forkd"]:
-        _remove(root / rel)
-    fb = root / "forkd" / "bin"
-    fb.mkdir(parents=True)
-    bb = _busybox(layout, stage)
-    shutil.copy2(bb, fb / "busybox")
-    applets = subprocess.run([str(bb), "--list"], capture_output=True, text=True, check=True).stdout.split()
-    for a in applets:
-        if a != "busybox":
-            os.symlink("busybox", fb / a)
-    sh = resolve_in(root, "bin/sh", follow_last=True)
-    if not sh.exists():
-        binp = resolve_in(root, "bin", follow_last=True)
-        binp.mkdir(parents=True, exist_ok=True)
-        _remove(binp / "sh")
-        os.symlink("/forkd/bin/busybox", binp / "sh")
-    shutil.copy2(GUEST_DIR / "agent.py", root / "forkd" / "agent.py")
-    (root / "init").write_text(guest_init(python.path))
-    os.chmod(root / "init", 0o755)
-    for d, mode in [("proc", 0o555), ("sys", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("root", 0o700),
-                    ("run", 0o755), ("etc", 0o755)]:
-        p = resolve_in(root, d, follow_last=True)
-        if not p.exists():
-            p.mkdir(parents=True)
-            os.chmod(p, mode)
-    for f, text in [("etc/hostname", "forkd\n"), ("etc/hosts", "127.0.0.1 localhost\n"),
-                    ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("etc/group", "root:x:0:\n")]:
-        p = resolve_in(root, f, follow_last=True)
-        if not p.exists():
-            p.write_text(text)
-    mods = resolve_in(root, "lib/modules/forkd", follow_last=True)
-    mods.mkdir(parents=True, exist_ok=True)
-    kdeb = debs.kernel_package(layout.debs)
-    debs.extract(kdeb, stage / "kernel")
-    take_kernel(stage / "kernel", kdeb.name, kernel_out, mods)
-    return kdeb.name
-
-
-def pip_install(root: Path, python: GuestPython, packages: list[str], progress: Progress) -> list[str]:
-    """Install wheels for the guest's Python into the rootfs, from the host: `pip install --target` with the
-    guest's version and platform, wheels only (no package code runs on the host, none needs the guest's
-    network). The directory is put on the guest's sys.path with a .pth file. Returns the installed dists."""
-    if not packages:
-        return []
-    if python.site_dir is None:
-        raise InvalidInput(f"--pip: found no site-packages directory for the image's {python.path}",
-                           hint="install the packages in the image instead (e.g. a Dockerfile RUN pip install)")
-    v = f"{python.version[0]}{python.version[1]}"
-    musl = any(resolve_in(root, "lib").glob("ld-musl-*.so.1"))
-    plats = (["musllinux_1_1_x86_64", "musllinux_1_2_x86_64"] if musl else
-             ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64"])
-    target = root / "forkd" / "site-packages"
-    argv = [os.environ.get("FORKD_HOST_PYTHON", "python3"), "-m", "pip", "install", "-q", "--no-compile",
-            "--disable-pip-version-check", "--target", str(target), "--only-binary=:all:",
-            "--implementation", "cp", "--python-version", f"{python.version[0]}.{python.version[1]}",
-            "--abi", f"cp{v}", "--abi", "abi3", "--abi", "none"]
-    for p in plats:
-        argv += ["--platform", p]
-    progress(f"pip: installing wheels for Python {python.version[0]}.{python.version[1]} into the rootfs")
-    res = subprocess.run(argv + list(packages), capture_output=True, text=True)
-    if res.returncode != 0:
-        raise ForkdError(f"--pip {' '.join(packages)}: pip failed on the host: {res.stderr.strip()[-600:]}",
-                         hint="only packages with wheels (--only-binary) for this Python/platform can be "
-                              "installed; the guest has no network at build time")
-    site = resolve_in(root, python.site_dir, follow_last=True)
-    (site / "forkd-pip.pth").write_text("/forkd/site-packages\n")
-    return sorted(p.name for p in target.glob("*.dist-info"))
-
-
-def tree_bytes(root: Path) -> int:
-    """Bytes the rootfs takes once unpacked (regular files, each inode once, plus a little per entry)."""
-    total, seen = 0, set()
-    for dirpath, dirnames, filenames in os.walk(root):
-        total += 4096
-        for n in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            st = os.lstat(os.path.join(dirpath, n))
-            if stat.S_ISREG(st.st_mode) and (st.st_ino not in seen):
-                seen.add(st.st_ino)
-                total += st.st_size
-            else:
-                total += 512
-    return total
-
-
-def min_memory_mib(rootfs_bytes: int) -> int:
-    """Guest RAM an initramfs of this size needs: 2.5 x the unpacked rootfs (archive + unpacked files +
-    page cache churn at boot) plus 256 MiB for the kernel and the running agent, rounded up to 64 MiB."""
-    need = int(2.5 * rootfs_bytes) + 256 * MIB
-    return -(-(need + 1) // (64 * MIB)) * 64
-
-
-def check_fits(rootfs_bytes: int, memory_mib: int | None, what: str) -> None:
-    if rootfs_bytes > INITRAMFS_MAX_BYTES:
-        raise ForkdError(f"{what}: the rootfs unpacks to {rootfs_bytes // MIB} MiB, more than an initramfs can "
-                         f"hold ({INITRAMFS_MAX_BYTES // MIB} MiB); a disk-backed rootfs (ext4 + per-child "
-                         "copy-on-write overlay) is NotImplemented yet",
-                         hint="slim the image (multi-stage build, drop docs/caches) to fit an initramfs")
-    if memory_mib is not None and memory_mib * MIB <= 2.5 * rootfs_bytes + 256 * MIB:
-        need = min_memory_mib(rootfs_bytes)
-        raise InvalidInput(f"{what}: the rootfs unpacks to {rootfs_bytes / MIB:.0f} MiB and an initramfs lives in "
-                           f"guest RAM, so {memory_mib} MiB is too small (needs > 2.5 x rootfs + 256 MiB)",
-                           hint=f"set --memory-mib {need} (memoryMiB: {need} in a ForkParent) or more")
-
-
-# ---------------------------------------------------------------- assembling an image directory
-def guest_sources_hash() -> str:
-    h = hashlib.sha256()
-    for src in GUEST_SOURCES:
-        h.update(src.encode() + b"\0" + (GUEST_DIR / src).read_bytes())
-    return h.hexdigest()
-
-
-def finish(layout: Layout, image_id: str, root: Path, out: Path, meta: dict, memory_mib: int | None,
-           progress: Progress) -> Image:
-    """Pack `root` into out/initrd.img (out/vmlinuz is written already), check it fits `memory_mib`, write
-    image.json and move `out` to images/<image_id> atomically. Nothing is registered if any step fails."""
-    rootfs_bytes = tree_bytes(root)
-    check_fits(rootfs_bytes, memory_mib, f"image {meta.get('source', {}).get('ref', image_id)}")
-    progress(f"writing the initramfs (cpio, {rootfs_bytes / MIB:.0f} MiB)")
-    write_initramfs(root, out / "initrd.img")
-    meta = dict(meta, id=image_id, kernel_sha256=sha256_file(out / "vmlinuz"),
-                initrd_sha256=sha256_file(out / "initrd.img"), initrd_bytes=(out / "initrd.img").stat().st_size,
-                rootfs_bytes=rootfs_bytes, min_memory_mib=min_memory_mib(rootfs_bytes), built_at=time.time())
-    write_json(out / "image.json", meta)
-    for f in out.iterdir():
-        os.chmod(f, 0o444)
-    final = layout.images / image_id
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(out, final)
-    return Image.load(final)
-
-
-def cached_image(layout: Layout, image_id: str, memory_mib: int | None) -> Image | None:
-    d = layout.images / image_id
-    if not (d / "image.json").exists():
-        return None
-    img = Image.load(d)
-    check_fits(int(img.meta.get("rootfs_bytes", 0)), memory_mib, f"image {image_id}")
-    return img
 
 
 def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, pip: tuple[str, ...] = (),
@@ -593,12 +351,7 @@ def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, p
     if hit is not None:
         return hit, False
     t0 = time.monotonic()
-    work = layout.tmp / f"oci-{image_id}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    try:
-        root, out, stage = work / "root", work / "out", work / "stage"
-        out.mkdir(parents=True)
-        stage.mkdir()
+    with workspace(layout, image_id) as (root, out, stage):
         stats = unpack(src, root, progress)
         python = find_python(root)
         progress(f"found Python {python.version[0]}.{python.version[1]} at {python.path}; injecting forkd's "
@@ -613,11 +366,8 @@ def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, p
                 "packages": {"kernel": kname, "busybox": bdeb.name},
                 "unpack": {"members": stats.members, "whiteouts": stats.whiteouts, "opaque": stats.opaque,
                            "skipped_devices": len(stats.skipped_devices)},
-                "build_seconds": 0.0}
-        meta["build_seconds"] = round(time.monotonic() - t0, 2)
+                "build_seconds": round(time.monotonic() - t0, 2)}
         img = finish(layout, image_id, root, out, meta, memory_mib, progress)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return img, True
 
 
