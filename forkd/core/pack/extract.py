@@ -1,0 +1,112 @@
+"""Streaming a pack into a private directory: the manifest first, then every member checked against it
+(shape, kind, listed, declared size, sha256) as it is written; a truncated archive is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from forkd.core.pack.manifest import parse_manifest
+from forkd.core.pack.rules import MAX_MANIFEST_BYTES, PACK_MANIFEST, PackError, Progress, safe_relpath
+from forkd.core.pack.streams import CHUNK, ZstdStream
+from forkd.store.snapshot import MEMORY
+
+_ZEROS = bytes(CHUNK)
+
+
+def write_member(src: BinaryIO, dest: Path, declared: int, sparse: bool) -> tuple[int, str]:
+    """Copy at most declared+1 bytes into a new file (holes for zero chunks if `sparse`). Returns (size, sha)."""
+    h = hashlib.sha256()
+    n = 0
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        while n <= declared:
+            b = src.read(min(CHUNK, declared + 1 - n))
+            if not b:
+                break
+            h.update(b)
+            if sparse and b == _ZEROS[:len(b)]:
+                os.lseek(fd, len(b), os.SEEK_CUR)
+            else:
+                os.write(fd, b)
+            n += len(b)
+        os.ftruncate(fd, n)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return n, h.hexdigest()
+
+
+def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
+    """Stream the pack into `stage`, checking every member; return the manifest."""
+    stream = ZstdStream(fh)
+    try:
+        # read in tar records: a pack's tar stream is a whole number of them, so a short read means truncation
+        tar = tarfile.open(fileobj=stream, mode="r|", bufsize=tarfile.RECORDSIZE)
+    except tarfile.TarError as exc:
+        raise PackError(f"not a forkd pack (tar): {exc}") from None
+    manifest: dict | None = None
+    done: set[str] = set()
+    try:
+        for info in tar:
+            name = info.name
+            if manifest is None:
+                if name != PACK_MANIFEST or not info.isreg():
+                    raise PackError(f"the first member of a pack must be {PACK_MANIFEST} (found {name!r})")
+                if info.size > MAX_MANIFEST_BYTES:
+                    raise PackError(f"{PACK_MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+                f = tar.extractfile(info)
+                manifest = parse_manifest(f.read(MAX_MANIFEST_BYTES + 1) if f else b"")
+                continue
+            path = safe_relpath(name)
+            kinds = {"directory": info.isdir(), "regular file": info.isreg()}
+            if not any(kinds.values()):
+                what = ("symlink" if info.issym() else "hard link" if info.islnk() else
+                        "device file" if info.ischr() or info.isblk() else "special file")
+                raise PackError(f"pack member {name!r} is a {what}: packs may hold only regular files")
+            entries = manifest["_members"]
+            if info.isdir():
+                ok = {str(PurePosixPath(*p.split("/")[:k])) for p in entries for k in (1, 2)}
+                if str(path) not in ok:
+                    raise PackError(f"pack member {name!r} (a directory) is not part of the manifest")
+                continue
+            key = str(path)
+            if key not in entries:
+                raise PackError(f"pack member {name!r} is not listed in the pack manifest: refused")
+            if key in done:
+                raise PackError(f"pack member {name!r} appears twice")
+            declared = entries[key]["size"]
+            if info.size > declared:
+                raise PackError(f"pack member {name!r} is larger than declared ({info.size} > {declared} bytes)")
+            dest = stage / path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(info)
+            if src is None:
+                raise PackError(f"pack member {name!r} cannot be read")
+            got, digest = write_member(src, dest, declared, sparse=path.name == MEMORY)
+            if got > declared:
+                raise PackError(f"pack member {name!r} is larger than declared ({declared} bytes)")
+            if got != declared:
+                raise PackError(f"pack member {name!r} is shorter than declared ({got} < {declared} bytes): "
+                                "the pack is truncated")
+            if digest != entries[key]["sha256"]:
+                raise PackError(f"pack member {name!r} does not match its sha256 in the manifest "
+                                f"({digest[:12]} != {entries[key]['sha256'][:12]}): the pack is corrupt")
+            done.add(key)
+            progress(f"verified {name}")
+    except tarfile.TarError as exc:
+        raise PackError(f"the pack is truncated or corrupt: {exc}") from None
+    except EOFError as exc:
+        raise PackError(f"the pack is truncated: {exc}") from None
+    if stream.hit_eof:
+        raise PackError("the pack is truncated: its data ended before the end-of-archive marker")
+    if manifest is None:
+        raise PackError("the pack is empty")
+    missing = sorted(set(manifest["_members"]) - done)
+    if missing:
+        raise PackError(f"the pack is missing {len(missing)} listed members (first: {missing[0]}): "
+                        "truncated or incomplete")
+    return manifest

@@ -1,0 +1,115 @@
+"""Reading a pack: `unpack` verifies it completely in a private directory under $FORKD_HOME/tmp, decides every
+conflict, then moves each image and snapshot into place with one rename; `read_manifest` reads the manifest only."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tarfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from forkd.base.atomic import fsync_dir
+from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.core.pack.extract import extract
+from forkd.core.pack.manifest import parse_manifest
+from forkd.core.pack.rules import MAX_MANIFEST_BYTES, PACK_MANIFEST, PackError, Progress, quiet
+from forkd.core.pack.staged import check_staged, same_image, same_snapshot
+from forkd.core.pack.streams import ZstdStream
+from forkd.image.build import Image
+from forkd.store.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from forkd.core.runtime import Runtime
+
+
+def _plan(rt: Runtime, stage: Path, m: dict, snaps: list[Snapshot],
+          images: list[Image]) -> tuple[list[tuple[Path, Path, str]], list[str]]:
+    """(moves (staged dir, target, label), labels already in place): a Conflict before anything is moved."""
+    layout = rt.layout
+    plan: list[tuple[Path, Path, str]] = []
+    skipped: list[str] = []
+    for img in images:
+        target = layout.images / img.id
+        if target.exists():
+            if not same_image(target, m, img.id):
+                raise Conflict(f"guest image {img.id!r} already exists with different content",
+                               hint=f"inspect {target}; the pack's image differs from it")
+            skipped.append(f"images/{img.id}")
+        else:
+            plan.append((stage / "images" / img.id, target, f"images/{img.id}"))
+    for s in snaps:
+        target = rt.store.dir(s.tag)
+        if target.exists():
+            try:
+                existing = rt.store.get(s.tag)
+            except (ForkdError, OSError):
+                existing = None
+            if existing is None or not same_snapshot(existing, s):
+                raise Conflict(f"snapshot {s.tag!r} already exists with different content",
+                               hint=f"delete it with 'forkd rmi {s.tag}' or unpack into another FORKD_HOME")
+            skipped.append(s.tag)
+        else:
+            plan.append((stage / "snapshots" / s.tag, target, s.tag))
+    return plan, skipped
+
+
+def _install(plan: list[tuple[Path, Path, str]], progress: Progress) -> list[str]:
+    installed = []
+    for src, target, label in plan:  # images first, then the chain root to head: never a head alone
+        for f in src.iterdir():
+            os.chmod(f, 0o444)
+        os.chmod(src, 0o755)
+        fsync_dir(src)
+        try:
+            os.rename(src, target)
+        except OSError as exc:
+            if target.exists():
+                raise Conflict(f"{label} appeared while unpacking; run the unpack again") from exc
+            raise
+        fsync_dir(target.parent)
+        installed.append(label)
+        progress(f"installed {label}")
+    return installed
+
+
+def unpack(rt: Runtime, path: Path, progress: Progress = quiet) -> dict:
+    """Verify a pack completely in a private directory, then move each snapshot and image into place."""
+    t0 = time.perf_counter()
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidInput(f"{path} is not a file")
+    stage = rt.layout.tmp / f"unpack-{os.getpid()}-{secrets.token_hex(4)}"
+    stage.mkdir(mode=0o700)
+    try:
+        with open(path, "rb") as fh:
+            m = extract(fh, stage, progress)
+        snaps, images = check_staged(stage, m)
+        # decide everything before moving anything: conflicts are refused with nothing installed
+        plan, skipped = _plan(rt, stage, m, snaps, images)
+        installed = _install(plan, progress)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return {"head": m["head"], "chain": m["chain"], "image_id": m["image_id"], "installed": installed,
+            "skipped": skipped, "members": len(m["_members"]),
+            "logical_bytes": sum(e["size"] for e in m["_members"].values()),
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of a pack (the first member only; nothing is verified beyond its own rules)."""
+    with open(path, "rb") as fh:
+        stream = ZstdStream(fh)
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                info = tar.next()
+                if info is None or info.name != PACK_MANIFEST or not info.isreg() or info.size > MAX_MANIFEST_BYTES:
+                    raise PackError(f"the first member of a pack must be {PACK_MANIFEST}")
+                f = tar.extractfile(info)
+                m = parse_manifest(f.read() if f else b"")
+        except tarfile.TarError as exc:
+            raise PackError(f"not a forkd pack: {exc}") from None
+    m.pop("_members", None)
+    return m

@@ -1,0 +1,69 @@
+"""The pack format's constants, its error, and the rules every member path and name must follow."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import PurePosixPath
+from typing import Any
+
+from forkd.base.errors import ForkdError
+from forkd.base.names import TAG_PATTERN
+from forkd.store import chain as chainmod
+from forkd.store.snapshot import MANIFEST, MEMORY, VMSTATE
+
+PACK_MANIFEST = "forkd-pack.json"
+PACK_FORMAT = "forkd-pack"
+PACK_VERSION = 1
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_MEMBER_BYTES = 1 << 40
+BASE_FILES = (MANIFEST, VMSTATE, MEMORY)
+LAYER_FILES = (MANIFEST, VMSTATE, chainmod.PAGES_FILE, chainmod.DATA_FILE)
+IMAGE_FILES = ("vmlinuz", "initrd.img", "image.json")
+_NAME_RE = re.compile(TAG_PATTERN)
+
+Progress = Callable[[str], None]
+
+
+class PackError(ForkdError):
+    """A pack that is malformed, unsafe, corrupt or truncated."""
+
+    exit_code = 2
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def safe_relpath(path: Any, what: str = "member") -> PurePosixPath:
+    """A relative POSIX path without '..', '.', empty or odd components, or refuse (PackError)."""
+    if not isinstance(path, str) or not path or len(path) > 512:
+        raise PackError(f"pack {what} path {path!r} is not a usable name")
+    if "\\" in path or "\0" in path or any(ord(c) < 32 for c in path):
+        raise PackError(f"pack {what} path {path!r} contains a backslash or a control character")
+    if path.startswith("/"):
+        raise PackError(f"pack {what} path {path!r} is absolute: refused")
+    parts = path.rstrip("/").split("/")
+    if any(p == ".." for p in parts):
+        raise PackError(f"pack {what} path {path!r} contains '..': refused (path traversal)")
+    if any(p in ("", ".") for p in parts):
+        raise PackError(f"pack {what} path {path!r} has an empty or '.' component: refused")
+    return PurePosixPath(*parts)
+
+
+def check_name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise PackError(f"pack manifest: invalid {what} {value!r}")
+    return value
+
+
+def member_kind(path: PurePosixPath, chain: list[str], images: list[str]) -> tuple[str, str, str]:
+    """('snapshots'|'images', tag-or-id, file) for a member path of the allowed shape, else PackError."""
+    parts = path.parts
+    ok = (len(parts) == 3 and ((parts[0] == "snapshots" and parts[1] in chain
+                                and parts[2] in set(BASE_FILES) | set(LAYER_FILES))
+                               or (parts[0] == "images" and parts[1] in images and parts[2] in IMAGE_FILES)))
+    if not ok:
+        raise PackError(f"pack member {str(path)!r} is not one of the files a pack may hold "
+                        "(snapshots/<tag>/<snapshot file> of the chain, images/<id>/<image file>)")
+    return parts[0], parts[1], parts[2]

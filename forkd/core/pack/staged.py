@@ -1,0 +1,76 @@
+"""Checks on unpacked content: the staged snapshots and images against each other and the manifest, and
+whether a snapshot or image already in place holds the same content as the pack's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from forkd.base.hashing import sha256_file
+from forkd.core.pack.rules import IMAGE_FILES, PackError
+from forkd.image.build import Image
+from forkd.store import chain as chainmod
+from forkd.store.snapshot import MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot
+
+
+def check_staged(stage: Path, m: dict) -> tuple[list[Snapshot], list[Image]]:
+    """Cross-check the staged snapshots and images: manifests, parents, hashes, image."""
+    entries = m["_members"]
+    images = []
+    for image_id in m["images"]:
+        d = stage / "images" / image_id
+        try:
+            meta = json.loads((d / "image.json").read_text())
+            img = Image(meta["id"], d, d / "vmlinuz", d / "initrd.img", meta["kernel_sha256"], meta)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PackError(f"pack image {image_id!r}: image.json is invalid ({exc})") from None
+        if img.id != image_id:
+            raise PackError(f"pack image {image_id!r}: image.json names id {img.id!r}")
+        if img.kernel_sha256 != entries[f"images/{image_id}/vmlinuz"]["sha256"]:
+            raise PackError(f"pack image {image_id!r}: the kernel does not match image.json's kernel_sha256")
+        if meta.get("initrd_sha256") not in (None, entries[f"images/{image_id}/initrd.img"]["sha256"]):
+            raise PackError(f"pack image {image_id!r}: the initramfs does not match image.json's initrd_sha256")
+        images.append(img)
+    kernels = {i.id: i.kernel_sha256 for i in images}
+    snaps: list[Snapshot] = []
+    for i, tag in enumerate(m["chain"]):
+        d = stage / "snapshots" / tag
+        try:
+            s = Snapshot.from_file(d / MANIFEST)
+        except CorruptManifest as exc:
+            raise PackError(f"pack snapshot {tag!r}: {exc.message}") from None
+        if s.tag != tag:
+            raise PackError(f"pack snapshot {tag!r}: its manifest names tag {s.tag!r}")
+        if s.status != "ready":
+            raise PackError(f"pack snapshot {tag!r} is {s.status}, not ready")
+        if s.image_id not in kernels or s.kernel_sha256 != kernels[s.image_id]:
+            raise PackError(f"pack snapshot {tag!r} needs image {s.image_id!r}, which the pack does not hold")
+        if entries[f"snapshots/{tag}/{VMSTATE}"]["sha256"] != s.vmstate_sha256:
+            raise PackError(f"pack snapshot {tag!r}: vmstate does not match its recorded hash")
+        if i == 0:
+            if s.is_layer:
+                raise PackError(f"pack snapshot {tag!r} is the chain root but is a layer of {s.parent_tag!r}")
+            if entries[f"snapshots/{tag}/{MEMORY}"]["sha256"] != s.memory_sha256:
+                raise PackError(f"pack snapshot {tag!r}: memory.bin does not match its recorded content hash")
+        else:
+            parent = snaps[-1]
+            if s.parent_tag != parent.tag or s.parent_content_hash != parent.memory_sha256:
+                raise PackError(f"pack snapshot {tag!r} is not built on {parent.tag!r} as the chain says")
+            if chainmod.diff_hash(d) != s.diff_sha256:
+                raise PackError(f"pack snapshot {tag!r}: its diff files do not match their recorded hash")
+        snaps.append(s)
+    return snaps, images
+
+
+def same_image(target: Path, m: dict, image_id: str) -> bool:
+    try:
+        return all(sha256_file(target / name) == m["_members"][f"images/{image_id}/{name}"]["sha256"]
+                   for name in IMAGE_FILES)
+    except OSError:
+        return False
+
+
+def same_snapshot(existing: Snapshot, s: Snapshot) -> bool:
+    return (existing.status == "ready" and existing.memory_sha256 == s.memory_sha256
+            and existing.vmstate_sha256 == s.vmstate_sha256 and existing.parent_tag == s.parent_tag
+            and existing.parent_content_hash == s.parent_content_hash and existing.diff_sha256 == s.diff_sha256)

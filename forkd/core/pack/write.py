@@ -1,0 +1,118 @@
+"""Writing a pack: every file of a chain and its guest image(s) is hashed and listed in the manifest, then
+streamed into a .tar.zst beside `out` that replaces it only when complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tarfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import zstandard
+
+from forkd.base.errors import Conflict, ForkdError
+from forkd.base.hashing import sha256_file
+from forkd.base.names import check_tag
+from forkd.core.pack.manifest import build_manifest
+from forkd.core.pack.rules import BASE_FILES, IMAGE_FILES, LAYER_FILES, PACK_MANIFEST, Progress, quiet
+from forkd.core.pack.streams import CHUNK, BytesReader, HashingReader
+from forkd.store import chain as chainmod
+from forkd.store.snapshot import MEMORY, Snapshot
+
+if TYPE_CHECKING:
+    from forkd.core.runtime import Runtime
+
+
+def _file_hash(path: Path) -> str:
+    # the memory file is sparse: hash it extent by extent (holes as zeros), the store's own definition
+    return chainmod.hash_image(path) if path.name == MEMORY else sha256_file(path)
+
+
+def _members(rt: Runtime, snaps: list[Snapshot], image_ids: list[str]) -> list[tuple[str, Path]]:
+    """(path in the pack, file on disk) of every member after the manifest, in pack order."""
+    members: list[tuple[str, Path]] = []
+    for s in snaps:
+        d = rt.store.dir(s.tag)
+        for name in (LAYER_FILES if s.is_layer else BASE_FILES):
+            members.append((f"snapshots/{s.tag}/{name}", d / name))
+    for image_id in image_ids:
+        image = rt.image(image_id)
+        for name in IMAGE_FILES:
+            members.append((f"images/{image_id}/{name}", image.dir / name))
+    return members
+
+
+def _listed(tag: str, members: list[tuple[str, Path]]) -> list[dict]:
+    """The manifest's member entries: path, size, sha256 and mode of each file."""
+    listed = []
+    for arc, p in members:
+        if not p.is_file() or p.is_symlink():
+            raise ForkdError(f"{p} is missing or not a regular file; cannot pack {tag!r}")
+        digest = _file_hash(p)
+        listed.append({"path": arc, "size": p.stat().st_size, "sha256": digest, "mode": 0o444})
+    return listed
+
+
+def _check_unchanged(rt: Runtime, snaps: list[Snapshot], listed: list[dict]) -> None:
+    for s in snaps:  # refuse to pack what no longer matches its own manifest
+        by = {m["path"]: m["sha256"] for m in listed}
+        if not s.is_layer and by[f"snapshots/{s.tag}/{MEMORY}"] != s.memory_sha256:
+            raise ForkdError(f"snapshot {s.tag!r}: its memory file no longer matches its recorded hash",
+                             hint=f"delete it with 'forkd rmi --force {s.tag}' and create it again")
+        if s.is_layer and chainmod.diff_hash(rt.store.dir(s.tag)) != s.diff_sha256:
+            raise ForkdError(f"snapshot {s.tag!r}: its diff files no longer match their recorded hash",
+                             hint=f"delete it with 'forkd rmi --force --cascade {s.tag}' and rebuild")
+
+
+def _write(out: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[dict], progress: Progress,
+           level: int) -> None:
+    """The manifest `raw`, then every member, as a .tar.zst in a temp file renamed to `out` when complete."""
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+    try:
+        with open(tmp, "xb") as fh:
+            cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=-1)
+            with cctx.stream_writer(fh, closefd=False) as zw:
+                with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
+                    now = int(time.time())
+                    info = tarfile.TarInfo(PACK_MANIFEST)
+                    info.size, info.mode, info.mtime = len(raw), 0o444, now
+                    tar.addfile(info, BytesReader(raw))
+                    for (arc, p), m in zip(members, listed, strict=True):
+                        progress(f"adding {arc} ({m['size']} bytes)")
+                        info = tarfile.TarInfo(arc)
+                        info.size, info.mode, info.mtime = m["size"], 0o444, now
+                        with open(p, "rb") as f:
+                            r = HashingReader(f)
+                            tar.addfile(info, r)
+                        if r.h.hexdigest() != m["sha256"]:
+                            raise ForkdError(f"{p} changed while it was being packed")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: int = 3) -> dict:
+    """Write the chain of `tag` (every ancestor, root first) and its guest image to `out` (.tar.zst)."""
+    t0 = time.perf_counter()
+    check_tag(tag)
+    snaps = rt.store.ancestors(tag)  # every link present, ready, and holding the content its child was built on
+    for s in snaps:
+        if s.status != "ready":
+            raise Conflict(f"snapshot {s.tag!r} is {s.status}: only ready snapshots can be packed")
+    image_ids = list(dict.fromkeys(s.image_id for s in snaps))
+    members = _members(rt, snaps, image_ids)
+    progress(f"hashing {len(members)} files of {len(snaps)} snapshots")
+    listed = _listed(tag, members)
+    _check_unchanged(rt, snaps, listed)
+    manifest = build_manifest(tag, snaps, image_ids, listed)
+    raw = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    out = Path(out).absolute()
+    _write(out, raw, members, listed, progress, level)
+    return {"tag": tag, "chain": manifest["chain"], "image_id": manifest["image_id"], "path": str(out),
+            "members": len(listed), "logical_bytes": sum(m["size"] for m in listed),
+            "pack_bytes": out.stat().st_size, "seconds": round(time.perf_counter() - t0, 3)}
