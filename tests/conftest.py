@@ -97,3 +97,6 @@ def forkd_cli(*args: str, check: bool = False, input: str | None = None) -> subp
     if check and res.returncode != 0:
         raise AssertionError(f"forkd {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}")
     return res
+
+
+from tests.oci_images import layers, layout_dir  # noqa: E402,F401 - session fixtures: OCI test images

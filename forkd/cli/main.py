@@ -73,10 +73,12 @@ def image_build(force: bool = typer.Option(False, help="rebuild even if the cach
                                                           "image: a Debian rootfs with python3 + these packages "
                                                           "(mmdebstrap; repeat or comma-separate)"),
                 suite: str = typer.Option("bookworm", "--suite", help="Debian suite for --debian-packages"),
+                rootfs: images_cli.RootfsKind = typer.Option(images_cli.RootfsKind.auto, "--rootfs",
+                                                             help="with --debian-packages: " + images_cli.ROOTFS_HELP),
                 output: Fmt = OUTPUT) -> None:
     """Build the default guest image from Debian packages (cached by content; rebuilt only on change)."""
     if debian_packages:
-        return images_cli.debian_build(debian_packages, suite, force, output)
+        return images_cli.debian_build(debian_packages, suite, force, output, rootfs.value)
     image, built = rt().build_image(Progress(quiet=output != Fmt.table), force=force)
     data = dict(image.meta, built_now=built, path=str(image.dir))
     emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("INITRD", "right"), ("PATH", "left")],

@@ -4,6 +4,8 @@
     {oci: {ref: PATH}}                        an OCI image layout directory or a `docker save` tarball
     {debian: {suite: bookworm, packages: []}} a Debian rootfs from packages (mmdebstrap), cached by content
 
+oci and debian take `rootfs: auto|initramfs|disk` (see forkd.image.rootfs).
+
 Every kind is built once and cached by content under $FORKD_HOME/images/<id>; this only builds what is missing.
 """
 
@@ -43,38 +45,41 @@ def ensure_image(rt: Runtime, image_ref: dict[str, Any] | None, memory_mib: int 
         path = value.get("ref") if isinstance(value, dict) else value
         if not path:
             raise InvalidInput("image: oci needs ref: PATH (an OCI layout directory or a docker save tarball)")
-        image, _ = from_image(rt.layout, path, memory_mib=memory_mib, pip=tuple(pip), progress=progress)
+        rootfs = (value.get("rootfs") if isinstance(value, dict) else None) or "auto"
+        image, _ = from_image(rt.layout, path, memory_mib=memory_mib, pip=tuple(pip), progress=progress,
+                              rootfs=rootfs)
         return image.id
     if kind == "debian":
         from forkd.image.debian import DEFAULT_SUITE, build_debian
 
         value = value or {}
         image, _ = build_debian(rt.layout, list(value.get("packages") or []), value.get("suite") or DEFAULT_SUITE,
-                                memory_mib=memory_mib, progress=progress)
+                                memory_mib=memory_mib, progress=progress, rootfs=value.get("rootfs") or "auto")
         return image.id
     raise InvalidInput(f"image: unknown kind {kind!r} (use builtin, oci or debian)")
 
 
 def build_oci(rt: Runtime, ref: str, memory_mib: int | None = None, pip: tuple[str, ...] = (),
-              progress: Progress = _quiet, force: bool = False):
+              progress: Progress = _quiet, force: bool = False, rootfs: str = "auto"):
     """forkd from-image: the image for an OCI layout / docker save tarball. Returns (Image, built_now)."""
     from forkd.image.oci import from_image
 
-    return from_image(rt.layout, ref, memory_mib=memory_mib, pip=pip, progress=progress, force=force)
+    return from_image(rt.layout, ref, memory_mib=memory_mib, pip=pip, progress=progress, force=force, rootfs=rootfs)
 
 
 def build_debian(rt: Runtime, packages: list[str], suite: str | None = None, memory_mib: int | None = None,
-                 progress: Progress = _quiet, force: bool = False):
+                 progress: Progress = _quiet, force: bool = False, rootfs: str = "auto"):
     """forkd image build --debian-packages: returns (Image, built_now)."""
     from forkd.image.debian import DEFAULT_SUITE, build_debian
 
     return build_debian(rt.layout, packages, suite or DEFAULT_SUITE, memory_mib=memory_mib, progress=progress,
-                        force=force)
+                        force=force, rootfs=rootfs)
 
 
 def from_image(rt: Runtime, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1,
                warm_imports: tuple[str, ...] = (), warm_run: tuple[str, ...] = (), pip: tuple[str, ...] = (),
-               apt: tuple[str, ...] = (), progress: Progress = _quiet, labels: dict[str, str] | None = None):
+               apt: tuple[str, ...] = (), progress: Progress = _quiet, labels: dict[str, str] | None = None,
+               rootfs: str = "auto"):
     """Build the image for `ref` (cached) and boot, warm and snapshot it as `tag`. Returns (Snapshot, Image, built)."""
     from forkd.base.names import check_tag
 
@@ -92,7 +97,7 @@ def from_image(rt: Runtime, ref: str, tag: str, memory_mib: int = 512, vcpus: in
     if old is not None and old.status != "failed":
         raise Conflict(f"snapshot {tag!r} already exists ({old.status})",
                        hint=f"forkd rmi {tag}, or pick another --tag")
-    image, built = build_oci(rt, ref, memory_mib=memory_mib, pip=pip, progress=progress)
+    image, built = build_oci(rt, ref, memory_mib=memory_mib, pip=pip, progress=progress, rootfs=rootfs)
     snap = rt.create_snapshot(tag, memory_mib, vcpus, warm_imports, warm_run, progress=progress,
                               labels={"forkd.dev/image": image.id, **(labels or {})}, image_id=image.id)
     return snap, image, built

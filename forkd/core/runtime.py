@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from forkd.base.atomic import write_json
@@ -26,6 +27,7 @@ from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
 from forkd.vmm.accel import Decision, probe
 from forkd.vmm.agent_client import AgentClient
+from forkd.vmm.disk import create_overlay
 from forkd.vmm.driver import Machine, RunFiles, VmmDriver
 from forkd.vmm.qemu import QemuDriver
 
@@ -38,6 +40,17 @@ def _quiet(_: str) -> None:
     pass
 
 
+def seal_disk(disk: Path) -> dict:
+    """A snapshot's disk overlay, written by a VMM that has quit: fsynced, and its manifest fields."""
+    fd = os.open(disk, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        allocated = os.fstat(fd).st_blocks * 512
+    finally:
+        os.close(fd)
+    return {"disk_sha256": sha256_file(disk), "disk_bytes": allocated}
+
+
 class Runtime:
     def __init__(self, layout: Layout | None = None, driver: VmmDriver | None = None):
         self.layout = (layout or Layout.from_env()).ensure()
@@ -48,7 +61,7 @@ class Runtime:
     @property
     def driver(self) -> VmmDriver:
         if self._driver is None:
-            self._driver = QemuDriver()
+            self._driver = QemuDriver(overlay_templates=self.layout.cache / "overlays")
         return self._driver
 
     @property
@@ -111,7 +124,8 @@ class Runtime:
     def machine_for(self, snap: Snapshot) -> Machine:
         image = self.image(snap.image_id)
         return Machine(kernel=image.kernel, initrd=image.initrd, memory_mib=snap.memory_mib, vcpus=snap.vcpus,
-                       accel=snap.accel, network=self.network_of(snap))
+                       accel=snap.accel, network=self.network_of(snap),
+                       disk=self.store.disk_path(snap.tag) if snap.has_disk else None)
 
     def create_snapshot(self, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: tuple[str, ...] = (),
                         warm_run: tuple[str, ...] = (), progress: Progress = _quiet,
@@ -134,12 +148,7 @@ class Runtime:
                 raise InvalidInput(f"--warm-import {mod!r} is not a module name")
         image = self.image(image_id) if image_id else self.build_image(progress)[0]  # image_id: forkd.core.images
         decision, _ = self.accelerator(image, progress)
-        initrd = image.initrd
-        if network != "none":
-            from forkd.core.isolation import network_initrd
-
-            initrd = network_initrd(self.layout, image)
-        machine = Machine(kernel=image.kernel, initrd=initrd, memory_mib=memory_mib, vcpus=vcpus,
+        machine = Machine(kernel=image.kernel, initrd=image.initrd, memory_mib=memory_mib, vcpus=vcpus,
                           accel=decision.accel, network=network)
         snap = self.store.begin(Snapshot(
             tag=tag, status="writing", created_at=time.time(), memory_mib=memory_mib, vcpus=vcpus,
@@ -153,7 +162,11 @@ class Runtime:
         timings: dict[str, float] = {}
         try:
             t0 = time.perf_counter()
-            progress(f"booting the parent ({memory_mib} MiB, {vcpus} vCPU, {decision.accel})")
+            if image.disk is not None:  # the parent writes its own overlay, frozen with the snapshot
+                machine = replace(machine, disk=self.store.disk_path(tag))
+                create_overlay(machine.disk, image.disk)
+            progress(f"booting the parent ({memory_mib} MiB, {vcpus} vCPU, {decision.accel}"
+                     f"{', disk-backed' if image.disk else ''})")
             work.mkdir(parents=True)
             vm = self.driver.boot(machine, mem, RunFiles(work), timeout=boot_timeout)
             timings["boot"] = (time.perf_counter() - t0) * 1000.0
@@ -176,7 +189,8 @@ class Runtime:
                 pass  # materialize() copies it from the store on first use
             snap = snap.with_(memory_sha256=mem_hash, memory_bytes=mem_size, memory_stored_bytes=stored,
                               vmstate_sha256=sha256_file(d / "vmstate"),
-                              vmstate_bytes=(d / "vmstate").stat().st_size, timings_ms=timings)
+                              vmstate_bytes=(d / "vmstate").stat().st_size, timings_ms=timings,
+                              **(seal_disk(machine.disk) if machine.disk else {}))
             return self.store.commit(snap)
         except BaseException as exc:
             if vm is not None:

@@ -24,13 +24,14 @@ from forkd.base.hashing import sha256_file
 from forkd.base.paths import Layout
 from forkd.image import debs
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 PYTHON_PACKAGES = ["python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib"]
 BUSYBOX_PACKAGE = "busybox-static"
+# failover and net_failover: virtio_net.ko needs them (Debian builds all of these as modules)
 GUEST_MODULES = ["virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
-                 "virtio_console", "virtio_net", "virtio_blk"]
+                 "virtio_console", "failover", "net_failover", "virtio_net", "virtio_blk"]
 GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
-GUEST_SOURCES = ["agent.py", "init.sh"]
+GUEST_SOURCES = ["agent.py", "init.sh", "boot.sh"]  # boot.sh: stage-1 init of disk-backed images
 # parts of the stdlib a headless agent never uses; dropping them keeps guest RAM small
 STDLIB_DROP = ["idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "test"]
 
@@ -45,6 +46,11 @@ class Image:
     initrd: Path
     kernel_sha256: str
     meta: dict
+
+    @property
+    def disk(self) -> Path | None:
+        """The root disk (raw ext4) of a disk-backed image; None when the whole rootfs is the initramfs."""
+        return self.dir / "rootfs.ext4" if self.meta.get("rootfs") == "disk" else None
 
     @classmethod
     def load(cls, d: Path) -> Image:

@@ -23,7 +23,16 @@ from forkd.base.errors import ForkdError, InvalidInput
 from forkd.base.paths import Layout
 from forkd.image import debs
 from forkd.image.build import BUSYBOX_PACKAGE, Image
-from forkd.image.rootfs import Progress, cached_image, find_python, finish, guest_sources_hash, inject, workspace
+from forkd.image.rootfs import (
+    Progress,
+    cached_image,
+    check_rootfs_kind,
+    find_python,
+    finish,
+    guest_sources_hash,
+    inject,
+    workspace,
+)
 
 DEBIAN_BUILDER_VERSION = "1"
 DEFAULT_SUITE = "bookworm"
@@ -140,7 +149,7 @@ def _trim_perl(root: Path, status: dict[str, tuple[str, str]]) -> bool:
 
 
 def build_debian(layout: Layout, packages: list[str], suite: str = DEFAULT_SUITE, memory_mib: int | None = None,
-                 progress: Progress = lambda s: None, force: bool = False) -> tuple[Image, bool]:
+                 progress: Progress = lambda s: None, force: bool = False, rootfs: str = "auto") -> tuple[Image, bool]:
     """Build (or find in the cache) the image for `packages` on `suite`. Returns (image, built_now)."""
     layout.ensure()
     pkgs = check_request(suite, packages)
@@ -149,7 +158,8 @@ def build_debian(layout: Layout, packages: list[str], suite: str = DEFAULT_SUITE
     kdeb = debs.kernel_package(layout.debs)
     bdeb = debs.download(layout.debs, BUSYBOX_PACKAGE)
     key = {"builder": DEBIAN_BUILDER_VERSION, "suite": suite, "mirror": mirror(), "packages": pkgs,
-           "versions": versions, "kernel": kdeb.name, "busybox": bdeb.name, "guest": guest_sources_hash()}
+           "versions": versions, "kernel": kdeb.name, "busybox": bdeb.name, "guest": guest_sources_hash(),
+           "rootfs": check_rootfs_kind(rootfs)}
     image_id = "deb-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     hit = None if force else cached_image(layout, image_id, memory_mib)
     if hit is not None:
@@ -171,5 +181,5 @@ def build_debian(layout: Layout, packages: list[str], suite: str = DEFAULT_SUITE
                 "python": {"path": python.path, "version": f"{python.version[0]}.{python.version[1]}"},
                 "packages": {"kernel": kname, "busybox": bdeb.name},
                 "build_seconds": round(time.monotonic() - t0, 2)}
-        img = finish(layout, image_id, root, out, meta, memory_mib, progress)
+        img = finish(layout, image_id, root, out, meta, memory_mib, progress, rootfs)
     return img, True

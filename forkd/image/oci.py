@@ -38,6 +38,7 @@ from forkd.image.rootfs import (
     Progress,
     UnsafeImage,
     cached_image,
+    check_rootfs_kind,
     find_python,
     finish,
     guest_sources_hash,
@@ -337,7 +338,7 @@ def unpack(src: Source, root: Path, progress: Progress = lambda s: None) -> Unpa
 
 
 def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, pip: tuple[str, ...] = (),
-               progress: Progress = lambda s: None, force: bool = False) -> tuple[Image, bool]:
+               progress: Progress = lambda s: None, force: bool = False, rootfs: str = "auto") -> tuple[Image, bool]:
     """Build (or find in the cache) the guest image for an OCI layout / docker save tarball.
     Returns (image, built_now)."""
     layout.ensure()
@@ -345,7 +346,8 @@ def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, p
     kdeb = debs.kernel_package(layout.debs)
     bdeb = debs.download(layout.debs, BUSYBOX_PACKAGE)
     h = hashlib.sha256(f"forkd-oci-image {OCI_BUILDER_VERSION}\n{src.digest}\n{kdeb.name}\n{bdeb.name}\n"
-                       f"{guest_sources_hash()}\npip={json.dumps(sorted(pip))}\n".encode())
+                       f"{guest_sources_hash()}\npip={json.dumps(sorted(pip))}\nrootfs={check_rootfs_kind(rootfs)}\n"
+                       .encode())
     image_id = "oci-" + h.hexdigest()[:16]
     hit = None if force else cached_image(layout, image_id, memory_mib)
     if hit is not None:
@@ -367,7 +369,7 @@ def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, p
                 "unpack": {"members": stats.members, "whiteouts": stats.whiteouts, "opaque": stats.opaque,
                            "skipped_devices": len(stats.skipped_devices)},
                 "build_seconds": round(time.monotonic() - t0, 2)}
-        img = finish(layout, image_id, root, out, meta, memory_mib, progress)
+        img = finish(layout, image_id, root, out, meta, memory_mib, progress, rootfs)
     return img, True
 
 

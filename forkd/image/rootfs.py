@@ -1,6 +1,15 @@
 """Turning an unpacked rootfs into a forkd guest image, whatever it came from (an OCI image, a Debian package
-set): find its Python, inject forkd's init, agent, busybox and the kernel's virtio modules, install wheels, check
-it fits in guest RAM, and write the content-addressed image (an uncompressed initramfs)."""
+set): find its Python, inject forkd's init, agent, busybox and the kernel's virtio modules, install wheels, and
+write the content-addressed image in one of two shapes:
+
+* `initramfs`: the whole rootfs is an uncompressed initramfs, unpacked into guest RAM at boot (which children
+  share copy-on-write); it must fit the parent's memory size;
+* `disk`: the rootfs is a raw ext4 file (`mkfs.ext4 -d`, 0444) plus a small stage-1 initramfs (busybox, the
+  virtio modules, forkd/guest/boot.sh) that mounts it and switches to it. Parents and children write only
+  qcow2 overlays on it (forkd.vmm.disk), so no two children share a writable disk.
+
+`auto` picks `disk` for a rootfs over AUTO_DISK_BYTES, `initramfs` below.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +33,12 @@ from forkd.image import debs
 from forkd.image.build import BUSYBOX_PACKAGE, GUEST_DIR, GUEST_SOURCES, Image, take_kernel, write_initramfs
 
 MIB = 1 << 20
-# an initramfs is unpacked into guest RAM at boot; past this a disk-backed rootfs is the way (not built yet)
+# an initramfs is unpacked into guest RAM at boot; past this only a disk-backed rootfs will do
 INITRAMFS_MAX_BYTES = 2048 * MIB
+AUTO_DISK_BYTES = 1024 * MIB  # rootfs: auto goes to disk above this
+ROOTFS_KINDS = ("auto", "initramfs", "disk")
+DISK_MIN_MEMORY_MIB = 192  # a disk-backed guest needs RAM for the kernel, the agent and some page cache only
+DISK_FREE_BYTES = 512 * MIB  # free space in the ext4 for what guests write (a sparse file: costs nothing)
 PYTHON_CANDIDATES = ["usr/local/bin/python3", "usr/bin/python3", "bin/python3"]
 MIN_PYTHON = (3, 8)
 Progress = Callable[[str], None]
@@ -241,17 +254,66 @@ def min_memory_mib(rootfs_bytes: int) -> int:
     return -(-(need + 1) // (64 * MIB)) * 64
 
 
-def check_fits(rootfs_bytes: int, memory_mib: int | None, what: str) -> None:
+def check_rootfs_kind(kind: str) -> str:
+    if kind not in ROOTFS_KINDS:
+        raise InvalidInput(f"rootfs {kind!r}: use one of {', '.join(ROOTFS_KINDS)}")
+    return kind
+
+
+def choose_kind(kind: str, rootfs_bytes: int) -> str:
+    """`auto` resolved by size (see the module docstring)."""
+    if kind == "auto":
+        return "disk" if rootfs_bytes > AUTO_DISK_BYTES else "initramfs"
+    return kind
+
+
+def check_fits(rootfs_bytes: int, memory_mib: int | None, what: str, kind: str = "initramfs") -> None:
+    if kind == "disk":
+        if memory_mib is not None and memory_mib < DISK_MIN_MEMORY_MIB:
+            raise InvalidInput(f"{what}: {memory_mib} MiB of guest RAM is too small even for a disk-backed rootfs",
+                               hint=f"set --memory-mib {DISK_MIN_MEMORY_MIB} or more")
+        return
     if rootfs_bytes > INITRAMFS_MAX_BYTES:
-        raise ForkdError(f"{what}: the rootfs unpacks to {rootfs_bytes // MIB} MiB, more than an initramfs can "
-                         f"hold ({INITRAMFS_MAX_BYTES // MIB} MiB); a disk-backed rootfs (ext4 + per-child "
-                         "copy-on-write overlay) is NotImplemented yet",
-                         hint="slim the image (multi-stage build, drop docs/caches) to fit an initramfs")
+        raise InvalidInput(f"{what}: the rootfs unpacks to {rootfs_bytes // MIB} MiB, more than an initramfs can "
+                           f"hold ({INITRAMFS_MAX_BYTES // MIB} MiB)",
+                           hint="build it disk-backed: --rootfs disk (or auto), image: {oci: {ref: ..., rootfs: "
+                                "disk}} in a ForkParent")
     if memory_mib is not None and memory_mib * MIB <= 2.5 * rootfs_bytes + 256 * MIB:
         need = min_memory_mib(rootfs_bytes)
         raise InvalidInput(f"{what}: the rootfs unpacks to {rootfs_bytes / MIB:.0f} MiB and an initramfs lives in "
                            f"guest RAM, so {memory_mib} MiB is too small (needs > 2.5 x rootfs + 256 MiB)",
-                           hint=f"set --memory-mib {need} (memoryMiB: {need} in a ForkParent) or more")
+                           hint=f"set --memory-mib {need} (memoryMiB: {need} in a ForkParent) or more, or build "
+                                "the image disk-backed (--rootfs disk; rootfs: disk in the image spec)")
+
+
+def disk_bytes(rootfs_bytes: int) -> int:
+    """Size of the ext4 file: the rootfs plus 25 % for file system overhead plus DISK_FREE_BYTES, in 64 MiB."""
+    need = int(rootfs_bytes * 1.25) + DISK_FREE_BYTES
+    return -(-need // (64 * MIB)) * 64 * MIB
+
+
+def write_disk(root: Path, out: Path, size: int) -> None:
+    """The rootfs as a raw ext4 file (no journal: guests' writes only ever land in throw-away overlays or in a
+    snapshot taken while the guest is paused)."""
+    res = subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "forkd-root", "-E", "root_owner=0:0",
+                          "-d", str(root), str(out), f"{size // 1024}k"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise ForkdError(f"mkfs.ext4 failed: {res.stderr.strip()[-500:]}", hint="apt-get install e2fsprogs")
+
+
+def write_boot_initramfs(root: Path, stage: Path, out: Path) -> None:
+    """The stage-1 initramfs of a disk-backed image: busybox, the virtio modules and boot.sh as /init."""
+    boot = stage / "boot"
+    shutil.rmtree(boot, ignore_errors=True)
+    for d in ("bin", "lib/modules/forkd", "proc", "sys", "dev", "newroot"):
+        (boot / d).mkdir(parents=True)
+    shutil.copy2(root / "forkd" / "bin" / "busybox", boot / "bin" / "busybox")
+    for ko in resolve_in(root, "lib/modules/forkd", follow_last=True).glob("*.ko"):
+        shutil.copy2(ko, boot / "lib" / "modules" / "forkd" / ko.name)
+    shutil.copy2(GUEST_DIR / "boot.sh", boot / "init")
+    os.chmod(boot / "init", 0o755)
+    write_initramfs(boot, out)
+    shutil.rmtree(boot)
 
 
 # ---------------------------------------------------------------- assembling an image directory
@@ -263,16 +325,27 @@ def guest_sources_hash() -> str:
 
 
 def finish(layout: Layout, image_id: str, root: Path, out: Path, meta: dict, memory_mib: int | None,
-           progress: Progress) -> Image:
-    """Pack `root` into out/initrd.img (out/vmlinuz is written already), check it fits `memory_mib`, write
-    image.json and move `out` to images/<image_id> atomically. Nothing is registered if any step fails."""
+           progress: Progress, rootfs: str = "auto") -> Image:
+    """Pack `root` as an initramfs (out/initrd.img) or as a disk (out/rootfs.ext4 + a stage-1 out/initrd.img),
+    check it fits `memory_mib`, write image.json and move `out` to images/<image_id> atomically (out/vmlinuz is
+    written already). Nothing is registered if any step fails."""
     rootfs_bytes = tree_bytes(root)
-    check_fits(rootfs_bytes, memory_mib, f"image {meta.get('source', {}).get('ref', image_id)}")
-    progress(f"writing the initramfs (cpio, {rootfs_bytes / MIB:.0f} MiB)")
-    write_initramfs(root, out / "initrd.img")
+    kind = choose_kind(check_rootfs_kind(rootfs), rootfs_bytes)
+    check_fits(rootfs_bytes, memory_mib, f"image {meta.get('source', {}).get('ref', image_id)}", kind)
+    extra: dict = {"rootfs": kind}
+    if kind == "disk":
+        size = disk_bytes(rootfs_bytes)
+        progress(f"writing the root disk (ext4, {rootfs_bytes / MIB:.0f} MiB of files in {size // MIB} MiB)")
+        write_disk(root, out / "rootfs.ext4", size)
+        write_boot_initramfs(root, out.parent / "stage", out / "initrd.img")
+        extra.update(disk_bytes=size, disk_sha256=sha256_file(out / "rootfs.ext4"), min_memory_mib=DISK_MIN_MEMORY_MIB)
+    else:
+        progress(f"writing the initramfs (cpio, {rootfs_bytes / MIB:.0f} MiB)")
+        write_initramfs(root, out / "initrd.img")
+        extra["min_memory_mib"] = min_memory_mib(rootfs_bytes)
     meta = dict(meta, id=image_id, kernel_sha256=sha256_file(out / "vmlinuz"),
                 initrd_sha256=sha256_file(out / "initrd.img"), initrd_bytes=(out / "initrd.img").stat().st_size,
-                rootfs_bytes=rootfs_bytes, min_memory_mib=min_memory_mib(rootfs_bytes), built_at=time.time())
+                rootfs_bytes=rootfs_bytes, built_at=time.time(), **extra)
     write_json(out / "image.json", meta)
     for f in out.iterdir():
         os.chmod(f, 0o444)
@@ -288,5 +361,6 @@ def cached_image(layout: Layout, image_id: str, memory_mib: int | None) -> Image
     if not (d / "image.json").exists():
         return None
     img = Image.load(d)
-    check_fits(int(img.meta.get("rootfs_bytes", 0)), memory_mib, f"image {image_id}")
+    check_fits(int(img.meta.get("rootfs_bytes", 0)), memory_mib, f"image {image_id}",
+               img.meta.get("rootfs", "initramfs"))
     return img

@@ -53,14 +53,27 @@ class Status(Strict):
 
 
 # -- ForkParent -------------------------------------------------------------------------------------
-class OciImage(Strict):
+RootfsKind = Literal["auto", "initramfs", "disk"]
+ROOTFS_DOC = ("how the rootfs reaches the guest: initramfs (in guest RAM), disk (an ext4 root disk; each child "
+              "writes its own copy-on-write overlay) or auto (disk above 1 GiB); unset means auto")
+
+
+class _DropNone(Strict):
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> Any:  # unset options stay out of spec hashes
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class OciImage(_DropNone):
     ref: str = Field(..., min_length=1, description="an OCI image layout directory or a `docker save` tarball")
+    rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
 
 
-class DebianImage(Strict):
+class DebianImage(_DropNone):
     suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{1,30}$")] = "bookworm"
     packages: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]] = Field(
         default_factory=list, description="Debian packages installed next to python3 (mmdebstrap)")
+    rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
 
 
 class ImageRef(Strict):

@@ -12,6 +12,7 @@ from forkd.base.errors import ForkdError
 MANIFEST = "snapshot.json"
 MEMORY = "memory.bin"
 VMSTATE = "vmstate"
+DISK = "disk.qcow2"  # disk-backed images: what this snapshot's guest wrote, an overlay (see forkd.vmm.disk)
 FORMAT_VERSION = 1
 STATUSES = ("writing", "ready", "failed")
 
@@ -49,11 +50,17 @@ class Snapshot:
     timings_ms: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # e.g. forkd.dev/parent, forkd.dev/spec-hash
     network: str = "none"  # none | isolated: isolated parents have a NIC, so their children must be isolated
+    disk_sha256: str | None = None  # disk-backed images: sha256 of DISK as committed (None: no disk)
+    disk_bytes: int = 0  # DISK's allocated size
     format: int = FORMAT_VERSION
 
     @property
     def ready(self) -> bool:
         return self.status == "ready"
+
+    @property
+    def has_disk(self) -> bool:
+        return self.disk_sha256 is not None
 
     @property
     def is_layer(self) -> bool:

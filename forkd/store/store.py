@@ -20,9 +20,9 @@ from forkd.base.paths import Layout
 from forkd.base.procs import is_alive, start_time
 from forkd.store import chain
 from forkd.store.chain import ChainError
-from forkd.store.snapshot import MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot
+from forkd.store.snapshot import DISK, MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot
 
-DATA_FILES = (MEMORY, VMSTATE, chain.PAGES_FILE, chain.DATA_FILE)
+DATA_FILES = (MEMORY, VMSTATE, chain.PAGES_FILE, chain.DATA_FILE, DISK)
 
 
 class SnapshotStore:
@@ -39,6 +39,10 @@ class SnapshotStore:
 
     def vmstate_path(self, tag: str) -> Path:
         return self.dir(tag) / VMSTATE
+
+    def disk_path(self, tag: str) -> Path:
+        """A disk-backed snapshot's overlay (its backing chain ends in the image's rootfs.ext4)."""
+        return self.dir(tag) / DISK
 
     # -- reading -----------------------------------------------------------------------------------
     def get(self, tag: str) -> Snapshot:
@@ -57,6 +61,7 @@ class SnapshotStore:
             raise Conflict(f"snapshot {tag!r} is {snap.status}, not ready{why}",
                            hint="wait for it to finish, or delete it with 'forkd rmi' and create it again")
         needed = (chain.PAGES_FILE, chain.DATA_FILE, VMSTATE) if snap.is_layer else (MEMORY, VMSTATE)
+        needed += (DISK,) if snap.has_disk else ()
         for p in (self.dir(tag) / f for f in needed):
             if not p.exists():
                 raise CorruptManifest(f"snapshot {tag!r} is marked ready but {p} is missing",

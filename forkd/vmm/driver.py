@@ -29,6 +29,9 @@ class Machine:
     accel: str = "tcg"
     cmdline: str = "console=ttyS0 quiet panic=-1"
     network: str = "none"  # none | isolated: isolated machines get one virtio-net NIC (see qemu_argv)
+    # disk-backed images: the root disk (one virtio-blk device). A parent boots on it writable; a restored child
+    # gets a private copy-on-write overlay on it (forkd.vmm.disk), so it is never written through a child.
+    disk: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class RunFiles:
     @property
     def log(self) -> Path:
         return self.dir / "qemu.log"
+
+    @property
+    def disk(self) -> Path:
+        """A restored VM's private copy-on-write overlay (disk-backed images only)."""
+        return self.dir / "disk.qcow2"
 
 
 @dataclass

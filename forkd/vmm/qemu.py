@@ -20,6 +20,7 @@ from pathlib import Path
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.vmm.agent_client import AgentClient, AgentTimeout
+from forkd.vmm.disk import new_overlay
 from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles, Vm, VmmDriver, run_steps
 from forkd.vmm.qmp import QMPClient
 
@@ -45,12 +46,15 @@ def tail(path: Path, n: int = 12) -> str:
 
 def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *, share: bool,
               incoming: bool, sandbox: bool, extra_cmdline: str = "", netns: str | None = None,
-              runas: str | None = None) -> list[str]:
+              runas: str | None = None, disk: Path | None = None) -> list[str]:
     """The QEMU command line. `machine.network` != "none" adds one virtio-net NIC on a tap named TAP_NAME with the
     fixed GUEST_MAC (parent and children must have the same device set and the guest keeps its MAC). The tap
     lives in a network namespace: `netns` (prepared by the caller: forkd.sandbox.netns) or, without one, a fresh
     empty namespace of QEMU's own (`unshare --net`: the NIC exists but has no peer; used for parents and layer
-    builds). `runas` ("uid:gid") makes QEMU drop to that identity once its files, sockets and tap are open."""
+    builds). `runas` ("uid:gid") makes QEMU drop to that identity once its files, sockets and tap are open.
+    `disk` (a qcow2 file) is the root disk of a disk-backed image: one virtio-blk device, after the NIC, so
+    parents and children have the same devices at the same PCI addresses. Children's overlays are throw-away,
+    so their host flushes are skipped (cache=unsafe)."""
     accel = "tcg,tb-size=32" if machine.accel == "tcg" else machine.accel
     mem = f"{machine.memory_mib}M"
     argv = [
@@ -69,6 +73,10 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     if machine.network != "none":
         argv += ["-netdev", f"tap,id=net0,ifname={TAP_NAME},script=no,downscript=no",
                  "-device", f"virtio-net-pci,netdev=net0,mac={GUEST_MAC}"]
+    if disk is not None:
+        cache = "unsafe" if incoming else "writeback"
+        argv += ["-drive", f"file={disk},if=none,id=root,format=qcow2,cache={cache},discard=unmap",
+                 "-device", "virtio-blk-pci,drive=root"]
     if incoming:
         argv += ["-incoming", "defer"]
     if runas:
@@ -100,11 +108,12 @@ def kernel_stub(kernel: Path, dest: Path) -> Path:
 class QemuDriver(VmmDriver):
     name = "qemu"
 
-    def __init__(self, binary: str | None = None):
+    def __init__(self, binary: str | None = None, overlay_templates: Path | None = None):
         found = binary or find_qemu()
         if not found:
             raise ForkdError("qemu-system-x86_64 not found", hint="apt-get install qemu-system-x86")
         self.binary = found
+        self.overlay_templates = overlay_templates  # where fresh child overlays are kept (forkd.vmm.disk)
         self._version: str | None = None
 
     def version(self) -> str:
@@ -154,7 +163,7 @@ class QemuDriver(VmmDriver):
              netns: str | None = None) -> Vm:
         net = " forkd.net=1" if machine.network != "none" else ""
         argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True,
-                         extra_cmdline=net.strip(), netns=netns)
+                         extra_cmdline=net.strip(), netns=netns, disk=machine.disk)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -235,8 +244,10 @@ class QemuDriver(VmmDriver):
         empty = files.dir / "initrd.empty"
         empty.touch()
         machine = replace(machine, kernel=kernel_stub(machine.kernel, files.dir / "kernel.stub"), initrd=empty)
+        if machine.disk is not None:
+            new_overlay(machine.disk, files.disk, self.overlay_templates)
         argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True,
-                         netns=netns, runas=runas)
+                         netns=netns, runas=runas, disk=files.disk if machine.disk is not None else None)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
