@@ -94,3 +94,54 @@ def test_disk_snapshot_info_and_listing(rt, disk_snap):
     res = forkd_cli("snapshot-info", TAG, "-o", "json", check=True)
     info = json.loads(res.stdout)
     assert info["disk_sha256"] == disk_snap[0].disk_sha256 and info["disk_bytes"] > 0
+
+
+@pytest.mark.vm
+def test_layer_and_compaction_of_a_disk_backed_chain(rt, fork, disk_snap):
+    rt.snapshot_diff("oci-disk-l1", TAG, run=("echo layer1 > /srv/l1.txt && sync",))
+    rt.snapshot_diff("oci-disk-l2", "oci-disk-l1", run=("echo layer2 > /srv/l2.txt && rm /srv/parent.txt && sync",))
+    l1, l2 = rt.store.get("oci-disk-l1"), rt.store.get("oci-disk-l2")
+    assert l1.has_disk and l2.has_disk and l2.parent_tag == "oci-disk-l1"
+    # each layer's overlay names its parent's, relatively: the chain is the snapshot chain
+    names = [Path(i["filename"]).parent.name + "/" + Path(i["filename"]).name
+             for i in vdisk.chain(rt.store.disk_path("oci-disk-l2"))]
+    assert names == ["oci-disk-l2/disk.qcow2", "oci-disk-l1/disk.qcow2", f"{TAG}/disk.qcow2",
+                     f"{disk_snap[1].id}/rootfs.ext4"]
+    want = "from-parent\nlayer1\nnone\n"
+    (c1,) = fork(1, tag="oci-disk-l1")
+    assert sh(rt, c1.id, "cat /srv/parent.txt /srv/l1.txt; test -e /srv/l2.txt || echo none") == want
+    (c2,) = fork(1, tag="oci-disk-l2")
+    assert sh(rt, c2.id, "cat /srv/l1.txt /srv/l2.txt; test -e /srv/parent.txt || echo gone") == \
+        "layer1\nlayer2\ngone\n"
+    rt.compact("oci-disk-l2", "oci-disk-flat")
+    flat = rt.store.get("oci-disk-flat")
+    assert flat.has_disk and flat.parent_tag is None
+    assert [Path(i["filename"]).name for i in vdisk.chain(rt.store.disk_path("oci-disk-flat"))] == \
+        ["disk.qcow2", "rootfs.ext4"]
+    rt.rmi("oci-disk-l1", cascade=True, force=True)  # the compacted base does not need the chain any more
+    (c3,) = fork(1, tag="oci-disk-flat")
+    assert sh(rt, c3.id, "cat /srv/l1.txt /srv/l2.txt; test -e /srv/parent.txt || echo gone") == \
+        "layer1\nlayer2\ngone\n"
+
+
+@pytest.mark.vm
+@pytest.mark.parametrize("mode", ["full", "live"])
+def test_branch_of_a_disk_backed_child_captures_its_disk(rt, fork, disk_snap, mode):
+    from forkd.core.branch import branch
+
+    (src,) = fork(1, tag=TAG)
+    sh(rt, src.id, "echo before-branch > /srv/state.txt")  # in the page cache and the overlay: both captured
+    res = branch(rt, src.id, f"disk-br-{mode}", mode=mode)
+    snap = res.snapshot
+    assert snap.status == "ready" and snap.has_disk, snap
+    assert "disk_copy" in res.timings_ms
+    # the source goes on, and what it writes after the branch is not in the branch
+    sh(rt, src.id, "echo after-branch > /srv/state.txt && sync")
+    # the branch's disk depends on the image only (its source snapshot may be deleted)
+    assert [Path(i["filename"]).name for i in vdisk.chain(rt.store.disk_path(snap.tag))] == \
+        ["disk.qcow2", "rootfs.ext4"]
+    (c,) = fork(1, tag=snap.tag)
+    assert sh(rt, c.id, "cat /srv/state.txt") == "before-branch\n"
+    sh(rt, c.id, "echo 3 > /proc/sys/vm/drop_caches")
+    assert sh(rt, c.id, "cat /srv/state.txt /srv/parent.txt") == "before-branch\nfrom-parent\n"
+    assert sh(rt, src.id, "cat /srv/state.txt") == "after-branch\n"

@@ -6,6 +6,9 @@ the pages where the copy now differs from A. The copy is B's flat image: it goes
 content-addressed cache, so the first spawn of B costs nothing extra.
 
 Compaction turns a chain head into a base snapshot (flat memory file + device state, no parent).
+
+Disk-backed chains: a layer keeps the overlay its build wrote (backed by its parent's `disk.qcow2`, named
+relatively); compaction flattens the chain's overlays into one on the image's ext4 (`qemu-img convert -B`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from forkd.base.names import check_tag
 from forkd.core.warmup import warm_up
 from forkd.store import chain
 from forkd.store.snapshot import MEMORY, VMSTATE, Snapshot
+from forkd.vmm.disk import flatten, set_backing
 from forkd.vmm.driver import RunFiles
 
 if TYPE_CHECKING:
@@ -73,6 +77,11 @@ def build_layer(rt: Runtime, tag: str, parent_tag: str, run: tuple[str, ...] = (
         progress("pausing and saving device state")
         rt.driver.save(vm, d / VMSTATE)
         vm = None
+        disk = {}
+        if parent.has_disk:  # what the steps wrote to disk: the restore's own overlay, kept as the layer's
+            os.rename(RunFiles(work).disk, rt.store.disk_path(tag))
+            set_backing(rt.store.disk_path(tag), rt.store.disk_path(parent_tag))
+            disk = rt.store.seal_disk(tag)
         t2 = time.perf_counter()
         progress("storing the pages that differ")
         pages, stored = chain.write_diff(parent_flat, scratch, d)
@@ -82,7 +91,7 @@ def build_layer(rt: Runtime, tag: str, parent_tag: str, run: tuple[str, ...] = (
         snap = snap.with_(memory_sha256=content, memory_bytes=scratch_size(parent_flat), diff_pages=pages,
                           diff_sha256=chain.diff_hash(d),
                           memory_stored_bytes=stored, vmstate_sha256=sha256_file(d / VMSTATE),
-                          vmstate_bytes=(d / VMSTATE).stat().st_size, timings_ms=timings)
+                          vmstate_bytes=(d / VMSTATE).stat().st_size, timings_ms=timings, **disk)
         return rt.store.commit(snap)
     except BaseException as exc:
         if vm is not None:
@@ -121,7 +130,12 @@ def compact(rt: Runtime, from_tag: str, to_tag: str, labels: dict[str, str] | No
         finally:
             os.close(fd)
         shutil.copyfile(rt.store.vmstate_path(from_tag), d / VMSTATE)
-        snap = snap.with_(memory_stored_bytes=stored, timings_ms={"compact": (time.perf_counter() - t0) * 1000.0})
+        disk = {}
+        if head.has_disk:  # the chain's overlays as one, on the image's ext4
+            flatten(rt.store.disk_path(from_tag), rt.store.disk_path(to_tag), rt.image(head.image_id).disk)
+            disk = rt.store.seal_disk(to_tag)
+        snap = snap.with_(memory_stored_bytes=stored, timings_ms={"compact": (time.perf_counter() - t0) * 1000.0},
+                          **disk)
         return rt.store.commit(snap)
     except BaseException as exc:
         rt.store.fail(snap, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

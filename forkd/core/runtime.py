@@ -40,17 +40,6 @@ def _quiet(_: str) -> None:
     pass
 
 
-def seal_disk(disk: Path) -> dict:
-    """A snapshot's disk overlay, written by a VMM that has quit: fsynced, and its manifest fields."""
-    fd = os.open(disk, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        allocated = os.fstat(fd).st_blocks * 512
-    finally:
-        os.close(fd)
-    return {"disk_sha256": sha256_file(disk), "disk_bytes": allocated}
-
-
 class Runtime:
     def __init__(self, layout: Layout | None = None, driver: VmmDriver | None = None):
         self.layout = (layout or Layout.from_env()).ensure()
@@ -190,7 +179,7 @@ class Runtime:
             snap = snap.with_(memory_sha256=mem_hash, memory_bytes=mem_size, memory_stored_bytes=stored,
                               vmstate_sha256=sha256_file(d / "vmstate"),
                               vmstate_bytes=(d / "vmstate").stat().st_size, timings_ms=timings,
-                              **(seal_disk(machine.disk) if machine.disk else {}))
+                              **(self.store.seal_disk(tag) if machine.disk else {}))
             return self.store.commit(snap)
         except BaseException as exc:
             if vm is not None:

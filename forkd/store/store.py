@@ -15,6 +15,7 @@ from pathlib import Path
 
 from forkd.base.atomic import fsync_dir, write_json
 from forkd.base.errors import Conflict, NotFound
+from forkd.base.hashing import sha256_file
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
 from forkd.base.procs import is_alive, start_time
@@ -43,6 +44,17 @@ class SnapshotStore:
     def disk_path(self, tag: str) -> Path:
         """A disk-backed snapshot's overlay (its backing chain ends in the image's rootfs.ext4)."""
         return self.dir(tag) / DISK
+
+    def seal_disk(self, tag: str) -> dict:
+        """A snapshot's disk overlay, written by a VMM that has quit: fsynced; returns its manifest fields."""
+        disk = self.disk_path(tag)
+        fd = os.open(disk, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            allocated = os.fstat(fd).st_blocks * 512
+        finally:
+            os.close(fd)
+        return {"disk_sha256": sha256_file(disk), "disk_bytes": allocated}
 
     # -- reading -----------------------------------------------------------------------------------
     def get(self, tag: str) -> Snapshot:

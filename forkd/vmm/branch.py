@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
+from forkd.vmm.disk import new_overlay
 from forkd.vmm.driver import Machine, RunFiles, Vm, run_steps
 from forkd.vmm.qemu import QemuDriver, kernel_stub, qemu_argv
 from forkd.vmm.qmp import QMPClient
@@ -99,6 +100,16 @@ class Stream:
         self.resumed_at: float | None = None  # perf_counter when we saw the source run again (live mode)
         self.stop_resume_ms: float | None = None  # STOP -> RESUME event timestamps (QEMU's clock), live mode
         self.timings: dict[str, float] = {}
+        self.paused_event: dict | None = None  # our own STOP, when the VM was paused before the stream (pause())
+
+    def pause(self) -> None:
+        """Stop the VM before the stream starts (a disk-backed source's disk is copied while it is paused); the
+        live stream then resumes it as soon as its device state is saved."""
+        self.qmp.events.clear()
+        self.qmp.execute("stop")
+        now = time.time()
+        self.paused_event = next((e for e in self.qmp.events if e.get("event") == "STOP"), None) or {
+            "event": "STOP", "timestamp": {"seconds": int(now), "microseconds": int(now % 1 * 1e6)}}
 
     def open(self) -> None:
         """Create the stream file (do this before pausing anything: an unwritable destination fails here)."""
@@ -135,6 +146,7 @@ class Stream:
         while True:
             info = self.qmp.execute("query-migrate") or {}
             stop = [e for e in self.qmp.events if e.get("event") == "STOP"]
+            stop = [self.paused_event] if self.paused_event else stop
             resume = [e for e in self.qmp.events if e.get("event") == "RESUME"]
             if stop and resume:
                 self.resumed_at = time.perf_counter()
@@ -204,7 +216,10 @@ def convert(driver: QemuDriver, machine: Machine, stream: Path, memory: Path, vm
     machine = replace(machine, kernel=kernel_stub(machine.kernel, work / "kernel.stub"), initrd=empty)
     # -S: the stream comes from a *running* VM, so without it QEMU would start the guest once loaded, and the
     # guest would change memory.bin before we save the device state
-    argv = qemu_argv(driver.binary, machine, memory, files, share=True, incoming=True, sandbox=True) + ["-S"]
+    if machine.disk is not None:  # same devices as the source; the helper never runs the guest, so any overlay
+        new_overlay(machine.disk, files.disk, driver.overlay_templates)
+    argv = qemu_argv(driver.binary, machine, memory, files, share=True, incoming=True, sandbox=True,
+                     disk=files.disk if machine.disk is not None else None) + ["-S"]
     fd = os.open(stream, os.O_RDONLY)
     timings: dict[str, float] = {}
     vm: Vm | None = None
