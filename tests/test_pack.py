@@ -18,10 +18,13 @@ import pytest
 import zstandard
 
 from forkd.base.errors import Conflict, ForkdError
+from forkd.base.hashing import sha256_file
 from forkd.base.paths import Layout
+from forkd.core import images as core_images
 from forkd.core.pack import PACK_MANIFEST, PackError, pack, read_manifest, unpack
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import Snapshot
+from forkd.vmm import disk as vdisk
 from tests.conftest import BASE_TAG, forkd_cli
 
 pytestmark = pytest.mark.vm
@@ -150,16 +153,28 @@ def _entry(path: str, data: bytes) -> dict:
     return {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "mode": 0o444}
 
 
-def _fake_files() -> dict[str, bytes]:
+def _fake_files(disk: bytes | None = None, rootfs: bytes | None = None, disk_sha256: str | None = None,
+                image_disk_sha256: str | None = None) -> dict[str, bytes]:
+    """A one-snapshot pack's files; with `disk` / `rootfs` a disk-backed snapshot / image (the recorded hashes are
+    the files' own unless given)."""
     kernel, initrd, vmstate, mem = b"kernel" * 10, b"initrd" * 10, b"vmstate" * 10, bytes(8192)
     image = {"id": "img1", "kernel_sha256": hashlib.sha256(kernel).hexdigest(),
              "initrd_sha256": hashlib.sha256(initrd).hexdigest()}
+    if rootfs is not None or image_disk_sha256:
+        image.update(rootfs="disk", disk_sha256=image_disk_sha256 or hashlib.sha256(rootfs or b"").hexdigest())
     snap = Snapshot(tag="evil", status="ready", created_at=0.0, memory_mib=128, vcpus=1, accel="tcg",
                     image_id="img1", kernel_sha256=image["kernel_sha256"], qemu_version="7.2",
-                    memory_sha256=hashlib.sha256(mem).hexdigest(), vmstate_sha256=hashlib.sha256(vmstate).hexdigest())
-    return {"snapshots/evil/snapshot.json": json.dumps(snap.to_json()).encode(), "snapshots/evil/vmstate": vmstate,
-            "snapshots/evil/memory.bin": mem, "images/img1/vmlinuz": kernel, "images/img1/initrd.img": initrd,
-            "images/img1/image.json": json.dumps(image).encode()}
+                    memory_sha256=hashlib.sha256(mem).hexdigest(), vmstate_sha256=hashlib.sha256(vmstate).hexdigest(),
+                    disk_sha256=disk_sha256 or (hashlib.sha256(disk).hexdigest() if disk is not None else None))
+    files = {"snapshots/evil/snapshot.json": json.dumps(snap.to_json()).encode(), "snapshots/evil/vmstate": vmstate,
+             "snapshots/evil/memory.bin": mem}
+    if disk is not None:
+        files["snapshots/evil/disk.qcow2"] = disk
+    files.update({"images/img1/vmlinuz": kernel, "images/img1/initrd.img": initrd,
+                  "images/img1/image.json": json.dumps(image).encode()})
+    if rootfs is not None:
+        files["images/img1/rootfs.ext4"] = rootfs
+    return files
 
 
 def _manifest(files: dict[str, bytes], **over) -> dict:
@@ -265,3 +280,210 @@ def test_cli_reports_a_refused_pack(target, tmp_path):
     res = forkd_cli_env(target, "unpack", str(path))
     assert res.returncode == 2 and "path traversal" in res.stderr, res.stderr
     assert os.listdir(target.layout.snapshots) == []
+
+
+# -- disk-backed snapshots and images -------------------------------------------------------------------
+FAKE_ROOTFS = b"ext4" * 1024 + bytes(4 << 20) + b"end"  # mostly zeros: unpacked as a hole
+ROOT_REF = "../../images/img1/rootfs.ext4"
+
+
+def _qcow2(tmp: Path, ref: str = ROOT_REF, fmt: str = "raw", *opts: str) -> bytes:
+    """A qcow2 overlay naming `ref` (`fmt`) as its backing file, as qemu-img writes it (nothing else on disk)."""
+    p = tmp / f"d{len(list(tmp.glob('d*.qcow2')))}.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-u", "-F", fmt, "-b", ref, *opts, str(p), "64M"],
+                   check=True, capture_output=True)
+    return p.read_bytes()
+
+
+def _without_backing_format(disk: bytes) -> bytes:
+    """The same overlay with its backing-format header extension turned into an unknown one (QEMU would probe)."""
+    b = bytearray(disk)
+    i = b.index(bytes.fromhex("e2792aca"))
+    b[i:i + 4] = bytes.fromhex("12345678")
+    return bytes(b)
+
+
+def _disk_cases(tmp: Path) -> dict:
+    def without_disk() -> dict[str, bytes]:
+        f = _fake_files(disk=_qcow2(tmp), rootfs=FAKE_ROOTFS)
+        del f["snapshots/evil/disk.qcow2"]
+        return f
+
+    return {  # name: (files, what the refusal says)
+        "disk listed without disk_sha256": (
+            lambda: {**_fake_files(rootfs=FAKE_ROOTFS), "snapshots/evil/disk.qcow2": _qcow2(tmp)}, "records no disk"),
+        "disk_sha256 without the disk": (without_disk, "records a disk but disk.qcow2 is missing"),
+        "snapshot disk hash mismatch": (
+            lambda: _fake_files(disk=_qcow2(tmp), rootfs=FAKE_ROOTFS, disk_sha256="0" * 64), "disk_sha256"),
+        "image disk hash mismatch": (
+            lambda: _fake_files(disk=_qcow2(tmp), rootfs=FAKE_ROOTFS, image_disk_sha256="0" * 64),
+            "image.json's disk_sha256"),
+        "rootfs.ext4 in an initramfs image": (
+            lambda: {**_fake_files(), "images/img1/rootfs.ext4": FAKE_ROOTFS}, "not disk-backed"),
+        "disk on an initramfs image": (lambda: _fake_files(disk=_qcow2(tmp)), "is not disk-backed"),
+        "disk backed by an absolute path": (
+            lambda: _fake_files(disk=_qcow2(tmp, "/etc/passwd"), rootfs=FAKE_ROOTFS), "must name"),
+        "disk backing escapes the store": (
+            lambda: _fake_files(disk=_qcow2(tmp, "../../../../../../etc/passwd"), rootfs=FAKE_ROOTFS), "must name"),
+        "disk backed by another image": (
+            lambda: _fake_files(disk=_qcow2(tmp, "../../images/img2/rootfs.ext4"), rootfs=FAKE_ROOTFS), "must name"),
+        "disk backed as qcow2": (lambda: _fake_files(disk=_qcow2(tmp, ROOT_REF, "qcow2"), rootfs=FAKE_ROOTFS),
+                                 "must name"),
+        "disk without a backing format": (
+            lambda: _fake_files(disk=_without_backing_format(_qcow2(tmp)), rootfs=FAKE_ROOTFS), "no format"),
+        "disk with an external data file": (
+            lambda: _fake_files(disk=_qcow2(tmp, ROOT_REF, "raw", "-o", f"data_file={tmp}/df.raw"),
+                                rootfs=FAKE_ROOTFS), "external data file"),
+        "disk not a qcow2": (lambda: _fake_files(disk=b"QFI" + bytes(4096), rootfs=FAKE_ROOTFS), "not a qcow2"),
+        "disk.qcow2 in an image": (
+            lambda: {**_fake_files(), "images/img1/disk.qcow2": _qcow2(tmp)}, "not one of the files"),
+        "rootfs.ext4 in a snapshot": (
+            lambda: {**_fake_files(), "snapshots/evil/rootfs.ext4": FAKE_ROOTFS}, "not one of the files"),
+        "disk under another name": (
+            lambda: {**_fake_files(), "snapshots/evil/disk.raw": _qcow2(tmp)}, "not one of the files"),
+    }
+
+
+def test_a_well_formed_fake_disk_pack_passes_verification(target, tmp_path):
+    """Control for the cases below: a disk-backed snapshot and image, with holes kept when unpacked."""
+    files = _fake_files(disk=_qcow2(tmp_path), rootfs=FAKE_ROOTFS)
+    path = _write_pack(tmp_path / "ok.tar.zst", _manifest(files), _good_members(files))
+    assert unpack(target, path)["installed"] == ["images/img1", "evil"]
+    rootfs = target.layout.images / "img1" / "rootfs.ext4"
+    assert rootfs.read_bytes() == FAKE_ROOTFS and rootfs.stat().st_blocks * 512 < 2 << 20  # the zeros are a hole
+    assert (target.store.dir("evil") / "disk.qcow2").read_bytes() == files["snapshots/evil/disk.qcow2"]
+    assert target.store.get("evil").disk_sha256 == hashlib.sha256(files["snapshots/evil/disk.qcow2"]).hexdigest()
+    again = unpack(target, path)  # the same content in place: nothing to do
+    assert again["installed"] == [] and again["skipped"] == ["images/img1", "evil"]
+
+
+@pytest.mark.parametrize("case", list(_disk_cases(Path("/nonexistent"))))
+def test_malformed_disk_packs_are_refused_with_nothing_written(target, tmp_path, case):
+    make, match = _disk_cases(tmp_path)[case]
+    files = make()
+    path = _write_pack(tmp_path / "evil.tar.zst", _manifest(files), _good_members(files))
+    before = _state(target)
+    with pytest.raises(PackError, match=match):
+        unpack(target, path)
+    assert _state(target) == before
+    assert os.listdir(target.layout.tmp) == [] and os.listdir(target.layout.snapshots) == []
+
+
+DISK_TAG = "pk-disk"
+
+
+@pytest.fixture(scope="module")
+def disk_snap(rt, base, layout_dir):
+    """The OCI test image, disk-backed, snapshotted after its parent wrote /srv/p.txt to the disk."""
+    snap, image, _ = core_images.from_image(rt, str(layout_dir), DISK_TAG, memory_mib=384,
+                                            warm_run=("echo p > /srv/p.txt && sync",), rootfs="disk")
+    yield snap, image
+    try:
+        rt.rmi(DISK_TAG, force=True, cascade=True)
+    except ForkdError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def disk_pack(rt, disk_snap, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dpacks") / "disk.tar.zst"
+    pack(rt, DISK_TAG, out)
+    return out
+
+
+def _sh(rt2: Runtime, cid: str, script: str) -> str:
+    r = rt2.exec(cid, ["sh", "-c", script])
+    assert r["exit_code"] == 0, r
+    return r["stdout"]
+
+
+def test_a_disk_backed_snapshot_unpacks_into_another_home_and_forks(disk_snap, disk_pack, target):
+    snap, image = disk_snap
+    m = read_manifest(disk_pack)
+    paths = [e["path"] for e in m["members"]]
+    assert paths == [f"snapshots/{DISK_TAG}/{f}" for f in ("snapshot.json", "vmstate", "memory.bin", "disk.qcow2")] + \
+        [f"images/{image.id}/{f}" for f in ("vmlinuz", "initrd.img", "image.json", "rootfs.ext4")]
+    sha = {e["path"]: e["sha256"] for e in m["members"]}
+    assert sha[f"snapshots/{DISK_TAG}/disk.qcow2"] == snap.disk_sha256
+    assert sha[f"images/{image.id}/rootfs.ext4"] == image.meta["disk_sha256"]
+    res = unpack(target, disk_pack)
+    assert res["installed"] == [f"images/{image.id}", DISK_TAG]
+    sdisk, rootfs = target.store.disk_path(DISK_TAG), target.image(image.id).disk
+    assert vdisk.backing_of(sdisk) == rootfs  # the relative reference resolves inside the new home
+    assert rootfs.stat().st_blocks * 512 < rootfs.stat().st_size // 2  # the ext4's holes are kept
+    assert rootfs.stat().st_mode & 0o777 == 0o444 and sdisk.stat().st_mode & 0o777 == 0o444
+    (child,) = target.fork(DISK_TAG, 1)
+    assert _sh(target, child.id, "cat /srv/p.txt") == "p\n"
+    assert _sh(target, child.id, "echo w > /srv/w.txt && echo x > /root/x.txt && sync && "
+                                 "echo 3 > /proc/sys/vm/drop_caches && cat /srv/w.txt /root/x.txt") == "w\nx\n"
+    target.kill([child.id])
+    assert sha256_file(sdisk) == snap.disk_sha256 and sha256_file(rootfs) == image.meta["disk_sha256"]
+    before = _state(target)
+    again = unpack(target, disk_pack)
+    assert again["installed"] == [] and again["skipped"] == [f"images/{image.id}", DISK_TAG]
+    assert _state(target) == before
+
+
+def test_a_disk_backed_chain_unpacks_and_forks(rt, disk_snap, target, tmp_path):
+    snap, image = disk_snap
+    rt.snapshot_diff("pk-disk-l", DISK_TAG, run=("echo l > /srv/l.txt && sync",))
+    out = tmp_path / "chain.tar.zst"
+    pack(rt, "pk-disk-l", out)
+    assert unpack(target, out)["installed"] == [f"images/{image.id}", DISK_TAG, "pk-disk-l"]
+    assert vdisk.backing_of(target.store.disk_path("pk-disk-l")) == target.store.disk_path(DISK_TAG)
+    (child,) = target.fork("pk-disk-l", 1)
+    assert _sh(target, child.id, "cat /srv/p.txt /srv/l.txt") == "p\nl\n"
+
+
+def _rewrite(src: Path, dest: Path, edits: dict) -> Path:
+    """A copy of the pack `src` with some members' bytes replaced (edits: member name -> fn(bytes) -> bytes)."""
+    with open(src, "rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as r, \
+            tarfile.open(fileobj=r, mode="r|") as tin, open(dest, "wb") as out, \
+            zstandard.ZstdCompressor(level=1).stream_writer(out) as zw, \
+            tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tout:
+        for info in tin:
+            f = tin.extractfile(info)
+            if info.name in edits:
+                data = edits[info.name](f.read())
+                info.size = len(data)
+                tout.addfile(info, io.BytesIO(data))
+            else:
+                tout.addfile(info, f)
+    return dest
+
+
+def test_a_pack_with_a_tampered_disk_is_refused_with_nothing_written(rt, disk_snap, disk_pack, target, tmp_path):
+    snap, image = disk_snap
+    arc, sarc = f"snapshots/{DISK_TAG}/disk.qcow2", f"snapshots/{DISK_TAG}/snapshot.json"
+    original = rt.store.disk_path(DISK_TAG).read_bytes()
+    flipped = original[:-1] + bytes([original[-1] ^ 1])
+    # a disk naming a host file beneath it, with every hash (snapshot.json's disk_sha256, the pack manifest) made
+    # to agree: only the backing reference check stands between it and a child reading /etc/shadow
+    hostile = _qcow2(tmp_path, "/etc/shadow")
+    hostile_snap = json.dumps(dict(snap.to_json(), disk_sha256=hashlib.sha256(hostile).hexdigest())).encode()
+
+    def manifest_with(**new: bytes):
+        def edit(raw: bytes) -> bytes:
+            m = json.loads(raw)
+            for e in m["members"]:
+                if e["path"] in new:
+                    e.update(size=len(new[e["path"]]), sha256=hashlib.sha256(new[e["path"]]).hexdigest())
+            return json.dumps(m).encode()
+        return edit
+
+    cases = {
+        "disk changed": ({arc: lambda b: flipped}, "does not match its sha256 in the manifest"),
+        "disk and pack manifest changed": (
+            {arc: lambda b: flipped, PACK_MANIFEST: manifest_with(**{arc: flipped})}, "disk_sha256"),
+        "hostile backing file, every hash agreeing": (
+            {arc: lambda b: hostile, sarc: lambda b: hostile_snap,
+             PACK_MANIFEST: manifest_with(**{arc: hostile, sarc: hostile_snap})}, "must name"),
+    }
+    for name, (edits, match) in cases.items():
+        bad = _rewrite(disk_pack, tmp_path / "bad.tar.zst", edits)
+        before = _state(target)
+        with pytest.raises(PackError, match=match):
+            unpack(target, bad)
+        assert _state(target) == before, name
+        assert os.listdir(target.layout.tmp) == [] and os.listdir(target.layout.snapshots) == [], name
+        assert os.listdir(target.layout.images) == [], name

@@ -10,9 +10,8 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from forkd.core.pack.manifest import parse_manifest
-from forkd.core.pack.rules import MAX_MANIFEST_BYTES, PACK_MANIFEST, PackError, Progress, safe_relpath
+from forkd.core.pack.rules import MAX_MANIFEST_BYTES, PACK_MANIFEST, SPARSE_FILES, PackError, Progress, safe_relpath
 from forkd.core.pack.streams import CHUNK, ZstdStream
-from forkd.store.snapshot import MEMORY
 
 _ZEROS = bytes(CHUNK)
 
@@ -86,7 +85,7 @@ def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
             src = tar.extractfile(info)
             if src is None:
                 raise PackError(f"pack member {name!r} cannot be read")
-            got, digest = write_member(src, dest, declared, sparse=path.name == MEMORY)
+            got, digest = write_member(src, dest, declared, sparse=path.name in SPARSE_FILES)
             if got > declared:
                 raise PackError(f"pack member {name!r} is larger than declared ({declared} bytes)")
             if got != declared:

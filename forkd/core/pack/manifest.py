@@ -9,6 +9,7 @@ import time
 from forkd import __version__
 from forkd.core.pack.rules import (
     BASE_FILES,
+    IMAGE_DISK,
     IMAGE_FILES,
     LAYER_FILES,
     MAX_MANIFEST_BYTES,
@@ -21,7 +22,7 @@ from forkd.core.pack.rules import (
     member_kind,
     safe_relpath,
 )
-from forkd.store.snapshot import MANIFEST, Snapshot
+from forkd.store.snapshot import DISK, MANIFEST, Snapshot
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -86,14 +87,15 @@ def _parse_members(members: object, chain: list[str], images: list[str]) -> dict
         if str(path) in seen:
             raise PackError(f"pack manifest lists {str(path)!r} twice")
         seen[str(path)] = {"size": size, "sha256": digest}
-    for i, t in enumerate(chain):
+    for i, t in enumerate(chain):  # a disk (DISK) is optional here: check_staged matches it to the snapshot
         have = {p.rsplit("/", 1)[1] for p in seen if p.startswith(f"snapshots/{t}/")}
         want = set(LAYER_FILES if i else BASE_FILES)
-        if have != want:
+        if have - {DISK} != want:
             raise PackError(f"pack manifest: snapshot {t!r} must hold exactly {', '.join(sorted(want))} "
-                            f"(lists {', '.join(sorted(have)) or 'nothing'})")
+                            f"and, if disk-backed, {DISK} (lists {', '.join(sorted(have)) or 'nothing'})")
     for i in images:
         have = {p.rsplit("/", 1)[1] for p in seen if p.startswith(f"images/{i}/")}
-        if have != set(IMAGE_FILES):
-            raise PackError(f"pack manifest: image {i!r} must hold exactly {', '.join(IMAGE_FILES)}")
+        if have - {IMAGE_DISK} != set(IMAGE_FILES):
+            raise PackError(f"pack manifest: image {i!r} must hold exactly {', '.join(IMAGE_FILES)} "
+                            f"and, if disk-backed, {IMAGE_DISK}")
     return seen

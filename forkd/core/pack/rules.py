@@ -10,7 +10,7 @@ from typing import Any
 from forkd.base.errors import ForkdError
 from forkd.base.names import TAG_PATTERN
 from forkd.store import chain as chainmod
-from forkd.store.snapshot import MANIFEST, MEMORY, VMSTATE
+from forkd.store.snapshot import DISK, MANIFEST, MEMORY, VMSTATE
 
 PACK_MANIFEST = "forkd-pack.json"
 PACK_FORMAT = "forkd-pack"
@@ -20,6 +20,8 @@ MAX_MEMBER_BYTES = 1 << 40
 BASE_FILES = (MANIFEST, VMSTATE, MEMORY)
 LAYER_FILES = (MANIFEST, VMSTATE, chainmod.PAGES_FILE, chainmod.DATA_FILE)
 IMAGE_FILES = ("vmlinuz", "initrd.img", "image.json")
+IMAGE_DISK = "rootfs.ext4"  # a disk-backed image's root disk (forkd.image.rootfs); its snapshots hold DISK
+SPARSE_FILES = (MEMORY, DISK, IMAGE_DISK)  # mostly holes: hashed extent by extent, unpacked with holes kept
 _NAME_RE = re.compile(TAG_PATTERN)
 
 Progress = Callable[[str], None]
@@ -61,8 +63,9 @@ def member_kind(path: PurePosixPath, chain: list[str], images: list[str]) -> tup
     """('snapshots'|'images', tag-or-id, file) for a member path of the allowed shape, else PackError."""
     parts = path.parts
     ok = (len(parts) == 3 and ((parts[0] == "snapshots" and parts[1] in chain
-                                and parts[2] in set(BASE_FILES) | set(LAYER_FILES))
-                               or (parts[0] == "images" and parts[1] in images and parts[2] in IMAGE_FILES)))
+                                and parts[2] in {*BASE_FILES, *LAYER_FILES, DISK})
+                               or (parts[0] == "images" and parts[1] in images
+                                   and parts[2] in {*IMAGE_FILES, IMAGE_DISK})))
     if not ok:
         raise PackError(f"pack member {str(path)!r} is not one of the files a pack may hold "
                         "(snapshots/<tag>/<snapshot file> of the chain, images/<id>/<image file>)")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from forkd.base.hashing import sha256_file
-from forkd.core.pack.rules import IMAGE_FILES, PackError
+from forkd.core.pack.disks import disk_problem, file_hash
+from forkd.core.pack.rules import IMAGE_DISK, PackError
 from forkd.image.build import Image
 from forkd.store import chain as chainmod
 from forkd.store.snapshot import MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot
@@ -59,13 +59,21 @@ def check_staged(stage: Path, m: dict) -> tuple[list[Snapshot], list[Image]]:
             if chainmod.diff_hash(d) != s.diff_sha256:
                 raise PackError(f"pack snapshot {tag!r}: its diff files do not match their recorded hash")
         snaps.append(s)
+    problem = disk_problem(snaps, {i.id: i.meta for i in images}, {p: e["sha256"] for p, e in entries.items()},
+                           lambda tag: stage / "snapshots" / tag)
+    if problem:
+        raise PackError(f"pack {problem}")
     return snaps, images
 
 
 def same_image(target: Path, m: dict, image_id: str) -> bool:
+    """Whether the image in place holds the pack's files, each with the same content (and no root disk the
+    pack's image lacks)."""
+    listed = {p.rsplit("/", 1)[1]: e["sha256"] for p, e in m["_members"].items() if p.startswith(f"images/{image_id}/")}
+    if IMAGE_DISK not in listed and (target / IMAGE_DISK).exists():
+        return False
     try:
-        return all(sha256_file(target / name) == m["_members"][f"images/{image_id}/{name}"]["sha256"]
-                   for name in IMAGE_FILES)
+        return all(file_hash(target / name) == digest for name, digest in listed.items())
     except OSError:
         return False
 
@@ -73,4 +81,5 @@ def same_image(target: Path, m: dict, image_id: str) -> bool:
 def same_snapshot(existing: Snapshot, s: Snapshot) -> bool:
     return (existing.status == "ready" and existing.memory_sha256 == s.memory_sha256
             and existing.vmstate_sha256 == s.vmstate_sha256 and existing.parent_tag == s.parent_tag
-            and existing.parent_content_hash == s.parent_content_hash and existing.diff_sha256 == s.diff_sha256)
+            and existing.parent_content_hash == s.parent_content_hash and existing.diff_sha256 == s.diff_sha256
+            and existing.disk_sha256 == s.disk_sha256)

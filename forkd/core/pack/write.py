@@ -14,21 +14,16 @@ from typing import TYPE_CHECKING
 import zstandard
 
 from forkd.base.errors import Conflict, ForkdError
-from forkd.base.hashing import sha256_file
 from forkd.base.names import check_tag
+from forkd.core.pack.disks import disk_problem, file_hash
 from forkd.core.pack.manifest import build_manifest
-from forkd.core.pack.rules import BASE_FILES, IMAGE_FILES, LAYER_FILES, PACK_MANIFEST, Progress, quiet
+from forkd.core.pack.rules import BASE_FILES, IMAGE_DISK, IMAGE_FILES, LAYER_FILES, PACK_MANIFEST, Progress, quiet
 from forkd.core.pack.streams import CHUNK, BytesReader, HashingReader
 from forkd.store import chain as chainmod
-from forkd.store.snapshot import MEMORY, Snapshot
+from forkd.store.snapshot import DISK, MEMORY, Snapshot
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
-
-
-def _file_hash(path: Path) -> str:
-    # the memory file is sparse: hash it extent by extent (holes as zeros), the store's own definition
-    return chainmod.hash_image(path) if path.name == MEMORY else sha256_file(path)
 
 
 def _members(rt: Runtime, snaps: list[Snapshot], image_ids: list[str]) -> list[tuple[str, Path]]:
@@ -36,11 +31,11 @@ def _members(rt: Runtime, snaps: list[Snapshot], image_ids: list[str]) -> list[t
     members: list[tuple[str, Path]] = []
     for s in snaps:
         d = rt.store.dir(s.tag)
-        for name in (LAYER_FILES if s.is_layer else BASE_FILES):
+        for name in (LAYER_FILES if s.is_layer else BASE_FILES) + ((DISK,) if s.has_disk else ()):
             members.append((f"snapshots/{s.tag}/{name}", d / name))
     for image_id in image_ids:
         image = rt.image(image_id)
-        for name in IMAGE_FILES:
+        for name in IMAGE_FILES + ((IMAGE_DISK,) if image.disk is not None else ()):
             members.append((f"images/{image_id}/{name}", image.dir / name))
     return members
 
@@ -51,20 +46,25 @@ def _listed(tag: str, members: list[tuple[str, Path]]) -> list[dict]:
     for arc, p in members:
         if not p.is_file() or p.is_symlink():
             raise ForkdError(f"{p} is missing or not a regular file; cannot pack {tag!r}")
-        digest = _file_hash(p)
+        digest = file_hash(p)
         listed.append({"path": arc, "size": p.stat().st_size, "sha256": digest, "mode": 0o444})
     return listed
 
 
-def _check_unchanged(rt: Runtime, snaps: list[Snapshot], listed: list[dict]) -> None:
+def _check_unchanged(rt: Runtime, snaps: list[Snapshot], image_ids: list[str], listed: list[dict]) -> None:
+    by = {m["path"]: m["sha256"] for m in listed}
     for s in snaps:  # refuse to pack what no longer matches its own manifest
-        by = {m["path"]: m["sha256"] for m in listed}
         if not s.is_layer and by[f"snapshots/{s.tag}/{MEMORY}"] != s.memory_sha256:
             raise ForkdError(f"snapshot {s.tag!r}: its memory file no longer matches its recorded hash",
                              hint=f"delete it with 'forkd rmi --force {s.tag}' and create it again")
         if s.is_layer and chainmod.diff_hash(rt.store.dir(s.tag)) != s.diff_sha256:
             raise ForkdError(f"snapshot {s.tag!r}: its diff files no longer match their recorded hash",
                              hint=f"delete it with 'forkd rmi --force --cascade {s.tag}' and rebuild")
+    # disks: each matches its recorded hash and names its backing file relatively, as the unpacking side demands
+    problem = disk_problem(snaps, {i: rt.image(i).meta for i in image_ids}, by, rt.store.dir)
+    if problem:
+        raise ForkdError(f"cannot pack {snaps[-1].tag!r}: {problem}",
+                         hint="delete what no longer matches with 'forkd rmi --force' and build it again")
 
 
 def _write(out: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[dict], progress: Progress,
@@ -108,7 +108,7 @@ def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: in
     members = _members(rt, snaps, image_ids)
     progress(f"hashing {len(members)} files of {len(snaps)} snapshots")
     listed = _listed(tag, members)
-    _check_unchanged(rt, snaps, listed)
+    _check_unchanged(rt, snaps, image_ids, listed)
     manifest = build_manifest(tag, snaps, image_ids, listed)
     raw = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     out = Path(out).absolute()
