@@ -145,3 +145,24 @@ def test_branch_of_a_disk_backed_child_captures_its_disk(rt, fork, disk_snap, mo
     sh(rt, c.id, "echo 3 > /proc/sys/vm/drop_caches")
     assert sh(rt, c.id, "cat /srv/state.txt /srv/parent.txt") == "before-branch\nfrom-parent\n"
     assert sh(rt, src.id, "cat /srv/state.txt") == "after-branch\n"
+
+
+@pytest.mark.vm
+def test_spec_image_ref_with_rootfs_and_template_pruning(rt, fork, disk_snap, layout_dir):
+    from forkd.spec.models import ImageRef
+
+    ref = ImageRef.model_validate({"oci": {"ref": str(layout_dir), "rootfs": "disk"}})
+    # the reconciler's resolution of a ForkParent's image: the disk-backed image already built (a cache hit)
+    assert core_images.ensure_image(rt, ref.model_dump(mode="json"), memory_mib=384) == disk_snap[1].id
+    assert ImageRef.model_validate({"oci": {"ref": "/x"}}).model_dump() == {"oci": {"ref": "/x"}}  # hash-stable
+    with pytest.raises(ValueError, match="rootfs"):
+        ImageRef.model_validate({"oci": {"ref": "/x", "rootfs": "ext4"}})
+    # a child of a throw-away disk snapshot leaves an overlay template; deleting the snapshot prunes it
+    rt.snapshot_diff("oci-disk-tmp", TAG, run=("true",))
+    (c,) = fork(1, tag="oci-disk-tmp")
+    templates = set(rt.overlay_templates.glob("*.qcow2"))
+    assert any(vdisk.backing_of(t) == rt.store.disk_path("oci-disk-tmp") for t in templates)
+    rt.kill([c.id])
+    rt.rmi("oci-disk-tmp")
+    left = set(rt.overlay_templates.glob("*.qcow2"))
+    assert left < templates and all(vdisk.backing_of(t).is_file() for t in left)

@@ -41,7 +41,7 @@ def test_fresh_home_without_image(rt):
     names = [c.name for c in checks]
     assert len(names) == len(set(names))
     assert set(names) == {"qemu", "image", "kernel", "accelerator", "userfaultfd-wp", "store-space", "shm-space",
-                          "cgroup", "netns", "snapshots", "kvm-device", "leftovers"}
+                          "cgroup", "netns", "snapshots", "kvm-device", "leftovers", "disk-tools"}
     for c in checks:
         assert c.status in STATUSES, c
         assert c.detail and "\n" not in c.detail, c

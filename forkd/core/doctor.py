@@ -107,6 +107,15 @@ def check_qemu(rt: Runtime) -> Check:
     return Check("qemu", PASS, found, None)
 
 
+def check_disk_tools() -> Check:
+    """qemu-img and mkfs.ext4: only disk-backed images (--rootfs disk) need them."""
+    missing = [t for t in ("qemu-img", "mkfs.ext4") if not shutil.which(t)]
+    if missing:
+        return Check("disk-tools", WARN, f"{', '.join(missing)} not found: disk-backed images (--rootfs disk) "
+                     "cannot be built or forked", "apt-get install qemu-utils e2fsprogs")
+    return Check("disk-tools", PASS, "qemu-img and mkfs.ext4 found (disk-backed images)", None)
+
+
 # -- image, kernel, accelerator ----------------------------------------------------------------------------
 def _load_image(rt: Runtime) -> tuple[Image | None, Exception | None]:
     try:
@@ -363,6 +372,7 @@ def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s
     image, image_error = _load_image(rt)
     steps: list[tuple[str, Callable[[], Check]]] = [
         ("qemu", lambda: check_qemu(rt)),
+        ("disk-tools", check_disk_tools),
         ("image", lambda: check_image(image, image_error)),
         ("kernel", lambda: check_kernel(image)),
         ("accelerator", lambda: check_accelerator(rt, image, progress, reprobe)),

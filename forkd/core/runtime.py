@@ -27,7 +27,7 @@ from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
 from forkd.vmm.accel import Decision, probe
 from forkd.vmm.agent_client import AgentClient
-from forkd.vmm.disk import create_overlay
+from forkd.vmm.disk import create_overlay, prune_templates
 from forkd.vmm.driver import Machine, RunFiles, VmmDriver
 from forkd.vmm.qemu import QemuDriver
 
@@ -48,9 +48,14 @@ class Runtime:
         self._driver = driver
 
     @property
+    def overlay_templates(self) -> Path:
+        """Fresh child overlays of disk-backed snapshots, made once per snapshot disk (forkd.vmm.disk)."""
+        return self.layout.cache / "overlays"
+
+    @property
     def driver(self) -> VmmDriver:
         if self._driver is None:
-            self._driver = QemuDriver(overlay_templates=self.layout.cache / "overlays")
+            self._driver = QemuDriver(overlay_templates=self.overlay_templates)
         return self._driver
 
     @property
@@ -242,6 +247,7 @@ class Runtime:
                                     "(running children keep their memory mapping)")
             for t in doomed:
                 self.store.remove(t)
+            prune_templates(self.overlay_templates)
             return doomed
 
     # -- children ----------------------------------------------------------------------------------
@@ -377,7 +383,9 @@ class Runtime:
 
         kw = {} if grace is None else {"grace": grace}
         with self.registry.locked():
-            return gc_.collect(self.layout, dry_run=dry_run, **kw).to_json()
+            report = gc_.collect(self.layout, dry_run=dry_run, **kw).to_json()
+            report["overlay_templates"] = [str(p) for p in prune_templates(self.overlay_templates, dry_run)]
+            return report
 
     def memory(self, child_id: str) -> dict[str, int]:
         rec = self.registry.get(child_id)

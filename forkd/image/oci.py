@@ -9,8 +9,9 @@ above the root are refused; device nodes are skipped (the guest has devtmpfs).
 
 forkd's init, agent, a static busybox (for init, and /bin/sh if the image has none) and the kernel's virtio
 modules are injected; the image's own python3 (>= 3.8) runs the agent. The rootfs is packed as an
-uncompressed initramfs (it lives in guest RAM, shared copy-on-write by the children) into a content-addressed
-image directory like the default image's, with image.json saying where it came from.
+uncompressed initramfs (it lives in guest RAM, shared copy-on-write by the children) or, with `rootfs=disk`
+(or `auto` for a big one), as an ext4 root disk every child writes through its own overlay (see
+forkd.image.rootfs), into a content-addressed image directory with image.json saying where it came from.
 """
 
 from __future__ import annotations

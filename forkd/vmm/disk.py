@@ -103,14 +103,18 @@ def backing_of(path: Path) -> Path | None:
     return Path(os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), ref)))
 
 
+def _template_key(base: Path) -> str:
+    st = os.stat(base)
+    return hashlib.sha256(f"{os.path.abspath(base)}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:24]
+
+
 def new_overlay(base: Path, dest: Path, template_dir: Path | None = None) -> None:
     """A child's private overlay on `base` at `dest` (absolute backing path). With `template_dir`, the overlay is
     made once per base (keyed by its path, size and mtime) and copied afterwards."""
     if template_dir is None:
         create_overlay(dest, base, relative=False)
         return
-    st = os.stat(base)
-    key = hashlib.sha256(f"{os.path.abspath(base)}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    key = _template_key(base)
     template = template_dir / f"{key}.qcow2"
     if not template.exists():
         template_dir.mkdir(parents=True, exist_ok=True)
@@ -121,3 +125,19 @@ def new_overlay(base: Path, dest: Path, template_dir: Path | None = None) -> Non
         finally:
             tmp.unlink(missing_ok=True)
     shutil.copyfile(template, dest)
+
+
+def prune_templates(template_dir: Path, dry_run: bool = False) -> list[Path]:
+    """Remove overlay templates whose base is gone or has changed (its snapshot was deleted or re-made)."""
+    stale = []
+    for t in sorted(template_dir.glob("*.qcow2")) if template_dir.is_dir() else []:
+        try:
+            base = backing_of(t)
+            ok = base is not None and base.is_file() and _template_key(base) == t.stem
+        except (DiskError, OSError, ValueError):
+            ok = False
+        if not ok:
+            stale.append(t)
+            if not dry_run:
+                t.unlink(missing_ok=True)
+    return stale
