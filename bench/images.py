@@ -9,6 +9,9 @@
    `eval("numpy.arange(1000).sum()")` answered by the warm interpreter vs
    `python3 -c 'import numpy; print(numpy.arange(1000).sum())'` exec'd in the same child (a cold interpreter
    that imports numpy first). Upstream: 1 ms vs 96 ms. Reports p50/p90 of each over --runs.
+3. The same package set built disk-backed (`rootfs=disk`: an ext4 root disk, a qcow2 overlay per child) next to
+   the initramfs image, side by side in one run: build time, fork -> first numpy eval (p50/p90 and the ratio),
+   writing 64 MiB with fsync inside a child, and a live branch's pause of a child of each.
 """
 
 from __future__ import annotations
@@ -97,13 +100,19 @@ def main() -> int:
                     assert r["stdout"].strip() == "499500", r
         finally:
             rt.kill([child.id])
-            rt.rmi(TAG, force=True)
         result["warm_eval_ms"] = {"p50": round(statistics.median(evals), 2), "p90": round(p90(evals), 2)}
         result["cold_import_exec_ms"] = {"p50": round(statistics.median(execs), 1), "p90": round(p90(execs), 1)}
         result["speedup_p50"] = round(statistics.median(execs) / statistics.median(evals), 1)
+        result["disk_vs_initramfs"] = disk_vs_initramfs(rt, args)
     except ForkdError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        for tag in (TAG, TAG + "-disk", "bench-br-initramfs", "bench-br-disk"):
+            try:
+                rt.rmi(tag, force=True)
+            except ForkdError:
+                pass
     if args.output == "json":
         print(json.dumps(result, indent=2))
     else:
@@ -114,7 +123,69 @@ def main() -> int:
               f"p90 {result['warm_eval_ms']['p90']} ms")
         print(f"python3 -c 'import numpy; ...' in the same child: p50 {result['cold_import_exec_ms']['p50']} ms, "
               f"p90 {result['cold_import_exec_ms']['p90']} ms  ({result['speedup_p50']}x)")
+        d = result["disk_vs_initramfs"]
+        print(f"disk-backed image (same packages): build {d['build_disk_s']} s; parent boot+warm "
+              f"{d['parent_s']['disk']} s vs {d['parent_s']['initramfs']} s (initramfs)")
+        for k, label in (("spawn_ms", "fork -> first numpy eval"), ("write_64mib_fsync_ms", "64 MiB write+fsync"),
+                         ("live_branch_pause_ms", "live branch pause")):
+            v = d[k]
+            print(f"{label}: disk p50 {v['disk']['p50']} ms / p90 {v['disk']['p90']} ms vs initramfs "
+                  f"p50 {v['initramfs']['p50']} ms / p90 {v['initramfs']['p90']} ms  (disk/initramfs "
+                  f"{v['ratio_p50']}x)")
+        print(f"per-child overlay after the 64 MiB write: {d['overlay_mib_after_write']} MiB")
     return 0
+
+
+def _stats(xs: list[float]) -> dict:
+    return {"p50": round(statistics.median(xs), 1), "p90": round(p90(xs), 1)}
+
+
+def disk_vs_initramfs(rt: Runtime, args) -> dict:
+    """Section 3: the numpy image disk-backed vs as an initramfs, measured alternately in one run."""
+    from forkd.core.branch import branch
+
+    out: dict = {}
+    t0 = time.perf_counter()
+    disk_image, _ = core_images.build_debian(rt, ["python3-numpy"], args.suite, progress=log, force=True,
+                                             rootfs="disk")
+    out["build_disk_s"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
+    rt.create_snapshot(TAG + "-disk", args.memory_mib, warm_imports=("numpy",), image_id=disk_image.id, progress=log)
+    out["parent_s"] = {"disk": round(time.perf_counter() - t0, 2),
+                       "initramfs": round(rt.store.get(TAG).timings_ms.get("boot", 0) / 1000
+                                          + rt.store.get(TAG).timings_ms.get("warmup", 0) / 1000, 2)}
+    tags = {"initramfs": TAG, "disk": TAG + "-disk"}
+    spawn: dict[str, list[float]] = {k: [] for k in tags}
+    write: dict[str, list[float]] = {k: [] for k in tags}
+    pause: dict[str, list[float]] = {k: [] for k in tags}
+    overlay = 0.0
+    for i in range(args.runs):
+        for kind, tag in tags.items():
+            t = time.perf_counter()
+            (c,) = rt.fork(tag, 1)
+            r = rt.eval(c.id, EXPR)
+            spawn[kind].append((time.perf_counter() - t) * 1000.0)
+            assert r["value"].endswith("499500") or r["value"].endswith("(499500)"), r
+            try:
+                t = time.perf_counter()
+                r = rt.exec(c.id, ["sh", "-c", "dd if=/dev/urandom of=/root/w.bin bs=1M count=64 conv=fsync "
+                                                "2>/dev/null"])
+                write[kind].append((time.perf_counter() - t) * 1000.0)
+                assert r["exit_code"] == 0, r
+                if kind == "disk":
+                    overlay = (Path(c.dir) / "disk.qcow2").stat().st_blocks * 512 / 2**20
+                if i < 3:  # a live branch of each: the pause the child saw
+                    br = f"bench-br-{kind}"
+                    res = branch(rt, c.id, br, mode="live")
+                    pause[kind].append(float(res.timings_ms.get("pause", -1)))
+                    rt.rmi(br, force=True)
+            finally:
+                rt.kill([c.id])
+    for name, data in (("spawn_ms", spawn), ("write_64mib_fsync_ms", write), ("live_branch_pause_ms", pause)):
+        out[name] = {k: _stats(v) for k, v in data.items()}
+        out[name]["ratio_p50"] = round(out[name]["disk"]["p50"] / out[name]["initramfs"]["p50"], 2)
+    out["overlay_mib_after_write"] = round(overlay, 1)
+    return out
 
 
 if __name__ == "__main__":

@@ -2,13 +2,17 @@
 
     $FORKD_HOME (default /var/lib/forkd)
       images/<image-id>/{vmlinuz, initrd.img, image.json}    content-addressed guest images
+      images/<image-id>/rootfs.ext4                          disk-backed images: the root disk (raw, 0444)
       images/default                                         id of the default image (text)
       cache/debs/                                            downloaded Debian packages
       cache/accel.json                                       accelerator probe results by kernel hash
+      cache/overlays/<key>.qcow2                             fresh child overlays, one per snapshot disk
     $FORKD_SHM (default /dev/shm)/forkd-<hash of FORKD_HOME>/flat/<sha256>.mem
                                                              flat images children map, materialized once per boot
       snapshots/<tag>/{memory.bin, vmstate, snapshot.json}   snapshots (store layer)
+      snapshots/<tag>/disk.qcow2                             disk-backed: what the guest wrote (relative backing)
       children/<id>/{child.json, qmp.sock, agent.sock, console.log, qemu.log}   running children (sandbox layer)
+      children/<id>/disk.qcow2                               disk-backed: the child's private overlay
       objects/<Kind>/<name>.json                             applied declarative objects + status (reconciler)
       objects/<Kind>/<name>.events.jsonl                     their recent events
       forkd.sock                                             the daemon's API socket (forkd serve)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("forkd.reconciler")
 SLOW = (BuildParent, BuildLayer, BuildBranch, CompactSnapshot, SpawnChildren)
-PERMANENT_REASONS = {"SourceNotFound", "NotImplemented", "NetworkNotImplemented", "SandboxNotFound"}
+PERMANENT_REASONS = {"SourceNotFound", "NotImplemented", "SandboxNotFound"}
 
 
 def _target(action: Action) -> tuple[str, str] | None:

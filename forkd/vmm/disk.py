@@ -11,7 +11,7 @@ So no two children ever share a writable disk, and nothing a child writes reache
 
 Backing references inside files that live in the store are *relative* (a store or a pack can move as a whole);
 a child's overlay, which never moves, names its backing file by absolute path. A fresh overlay is always the
-same bytes for the same backing file, so it is made once with `qemu-img create` (~20 ms) into a template and
+same bytes for the same backing file, so it is made once with `qemu-img create` (10-20 ms) into a template and
 then copied for each child (well under a millisecond).
 """
 
