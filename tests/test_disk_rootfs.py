@@ -166,3 +166,19 @@ def test_spec_image_ref_with_rootfs_and_template_pruning(rt, fork, disk_snap, la
     rt.rmi("oci-disk-tmp")
     left = set(rt.overlay_templates.glob("*.qcow2"))
     assert left < templates and all(vdisk.backing_of(t).is_file() for t in left)
+
+
+@pytest.mark.vm
+def test_isolated_network_and_memory_limit_with_a_disk(rt, disk_snap):
+    """NIC and root disk together (the device order parents and children must share), in a child's own network
+    namespace and cgroup."""
+    snap = rt.create_snapshot("oci-disk-net", memory_mib=384, network="isolated", image_id=disk_snap[1].id)
+    assert snap.has_disk and snap.network == "isolated"
+    (c,) = rt.fork("oci-disk-net", 1, memory_limit_mib=512)
+    try:
+        assert c.netns and c.memory_limit_mib == 512
+        assert "10.42.0.2/24" in sh(rt, c.id, "ip -o addr show eth0")
+        assert sh(rt, c.id, "echo net-and-disk > /srv/x && sync && cat /srv/x") == "net-and-disk\n"
+    finally:
+        rt.kill([c.id])
+        rt.rmi("oci-disk-net")
