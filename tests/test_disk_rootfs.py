@@ -89,11 +89,19 @@ def test_children_never_see_each_others_writes_and_the_base_is_unchanged(rt, for
 
 @pytest.mark.vm
 def test_disk_snapshot_info_and_listing(rt, disk_snap):
+    from forkd.cli.output import size
     from tests.conftest import forkd_cli
 
     res = forkd_cli("snapshot-info", TAG, "-o", "json", check=True)
     info = json.loads(res.stdout)
     assert info["disk_sha256"] == disk_snap[0].disk_sha256 and info["disk_bytes"] > 0
+    assert "disk_sha256" in forkd_cli("snapshot-info", TAG, check=True).stdout
+    table = forkd_cli("snapshots", check=True).stdout.splitlines()
+    assert "DISK" in table[0].split()
+    line = next(line for line in table if line.split()[:1] == [TAG])
+    assert size(info["disk_bytes"]) in line  # its disk's allocated size
+    base_line = next(line for line in table if line.split()[:1] == ["base"])
+    assert " - " in base_line  # a snapshot without a disk
 
 
 @pytest.mark.vm

@@ -117,14 +117,14 @@ def snapshots(output: Fmt = OUTPUT) -> None:
     for s in items:
         if isinstance(s, CorruptManifest):
             data.append({"error": s.message})
-            rows.append(["?", "corrupt", "-", "-", "-", s.message])
+            rows.append(["?", "corrupt", "-", "-", "-", "-", s.message])
             continue
         data.append(s.to_json())
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at))
         rows.append([s.tag, s.status, str(s.memory_mib), s.accel, size(s.memory_stored_bytes),
-                     created + (f"  {s.error}" if s.error else "")])
+                     size(s.disk_bytes) if s.has_disk else "-", created + (f"  {s.error}" if s.error else "")])
     emit(data, output, [("TAG", "left"), ("STATUS", "left"), ("MiB", "right"), ("ACCEL", "left"),
-                        ("STORED", "right"), ("CREATED", "left")], rows)
+                        ("STORED", "right"), ("DISK", "right"), ("CREATED", "left")], rows)
 
 
 @app.command("snapshot-info")
@@ -133,8 +133,8 @@ def snapshot_info(tag: str, output: Fmt = OUTPUT) -> None:
     info = rt().snapshot_info(tag)
     keys = ["tag", "status", "error", "path", "depth", "ancestors", "dependents", "materialized", "chain_error",
             "parent_tag", "diff_pages", "memory_mib", "vcpus", "accel", "image_id", "qemu_version",
-            "warm_imports", "warm_exec", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "children",
-            "timings_ms"]
+            "warm_imports", "warm_exec", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "disk_sha256",
+            "disk_bytes", "children", "timings_ms"]
     emit(info, output, [("FIELD", "left"), ("VALUE", "left")], [[k, str(info.get(k))] for k in keys])
 
 
