@@ -143,13 +143,17 @@ def test_branch_of_a_disk_backed_child_captures_its_disk(rt, fork, disk_snap, mo
     snap = res.snapshot
     assert snap.status == "ready" and snap.has_disk, snap
     assert "disk_copy" in res.timings_ms
-    # the source goes on, and what it writes after the branch is not in the branch
-    sh(rt, src.id, "echo after-branch > /srv/state.txt && sync")
+    # live: copied while the guest's filesystem was frozen (the VM running), and thawed again
+    assert (("fs_freeze" in res.timings_ms and "fs_frozen" in res.timings_ms) == (mode == "live")), res.timings_ms
+    # the source goes on (its filesystem writable at once, not after the guest's own 10 s freeze limit), and
+    # what it writes after the branch is not in the branch
+    sh(rt, src.id, "timeout 5 sh -c 'echo after-branch > /srv/state.txt && sync'")
     # the branch's disk depends on the image only (its source snapshot may be deleted)
     assert [Path(i["filename"]).name for i in vdisk.chain(rt.store.disk_path(snap.tag))] == \
         ["disk.qcow2", "rootfs.ext4"]
     (c,) = fork(1, tag=snap.tag)
     assert sh(rt, c.id, "cat /srv/state.txt") == "before-branch\n"
+    sh(rt, c.id, "timeout 5 sh -c 'echo child > /srv/child.txt && sync'")  # restored frozen, thawed by forked
     sh(rt, c.id, "echo 3 > /proc/sys/vm/drop_caches")
     assert sh(rt, c.id, "cat /srv/state.txt /srv/parent.txt") == "before-branch\nfrom-parent\n"
     assert sh(rt, src.id, "cat /srv/state.txt") == "after-branch\n"
@@ -190,3 +194,25 @@ def test_isolated_network_and_memory_limit_with_a_disk(rt, disk_snap):
     finally:
         rt.kill([c.id])
         rt.rmi("oci-disk-net")
+
+
+@pytest.mark.vm
+def test_live_branch_pauses_the_vm_when_the_agent_is_busy(rt, fork, disk_snap):
+    """Another host connection holds the child's agent, so its filesystem cannot be frozen: the branch pauses
+    the VM for the disk copy instead, and the result is just as consistent."""
+    from forkd.core.branch import branch
+    from forkd.vmm.agent_client import AgentClient
+
+    (src,) = fork(1, tag=TAG)
+    sh(rt, src.id, "echo held > /srv/state.txt")
+    holder = AgentClient(Path(src.dir) / "agent.sock")
+    try:
+        holder.ping()
+        res = branch(rt, src.id, "disk-br-held", mode="live")
+    finally:
+        holder.close()
+    assert res.snapshot.status == "ready" and "disk_copy" in res.timings_ms
+    assert "fs_freeze" not in res.timings_ms
+    (c,) = fork(1, tag="disk-br-held")
+    assert sh(rt, c.id, "cat /srv/state.txt") == "held\n"
+    sh(rt, src.id, "timeout 5 sh -c 'echo after > /srv/state.txt && sync'")

@@ -10,13 +10,15 @@ Modes:
     mapping, which `x-ignore-shared` does not skip, so QEMU 7.2 offers no tested way to get it. Kept as a mode so
     the surface matches upstream; the result records `forkd.dev/branch-mode: diff`.
 
-Disk-backed children: the child's overlay is copied while the VM is paused (QEMU flushes its block layer when it
-stops), so disk and memory are from one instant. In live mode we pause the child ourselves, copy, then start QEMU's
-background snapshot on the paused VM, which resumes it once its device state is saved: so the pause of a
-disk-backed child also holds the migration's set-up (its RAM bitmaps: measured 55-270 ms here under TCG), not
-only QEMU's few-ms downtime. A tighter window would need QEMU to cut the disk inside its own pause, which 7.2's
-background snapshot cannot do. The copy is then rebased onto
-the image's ext4 (every cluster its old chain had is pulled in), so the branch's disk depends on the image only.
+Disk-backed children: the branch's disk is a copy of the child's overlay, taken while nothing can write it, so
+disk and memory are from one instant. In `full`/`diff` mode the VM is paused (QEMU flushes its block layer when
+it stops). In `live` mode the agent freezes the guest's root filesystem instead (FIFREEZE: written back and
+flushed, then every writer waits while the vCPUs run), the overlay is copied, QEMU's background snapshot runs
+with its usual few-ms pause, and the filesystem is thawed once the source runs again; children of the branch thaw
+in `forked`, and a freeze the host never lifts lifts itself after FREEZE_MAX_SECONDS. When the agent is held by
+another connection (or cannot freeze), live mode falls back to pausing the VM for the copy, which then also
+covers QEMU's migration set-up (55-270 ms measured here). Either way the copy is rebased onto the image's ext4
+afterwards (every cluster its old chain had is pulled in), so the branch's disk depends on the image only.
 
 The result is a self-contained snapshot (its own full `memory.bin` + `vmstate`): status `writing` until both
 files are written, fsynced and hashed, then `ready` (or `failed`), through SnapshotStore.begin/commit/fail. It
@@ -51,6 +53,7 @@ from forkd.base.hashing import sha256_file
 from forkd.base.names import check_tag
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import DISK, Snapshot
+from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.branch import (
     LIVE_HINT,
     BranchError,
@@ -69,6 +72,7 @@ from forkd.vmm.qmp import QMPClient
 
 MODES = ("live", "diff", "full")
 MAX_IN_FLIGHT = int(os.environ.get("FORKD_MAX_BRANCHES", "2"))
+FREEZE_MAX_SECONDS = 10.0  # a frozen source filesystem thaws itself after this, whatever becomes of us
 LOCK_DIR = "locks"
 
 _threads: list[threading.Thread] = []
@@ -206,15 +210,20 @@ def branch(rt: Runtime, child_id: str, tag: str, mode: str = "live", wait: bool 
         disk = RunFiles(Path(rec.dir)).disk if source.has_disk else None
         if mode == "live":
             stream.open()
+            frozen = None
             try:
-                if disk is not None:  # the disk at the instant of the device state: copied while paused
-                    stream.pause()
+                if disk is not None:  # the disk as of the device state: copied while nothing can write it
+                    frozen = _freeze_fs(rec, timings) if was_running else None
+                    if frozen is None:
+                        stream.pause()
                     _copy_disk(disk, work / DISK, timings)
                 stream.start()
                 stream.wait_resumed(timeout=60)
             finally:
                 if was_running:  # never leave the source paused, whatever failed
                     _resume(stream)
+                if frozen is not None:
+                    _thaw_fs(frozen, timings)
             timings["resumed"] = (stream.resumed_at - t0) * 1000.0
             timings.update(stream.timings)
             result.pause_ms = stream.stop_resume_ms
@@ -336,8 +345,49 @@ def _finish(rt: Runtime, machine, driver: QemuDriver, snap: Snapshot, stream: St
         slot.release()
 
 
+def _freeze_fs(rec, timings: dict[str, float]) -> tuple[AgentClient, float] | None:
+    """Freeze a disk-backed child's root filesystem through its agent (the guest flushes it, then its writers
+    wait; the VM keeps running). None, with nothing frozen, when the agent does not answer at once (another
+    host connection holds it) or cannot freeze: the caller then pauses the VM instead."""
+    t = time.perf_counter()
+    try:
+        agent = AgentClient(rec.agent_socket, connect_timeout=0.5)
+    except ForkdError:
+        return None
+    try:
+        agent.ping(timeout=0.5)  # answered: the connection is ours, so the freeze runs now or not at all
+    except ForkdError:
+        agent.close()
+        return None
+    try:
+        agent.call("fsfreeze", {"freeze": True, "max_seconds": FREEZE_MAX_SECONDS}, timeout=FREEZE_MAX_SECONDS / 2)
+    except ForkdError:  # e.g. an older agent without fsfreeze, or a flush that takes too long
+        with suppress(ForkdError, OSError):
+            agent.call("fsfreeze", {"freeze": False}, timeout=FREEZE_MAX_SECONDS)
+        agent.close()
+        return None
+    timings["fs_freeze"] = (time.perf_counter() - t) * 1000.0
+    return agent, time.perf_counter()
+
+
+def _thaw_fs(frozen: tuple[AgentClient, float], timings: dict[str, float]) -> None:
+    """Thaw the source's filesystem; if that fails the guest thaws itself after FREEZE_MAX_SECONDS.
+    `fs_frozen` is how long the guest's writers waited (from the freeze's answer to the thaw's)."""
+    agent, frozen_at = frozen
+    t = time.perf_counter()
+    try:
+        agent.call("fsfreeze", {"freeze": False}, timeout=FREEZE_MAX_SECONDS)
+        timings["fs_thaw"] = (time.perf_counter() - t) * 1000.0
+        timings["fs_frozen"] = (time.perf_counter() - frozen_at) * 1000.0
+    except (ForkdError, OSError):
+        timings["fs_thaw_failed"] = 1.0
+    finally:
+        agent.close()
+
+
 def _copy_disk(disk: Path, dest: Path, timings: dict[str, float]) -> None:
-    """Copy a paused child's overlay (QEMU flushed it when the VM stopped): the branch's disk as of now."""
+    """Copy a child's overlay while nothing writes it (VM paused: QEMU flushed it when it stopped; or guest
+    filesystem frozen: the guest flushed it): the branch's disk as of now."""
     t = time.perf_counter()
     shutil.copyfile(disk, dest)
     timings["disk_copy"] = (time.perf_counter() - t) * 1000.0

@@ -34,11 +34,14 @@ MAX_FRAME = 64 << 20
 DEFAULT_OUTPUT_CAP = 1 << 20
 RNDADDENTROPY = 0x40085203
 RNDRESEEDCRNG = 0x5207
+FIFREEZE = 0xC0045877
+FITHAW = 0xC0045878
 
 NS = {"__name__": "__forkd__", "__builtins__": builtins}
-STATE = {"child_id": None, "boot": time.monotonic()}
+STATE = {"child_id": None, "boot": time.monotonic(), "thaw_timer": None}
 EVAL_LOCK = threading.Lock()
 WRITE_LOCK = threading.Lock()
+FREEZE_LOCK = threading.Lock()
 LIVE_PIDS = set()
 
 
@@ -163,8 +166,46 @@ def op_read_file(args):
     return {"path": path, "data": base64.b64encode(data[:limit]).decode(), "truncated": len(data) > limit}
 
 
+def _thaw():
+    with FREEZE_LOCK:
+        timer, STATE["thaw_timer"] = STATE["thaw_timer"], None
+    if timer is None:
+        return False
+    timer.cancel()
+    fd = os.open("/", os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, FITHAW, 0)
+    except OSError:
+        pass  # already thawed (by the timer)
+    finally:
+        os.close(fd)
+    return True
+
+
+def op_fsfreeze(args):
+    """Freeze the root filesystem (written back and flushed to the disk, then every writer waits) or thaw it.
+    Used by the host to copy a disk-backed guest's overlay while the guest runs. A freeze thaws itself after
+    `max_seconds` whatever becomes of the host; a child restored from a frozen instant thaws in `forked`."""
+    if not args.get("freeze"):
+        return {"thawed": _thaw()}
+    with FREEZE_LOCK:
+        if STATE["thaw_timer"] is not None:
+            raise RequestError("fsfreeze: the root filesystem is frozen already")
+        fd = os.open("/", os.O_RDONLY)
+        try:
+            fcntl.ioctl(fd, FIFREEZE, 0)
+        finally:
+            os.close(fd)
+        timer = threading.Timer(float(args.get("max_seconds", 10.0)), _thaw)
+        timer.daemon = True
+        STATE["thaw_timer"] = timer
+        timer.start()
+    return {"frozen": True}
+
+
 def op_forked(args):
-    """First call in a fresh child: new entropy, identity and clock."""
+    """First call in a fresh child: new entropy, identity and clock (and a thawed filesystem)."""
+    _thaw()
     entropy = base64.b64decode(args.get("entropy", ""))
     if len(entropy) < 32:
         raise RequestError("forked: at least 32 bytes of entropy are required")
@@ -182,7 +223,7 @@ def op_forked(args):
 
 
 OPS = {"ping": op_ping, "exec": op_exec, "eval": op_eval, "exec_code": op_exec_code,
-       "write_file": op_write_file, "read_file": op_read_file, "forked": op_forked}
+       "write_file": op_write_file, "read_file": op_read_file, "forked": op_forked, "fsfreeze": op_fsfreeze}
 
 
 def reap_orphans():
