@@ -31,3 +31,9 @@ class NotFound(ForkdError):
 
 class Conflict(ForkdError):
     exit_code = 4
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (its type's name when it has none): for statuses and manifests."""
+    s = str(exc)
+    return s.splitlines()[0] if s else type(exc).__name__

@@ -265,7 +265,7 @@ def branch(rt: Runtime, child_id: str, tag: str, mode: str = "live", wait: bool 
                 stream.cancel()
                 stream.close()
             if snap is not None:
-                rt.store.fail(snap, _first_line(exc))
+                rt.store.fail(snap, exc)
             if qmp is not None:
                 if stream is not None:
                     with suppress(ForkdError, OSError):
@@ -338,7 +338,7 @@ def _finish(rt: Runtime, machine, driver: QemuDriver, snap: Snapshot, stream: St
                           | ({"qemu_downtime": result.qemu_downtime_ms} if result.qemu_downtime_ms is not None else {}))
         result.snapshot = rt.store.commit(done)
     except BaseException as exc:
-        result.snapshot = rt.store.fail(snap, _first_line(exc))
+        result.snapshot = rt.store.fail(snap, exc)
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -398,8 +398,3 @@ def _guarded(fn):
         with suppress(BaseException):  # the failure is recorded in the snapshot's manifest (status failed)
             fn()
     return run
-
-
-def _first_line(exc: BaseException) -> str:
-    s = str(exc)
-    return s.splitlines()[0] if s else type(exc).__name__

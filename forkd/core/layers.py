@@ -96,7 +96,7 @@ def build_layer(rt: Runtime, tag: str, parent_tag: str, run: tuple[str, ...] = (
     except BaseException as exc:
         if vm is not None:
             rt.driver.stop(vm)
-        rt.store.fail(snap, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        rt.store.fail(snap, exc)
         raise
     finally:
         scratch.unlink(missing_ok=True)
@@ -138,5 +138,5 @@ def compact(rt: Runtime, from_tag: str, to_tag: str, labels: dict[str, str] | No
                           **disk)
         return rt.store.commit(snap)
     except BaseException as exc:
-        rt.store.fail(snap, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        rt.store.fail(snap, exc)
         raise

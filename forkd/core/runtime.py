@@ -189,7 +189,7 @@ class Runtime:
         except BaseException as exc:
             if vm is not None:
                 self.driver.stop(vm)
-            self.store.fail(snap, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self.store.fail(snap, exc)
             raise
         finally:
             mem.unlink(missing_ok=True)

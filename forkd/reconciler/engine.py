@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from forkd.base.errors import first_line
 from forkd.reconciler import observe
 from forkd.reconciler.actions import (
     Action,
@@ -110,15 +111,14 @@ class Reconciler:
             message = self._execute(action)
             ok = True
         except Exception as exc:  # noqa: BLE001 - any failure is recorded, backed off and shown in status
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            message = first_line(exc)
             attempts = self.failures[action.key].attempts + 1 if action.key in self.failures else 1
             delay = backoff_seconds(attempts)
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            self.failures[action.key] = Failure(*action.key.split("/", 1), message=text, attempts=attempts,
+            self.failures[action.key] = Failure(*action.key.split("/", 1), message=message, attempts=attempts,
                                                 retry_at=time.time() + delay)
-            log.warning("%s failed (attempt %d, retry in %.0fs): %s", action.key, attempts, delay, text)
+            log.warning("%s failed (attempt %d, retry in %.0fs): %s", action.key, attempts, delay, message)
             if target:
-                self.objects.event(*target, "Failed", f"{type(action).__name__}: {text} (retry in {delay:.0f}s)",
+                self.objects.event(*target, "Failed", f"{type(action).__name__}: {message} (retry in {delay:.0f}s)",
                                    type_="Warning")
         else:
             self.failures.pop(action.key, None)

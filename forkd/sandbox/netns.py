@@ -133,6 +133,15 @@ def _setns(fd: int) -> None:
         raise OSError(e, f"setns: {os.strerror(e)}")
 
 
+def _return_to(own: int) -> None:
+    """Put this thread back into its own network namespace. A thread stuck in a child's namespace must not go
+    on (it would open sockets there): fatal by design."""
+    try:
+        _setns(own)
+    except OSError:
+        os._exit(70)
+
+
 @contextlib.contextmanager
 def inside(name: str) -> Iterator[int]:
     """Run the body in network namespace `name` (this thread only); yields an fd of the original namespace."""
@@ -147,10 +156,7 @@ def inside(name: str) -> Iterator[int]:
         try:
             yield own
         finally:
-            try:
-                _setns(own)
-            except OSError:  # a thread stuck in a child's namespace must not go on: fatal by design
-                os._exit(70)
+            _return_to(own)
     finally:
         os.close(target)
         os.close(own)
@@ -288,10 +294,7 @@ def _new_netns(name: str) -> Iterator[int]:
                 raise NetworkError(f"bind-mounting the namespace on {path}: {os.strerror(e)}")
             yield own
         finally:
-            try:
-                _setns(own)
-            except OSError:  # a thread stuck in a child's namespace must not go on: fatal by design
-                os._exit(70)
+            _return_to(own)
     finally:
         os.close(own)
 

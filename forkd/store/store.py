@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from forkd.base.atomic import fsync_dir, write_json
-from forkd.base.errors import Conflict, NotFound
+from forkd.base.errors import Conflict, NotFound, first_line
 from forkd.base.hashing import sha256_file
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
@@ -120,7 +120,10 @@ class SnapshotStore:
         write_json(d / MANIFEST, snap.to_json(), mode=0o444)
         return snap
 
-    def fail(self, snap: Snapshot, error: str) -> Snapshot:
+    def fail(self, snap: Snapshot, error: str | BaseException) -> Snapshot:
+        """Mark `snap` failed (an exception is recorded by its first line) and drop its data files."""
+        if isinstance(error, BaseException):
+            error = first_line(error)
         d = self.dir(snap.tag)
         for f in DATA_FILES:
             (d / f).unlink(missing_ok=True)
