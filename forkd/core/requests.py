@@ -1,0 +1,119 @@
+"""The typed requests the core accepts: validated once, here, when they are made.
+
+Front ends and the spec models build these (the spec's field types are the aliases below, so a rule is written
+once); the core trusts what the type guarantees and does not check it again. A request that breaks a rule raises
+InvalidInput naming the field and the rule (`Request.of(...)` turns pydantic's ValidationError into it).
+
+  ParentBuild  boot a parent, warm it, pause it to a snapshot
+  LayerBuild   restore a snapshot, run steps, store the pages that differ as a layer on it
+  Compaction   write a chain head as a base snapshot under a new tag
+  Branch       snapshot a running child (live, full or diff)
+  Spawn        restore n children of a snapshot
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from forkd.base.errors import InvalidInput
+from forkd.base.names import check_tag
+
+MAX_FORK = 1000
+MIN_MEMORY_LIMIT_MIB = 64
+
+
+def _module_name(name: str) -> str:
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        raise ValueError(f"{name!r} is not a module name")
+    return name
+
+
+def _tag(tag: str) -> str:
+    try:
+        return check_tag(tag)
+    except InvalidInput as exc:
+        raise ValueError(f"{exc.message} ({exc.hint})") from None
+
+
+Tag = Annotated[str, AfterValidator(_tag)]
+ModuleName = Annotated[str, AfterValidator(_module_name)]
+MemoryMiB = Annotated[int, Field(ge=128, le=65536, description="guest RAM in MiB")]
+Vcpus = Annotated[int, Field(ge=1, le=64, description="virtual CPUs")]
+NetworkMode = Literal["none", "isolated"]
+BranchMode = Literal["live", "diff", "full"]
+MemoryLimitMiB = Annotated[int, Field(ge=MIN_MEMORY_LIMIT_MIB, description="the child's host memory limit in MiB")]
+Labels = dict[str, str]
+
+
+class Request(BaseModel):
+    """A frozen, validated request. Build it with `Kind.of(...)` to get InvalidInput instead of pydantic's error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    @classmethod
+    def of(cls, **fields: Any) -> Self:
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            raise invalid(cls.__name__, exc) from None
+
+
+def invalid(what: str, exc: ValidationError) -> InvalidInput:
+    """InvalidInput naming every field that broke a rule (`memory_mib: Input should be >= 128`)."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "request"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return InvalidInput(f"invalid {what}: " + "; ".join(parts), hint="fix the field(s) named and try again")
+
+
+class ParentBuild(Request):
+    tag: Tag
+    memory_mib: MemoryMiB = 512
+    vcpus: Vcpus = 1
+    warm_imports: tuple[ModuleName, ...] = ()
+    warm_run: tuple[str, ...] = ()
+    warm_exec: tuple[str, ...] = ()
+    labels: Labels = Field(default_factory=dict)
+    network: NetworkMode = "none"
+    image_id: str | None = None
+    boot_timeout: float = Field(90.0, gt=0)
+
+
+class LayerBuild(Request):
+    tag: Tag
+    parent_tag: Tag
+    run: tuple[str, ...] = ()
+    imports: tuple[ModuleName, ...] = ()
+    code: tuple[str, ...] = ()
+    labels: Labels = Field(default_factory=dict)
+
+
+class Compaction(Request):
+    from_tag: Tag
+    to_tag: Tag
+    labels: Labels = Field(default_factory=dict)
+
+
+class Branch(Request):
+    child_id: str = Field(min_length=1, max_length=128)
+    tag: Tag
+    mode: BranchMode = "live"
+    wait: bool = True
+    timeout: float = Field(600.0, gt=0)
+    labels: Labels = Field(default_factory=dict)
+    tmp_dir: Path | None = None
+
+
+class Spawn(Request):
+    tag: Tag
+    n: int = Field(1, ge=1, le=MAX_FORK)
+    timeout: float = Field(60.0, gt=0)
+    pool: str | None = None
+    network: NetworkMode | None = None
+    memory_limit_mib: MemoryLimitMiB | None = None
+    allow_unconstrained: bool = False
+    cpu_weight: int = Field(100, ge=1, le=10000)
