@@ -21,13 +21,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from forkd.base import format as fmt
-from forkd.base.errors import Conflict, InvalidInput
+from forkd.base.errors import Conflict, ForkdError, InvalidInput
 from forkd.base.paths import Layout
 from tests.conftest import forkd_cli, qemu_pids, remove_stale_flat_dirs
 
@@ -260,6 +261,34 @@ def test_a_home_without_the_file_is_version_1_and_migrated(tmp_path):
     Layout(tmp_path).ensure()  # idempotent
     assert json.loads((tmp_path / fmt.FILE_NAME).read_text()) == {"version": fmt.CURRENT}
     assert (tmp_path / "snapshots" / "t" / "snapshot.json").read_text() == "{}"
+
+
+def test_a_home_opened_by_many_at_once_is_migrated_once(tmp_path):
+    (tmp_path / "objects").mkdir()
+    with ThreadPoolExecutor(8) as pool:  # file_lock excludes threads as it does processes
+        list(pool.map(lambda _: Layout(tmp_path).ensure(), range(16)))
+    assert json.loads((tmp_path / fmt.FILE_NAME).read_text()) == {"version": fmt.CURRENT}
+
+
+def test_a_failed_step_leaves_the_last_version_and_resumes(tmp_path, monkeypatch):
+    """Stamped after each step: a step that fails (or a crash in it) is run again on the next open."""
+    attempts = []
+
+    def step(home: Path) -> None:
+        attempts.append(home)
+        if len(attempts) == 1:
+            raise OSError("disk full")
+
+    monkeypatch.setattr(fmt, "MIGRATIONS", (*fmt.MIGRATIONS, (fmt.CURRENT, step)))
+    monkeypatch.setattr(fmt, "CURRENT", fmt.CURRENT + 1)
+    (tmp_path / "snapshots").mkdir()
+    with pytest.raises(ForkdError) as err:
+        Layout(tmp_path).ensure()
+    assert f"from format version {fmt.CURRENT - 1} to {fmt.CURRENT} failed: disk full" in err.value.message
+    assert json.loads((tmp_path / fmt.FILE_NAME).read_text()) == {"version": fmt.CURRENT - 1}
+    Layout(tmp_path).ensure()
+    assert json.loads((tmp_path / fmt.FILE_NAME).read_text()) == {"version": fmt.CURRENT}
+    assert len(attempts) == 2
 
 
 def test_migration_steps_are_one_per_version_in_order():

@@ -45,8 +45,11 @@ def read_version(home: Path) -> int | None:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise InvalidInput(f"{path} is unreadable ({exc})", hint=_REPAIR) from exc
+    except OSError as exc:
+        raise ForkdError(f"{path} cannot be read ({exc})",
+                         hint="check that FORKD_HOME is right and that forkd runs as the user owning it") from exc
+    except ValueError as exc:
+        raise InvalidInput(f"{path} is not JSON ({exc})", hint=_REPAIR) from exc
     version = doc.get("version") if isinstance(doc, dict) else None
     if type(version) is not int or version < FIRST:
         raise InvalidInput(f"{path}: \"version\" must be an integer of at least {FIRST}, not {version!r}",
