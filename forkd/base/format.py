@@ -24,6 +24,8 @@ from forkd.base.locks import file_lock
 FILE_NAME = "format.json"
 LOCK_NAME = ".lock"  # the home's lock: held while a home is stamped or migrated
 FIRST = 1  # the version of a home without format.json
+_REPAIR = ('write {"version": N} into it, N being the format version of the forkd that wrote this home '
+           f"(1 for a home from before {FILE_NAME} existed), or move the home aside")
 
 
 def _v1_to_v2(home: Path) -> None:
@@ -39,7 +41,7 @@ CURRENT = MIGRATIONS[-1][0] + 1
 
 def read_version(home: Path) -> int | None:
     """The version stamped in `home`; None when it has no format.json. Raises Conflict for a newer version than
-    this code knows, InvalidInput for a file that is not {"version": <int>}."""
+    this code knows, InvalidInput for a file that is not {"version": <int>}, ForkdError for one it cannot read."""
     path = home / FILE_NAME
     try:
         doc = json.loads(path.read_text())
@@ -60,10 +62,6 @@ def read_version(home: Path) -> int | None:
                        hint="upgrade forkd to the release that wrote this home (or set FORKD_HOME to another "
                             "directory); an older forkd must not write into it")
     return version
-
-
-_REPAIR = ('write {"version": N} into it, N being the format version of the forkd that wrote this home '
-           f"(1 for a home from before {FILE_NAME} existed), or move the home aside")
 
 
 def open_home(home: Path) -> None:
