@@ -26,8 +26,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from forkd.base.format import open_home
-
 DEFAULT_HOME = "/var/lib/forkd"
 
 
@@ -121,6 +119,8 @@ class Layout:
         return self.children / child_id
 
     def ensure(self) -> Layout:
+        from forkd.base.format import open_home
+
         open_home(self.home)  # stamps a new home, migrates an older one, refuses one a newer forkd wrote
         for d in (self.images, self.debs, self.snapshots, self.children, self.objects, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
