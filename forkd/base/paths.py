@@ -15,6 +15,7 @@
       children/<id>/disk.qcow2                               disk-backed: the child's private overlay
       objects/<Kind>/<name>.json                             applied declarative objects + status (reconciler)
       objects/<Kind>/<name>.events.jsonl                     their recent events
+      format.json                                            {"version": N} of this layout (forkd.base.format)
       forkd.sock                                             the daemon's API socket (forkd serve)
       tmp/                                                   half-built things; removed on start-up
 """
@@ -118,6 +119,9 @@ class Layout:
         return self.children / child_id
 
     def ensure(self) -> Layout:
+        from forkd.base.format import open_home
+
+        open_home(self.home)  # stamps a new home, migrates an older one, refuses one a newer forkd wrote
         for d in (self.images, self.debs, self.snapshots, self.children, self.objects, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.children, 0o700)

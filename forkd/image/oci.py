@@ -252,69 +252,7 @@ def _apply_layer(root: Path, layer: Layer, stats: UnpackStats, as_root: bool) ->
     try:
         with _layer_stream(layer) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for m in tar:
-                name = _member_name(m.name, layer.name)
-                if not name:
-                    continue
-                stats.members += 1
-                parent_rel, _, base = name.rpartition("/")
-                parent = resolve_in(root, parent_rel, follow_last=True)
-                if base == ".wh..wh..opq":
-                    stats.opaque += 1
-                    if parent.is_dir():
-                        for child in parent.iterdir():
-                            if f"{parent_rel}/{child.name}".lstrip("/") not in this_layer:
-                                remove_path(child)
-                    continue
-                if base.startswith(".wh."):
-                    if base[4:] in ("", ".", ".."):
-                        raise UnsafeImage(f"layer {layer.name}: malformed whiteout {name!r}")
-                    stats.whiteouts += 1
-                    remove_path(parent / base[4:])
-                    continue
-                this_layer.add(name)
-                if m.ischr() or m.isblk():
-                    stats.skipped_devices.append(name)
-                    continue
-                parent.mkdir(parents=True, exist_ok=True)
-                target = parent / base
-                if m.isdir():
-                    if os.path.lexists(target) and not (target.is_dir() and not target.is_symlink()):
-                        target.unlink()
-                    target.mkdir(exist_ok=True)
-                elif m.issym():
-                    if not m.linkname.startswith("/"):  # absolute targets resolve inside the guest's root
-                        depth = 0
-                        for comp in os.path.join(parent_rel, m.linkname).split("/"):
-                            depth += -1 if comp == ".." else (0 if comp in ("", ".") else 1)
-                            if depth < 0:
-                                raise UnsafeImage(f"layer {layer.name}: symlink /{name} -> {m.linkname} points "
-                                                  f"above the rootfs; refused")
-                    remove_path(target)
-                    os.symlink(m.linkname, target)
-                elif m.islnk():
-                    src_rel = _member_name(m.linkname, layer.name)
-                    src = resolve_in(root, src_rel)
-                    if not os.path.lexists(src) or src.is_dir():
-                        raise UnsafeImage(f"layer {layer.name}: hard link /{name} -> /{src_rel}: no such file")
-                    remove_path(target)
-                    os.link(src, target, follow_symlinks=False)
-                    continue  # shares the inode (mode, owner) of its source
-                elif m.isfifo():
-                    remove_path(target)
-                    os.mkfifo(target)
-                elif m.isreg():
-                    remove_path(target)
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                    with os.fdopen(fd, "wb") as out:
-                        src_f = tar.extractfile(m)
-                        assert src_f is not None
-                        shutil.copyfileobj(src_f, out, 1 << 20)
-                else:
-                    continue
-                if as_root:
-                    os.lchown(target, m.uid, m.gid)
-                if not m.issym():
-                    os.chmod(target, m.mode & 0o7777)
+                _apply_member(root, layer, tar, m, stats, this_layer, as_root)
     except tarfile.TarError as exc:
         raise InvalidInput(f"layer {layer.name} is not a valid tar archive: {exc}") from exc
     except (IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
@@ -322,6 +260,94 @@ def _apply_layer(root: Path, layer: Layer, stats: UnpackStats, as_root: bool) ->
     except (EOFError, gzip.BadGzipFile) as exc:
         raise InvalidInput(f"layer {layer.name} is truncated or not gzip: {exc}") from exc
     stats.layers += 1
+
+
+def _apply_member(root: Path, layer: Layer, tar: tarfile.TarFile, m: tarfile.TarInfo, stats: UnpackStats,
+                  this_layer: set[str], as_root: bool) -> None:
+    """One member of a layer onto the rootfs: a whiteout removes what the layers below made, anything else is
+    written with its mode (and owner, `as_root`). `this_layer`: the names this layer wrote so far."""
+    name = _member_name(m.name, layer.name)
+    if not name:
+        return
+    stats.members += 1
+    parent_rel, _, base = name.rpartition("/")
+    parent = resolve_in(root, parent_rel, follow_last=True)
+    if base.startswith(".wh."):
+        _whiteout(layer, name, parent, parent_rel, base, stats, this_layer)
+        return
+    this_layer.add(name)
+    if m.ischr() or m.isblk():
+        stats.skipped_devices.append(name)
+        return
+    parent.mkdir(parents=True, exist_ok=True)
+    target = parent / base
+    if not _write_member(root, layer, tar, m, target, parent_rel, name):
+        return
+    if as_root:
+        os.lchown(target, m.uid, m.gid)
+    if not m.issym():
+        os.chmod(target, m.mode & 0o7777)
+
+
+def _whiteout(layer: Layer, name: str, parent: Path, parent_rel: str, base: str, stats: UnpackStats,
+              this_layer: set[str]) -> None:
+    """`.wh..wh..opq` empties its directory of what the layers below put there; `.wh.NAME` removes NAME."""
+    if base == ".wh..wh..opq":
+        stats.opaque += 1
+        if parent.is_dir():
+            for child in parent.iterdir():
+                if f"{parent_rel}/{child.name}".lstrip("/") not in this_layer:
+                    remove_path(child)
+        return
+    if base[4:] in ("", ".", ".."):
+        raise UnsafeImage(f"layer {layer.name}: malformed whiteout {name!r}")
+    stats.whiteouts += 1
+    remove_path(parent / base[4:])
+
+
+def _write_member(root: Path, layer: Layer, tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path,
+                  parent_rel: str, name: str) -> bool:
+    """Make `target` what member `m` is, replacing what was there. False when its mode and owner are not its own
+    to set: a hard link (it shares its source's inode) or a kind of member a rootfs does not hold."""
+    if m.isdir():
+        if os.path.lexists(target) and not (target.is_dir() and not target.is_symlink()):
+            target.unlink()
+        target.mkdir(exist_ok=True)
+    elif m.issym():
+        if not m.linkname.startswith("/"):  # absolute targets resolve inside the guest's root
+            _refuse_climbing_symlink(layer, parent_rel, name, m.linkname)
+        remove_path(target)
+        os.symlink(m.linkname, target)
+    elif m.islnk():
+        src_rel = _member_name(m.linkname, layer.name)
+        src = resolve_in(root, src_rel)
+        if not os.path.lexists(src) or src.is_dir():
+            raise UnsafeImage(f"layer {layer.name}: hard link /{name} -> /{src_rel}: no such file")
+        remove_path(target)
+        os.link(src, target, follow_symlinks=False)
+        return False  # shares the inode (mode, owner) of its source
+    elif m.isfifo():
+        remove_path(target)
+        os.mkfifo(target)
+    elif m.isreg():
+        remove_path(target)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            src_f = tar.extractfile(m)
+            assert src_f is not None
+            shutil.copyfileobj(src_f, out, 1 << 20)
+    else:
+        return False
+    return True
+
+
+def _refuse_climbing_symlink(layer: Layer, parent_rel: str, name: str, linkname: str) -> None:
+    """A relative symlink whose target climbs above the rootfs is refused."""
+    depth = 0
+    for comp in os.path.join(parent_rel, linkname).split("/"):
+        depth += -1 if comp == ".." else (0 if comp in ("", ".") else 1)
+        if depth < 0:
+            raise UnsafeImage(f"layer {layer.name}: symlink /{name} -> {linkname} points above the rootfs; refused")
 
 
 def unpack(src: Source, root: Path, progress: Progress = lambda s: None) -> UnpackStats:

@@ -36,19 +36,10 @@ class Supervisor:
         group is written into the record before it is made, so `gc` can find them after any crash."""
         t0 = time.perf_counter()
         home = str(self.registry.layout.home)
-        cid = self.registry.new_id()
-        isolated = machine.network != "none"
         hier = cgroups.detect()
-        planned_cg = [str(b / cid) for b in hier.base(home)] if hier is not None else None
         if runas is None:
             runas = os.environ.get("FORKD_VMM_RUNAS", "") in ("1", "per-child", "yes")
-        rec = self.registry.save(ChildRecord(
-            id=cid, snapshot=snapshot, created_at=time.time(), dir="", memory_mib=machine.memory_mib,
-            vcpus=machine.vcpus, accel=machine.accel, driver=self.driver.name, pool=pool,
-            spawner_pid=os.getpid(), spawner_started=start_time(os.getpid()), network=machine.network,
-            netns=netns.netns_name(cid) if isolated else None, cgroup=planned_cg, memory_limit_mib=memory_limit_mib,
-            runas=runas_identity(cid) if runas else None))
-        rec = rec.with_(dir=str(self.registry.path(rec.id)))
+        rec = self._record(snapshot, machine, pool, memory_limit_mib, home, hier, runas)
         group: cgroups.ChildCgroup | None = None
         net: netns.ChildNet | None = None
         setup_ms: dict[str, float] = {}
@@ -62,44 +53,79 @@ class Supervisor:
                 setup_ms["cgroup_place"] = (time.perf_counter() - t) * 1000.0
 
         try:
-            t = time.perf_counter()
-            try:
-                group = cgroups.create(cid, home, memory_limit_mib, cpu_weight)
-            except cgroups.CgroupError as exc:
-                if not (allow_unconstrained or (memory_limit_mib is None and hier is None)):
-                    raise cgroups.CgroupError(
-                        f"child {cid} cannot be constrained, so it is not started: {exc.message}",
-                        hint="fix the cgroup hierarchy (forkd doctor), or allow unconstrained children explicitly "
-                             "(--allow-unconstrained / allow_unconstrained=True)") from exc
-                rec = self.registry.save(rec.with_(cgroup=None, unconstrained=True))
-            setup_ms["cgroup"] = (time.perf_counter() - t) * 1000.0
-            if isolated:
-                net, net_ms = netns.setup(cid, home)
+            group, rec = self._constrain(rec, home, hier, memory_limit_mib, cpu_weight, allow_unconstrained, setup_ms)
+            if rec.netns is not None:
+                net, net_ms = netns.setup(rec.id, home)
                 setup_ms.update({f"net_{k}": v for k, v in net_ms.items()})
                 rec = self.registry.save(rec.with_(net_addr=net.addr))
             vm = self.driver.restore(machine, memory, vmstate, RunFiles(Path(rec.dir)), timeout=timeout,
                                      on_start=on_start, netns=rec.netns, runas=rec.runas)
             t_restored = time.perf_counter()
-            vm.agent.call("forked", {"entropy": base64.b64encode(os.urandom(ENTROPY_BYTES)).decode(),
-                                     "child_id": rec.id, "hostname": rec.id, "time": time.time()},
-                          timeout=timeout)
+            self._reseed(vm, rec, timeout)
         except BaseException as exc:
-            if rec.pid:
-                kill_and_wait(rec.pid, rec.started)
-            if net is not None:
-                netns.teardown(net)
-            if group is not None:
-                group.remove()
-            self.registry.save(rec.with_(state="failed", error=str(exc), pid=None))
+            self._abandon(rec, net, group, exc)
             raise
+        return self._running(rec, vm, setup_ms, t0, t_restored), vm
+
+    def _record(self, snapshot: str, machine: Machine, pool: str | None, memory_limit_mib: int | None, home: str,
+                hier: cgroups.Hierarchy | None, runas: bool) -> ChildRecord:
+        """A new child's first record, saved before any of its namespace, group or VMM exists."""
+        cid = self.registry.new_id()
+        planned_cg = [str(b / cid) for b in hier.base(home)] if hier is not None else None
+        rec = self.registry.save(ChildRecord(
+            id=cid, snapshot=snapshot, created_at=time.time(), dir="", memory_mib=machine.memory_mib,
+            vcpus=machine.vcpus, accel=machine.accel, driver=self.driver.name, pool=pool,
+            spawner_pid=os.getpid(), spawner_started=start_time(os.getpid()), network=machine.network,
+            netns=netns.netns_name(cid) if machine.network != "none" else None, cgroup=planned_cg,
+            memory_limit_mib=memory_limit_mib, runas=runas_identity(cid) if runas else None))
+        return rec.with_(dir=str(self.registry.path(rec.id)))
+
+    def _constrain(self, rec: ChildRecord, home: str, hier: cgroups.Hierarchy | None, memory_limit_mib: int | None,
+                   cpu_weight: int, allow_unconstrained: bool,
+                   setup_ms: dict[str, float]) -> tuple[cgroups.ChildCgroup | None, ChildRecord]:
+        """The child's cgroup, or None (and a record saying so) where none can be made and that is allowed."""
+        t = time.perf_counter()
+        group = None
+        try:
+            group = cgroups.create(rec.id, home, memory_limit_mib, cpu_weight)
+        except cgroups.CgroupError as exc:
+            if not (allow_unconstrained or (memory_limit_mib is None and hier is None)):
+                raise cgroups.CgroupError(
+                    f"child {rec.id} cannot be constrained, so it is not started: {exc.message}",
+                    hint="fix the cgroup hierarchy (forkd doctor), or allow unconstrained children explicitly "
+                         "(--allow-unconstrained / allow_unconstrained=True)") from exc
+            rec = self.registry.save(rec.with_(cgroup=None, unconstrained=True))
+        setup_ms["cgroup"] = (time.perf_counter() - t) * 1000.0
+        return group, rec
+
+    @staticmethod
+    def _reseed(vm: Vm, rec: ChildRecord, timeout: float) -> None:
+        """Tell the restored guest it is a new child: fresh entropy, its id as hostname, the current time."""
+        vm.agent.call("forked", {"entropy": base64.b64encode(os.urandom(ENTROPY_BYTES)).decode(),
+                                 "child_id": rec.id, "hostname": rec.id, "time": time.time()},
+                      timeout=timeout)
+
+    def _abandon(self, rec: ChildRecord, net: netns.ChildNet | None, group: cgroups.ChildCgroup | None,
+                 exc: BaseException) -> None:
+        """Undo a spawn that failed: its VMM, namespace and group go; its record stays, failed, with the error."""
+        if rec.pid:
+            kill_and_wait(rec.pid, rec.started)
+        if net is not None:
+            netns.teardown(net)
+        if group is not None:
+            group.remove()
+        self.registry.save(rec.with_(state="failed", error=str(exc), pid=None))
+
+    def _running(self, rec: ChildRecord, vm: Vm, setup_ms: dict[str, float], t0: float,
+                 t_restored: float) -> ChildRecord:
+        """The record of a child whose agent answered: running, with the timings of each phase."""
         t_ready = time.perf_counter()
         timings = dict(vm.timings_ms)
         timings.update(setup_ms)
         timings["restore"] = (t_restored - t0) * 1000.0
         timings["forked"] = (t_ready - t_restored) * 1000.0
         timings["ready"] = (t_ready - t0) * 1000.0
-        rec = self.registry.save(rec.with_(state="running", timings_ms=timings))
-        return rec, vm
+        return self.registry.save(rec.with_(state="running", timings_ms=timings))
 
     def connect(self, rec: ChildRecord, timeout: float = 10.0) -> AgentClient:
         if rec.status != "running":
