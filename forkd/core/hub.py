@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from forkd.base.atomic import fsync_dir, write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.locks import file_lock
+from forkd.base.settings import settings
 from forkd.core.pack import PackError, pack, safe_relpath, unpack
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def parse_ref(ref: str, need_version: bool = False) -> Ref:
 
 
 def hub_url(url: str | None = None) -> str:
-    url = url or os.environ.get("FORKD_HUB")
+    url = url or settings().hub
     if not url:
         raise InvalidInput("no hub configured", hint="set FORKD_HUB=http://host:port/ or file:///path/to/hub")
     scheme = urllib.parse.urlsplit(url).scheme

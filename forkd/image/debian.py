@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.base.paths import Layout
+from forkd.base.settings import settings
 from forkd.image import debs
 from forkd.image.build import BUSYBOX_PACKAGE, Image
 from forkd.image.rootfs import (
@@ -36,7 +36,6 @@ from forkd.image.rootfs import (
 
 DEBIAN_BUILDER_VERSION = "1"
 DEFAULT_SUITE = "bookworm"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ["python3"]
 # bookworm's essential set pulls usrmerge, which pulls perl (~45 MB of modules) for its one-time conversion
 PERL_ONLY_FOR = {"usrmerge", "libfile-find-rule-perl", "libnumber-compare-perl", "libtext-glob-perl", "perl"}
@@ -50,7 +49,7 @@ TRIM = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", 
 
 
 def mirror() -> str:
-    return os.environ.get("FORKD_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    return settings().debian_mirror
 
 
 def check_request(suite: str, packages: list[str]) -> list[str]:

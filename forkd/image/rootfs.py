@@ -29,6 +29,7 @@ from forkd.base.atomic import write_json
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.base.hashing import sha256_file
 from forkd.base.paths import Layout
+from forkd.base.settings import settings
 from forkd.image import debs
 from forkd.image.build import BUSYBOX_PACKAGE, GUEST_DIR, GUEST_SOURCES, Image, take_kernel, write_initramfs
 
@@ -215,7 +216,7 @@ def pip_install(root: Path, python: GuestPython, packages: list[str], progress: 
     plats = (["musllinux_1_1_x86_64", "musllinux_1_2_x86_64"] if musl else
              ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64"])
     target = root / "forkd" / "site-packages"
-    argv = [os.environ.get("FORKD_HOST_PYTHON", "python3"), "-m", "pip", "install", "-q", "--no-compile",
+    argv = [settings().host_python, "-m", "pip", "install", "-q", "--no-compile",
             "--disable-pip-version-check", "--target", str(target), "--only-binary=:all:",
             "--implementation", "cp", "--python-version", f"{python.version[0]}.{python.version[1]}",
             "--abi", f"cp{v}", "--abi", "abi3", "--abi", "none"]
