@@ -16,7 +16,6 @@ import platform
 import re
 import shutil
 import struct
-import subprocess
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forkd.base.errors import ForkdError
-from forkd.base.procs import is_alive
+from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
 from forkd.store.snapshot import CorruptManifest, Snapshot
 from forkd.vmm.qemu import find_qemu
@@ -292,7 +291,10 @@ def check_cgroup(root: Path | None = None) -> Check:
 # -- network namespaces ----------------------------------------------------------------------------------------
 def netns_by_unshare(binary: str) -> tuple[bool, str]:
     """Create (and drop) a network namespace with util-linux `unshare --net true`."""
-    res = subprocess.run([binary, "--net", "true"], capture_output=True, text=True, timeout=20)
+    try:
+        res = run([binary, "--net", "true"], "unshare --net", ok=None, timeout=20)
+    except ForkdError as exc:  # hung past the timeout
+        return False, exc.message
     if res.returncode == 0:
         return True, "created a network namespace (unshare --net)"
     return False, f"unshare --net failed (exit {res.returncode}): {_line(res.stderr) or 'no message'}"

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forkd.base.atomic import fsync_dir, write_json
+from forkd.base.atomic import rename_into_place, write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.locks import file_lock
 from forkd.base.settings import settings
@@ -239,8 +239,7 @@ def push(rt: Runtime, tag: str, ref_s: str, url: str | None = None, progress: Pr
             idx = _read_local_index(root, url)
             if idx["packs"].get(ref.name, {}).get("versions", {}).get(ref.version) and not force:
                 raise Conflict(f"{ref} was pushed by someone else meanwhile")
-            os.rename(tmp, dest)
-            fsync_dir(dest.parent)
+            rename_into_place(tmp, dest)
             pk = idx["packs"].setdefault(ref.name, {"versions": {}})
             pk.setdefault("versions", {})[ref.version] = {"file": rel, "sha256": h.hexdigest(), "size": size,
                                                           "head": tag, "chain": res["chain"],

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from forkd.base.atomic import write_bytes
 from forkd.base.logs import FORMATS, LEVELS
 
 
@@ -25,7 +26,7 @@ def write_crds(directory: Path | None) -> list[Path]:
     for name, text in files().items():
         path = directory / name
         if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+            write_bytes(path, text.encode())
         out.append(path)
     return out
 

@@ -33,7 +33,6 @@ import json
 import os
 import secrets
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -42,6 +41,7 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.base.locks import file_lock
+from forkd.base.procs import run
 from forkd.base.settings import settings
 from forkd.vmm.qemu import TAP_NAME
 
@@ -241,9 +241,8 @@ def leases() -> list[tuple[Path, ChildNet | None]]:
 
 # -- host side -------------------------------------------------------------------------------------------
 def _nft(rules: str) -> None:
-    res = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise NetworkError(f"nft failed: {res.stderr.strip()}", hint="apt-get install nftables (scripts/setup.sh)")
+    run(["nft", "-f", "-"], "loading forkd's nft rules", input=rules, error=NetworkError,
+        hint="apt-get install nftables (scripts/setup.sh)")
 
 
 def ensure_host() -> None:
@@ -264,8 +263,8 @@ def ensure_host() -> None:
             if BRIDGE_ADDR not in have:
                 ipr.addr("add", index=idx, address=BRIDGE_ADDR, prefixlen=BRIDGE_PREFIX)
             ipr.link("set", index=idx, state="up")
-            res = subprocess.run(["nft", "list", "table", "ip", HOST_TABLE], capture_output=True)
-            if res.returncode != 0:
+            if run(["nft", "list", "table", "ip", HOST_TABLE], ok=None, error=NetworkError,
+                   hint="apt-get install nftables (scripts/setup.sh)").returncode != 0:
                 _nft(HOST_RULES)
         _host_done = True
 
