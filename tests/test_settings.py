@@ -4,13 +4,19 @@ validated with an error naming the variable, and listed (secrets hidden) by `for
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from forkd.base import logs
 from forkd.base.errors import InvalidInput
 from forkd.base.settings import NAMES, describe, settings
 
@@ -84,3 +90,62 @@ def test_forkd_config_lists_every_setting_and_hides_the_token(tmp_path):
     bad = _config({**env, "FORKD_ACCEL": "quantum"}, "-o", "json")
     assert bad.returncode == 2
     assert next(r for r in json.loads(bad.stdout) if r["name"] == "FORKD_ACCEL")["source"] == "invalid"
+
+
+def _json_lines(text: str) -> list[dict]:
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]  # every line parses, or this fails
+    for obj in lines:
+        assert {"time", "level", "logger", "message"} <= set(obj), obj
+    return lines
+
+
+def test_daemon_logs_json_through_the_cli_global_option(tmp_path):
+    """`forkd --log-format json --log-level info serve`: the option reaches the exec'd daemon; every stderr line is
+    one JSON object with time, level, logger and message."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "FORKD_HOME": str(tmp_path)}
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "forkd.cli.main", "--log-format", "json", "--log-level",
+                                 "info", "serve"], env=env, stdout=f, stderr=f)
+    try:
+        deadline = time.monotonic() + 60
+        while "adopted" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    lines = _json_lines(log.read_text())
+    adopted = [o for o in lines if o["logger"] == "forkd.daemon" and o["message"].startswith("adopted")]
+    assert adopted and adopted[0]["level"] == "INFO"
+    datetime.fromisoformat(adopted[0]["time"])
+
+
+def test_operator_entry_takes_log_options():
+    res = subprocess.run([sys.executable, "-m", "forkd.operator", "run", "--log-format", "yaml"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--log-format" in res.stderr
+
+
+def test_json_lines_carry_extra_fields_and_tracebacks(capsys):
+    logs.setup("DEBUG", "json")
+    try:
+        logging.getLogger("forkd.test").info("spawned %s", "c1", extra={"child": "c1", "ms": 12.5})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("forkd.test").exception("failed")
+        first, second = _json_lines(capsys.readouterr().err)
+        assert (first["message"], first["child"], first["ms"], first["level"]) == ("spawned c1", "c1", 12.5, "INFO")
+        assert second["level"] == "ERROR" and "ValueError: boom" in second["exc"]
+        logs.setup("INFO", "text")
+        logging.getLogger("forkd.test").debug("hidden")
+        logging.getLogger("forkd.test").warning("shown", extra={"child": "c2"})
+        err = capsys.readouterr().err
+        assert "hidden" not in err and "forkd.test WARNING shown child=c2" in err
+        assert len([h for h in logging.getLogger().handlers if isinstance(h, logs._Handler)]) == 1
+    finally:
+        logging.getLogger().handlers[:] = [h for h in logging.getLogger().handlers
+                                           if not isinstance(h, logs._Handler)]
+        logging.getLogger().setLevel(logging.WARNING)
