@@ -253,68 +253,8 @@ def _apply_layer(root: Path, layer: Layer, stats: UnpackStats, as_root: bool) ->
         with _layer_stream(layer) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for m in tar:
                 name = _member_name(m.name, layer.name)
-                if not name:
-                    continue
-                stats.members += 1
-                parent_rel, _, base = name.rpartition("/")
-                parent = resolve_in(root, parent_rel, follow_last=True)
-                if base == ".wh..wh..opq":
-                    stats.opaque += 1
-                    if parent.is_dir():
-                        for child in parent.iterdir():
-                            if f"{parent_rel}/{child.name}".lstrip("/") not in this_layer:
-                                remove_path(child)
-                    continue
-                if base.startswith(".wh."):
-                    if base[4:] in ("", ".", ".."):
-                        raise UnsafeImage(f"layer {layer.name}: malformed whiteout {name!r}")
-                    stats.whiteouts += 1
-                    remove_path(parent / base[4:])
-                    continue
-                this_layer.add(name)
-                if m.ischr() or m.isblk():
-                    stats.skipped_devices.append(name)
-                    continue
-                parent.mkdir(parents=True, exist_ok=True)
-                target = parent / base
-                if m.isdir():
-                    if os.path.lexists(target) and not (target.is_dir() and not target.is_symlink()):
-                        target.unlink()
-                    target.mkdir(exist_ok=True)
-                elif m.issym():
-                    if not m.linkname.startswith("/"):  # absolute targets resolve inside the guest's root
-                        depth = 0
-                        for comp in os.path.join(parent_rel, m.linkname).split("/"):
-                            depth += -1 if comp == ".." else (0 if comp in ("", ".") else 1)
-                            if depth < 0:
-                                raise UnsafeImage(f"layer {layer.name}: symlink /{name} -> {m.linkname} points "
-                                                  f"above the rootfs; refused")
-                    remove_path(target)
-                    os.symlink(m.linkname, target)
-                elif m.islnk():
-                    src_rel = _member_name(m.linkname, layer.name)
-                    src = resolve_in(root, src_rel)
-                    if not os.path.lexists(src) or src.is_dir():
-                        raise UnsafeImage(f"layer {layer.name}: hard link /{name} -> /{src_rel}: no such file")
-                    remove_path(target)
-                    os.link(src, target, follow_symlinks=False)
-                    continue  # shares the inode (mode, owner) of its source
-                elif m.isfifo():
-                    remove_path(target)
-                    os.mkfifo(target)
-                elif m.isreg():
-                    remove_path(target)
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                    with os.fdopen(fd, "wb") as out:
-                        src_f = tar.extractfile(m)
-                        assert src_f is not None
-                        shutil.copyfileobj(src_f, out, 1 << 20)
-                else:
-                    continue
-                if as_root:
-                    os.lchown(target, m.uid, m.gid)
-                if not m.issym():
-                    os.chmod(target, m.mode & 0o7777)
+                if name:
+                    _apply_member(root, layer, tar, m, name, this_layer, stats, as_root)
     except tarfile.TarError as exc:
         raise InvalidInput(f"layer {layer.name} is not a valid tar archive: {exc}") from exc
     except (IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
@@ -322,6 +262,81 @@ def _apply_layer(root: Path, layer: Layer, stats: UnpackStats, as_root: bool) ->
     except (EOFError, gzip.BadGzipFile) as exc:
         raise InvalidInput(f"layer {layer.name} is truncated or not gzip: {exc}") from exc
     stats.layers += 1
+
+
+def _apply_member(root: Path, layer: Layer, tar: tarfile.TarFile, m: tarfile.TarInfo, name: str,
+                  this_layer: set[str], stats: UnpackStats, as_root: bool) -> None:
+    """One member of a layer: a whiteout removes, a device is skipped, anything else is written with its mode
+    (and owner, as root)."""
+    stats.members += 1
+    parent_rel, _, base = name.rpartition("/")
+    parent = resolve_in(root, parent_rel, follow_last=True)
+    if base == ".wh..wh..opq":
+        stats.opaque += 1
+        if parent.is_dir():
+            for child in parent.iterdir():
+                if f"{parent_rel}/{child.name}".lstrip("/") not in this_layer:
+                    remove_path(child)
+        return
+    if base.startswith(".wh."):
+        if base[4:] in ("", ".", ".."):
+            raise UnsafeImage(f"layer {layer.name}: malformed whiteout {name!r}")
+        stats.whiteouts += 1
+        remove_path(parent / base[4:])
+        return
+    this_layer.add(name)
+    if m.ischr() or m.isblk():
+        stats.skipped_devices.append(name)
+        return
+    parent.mkdir(parents=True, exist_ok=True)
+    target = parent / base
+    if not _write_member(root, layer, tar, m, name, parent_rel, target):
+        return
+    if as_root:
+        os.lchown(target, m.uid, m.gid)
+    if not m.issym():
+        os.chmod(target, m.mode & 0o7777)
+
+
+def _write_member(root: Path, layer: Layer, tar: tarfile.TarFile, m: tarfile.TarInfo, name: str, parent_rel: str,
+                  target: Path) -> bool:
+    """Create `target` as the member says; False when its own mode and owner must not be set (a hard link shares
+    its source's inode; an unknown type is skipped)."""
+    if m.isdir():
+        if os.path.lexists(target) and not (target.is_dir() and not target.is_symlink()):
+            target.unlink()
+        target.mkdir(exist_ok=True)
+    elif m.issym():
+        if not m.linkname.startswith("/"):  # absolute targets resolve inside the guest's root
+            depth = 0
+            for comp in os.path.join(parent_rel, m.linkname).split("/"):
+                depth += -1 if comp == ".." else (0 if comp in ("", ".") else 1)
+                if depth < 0:
+                    raise UnsafeImage(f"layer {layer.name}: symlink /{name} -> {m.linkname} points "
+                                      f"above the rootfs; refused")
+        remove_path(target)
+        os.symlink(m.linkname, target)
+    elif m.islnk():
+        src_rel = _member_name(m.linkname, layer.name)
+        src = resolve_in(root, src_rel)
+        if not os.path.lexists(src) or src.is_dir():
+            raise UnsafeImage(f"layer {layer.name}: hard link /{name} -> /{src_rel}: no such file")
+        remove_path(target)
+        os.link(src, target, follow_symlinks=False)
+        return False
+    elif m.isfifo():
+        remove_path(target)
+        os.mkfifo(target)
+    elif m.isreg():
+        remove_path(target)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            src_f = tar.extractfile(m)
+            assert src_f is not None
+            shutil.copyfileobj(src_f, out, 1 << 20)
+    else:
+        return False
+    return True
 
 
 def unpack(src: Source, root: Path, progress: Progress = lambda s: None) -> UnpackStats:

@@ -39,6 +39,57 @@ def write_member(src: BinaryIO, dest: Path, declared: int, sparse: bool) -> tupl
     return n, h.hexdigest()
 
 
+def _read_manifest(tar: tarfile.TarFile, info: tarfile.TarInfo) -> dict:
+    """The first member: the pack manifest, parsed and checked."""
+    if info.name != PACK_MANIFEST or not info.isreg():
+        raise PackError(f"the first member of a pack must be {PACK_MANIFEST} (found {info.name!r})")
+    if info.size > MAX_MANIFEST_BYTES:
+        raise PackError(f"{PACK_MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+    f = tar.extractfile(info)
+    return parse_manifest(f.read(MAX_MANIFEST_BYTES + 1) if f else b"")
+
+
+def _extract_member(tar: tarfile.TarFile, info: tarfile.TarInfo, entries: dict, stage: Path, done: set[str]) -> bool:
+    """Check one member against the manifest's `entries` and write it under `stage` (added to `done`); False for a
+    directory (nothing written)."""
+    name = info.name
+    path = safe_relpath(name)
+    kinds = {"directory": info.isdir(), "regular file": info.isreg()}
+    if not any(kinds.values()):
+        what = ("symlink" if info.issym() else "hard link" if info.islnk() else
+                "device file" if info.ischr() or info.isblk() else "special file")
+        raise PackError(f"pack member {name!r} is a {what}: packs may hold only regular files")
+    if info.isdir():
+        ok = {str(PurePosixPath(*p.split("/")[:k])) for p in entries for k in (1, 2)}
+        if str(path) not in ok:
+            raise PackError(f"pack member {name!r} (a directory) is not part of the manifest")
+        return False
+    key = str(path)
+    if key not in entries:
+        raise PackError(f"pack member {name!r} is not listed in the pack manifest: refused")
+    if key in done:
+        raise PackError(f"pack member {name!r} appears twice")
+    declared = entries[key]["size"]
+    if info.size > declared:
+        raise PackError(f"pack member {name!r} is larger than declared ({info.size} > {declared} bytes)")
+    dest = stage / path
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    src = tar.extractfile(info)
+    if src is None:
+        raise PackError(f"pack member {name!r} cannot be read")
+    got, digest = write_member(src, dest, declared, sparse=path.name in SPARSE_FILES)
+    if got > declared:
+        raise PackError(f"pack member {name!r} is larger than declared ({declared} bytes)")
+    if got != declared:
+        raise PackError(f"pack member {name!r} is shorter than declared ({got} < {declared} bytes): "
+                        "the pack is truncated")
+    if digest != entries[key]["sha256"]:
+        raise PackError(f"pack member {name!r} does not match its sha256 in the manifest "
+                        f"({digest[:12]} != {entries[key]['sha256'][:12]}): the pack is corrupt")
+    done.add(key)
+    return True
+
+
 def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
     """Stream the pack into `stage`, checking every member; return the manifest."""
     stream = ZstdStream(fh)
@@ -51,51 +102,10 @@ def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
     done: set[str] = set()
     try:
         for info in tar:
-            name = info.name
             if manifest is None:
-                if name != PACK_MANIFEST or not info.isreg():
-                    raise PackError(f"the first member of a pack must be {PACK_MANIFEST} (found {name!r})")
-                if info.size > MAX_MANIFEST_BYTES:
-                    raise PackError(f"{PACK_MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
-                f = tar.extractfile(info)
-                manifest = parse_manifest(f.read(MAX_MANIFEST_BYTES + 1) if f else b"")
-                continue
-            path = safe_relpath(name)
-            kinds = {"directory": info.isdir(), "regular file": info.isreg()}
-            if not any(kinds.values()):
-                what = ("symlink" if info.issym() else "hard link" if info.islnk() else
-                        "device file" if info.ischr() or info.isblk() else "special file")
-                raise PackError(f"pack member {name!r} is a {what}: packs may hold only regular files")
-            entries = manifest["_members"]
-            if info.isdir():
-                ok = {str(PurePosixPath(*p.split("/")[:k])) for p in entries for k in (1, 2)}
-                if str(path) not in ok:
-                    raise PackError(f"pack member {name!r} (a directory) is not part of the manifest")
-                continue
-            key = str(path)
-            if key not in entries:
-                raise PackError(f"pack member {name!r} is not listed in the pack manifest: refused")
-            if key in done:
-                raise PackError(f"pack member {name!r} appears twice")
-            declared = entries[key]["size"]
-            if info.size > declared:
-                raise PackError(f"pack member {name!r} is larger than declared ({info.size} > {declared} bytes)")
-            dest = stage / path
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            src = tar.extractfile(info)
-            if src is None:
-                raise PackError(f"pack member {name!r} cannot be read")
-            got, digest = write_member(src, dest, declared, sparse=path.name in SPARSE_FILES)
-            if got > declared:
-                raise PackError(f"pack member {name!r} is larger than declared ({declared} bytes)")
-            if got != declared:
-                raise PackError(f"pack member {name!r} is shorter than declared ({got} < {declared} bytes): "
-                                "the pack is truncated")
-            if digest != entries[key]["sha256"]:
-                raise PackError(f"pack member {name!r} does not match its sha256 in the manifest "
-                                f"({digest[:12]} != {entries[key]['sha256'][:12]}): the pack is corrupt")
-            done.add(key)
-            progress(f"verified {name}")
+                manifest = _read_manifest(tar, info)
+            elif _extract_member(tar, info, manifest["_members"], stage, done):
+                progress(f"verified {info.name}")
     except tarfile.TarError as exc:
         raise PackError(f"the pack is truncated or corrupt: {exc}") from None
     except EOFError as exc:
