@@ -18,7 +18,7 @@ import pytest
 
 from forkd.base import logs
 from forkd.base.errors import InvalidInput
-from forkd.base.settings import NAMES, describe, settings
+from forkd.base.settings import NAMES, describe, read_one, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(r"FORKD_[A-Z0-9_]*[A-Z0-9]")
@@ -62,6 +62,9 @@ def test_bad_value_names_the_variable(monkeypatch):
     with pytest.raises(InvalidInput, match="FORKD_MAX_BRANCHES='many'") as exc:
         settings()
     assert "FORKD_MAX_BRANCHES" in (exc.value.hint or "")
+    assert read_one("operator_retry") == 10.0  # one setting alone is still readable
+    with pytest.raises(InvalidInput, match="FORKD_MAX_BRANCHES"):
+        read_one("max_branches")
     row = next(d for d in describe() if d.name == "FORKD_MAX_BRANCHES")
     assert (row.source, row.default) == ("invalid", 2)
 

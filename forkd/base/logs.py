@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from forkd.base.errors import InvalidInput
-from forkd.base.settings import value
+from forkd.base.settings import read_one
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS = ("text", "json")
@@ -66,8 +66,8 @@ class _Handler(logging.StreamHandler):
 
 
 def setup(level: str | None = None, fmt: str | None = None, default_level: str = "INFO") -> None:
-    level = (level or value("log_level") or default_level).upper()
-    fmt = (fmt or value("log_format")).lower()
+    level = (level or read_one("log_level") or default_level).upper()
+    fmt = (fmt or read_one("log_format")).lower()
     if level not in LEVELS:
         raise InvalidInput(f"log level {level!r} is not one of {', '.join(LEVELS)}")
     if fmt not in FORMATS:

@@ -109,8 +109,8 @@ def settings() -> Settings:
     return _build(_current())
 
 
-def value(field: str) -> Any:
-    """One setting alone, e.g. value("log_level"): for readers that must not fail on another variable's bad
+def read_one(field: str) -> Any:
+    """One setting alone, e.g. read_one("log_level"): for readers that must not fail on another variable's bad
     value (logging is set up before anything else is read)."""
     raw = os.environ.get(env_name(field), "")
     return _parse(field, raw) if raw else Settings.model_fields[field].default

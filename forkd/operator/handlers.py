@@ -43,7 +43,7 @@ import pydantic
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.paths import Layout
-from forkd.base.settings import settings
+from forkd.base.settings import read_one, settings
 from forkd.client.backends import RemoteBackend
 from forkd.operator.crdgen import GROUP, VERSION, plural
 from forkd.reconciler.control import managed_by
@@ -55,9 +55,10 @@ NAMESPACE_KEY = "forkd.dev/k8s-namespace"
 GENERATION_KEY = "forkd.dev/k8s-generation"
 NODE_KEY = "forkd.dev/node"
 FINALIZER = "forkd.dev/finalizer"
-INTERVAL = settings().operator_interval
-RETRY = settings().operator_retry
-DELETE_WAIT = settings().operator_delete_wait  # per attempt of the delete handler
+# read once, at import (kopf registers its timers with them); read_one(): another variable's bad value must not stop it
+INTERVAL: float = read_one("operator_interval")
+RETRY: float = read_one("operator_retry")
+DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the delete handler
 
 _clients: dict[str, RemoteBackend] = {}
 _clients_lock = threading.Lock()
