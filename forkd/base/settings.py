@@ -4,7 +4,8 @@
     settings().home            # Path of $FORKD_HOME, typed and validated
 
 `settings()` reads the environment when called (tests and front ends set variables between calls) and returns a
-frozen `Settings`; an unchanged environment gives back the same object. An empty variable counts as unset. A value
+frozen `Settings`; an unchanged environment gives back the same object. An empty (or blank) variable counts as
+unset. A value
 that does not parse raises InvalidInput naming the variable. `describe()` lists them all for `forkd config`, with
 secrets (FORKD_TOKEN) shown only as set/unset.
 """
@@ -86,7 +87,7 @@ _ADAPTERS = {f: TypeAdapter(info.rebuild_annotation()) for f, info in Settings.m
 def _parse(field: str, raw: str) -> Any:
     """One variable's value, typed; InvalidInput naming the variable when it does not parse."""
     try:
-        return _ADAPTERS[field].validate_strings(raw) if raw.strip() != "" else None
+        return _ADAPTERS[field].validate_strings(raw)
     except ValidationError as exc:
         msg = "; ".join(e["msg"] for e in exc.errors())
         raise InvalidInput(f"{env_name(field)}={raw!r}: {msg}",
@@ -95,7 +96,7 @@ def _parse(field: str, raw: str) -> Any:
 
 def _current() -> tuple[tuple[str, str], ...]:
     get = os.environ.get
-    return tuple((k, v) for k in NAMES if (v := get(k)))
+    return tuple((k, v) for k in NAMES if (v := get(k, "")).strip())
 
 
 @functools.lru_cache(maxsize=8)
@@ -113,7 +114,7 @@ def read_one(field: str) -> Any:
     """One setting alone, e.g. read_one("log_level"): for readers that must not fail on another variable's bad
     value (logging is set up before anything else is read)."""
     raw = os.environ.get(env_name(field), "")
-    return _parse(field, raw) if raw else Settings.model_fields[field].default
+    return _parse(field, raw) if raw.strip() else Settings.model_fields[field].default
 
 
 @dataclass(frozen=True)
