@@ -5,9 +5,8 @@
 
 `settings()` reads the environment when called (tests and front ends set variables between calls) and returns a
 frozen `Settings`; an unchanged environment gives back the same object. An empty (or blank) variable counts as
-unset. A value
-that does not parse raises InvalidInput naming the variable. `describe()` lists them all for `forkd config`, with
-secrets (FORKD_TOKEN) shown only as set/unset.
+unset. A value that does not parse raises InvalidInput naming the variable. `describe()` lists them all for
+`forkd config`, with secrets (FORKD_TOKEN) shown only as set/unset.
 """
 
 from __future__ import annotations
