@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from forkd.base.errors import ForkdError, NotFound
-from forkd.base.paths import Layout, tmpfs_dir
+from forkd.base.paths import Layout, tmpfs
 from forkd.base.settings import settings
 from forkd.core.runtime import Runtime
 from forkd.vmm.driver import Machine, RunFiles
@@ -96,7 +96,7 @@ def ensure_snapshot(rt: Runtime, image_id: str, memory_mib: int) -> tuple[dict, 
 def cold_boot_once(rt: Runtime, machine: Machine, i: int) -> tuple[float, dict]:
     tag = f"bench-cold-{os.getpid()}-{i}-{secrets.token_hex(2)}"
     work = rt.layout.tmp / tag
-    mem = tmpfs_dir(fallback=work) / f"forkd-{tag}.mem"
+    mem = (tmpfs() or work) / f"forkd-{tag}.mem"
     vm = None
     try:
         work.mkdir(parents=True)

@@ -29,10 +29,11 @@ from pathlib import Path
 from forkd.base.settings import settings
 
 
-def tmpfs_dir(fallback: Path) -> Path:
-    """Where memory files go: the tmpfs $FORKD_SHM when it exists, else `fallback` (a directory on disk)."""
+def tmpfs() -> Path | None:
+    """The tmpfs directory memory files go to ($FORKD_SHM), None when it does not exist (then callers use a
+    directory under $FORKD_HOME)."""
     shm = settings().shm
-    return shm if shm.is_dir() else fallback
+    return shm if shm.is_dir() else None
 
 
 def stale_flat_dirs(shm: Path | None = None) -> list[Path]:
@@ -74,8 +75,8 @@ class Layout:
     def flat_cache(self) -> Path:
         """Flat memory images children map MAP_PRIVATE. On tmpfs when there is one: a child's guest RAM is then
         shmem, which userfaultfd write-protect (live branch) supports and ext4 files are not."""
-        shm = settings().shm
-        if not shm.is_dir():
+        shm = tmpfs()
+        if shm is None:
             return self.cache / "flat"
         return shm / f"forkd-{hashlib.sha256(str(self.home).encode()).hexdigest()[:10]}" / "flat"
 
