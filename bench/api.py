@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forkd.base.errors import ForkdError  # noqa: E402
-from forkd.base.paths import DEFAULT_HOME, Layout  # noqa: E402
+from forkd.base.paths import Layout  # noqa: E402
+from forkd.base.settings import settings  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.reconciler.control import Control  # noqa: E402
 from forkd.sdk import Controller  # noqa: E402
@@ -55,7 +56,7 @@ def free_port() -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", default=os.environ.get("FORKD_HOME", DEFAULT_HOME))
+    ap.add_argument("--home", default=str(settings().home))
     ap.add_argument("--calls", type=int, default=50, help="sequential exec calls per path")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()

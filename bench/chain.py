@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forkd.base.errors import ForkdError  # noqa: E402
-from forkd.base.paths import DEFAULT_HOME, Layout  # noqa: E402
+from forkd.base.paths import Layout  # noqa: E402
+from forkd.base.settings import settings  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 
 LAYERS = [("bench-l1", "csv"), ("bench-l2", "uuid"), ("bench-l3", "statistics")]
@@ -55,7 +56,7 @@ def spawn_to_answer(rt: Runtime, tag: str, expr: str) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", default=os.environ.get("FORKD_HOME", DEFAULT_HOME))
+    ap.add_argument("--home", default=str(settings().home))
     ap.add_argument("--spawns", type=int, default=10, help="spawns per depth")
     ap.add_argument("--memory-mib", type=int, default=512)
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")

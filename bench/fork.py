@@ -30,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from forkd.base.errors import ForkdError, NotFound
-from forkd.base.paths import DEFAULT_HOME, Layout
+from forkd.base.paths import Layout, tmpfs
+from forkd.base.settings import settings
 from forkd.core.runtime import Runtime
 from forkd.vmm.driver import Machine, RunFiles
 
@@ -95,8 +96,7 @@ def ensure_snapshot(rt: Runtime, image_id: str, memory_mib: int) -> tuple[dict, 
 def cold_boot_once(rt: Runtime, machine: Machine, i: int) -> tuple[float, dict]:
     tag = f"bench-cold-{os.getpid()}-{i}-{secrets.token_hex(2)}"
     work = rt.layout.tmp / tag
-    shm = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
-    mem = (shm if shm.is_dir() else work) / f"forkd-{tag}.mem"
+    mem = (tmpfs() or work) / f"forkd-{tag}.mem"
     vm = None
     try:
         work.mkdir(parents=True)
@@ -322,7 +322,7 @@ def table(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="forkd fork benchmark: cold boot vs fork, fan-out, memory per child")
-    ap.add_argument("--home", default=os.environ.get("FORKD_HOME", DEFAULT_HOME),
+    ap.add_argument("--home", default=str(settings().home),
                     help="FORKD_HOME to use (default: $FORKD_HOME or %(default)s)")
     ap.add_argument("--cold", type=int, default=5, help="cold boots to time (default 5)")
     ap.add_argument("--forks", type=int, default=20, help="sequential forks to time (default 20)")

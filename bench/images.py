@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -29,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forkd.base.errors import ForkdError  # noqa: E402
-from forkd.base.paths import DEFAULT_HOME, Layout  # noqa: E402
+from forkd.base.paths import Layout  # noqa: E402
+from forkd.base.settings import settings  # noqa: E402
 from forkd.core import images as core_images  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 
@@ -48,7 +48,7 @@ def p90(xs: list[float]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", default=os.environ.get("FORKD_HOME", DEFAULT_HOME))
+    ap.add_argument("--home", default=str(settings().home))
     ap.add_argument("--runs", type=int, default=10, help="evals / execs to time")
     ap.add_argument("--memory-mib", type=int, default=1024)
     ap.add_argument("--suite", default="bookworm")

@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.plan import timed, world  # noqa: E402
-from forkd.base.paths import DEFAULT_HOME, Layout  # noqa: E402
+from forkd.base.paths import Layout  # noqa: E402
+from forkd.base.settings import settings  # noqa: E402
 from forkd.client.backends import RemoteBackend  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.reconciler.control import Control  # noqa: E402
@@ -88,7 +89,7 @@ def claim_series(claim, rt: Runtime, control: Control, n: int) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", default=os.environ.get("FORKD_HOME", DEFAULT_HOME))
+    ap.add_argument("--home", default=str(settings().home))
     ap.add_argument("--claims", type=int, default=20)
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()

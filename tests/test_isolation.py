@@ -133,7 +133,7 @@ def test_oom_kills_only_the_child_past_its_limit(rt, nfork):
 
 def test_placement_fails_closed_unless_allowed(rt, base, nfork, monkeypatch, home):
     before = set(qemu_pids(home))
-    monkeypatch.setattr(cgroups, "CGROUP_ROOT", home / "no-cgroups-here")
+    monkeypatch.setenv("FORKD_CGROUP_ROOT", str(home / "no-cgroups-here"))
     with pytest.raises(ForkdError, match="cannot be constrained"):
         rt.fork(BASE_TAG, 1, memory_limit_mib=256)
     assert set(qemu_pids(home)) <= before
@@ -157,7 +157,7 @@ def test_kill_removes_namespace_veth_tap_and_cgroup(rt, nfork):
     assert not netns.exists(c.netns)
     assert netns.host_if_name(c.id) not in netns.host_links()
     assert not any(os.path.exists(p) for p in c.cgroup)
-    assert not (netns.LEASES / c.net_addr).exists()
+    assert not (netns.leases_dir() / c.net_addr).exists()
 
 
 def test_vmm_hardening_private_dir_and_unprivileged_uid(rt, nfork, monkeypatch, host_http):

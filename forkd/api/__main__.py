@@ -1,5 +1,6 @@
 """Entry point of the daemon process:
-`python -m forkd.api serve [--watch DIR] [--interval S] [--bind HOST:PORT] [--token-file PATH]`."""
+`python -m forkd.api serve [--watch DIR] [--interval S] [--bind HOST:PORT] [--token-file PATH]
+[--log-level LEVEL] [--log-format text|json]`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from forkd.api.daemon import serve
 from forkd.base.errors import ForkdError
+from forkd.base.logs import FORMATS, LEVELS, setup
 from forkd.base.paths import Layout
 
 
@@ -22,8 +24,12 @@ def main() -> None:
                                   "needs --token-file")
     s.add_argument("--token-file", type=Path, help="bearer token for TCP (base64 of 32 random bytes, 0600; "
                                                    "created if missing)")
+    s.add_argument("--log-level", choices=LEVELS, type=str.upper, help="default: $FORKD_LOG_LEVEL, else INFO")
+    s.add_argument("--log-format", choices=FORMATS, help="text or json (one object per line); "
+                                                         "default: $FORKD_LOG_FORMAT, else text")
     args = ap.parse_args()
     try:
+        setup(args.log_level, args.log_format, default_level="INFO")
         serve(Layout.from_env(), watch=args.watch, interval=args.interval, bind=args.bind,
               token_file=args.token_file)
     except ForkdError as exc:

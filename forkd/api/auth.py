@@ -15,6 +15,7 @@ refuses a file others can read.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hmac
 import ipaddress
 import os
@@ -24,6 +25,7 @@ import stat
 import struct
 from pathlib import Path
 
+from forkd.base.atomic import create_new
 from forkd.base.errors import InvalidInput
 from forkd.core.audit import token_id
 
@@ -69,11 +71,8 @@ def load_or_create_token(path: Path) -> str:
     path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(new_token() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):  # another daemon made it meanwhile: use theirs
+            create_new(path, (new_token() + "\n").encode(), 0o600)
     st = path.stat()
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise InvalidInput(f"token file {path} is mode {st.st_mode & 0o777:o}: others can read it",

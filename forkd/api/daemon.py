@@ -82,17 +82,57 @@ def _audit_hook(audit: AuditLog):
     return on_action
 
 
+def _tcp(bind: str | None, token_file: Path | None) -> tuple[str | None, int | None, str | None]:
+    """(host, port, token) of the TCP listener, checked before anything starts: a refused bind leaves no
+    half-started daemon. (None, None, None) without --bind."""
+    if bind is None:
+        return None, None, None
+    host, port = parse_bind(bind)
+    token = load_or_create_token(token_file) if token_file else None
+    check_bind(host, token)
+    if token is None:
+        log.warning("TCP %s:%d without a token: every local user can drive this daemon", host, port)
+    return host, port, token
+
+
+def _watch(control: Control, watch: Path) -> Observer:
+    """Apply `watch` now and on every change (debounced); the returned observer is running."""
+    def sync() -> None:
+        try:
+            report = sync_directory(control, watch)
+            for f, e in report.errors.items():
+                log.warning("%s: %s", f, e)
+            changed = [f"{c.kind}/{c.name} {c.change}" for c in report.changes if c.change != "unchanged"]
+            if changed:
+                log.info("watch %s: %s", watch, ", ".join(changed))
+        except Exception:  # noqa: BLE001 - a broken sync must not stop the daemon
+            log.exception("sync of %s failed", watch)
+    sync()
+    observer = Observer()
+    observer.schedule(_Debounced(sync), str(watch), recursive=True)
+    observer.start()
+    return observer
+
+
+def _servers(app, sock: Path, host: str | None, port: int | None,
+             token: str | None) -> tuple[uvicorn.Server, uvicorn.Server | None]:
+    """The unix-socket server (run on the main thread) and the TCP one, started on its own thread (uvicorn
+    installs signal handlers only on the main thread). log_config=None: uvicorn logs through forkd's set-up."""
+    server = uvicorn.Server(uvicorn.Config(app, uds=str(sock), log_level="warning", access_log=False,
+                                           log_config=None))
+    if host is None:
+        return server, None
+    tcp = uvicorn.Server(uvicorn.Config(TagTransport(app), host=host, port=port, log_level="warning",
+                                        access_log=False, log_config=None))
+    threading.Thread(target=tcp.run, name="forkd-tcp", daemon=True).start()
+    log.info("API on %s and http://%s:%d (%s)", sock, host, port, "bearer token" if token else "no token")
+    return server, tcp
+
+
 def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind: str | None = None,
           token_file: Path | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    token = None
-    host = port = None
-    if bind is not None:  # checked before anything starts: a refused bind leaves no half-started daemon
-        host, port = parse_bind(bind)
-        token = load_or_create_token(token_file) if token_file else None
-        check_bind(host, token)
-        if token is None:
-            log.warning("TCP %s:%d without a token: every local user can drive this daemon", host, port)
+    """Run the daemon until SIGTERM/SIGINT (logging is set up by the caller: forkd.base.logs.setup)."""
+    host, port, token = _tcp(bind, token_file)
     rt = Runtime(layout)
     _recover(rt)
     audit = AuditLog(layout.home)
@@ -100,36 +140,12 @@ def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind
     stop = threading.Event()
     loop = threading.Thread(target=control.reconciler.run_forever, args=(stop, interval), name="forkd-loop",
                             daemon=True)
-    observer = None
-    if watch is not None:
-        def sync() -> None:
-            try:
-                report = sync_directory(control, watch)
-                for f, e in report.errors.items():
-                    log.warning("%s: %s", f, e)
-                changed = [f"{c.kind}/{c.name} {c.change}" for c in report.changes if c.change != "unchanged"]
-                if changed:
-                    log.info("watch %s: %s", watch, ", ".join(changed))
-            except Exception:  # noqa: BLE001 - a broken sync must not stop the daemon
-                log.exception("sync of %s failed", watch)
-        sync()
-        observer = Observer()
-        observer.schedule(_Debounced(sync), str(watch), recursive=True)
-        observer.start()
+    observer = _watch(control, watch) if watch is not None else None
     sock = layout.daemon_socket
     sock.unlink(missing_ok=True)
     from forkd.api.app import create_app
 
-    app = create_app(control, token=token, audit=audit)
-    config = uvicorn.Config(app, uds=str(sock), log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    tcp: uvicorn.Server | None = None
-    if host is not None:
-        tcp = uvicorn.Server(uvicorn.Config(TagTransport(app), host=host, port=port, log_level="warning",
-                                            access_log=False))
-        # a second thread runs the TCP listener (uvicorn installs signal handlers only on the main thread)
-        threading.Thread(target=tcp.run, name="forkd-tcp", daemon=True).start()
-        log.info("API on %s and http://%s:%d (%s)", sock, host, port, "bearer token" if token else "no token")
+    server, tcp = _servers(create_app(control, token=token, audit=audit), sock, host, port, token)
 
     def shutdown(*_: object) -> None:
         server.should_exit = True

@@ -51,3 +51,36 @@ def fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync a file, or a directory's regular files (not recursively) and the directory itself."""
+    path = Path(path)
+    if not path.is_dir():
+        fsync_file(path)
+        return
+    for f in path.iterdir():
+        if f.is_file() and not f.is_symlink():
+            fsync_file(f)
+    fsync_dir(path)
+
+
+def rename_into_place(src: Path, dest: Path) -> None:
+    """Publish a fully written file or directory `src` as `dest`: fsync it (fsync_tree), rename, fsync the
+    directory of `dest`. os.rename's rules apply: a directory replaces only an empty one (else OSError)."""
+    fsync_tree(src)
+    os.rename(src, dest)
+    fsync_dir(Path(dest).parent)
+
+
+def create_new(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Create `path` holding `data`, all or nothing, only if it does not exist yet (FileExistsError if it does):
+    written and fsynced under a temp name, then hard-linked into place, so no reader ever sees it half written."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{threading.get_ident()}-{os.urandom(3).hex()}")
+    write_bytes(tmp, data, mode)
+    try:
+        os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)

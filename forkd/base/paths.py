@@ -22,17 +22,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_HOME = "/var/lib/forkd"
+from forkd.base.settings import settings
+
+
+def tmpfs() -> Path | None:
+    """The tmpfs directory memory files go to ($FORKD_SHM), None when it does not exist (then callers use a
+    directory under $FORKD_HOME)."""
+    shm = settings().shm
+    return shm if shm.is_dir() else None
 
 
 def stale_flat_dirs(shm: Path | None = None) -> list[Path]:
     """Flat-image directories on tmpfs whose FORKD_HOME no longer exists (a store deleted without `forkd rmi`):
     their memory is RAM nobody can use any more."""
-    shm = shm or Path(os.environ.get("FORKD_SHM", "/dev/shm"))
+    shm = shm or settings().shm
     out = []
     for d in sorted(shm.glob("forkd-*")) if shm.is_dir() else []:
         try:
@@ -50,7 +58,7 @@ class Layout:
 
     @classmethod
     def from_env(cls) -> Layout:
-        return cls(Path(os.environ.get("FORKD_HOME", DEFAULT_HOME)).absolute())
+        return cls(settings().home.absolute())
 
     @property
     def images(self) -> Path:
@@ -68,11 +76,9 @@ class Layout:
     def flat_cache(self) -> Path:
         """Flat memory images children map MAP_PRIVATE. On tmpfs when there is one: a child's guest RAM is then
         shmem, which userfaultfd write-protect (live branch) supports and ext4 files are not."""
-        shm = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
-        if not shm.is_dir():
+        shm = tmpfs()
+        if shm is None:
             return self.cache / "flat"
-        import hashlib
-
         return shm / f"forkd-{hashlib.sha256(str(self.home).encode()).hexdigest()[:10]}" / "flat"
 
     def make_flat_cache(self) -> Path:

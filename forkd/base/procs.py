@@ -1,10 +1,18 @@
-"""Process identity that survives pid reuse: a pid is only 'ours' if its start time matches the record."""
+"""Processes: identity that survives pid reuse (a pid is only 'ours' if its start time matches the record), and
+`run`, the one way forkd runs a host tool (apt-get, mkfs.ext4, nft, ...) with one error shape."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import subprocess
 import time
+from collections.abc import Callable, Container, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from forkd.base.errors import ForkdError
 
 
 def start_time(pid: int) -> int | None:
@@ -46,3 +54,40 @@ def kill_and_wait(pid: int, started: int | None, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.005)
     return True
+
+
+# -- running host tools ----------------------------------------------------------------------------------------
+TAIL_CHARS = 500
+
+
+def _tail(stderr: str, stdout: str) -> str:
+    return (stderr.strip() or stdout.strip())[-TAIL_CHARS:] or "no message"
+
+
+def _shown(argv: Sequence[str | os.PathLike]) -> str:
+    text = shlex.join(str(a) for a in argv)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def run(argv: Sequence[str | os.PathLike], what: str | None = None, *, hint: str | None = None,
+        error: type[ForkdError] = ForkdError, ok: Container[int] | None = (0,), timeout: float | None = None,
+        cwd: Path | None = None, env: Mapping[str, str] | None = None, input: str | None = None,
+        stdout: IO[Any] | None = None, tail: Callable[[str, str], str] = _tail) -> subprocess.CompletedProcess[str]:
+    """Run a host tool to completion (text, output captured unless `stdout` is a file) and return the result.
+
+    An exit code outside `ok` (None: any code is fine), a missing binary or a timeout raise `error` naming what was
+    being done (`what`), the command, the exit code and the end of its stderr (or stdout; `tail` picks it), with
+    `hint`."""
+    label = what or Path(str(argv[0])).name
+    try:
+        res = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, input=input, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL if input is None else None,
+                             stdout=stdout if stdout is not None else subprocess.PIPE, stderr=subprocess.PIPE)
+    except FileNotFoundError:
+        raise error(f"{label}: {argv[0]} not found", hint=hint) from None
+    except subprocess.TimeoutExpired:
+        raise error(f"{label}: {_shown(argv)} timed out after {timeout:g} s", hint=hint) from None
+    if ok is not None and res.returncode not in ok:
+        raise error(f"{label} failed: {_shown(argv)} exited {res.returncode}: {tail(res.stderr, res.stdout or '')}",
+                    hint=hint)
+    return res

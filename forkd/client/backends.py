@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -10,6 +9,7 @@ import httpx
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.paths import Layout
+from forkd.base.settings import settings
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Change, Control
 from forkd.spec.models import MODELS, ForkObject, to_document
@@ -138,9 +138,10 @@ def daemon_socket(layout: Layout | None = None) -> str | None:
 def backend() -> Backend:
     """FORKD_URL (+ FORKD_TOKEN) names a daemon on TCP; else the local daemon's socket if one answers; else
     in-process (FORKD_NO_DAEMON=1 forces that)."""
-    if os.environ.get("FORKD_URL") and os.environ.get("FORKD_NO_DAEMON") != "1":
-        return RemoteBackend(url=os.environ["FORKD_URL"], token=os.environ.get("FORKD_TOKEN"))
-    if os.environ.get("FORKD_NO_DAEMON") != "1":
+    s = settings()
+    if s.url and not s.no_daemon:
+        return RemoteBackend(url=s.url, token=s.token_value)
+    if not s.no_daemon:
         sock = daemon_socket()
         if sock:
             return RemoteBackend(sock)

@@ -16,7 +16,6 @@ import platform
 import re
 import shutil
 import struct
-import subprocess
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forkd.base.errors import ForkdError
-from forkd.base.procs import is_alive
+from forkd.base.procs import is_alive, run
+from forkd.base.settings import settings
 from forkd.store.snapshot import CorruptManifest, Snapshot
 from forkd.vmm.qemu import find_qemu
 
@@ -39,7 +39,6 @@ GIB = 1 << 30
 MIN_QEMU_MAJOR = 7
 STORE_FAIL_BYTES, STORE_WARN_BYTES = 1 * GIB, 5 * GIB
 SHM_WARN_BYTES = 2 * GIB
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 KVM_DEVICE = "/dev/kvm"
 
 # userfaultfd(2) and UFFDIO_API (linux/userfaultfd.h)
@@ -235,7 +234,7 @@ def check_store_space(rt: Runtime) -> Check:
 
 
 def check_shm_space() -> Check:
-    shm = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
+    shm = settings().shm
     if not shm.is_dir():
         return Check("shm-space", FAIL, f"{shm} does not exist (parent memory is staged there)",
                      "mount a tmpfs at /dev/shm or set FORKD_SHM to a tmpfs directory")
@@ -256,7 +255,7 @@ def _v2_memory_usable(unified: Path, v2_controllers: list[str]) -> bool:
     return "memory" in v2_controllers and os.access(unified, os.W_OK)
 
 
-def cgroup_info(root: Path = CGROUP_ROOT) -> tuple[str, list[str], list[str], bool]:
+def cgroup_info(root: Path) -> tuple[str, list[str], list[str], bool]:
     """(version, v1 controllers, v2 controllers, memory usable) for the hierarchy mounted at `root`."""
     wanted = ("memory", "cpu")
     if (root / "cgroup.controllers").exists():
@@ -274,8 +273,9 @@ def cgroup_info(root: Path = CGROUP_ROOT) -> tuple[str, list[str], list[str], bo
     return "v1", v1, [], _v1_memory_usable(root)
 
 
-def check_cgroup(root: Path = CGROUP_ROOT) -> Check:
-    version, v1, v2, memory_ok = cgroup_info(root)
+def check_cgroup(root: Path | None = None) -> Check:
+    """Of `root`, default $FORKD_CGROUP_ROOT (where forkd places children)."""
+    version, v1, v2, memory_ok = cgroup_info(root or settings().cgroup_root)
     parts = []
     if version != "v2":
         parts.append(f"v1 controllers: {', '.join(v1) or 'none'}")
@@ -291,7 +291,10 @@ def check_cgroup(root: Path = CGROUP_ROOT) -> Check:
 # -- network namespaces ----------------------------------------------------------------------------------------
 def netns_by_unshare(binary: str) -> tuple[bool, str]:
     """Create (and drop) a network namespace with util-linux `unshare --net true`."""
-    res = subprocess.run([binary, "--net", "true"], capture_output=True, text=True, timeout=20)
+    try:
+        res = run([binary, "--net", "true"], "unshare --net", ok=None, timeout=20)
+    except ForkdError as exc:  # hung past the timeout
+        return False, exc.message
     if res.returncode == 0:
         return True, "created a network namespace (unshare --net)"
     return False, f"unshare --net failed (exit {res.returncode}): {_line(res.stderr) or 'no message'}"

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forkd.base.atomic import fsync_dir, write_json
+from forkd.base.atomic import rename_into_place, write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.locks import file_lock
+from forkd.base.settings import settings
 from forkd.core.pack import PackError, pack, safe_relpath, unpack
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def parse_ref(ref: str, need_version: bool = False) -> Ref:
 
 
 def hub_url(url: str | None = None) -> str:
-    url = url or os.environ.get("FORKD_HUB")
+    url = url or settings().hub
     if not url:
         raise InvalidInput("no hub configured", hint="set FORKD_HUB=http://host:port/ or file:///path/to/hub")
     scheme = urllib.parse.urlsplit(url).scheme
@@ -238,8 +239,7 @@ def push(rt: Runtime, tag: str, ref_s: str, url: str | None = None, progress: Pr
             idx = _read_local_index(root, url)
             if idx["packs"].get(ref.name, {}).get("versions", {}).get(ref.version) and not force:
                 raise Conflict(f"{ref} was pushed by someone else meanwhile")
-            os.rename(tmp, dest)
-            fsync_dir(dest.parent)
+            rename_into_place(tmp, dest)
             pk = idx["packs"].setdefault(ref.name, {"versions": {}})
             pk.setdefault("versions", {})[ref.version] = {"file": rel, "sha256": h.hexdigest(), "size": size,
                                                           "head": tag, "chain": res["chain"],

@@ -12,16 +12,16 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from forkd.base.atomic import write_bytes, write_json
+from forkd.base.atomic import rename_into_place, write_bytes, write_json
 from forkd.base.errors import ForkdError, NotFound
 from forkd.base.hashing import sha256_file
 from forkd.base.paths import Layout
+from forkd.base.procs import run
 from forkd.image import debs
 
 BUILDER_VERSION = "2"
@@ -86,7 +86,7 @@ def _ldd_closure(root: Path, binaries: list[Path]) -> set[Path]:
     """Host paths of the shared libraries the binaries need (the host is the same Debian release)."""
     libs: set[Path] = set()
     for b in binaries:
-        out = subprocess.run(["ldd", str(b)], capture_output=True, text=True).stdout
+        out = run(["ldd", b], f"listing the libraries of {b.name}", ok=None).stdout
         for line in out.splitlines():
             parts = line.split()
             if "=>" in parts and parts[parts.index("=>") + 1].startswith("/"):
@@ -110,8 +110,7 @@ def _populate(root: Path, pkgs: dict[str, Path], kernel_out: Path, progress: Pro
     os.chmod(root / "tmp", 0o1777)
     # busybox and its applets
     shutil.copy2(stage / "busybox" / "bin" / "busybox", root / "bin" / "busybox")
-    applets = subprocess.run([str(root / "bin" / "busybox"), "--list-full"], capture_output=True,
-                             text=True, check=True).stdout.split()
+    applets = run([root / "bin" / "busybox", "--list-full"], "listing busybox applets").stdout.split()
     for a in applets:
         p = root / a
         if not p.exists():
@@ -167,24 +166,19 @@ def take_kernel(kroot: Path, deb_name: str, kernel_out: Path, modules_dir: Path)
 def _compile(root: Path) -> None:
     """Byte-compile with the guest's own interpreter so boots and warm-ups don't compile from source."""
     env = {"PYTHONHOME": str(root / "usr"), "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([str(root / "usr/bin/python3.11"), "-E", "-m", "compileall", "-q", "-j0",
-                          "--invalidation-mode", "unchecked-hash", "-s", str(root), "-p", "/",
-                          str(root / "usr/lib/python3.11"), str(root / "forkd")],
-                         env=env, capture_output=True, text=True)
-    if res.returncode not in (0, 1):  # 1: some files (e.g. lib2to3 test data) do not compile; harmless
-        raise ForkdError(f"byte-compiling the guest stdlib failed: {res.stderr[-500:]}")
+    # exit 1: some files (e.g. lib2to3 test data) do not compile; harmless
+    run([root / "usr/bin/python3.11", "-E", "-m", "compileall", "-q", "-j0", "--invalidation-mode", "unchecked-hash",
+         "-s", root, "-p", "/", root / "usr/lib/python3.11", root / "forkd"], "byte-compiling the guest stdlib",
+        env=env, ok=(0, 1))
 
 
 def write_initramfs(root: Path, out: Path) -> None:
     """Pack the directory `root` as an uncompressed newc cpio archive (what the kernel unpacks as initramfs)."""
-    files = subprocess.run(["find", ".", "-mindepth", "1"], cwd=root, capture_output=True, text=True,
-                           check=True).stdout.split("\n")
+    files = run(["find", ".", "-mindepth", "1"], "listing the initramfs", cwd=root).stdout.split("\n")
     listing = "\n".join(sorted(f for f in files if f)) + "\n"
     with open(out, "wb") as f:
-        res = subprocess.run(["cpio", "--quiet", "-o", "-H", "newc", "--reproducible"], cwd=root,
-                             input=listing.encode(), stdout=f, stderr=subprocess.PIPE)
-    if res.returncode != 0:
-        raise ForkdError(f"cpio failed: {res.stderr.decode()[-300:]}", hint="apt-get install cpio")
+        run(["cpio", "--quiet", "-o", "-H", "newc", "--reproducible"], "writing the initramfs (cpio)", cwd=root,
+            input=listing, stdout=f, hint="apt-get install cpio")
 
 
 def build(layout: Layout, progress: Progress = lambda s: None, force: bool = False) -> tuple[Image, bool]:
@@ -220,7 +214,7 @@ def build(layout: Layout, progress: Progress = lambda s: None, force: bool = Fal
             os.chmod(f, 0o444)
         if final.exists():
             shutil.rmtree(final)
-        os.rename(out, final)
+        rename_into_place(out, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write_bytes(layout.images / "default", (image_id + "\n").encode())

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.base.paths import Layout
+from forkd.base.procs import run
+from forkd.base.settings import settings
 from forkd.image import debs
 from forkd.image.build import BUSYBOX_PACKAGE, Image
 from forkd.image.rootfs import (
@@ -36,7 +36,6 @@ from forkd.image.rootfs import (
 
 DEBIAN_BUILDER_VERSION = "1"
 DEFAULT_SUITE = "bookworm"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ["python3"]
 # bookworm's essential set pulls usrmerge, which pulls perl (~45 MB of modules) for its one-time conversion
 PERL_ONLY_FOR = {"usrmerge", "libfile-find-rule-perl", "libnumber-compare-perl", "libtext-glob-perl", "perl"}
@@ -50,7 +49,7 @@ TRIM = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", 
 
 
 def mirror() -> str:
-    return os.environ.get("FORKD_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    return settings().debian_mirror
 
 
 def check_request(suite: str, packages: list[str]) -> list[str]:
@@ -77,13 +76,9 @@ def resolve_versions(suite: str, packages: list[str]) -> dict[str, str] | None:
     from the host's package index; None when the suite is not the host's (then only names key the cache)."""
     if suite != host_codename():
         return None
-    res = subprocess.run(["apt-get", "-s", "-q", "-o", "Dir::State::Status=/dev/null", "install",
-                          "--no-install-recommends", *BASE_PACKAGES, *packages],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        raise InvalidInput(f"apt cannot resolve {' '.join(packages)} for {suite}: "
-                           f"{res.stderr.strip()[-500:] or res.stdout.strip()[-500:]}",
-                           hint="check the package names (apt-cache search NAME); run 'apt-get update'")
+    res = run(["apt-get", "-s", "-q", "-o", "Dir::State::Status=/dev/null", "install", "--no-install-recommends",
+               *BASE_PACKAGES, *packages], f"apt resolving {' '.join(packages)} for {suite}", error=InvalidInput,
+              hint="check the package names (apt-cache search NAME); run 'apt-get update'")
     out = {}
     for line in res.stdout.splitlines():
         m = re.match(r"^Inst (\S+) \((\S+)", line)
@@ -105,12 +100,14 @@ def _mmdebstrap(root: Path, suite: str, packages: list[str], cache: Path, progre
     argv += [f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES]
     argv += [suite, str(root), mirror()]
     progress(f"mmdebstrap {suite}: essential + {', '.join(BASE_PACKAGES + packages)} (downloads cached)")
-    res = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        tail = "\n".join(line for line in res.stderr.splitlines() if line.startswith(("E:", "W:")))[-800:]
-        raise ForkdError(f"mmdebstrap {suite} failed: {tail or res.stderr.strip()[-800:]}",
-                         hint="check the package names and that the Debian mirror is reachable "
-                              "(FORKD_DEBIAN_MIRROR overrides it)")
+    run(argv, f"mmdebstrap {suite}", tail=_apt_errors,
+        hint="check the package names and that the Debian mirror is reachable (FORKD_DEBIAN_MIRROR overrides it)")
+
+
+def _apt_errors(stderr: str, stdout: str) -> str:
+    """apt's E: and W: lines (mmdebstrap's stderr is mostly progress), else the end of stderr."""
+    tail = "\n".join(line for line in stderr.splitlines() if line.startswith(("E:", "W:")))[-800:]
+    return tail or stderr.strip()[-800:]
 
 
 def _trim(root: Path) -> None:

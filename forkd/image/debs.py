@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
+from forkd.base.procs import run
 
 KERNEL_META = "linux-image-cloud-amd64"
-
-
-def _run(argv: list[str], cwd: Path | None = None) -> str:
-    try:
-        res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
-    except FileNotFoundError as exc:
-        raise ForkdError(f"{argv[0]} not found", hint="run on Debian 12 with apt and dpkg installed") from exc
-    if res.returncode != 0:
-        raise ForkdError(f"{' '.join(argv)} failed: {res.stderr.strip()[-500:]}",
-                         hint="check that 'apt-get update' has run and the Debian mirror is reachable")
-    return res.stdout
+HINT = "run on Debian 12 with apt and dpkg installed, after 'apt-get update', with the Debian mirror reachable"
 
 
 def cached(cache: Path, package: str) -> Path | None:
@@ -33,7 +23,7 @@ def download(cache: Path, package: str) -> Path:
     hit = cached(cache, package)
     if hit:
         return hit
-    _run(["apt-get", "download", "-q", package], cwd=cache)
+    run(["apt-get", "download", "-q", package], f"downloading {package}", cwd=cache, hint=HINT)
     hit = cached(cache, package)
     if not hit:
         raise ForkdError(f"apt-get download {package} produced no .deb in {cache}")
@@ -41,7 +31,7 @@ def download(cache: Path, package: str) -> Path:
 
 
 def depends(deb: Path) -> list[str]:
-    out = _run(["dpkg-deb", "-f", str(deb), "Depends"]).strip()
+    out = run(["dpkg-deb", "-f", deb, "Depends"], f"reading {deb.name}", hint=HINT).stdout.strip()
     return [re.split(r"[\s(]", d.strip())[0] for d in out.split(",") if d.strip()]
 
 
@@ -56,4 +46,4 @@ def kernel_package(cache: Path) -> Path:
 
 def extract(deb: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    _run(["dpkg-deb", "-x", str(deb), str(dest)])
+    run(["dpkg-deb", "-x", deb, dest], f"unpacking {deb.name}", hint=HINT)

@@ -18,17 +18,18 @@ import os
 import re
 import shutil
 import stat
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from forkd.base.atomic import write_json
+from forkd.base.atomic import rename_into_place, write_json
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.base.hashing import sha256_file
 from forkd.base.paths import Layout
+from forkd.base.procs import run
+from forkd.base.settings import settings
 from forkd.image import debs
 from forkd.image.build import BUSYBOX_PACKAGE, GUEST_DIR, GUEST_SOURCES, Image, take_kernel, write_initramfs
 
@@ -169,7 +170,7 @@ def inject(layout: Layout, root: Path, python: GuestPython, stage: Path, kernel_
     fb.mkdir(parents=True)
     bb = _busybox(layout, stage)
     shutil.copy2(bb, fb / "busybox")
-    applets = subprocess.run([str(bb), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    applets = run([bb, "--list"], "listing busybox applets").stdout.split()
     for a in applets:
         if a != "busybox":
             os.symlink("busybox", fb / a)
@@ -215,18 +216,16 @@ def pip_install(root: Path, python: GuestPython, packages: list[str], progress: 
     plats = (["musllinux_1_1_x86_64", "musllinux_1_2_x86_64"] if musl else
              ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64"])
     target = root / "forkd" / "site-packages"
-    argv = [os.environ.get("FORKD_HOST_PYTHON", "python3"), "-m", "pip", "install", "-q", "--no-compile",
+    argv = [settings().host_python, "-m", "pip", "install", "-q", "--no-compile",
             "--disable-pip-version-check", "--target", str(target), "--only-binary=:all:",
             "--implementation", "cp", "--python-version", f"{python.version[0]}.{python.version[1]}",
             "--abi", f"cp{v}", "--abi", "abi3", "--abi", "none"]
     for p in plats:
         argv += ["--platform", p]
     progress(f"pip: installing wheels for Python {python.version[0]}.{python.version[1]} into the rootfs")
-    res = subprocess.run(argv + list(packages), capture_output=True, text=True)
-    if res.returncode != 0:
-        raise ForkdError(f"--pip {' '.join(packages)}: pip failed on the host: {res.stderr.strip()[-600:]}",
-                         hint="only packages with wheels (--only-binary) for this Python/platform can be "
-                              "installed; the guest has no network at build time")
+    run(argv + list(packages), f"--pip {' '.join(packages)}: pip on the host",
+        hint="only packages with wheels (--only-binary) for this Python/platform can be installed; the guest has no "
+             "network at build time")
     site = resolve_in(root, python.site_dir, follow_last=True)
     (site / "forkd-pip.pth").write_text("/forkd/site-packages\n")
     return sorted(p.name for p in target.glob("*.dist-info"))
@@ -295,10 +294,8 @@ def disk_bytes(rootfs_bytes: int) -> int:
 def write_disk(root: Path, out: Path, size: int) -> None:
     """The rootfs as a raw ext4 file (no journal: guests' writes only ever land in throw-away overlays or in a
     snapshot taken while the guest is paused)."""
-    res = subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "forkd-root", "-E", "root_owner=0:0",
-                          "-d", str(root), str(out), f"{size // 1024}k"], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise ForkdError(f"mkfs.ext4 failed: {res.stderr.strip()[-500:]}", hint="apt-get install e2fsprogs")
+    run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "forkd-root", "-E", "root_owner=0:0", "-d", root, out,
+         f"{size // 1024}k"], "writing the root disk (mkfs.ext4)", hint="apt-get install e2fsprogs")
 
 
 def write_boot_initramfs(root: Path, stage: Path, out: Path) -> None:
@@ -352,7 +349,7 @@ def finish(layout: Layout, image_id: str, root: Path, out: Path, meta: dict, mem
     final = layout.images / image_id
     if final.exists():
         shutil.rmtree(final)
-    os.rename(out, final)
+    rename_into_place(out, final)
     return Image.load(final)
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -44,6 +43,7 @@ import pydantic
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.paths import Layout
+from forkd.base.settings import read_one, settings
 from forkd.client.backends import RemoteBackend
 from forkd.operator.crdgen import GROUP, VERSION, plural
 from forkd.reconciler.control import managed_by
@@ -55,9 +55,10 @@ NAMESPACE_KEY = "forkd.dev/k8s-namespace"
 GENERATION_KEY = "forkd.dev/k8s-generation"
 NODE_KEY = "forkd.dev/node"
 FINALIZER = "forkd.dev/finalizer"
-INTERVAL = float(os.environ.get("FORKD_OPERATOR_INTERVAL", "10"))
-RETRY = float(os.environ.get("FORKD_OPERATOR_RETRY", "10"))
-DELETE_WAIT = float(os.environ.get("FORKD_OPERATOR_DELETE_WAIT", "60"))  # per attempt of the delete handler
+# read once, at import (kopf registers its timers with them); read_one(): another variable's bad value must not stop it
+INTERVAL: float = read_one("operator_interval")
+RETRY: float = read_one("operator_retry")
+DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the delete handler
 
 _clients: dict[str, RemoteBackend] = {}
 _clients_lock = threading.Lock()
@@ -65,7 +66,7 @@ _clients_lock = threading.Lock()
 
 def nodes() -> dict[str, str]:
     """Node name -> its daemon's socket, from FORKD_NODES (default: one node, "local")."""
-    raw = os.environ.get("FORKD_NODES", "").strip()
+    raw = settings().nodes.strip()
     if not raw:
         return {"local": daemon_socket()}
     out: dict[str, str] = {}
@@ -105,7 +106,7 @@ def place(body: Mapping[str, Any]) -> list[str]:
 
 
 def daemon_socket() -> str:
-    return os.environ.get("FORKD_DAEMON_SOCKET") or str(Layout.from_env().daemon_socket)
+    return str(settings().daemon_socket or Layout.from_env().daemon_socket)
 
 
 def daemon(socket_path: str | None = None) -> RemoteBackend:
@@ -115,7 +116,7 @@ def daemon(socket_path: str | None = None) -> RemoteBackend:
     with _clients_lock:
         if path not in _clients:
             if path.startswith(("http://", "https://")):
-                _clients[path] = RemoteBackend(url=path, token=os.environ.get("FORKD_TOKEN"), timeout=60.0)
+                _clients[path] = RemoteBackend(url=path, token=settings().token_value, timeout=60.0)
             else:
                 _clients[path] = RemoteBackend(path, timeout=60.0)
         return _clients[path]

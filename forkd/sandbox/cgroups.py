@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
+from forkd.base.settings import settings
 
-CGROUP_ROOT = Path(os.environ.get("FORKD_CGROUP_ROOT", "/sys/fs/cgroup"))
 PREFIX = "forkd"
 DEFAULT_CPU_WEIGHT = 100
 
@@ -53,17 +53,18 @@ class Hierarchy:
 
 
 def detect() -> Hierarchy | None:
-    """The hierarchy that can limit memory here, or None."""
-    for unified in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+    """The hierarchy that can limit memory here ($FORKD_CGROUP_ROOT), or None."""
+    root = settings().cgroup_root
+    for unified in (root, root / "unified"):
         try:
             controllers = (unified / "cgroup.controllers").read_text().split()
         except OSError:
             continue
         if "memory" in controllers:
             return Hierarchy(2, unified, unified if "cpu" in controllers else None)
-    mem = CGROUP_ROOT / "memory"
+    mem = root / "memory"
     if (mem / "memory.limit_in_bytes").exists():
-        cpu = CGROUP_ROOT / "cpu"
+        cpu = root / "cpu"
         return Hierarchy(1, mem, cpu if (cpu / "cpu.shares").exists() else None)
     return None
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.base.procs import is_alive, kill_and_wait, start_time
+from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.registry import RECORD, Registry
 from forkd.sandbox.supervisor import release_isolation
@@ -193,7 +194,7 @@ def _collect_cgroups(home: str, keep: set[str], report: GcReport, dry_run: bool)
 
 
 def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float) -> None:
-    shm = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
+    shm = settings().shm
     for d in {shm, layout.tmp}:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(d) as it:
             for entry in it:

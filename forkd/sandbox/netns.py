@@ -33,7 +33,6 @@ import json
 import os
 import secrets
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -42,6 +41,8 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.base.locks import file_lock
+from forkd.base.procs import run
+from forkd.base.settings import settings
 from forkd.vmm.qemu import TAP_NAME
 
 BRIDGE = "forkd0"
@@ -55,8 +56,6 @@ INNER_VETH = "veth0"
 NETNS_PREFIX = "forkd-"
 HOST_IF_PREFIX = "fkh"
 NETNS_DIR = Path("/run/netns")
-RUN_DIR = Path(os.environ.get("FORKD_RUN_DIR", "/run/forkd"))
-LEASES = RUN_DIR / "leases"
 HOST_TABLE = "forkd_host"
 CLONE_NEWNET = 0x40000000
 MS_BIND, MNT_DETACH = 4096, 2
@@ -197,19 +196,24 @@ def pids_in(name: str) -> list[int]:
 
 
 # -- leases --------------------------------------------------------------------------------------------------
+def leases_dir() -> Path:
+    """$FORKD_RUN_DIR/leases: one file per leased address, naming its namespace, veth and FORKD_HOME."""
+    return settings().run_dir / "leases"
+
+
 def _addr(index: int) -> str:
     return f"10.200.{index >> 8}.{index & 255}"
 
 
 def _lease(net: ChildNet) -> ChildNet:
-    LEASES.mkdir(parents=True, exist_ok=True)
-    os.chmod(RUN_DIR, 0o700)
+    leases_dir().mkdir(parents=True, exist_ok=True)
+    os.chmod(settings().run_dir, 0o700)
     start = secrets.randbelow(65000) + 2
     for k in range(65530):
         index = 2 + (start + k) % 65530
         addr = _addr(index)
         try:
-            fd = os.open(LEASES / addr, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(leases_dir() / addr, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             continue
         net = ChildNet(net.netns, net.host_if, addr, net.home, net.child, time.time())
@@ -222,11 +226,11 @@ def _lease(net: ChildNet) -> ChildNet:
 def leases() -> list[tuple[Path, ChildNet | None]]:
     out: list[tuple[Path, ChildNet | None]] = []
     try:
-        names = sorted(os.listdir(LEASES))
+        names = sorted(os.listdir(leases_dir()))
     except FileNotFoundError:
         return out
     for n in names:
-        p = LEASES / n
+        p = leases_dir() / n
         try:
             raw = json.loads(p.read_text())
             out.append((p, ChildNet(**{k: raw[k] for k in ChildNet.__dataclass_fields__ if k in raw})))
@@ -237,9 +241,8 @@ def leases() -> list[tuple[Path, ChildNet | None]]:
 
 # -- host side -------------------------------------------------------------------------------------------
 def _nft(rules: str) -> None:
-    res = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise NetworkError(f"nft failed: {res.stderr.strip()}", hint="apt-get install nftables (scripts/setup.sh)")
+    run(["nft", "-f", "-"], "loading forkd's nft rules", input=rules, error=NetworkError,
+        hint="apt-get install nftables (scripts/setup.sh)")
 
 
 def ensure_host() -> None:
@@ -260,15 +263,16 @@ def ensure_host() -> None:
             if BRIDGE_ADDR not in have:
                 ipr.addr("add", index=idx, address=BRIDGE_ADDR, prefixlen=BRIDGE_PREFIX)
             ipr.link("set", index=idx, state="up")
-            res = subprocess.run(["nft", "list", "table", "ip", HOST_TABLE], capture_output=True)
-            if res.returncode != 0:
+            if run(["nft", "list", "table", "ip", HOST_TABLE], ok=None, error=NetworkError,
+                   hint="apt-get install nftables (scripts/setup.sh)").returncode != 0:
                 _nft(HOST_RULES)
         _host_done = True
 
 
 def _host_lock() -> contextlib.AbstractContextManager[None]:
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
-    return file_lock(RUN_DIR / ".host.lock")
+    run_dir = settings().run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return file_lock(run_dir / ".host.lock")
 
 
 @contextlib.contextmanager
@@ -377,7 +381,7 @@ def remove_netns(name: str) -> bool:
 
 def release(addr: str, netns: str | None = None) -> None:
     """Drop the lease of `addr` (only if it still names `netns`, when given)."""
-    p = LEASES / addr
+    p = leases_dir() / addr
     if netns is not None:
         try:
             if json.loads(p.read_text()).get("netns") != netns:

@@ -12,13 +12,13 @@ Results are the pydantic models of forkd.client.wire, which the server uses too;
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import TypeAdapter
 
+from forkd.base.settings import settings
 from forkd.client import wire
 
 DEFAULT_URL = "http://127.0.0.1:8889"
@@ -36,14 +36,15 @@ class ControllerError(RuntimeError):
 
 def _endpoint(url: str | None, socket: str | None, token: str | None) -> tuple[str, str | None, str | None]:
     """(base_url, unix socket or None, token)."""
-    token = token if token is not None else os.environ.get("FORKD_TOKEN") or None
+    token = token if token is not None else settings().token_value
     if url:
         return url.rstrip("/"), None, token
     if socket:
         return "http://forkd", str(socket), token
-    if os.environ.get("FORKD_URL"):
-        return os.environ["FORKD_URL"].rstrip("/"), None, token
-    sock = Path(os.environ.get("FORKD_HOME", "/var/lib/forkd")) / "forkd.sock"
+    url = settings().url
+    if url:
+        return url.rstrip("/"), None, token
+    sock = settings().home / "forkd.sock"
     if sock.exists():
         return "http://forkd", str(sock), token
     return DEFAULT_URL, None, token

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forkd.base.atomic import fsync_dir
+from forkd.base.atomic import rename_into_place
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
 from forkd.core.pack.extract import extract
 from forkd.core.pack.manifest import parse_manifest
@@ -62,14 +62,12 @@ def _install(plan: list[tuple[Path, Path, str]], progress: Progress) -> list[str
         for f in src.iterdir():
             os.chmod(f, 0o444)
         os.chmod(src, 0o755)
-        fsync_dir(src)
         try:
-            os.rename(src, target)
+            rename_into_place(src, target)
         except OSError as exc:
             if target.exists():
                 raise Conflict(f"{label} appeared while unpacking; run the unpack again") from exc
             raise
-        fsync_dir(target.parent)
         installed.append(label)
         progress(f"installed {label}")
     return installed

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import zstandard
 
+from forkd.base.atomic import rename_into_place
 from forkd.base.errors import Conflict, ForkdError
 from forkd.base.names import check_tag
 from forkd.core.pack.disks import disk_problem, file_hash
@@ -89,9 +90,7 @@ def _write(out: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[
                             tar.addfile(info, r)
                         if r.h.hexdigest() != m["sha256"]:
                             raise ForkdError(f"{p} changed while it was being packed")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.rename(tmp, out)
+        rename_into_place(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
 

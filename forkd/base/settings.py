@@ -1,0 +1,165 @@
+"""Every FORKD_* environment variable forkd reads, in one place: its type, default and what it does.
+
+    from forkd.base.settings import settings
+    settings().home            # Path of $FORKD_HOME, typed and validated
+
+`settings()` reads the environment when called (tests and front ends set variables between calls) and returns a
+frozen `Settings`; an unchanged environment gives back the same object. An empty (or blank) variable counts as
+unset. A value that does not parse raises InvalidInput naming the variable. `describe()` lists them all for
+`forkd config`, with secrets (FORKD_TOKEN) shown only as set/unset.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
+
+from forkd.base.errors import InvalidInput
+
+PREFIX = "FORKD_"
+LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(str.upper)]
+
+
+def _env(default: Any, doc: str, secret: bool = False, **kw: Any) -> Any:
+    return Field(default, description=doc, json_schema_extra={"secret": secret}, **kw)
+
+
+class Settings(BaseModel):
+    """Field `max_branches` is the variable FORKD_MAX_BRANCHES, and so on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # -- where state lives
+    home: Path = _env(Path("/var/lib/forkd"), "state directory: images, snapshots, children, objects, the daemon "
+                                              "socket and audit log")
+    shm: Path = _env(Path("/dev/shm"), "tmpfs directory for flat memory images and memory staged while "
+                                       "snapshotting (falls back to $FORKD_HOME when missing)")
+    run_dir: Path = _env(Path("/run/forkd"), "host-wide runtime directory: network leases and the host lock")
+    cgroup_root: Path = _env(Path("/sys/fs/cgroup"), "where the cgroup hierarchy is mounted")
+    # -- the VMM and the host tools
+    accel: Literal["kvm", "tcg"] | None = _env(None, "force the accelerator (kvm or tcg) instead of probing")
+    qemu: str = _env("qemu-system-x86_64", "QEMU system emulator binary (name on PATH or a path)")
+    qemu_img: str = _env("qemu-img", "qemu-img binary for disk-backed snapshots")
+    vmm_runas: str = _env("", "run each child's VMM as its own unprivileged user: 1, yes or per-child")
+    max_branches: int = _env(2, "live branches in flight at once per FORKD_HOME", ge=1)
+    host_python: str = _env("python3", "host Python that runs pip for `forkd image build --pip`")
+    debian_mirror: str = _env("http://deb.debian.org/debian", "Debian mirror for Debian-based images")
+    # -- reaching a daemon
+    url: str | None = _env(None, "daemon API over TCP, e.g. http://node:8889 (default: the local unix socket)")
+    token: SecretStr | None = _env(None, "bearer token for the daemon's TCP API", secret=True)
+    no_daemon: bool = _env(False, "1: run verbs in-process even when a daemon answers")
+    daemon_socket: Path | None = _env(None, "the operator's node daemon socket (default $FORKD_HOME/forkd.sock)")
+    hub: str | None = _env(None, "pack hub for push/pull: http://host:port/path or file:///dir")
+    # -- the Kubernetes operator
+    nodes: str = _env("", "operator placement: NAME=SOCKET|URL,... of the node daemons (default: one, local)")
+    operator_interval: float = _env(10.0, "seconds between the operator's periodic reconciles of an object", gt=0)
+    operator_retry: float = _env(10.0, "seconds before the operator retries a failed handler", gt=0)
+    operator_delete_wait: float = _env(60.0, "seconds one attempt of the operator's delete handler waits", gt=0)
+    # -- logging
+    log_level: LogLevel | None = _env(None, "log level: DEBUG, INFO, WARNING, ERROR (default: INFO for the "
+                                            "daemon and operator, WARNING for the CLI)")
+    log_format: Literal["text", "json"] = _env("text", "log lines as text, or json (one object per line)")
+
+    @property
+    def vmm_runas_per_child(self) -> bool:
+        return self.vmm_runas in ("1", "per-child", "yes")
+
+    @property
+    def token_value(self) -> str | None:
+        return self.token.get_secret_value() if self.token is not None else None
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+NAMES: dict[str, str] = {env_name(f): f for f in Settings.model_fields}  # variable name -> field name
+_ADAPTERS = {f: TypeAdapter(info.rebuild_annotation()) for f, info in Settings.model_fields.items()}
+
+
+def _parse(field: str, raw: str) -> Any:
+    """One variable's value, typed; InvalidInput naming the variable when it does not parse."""
+    try:
+        return _ADAPTERS[field].validate_strings(raw)
+    except ValidationError as exc:
+        msg = "; ".join(e["msg"] for e in exc.errors())
+        raise InvalidInput(f"{env_name(field)}={raw!r}: {msg}",
+                           hint=f"fix or unset {env_name(field)} (`forkd config` lists every setting)") from None
+
+
+def _current() -> tuple[tuple[str, str], ...]:
+    get = os.environ.get
+    return tuple((k, v) for k in NAMES if (v := get(k, "")).strip())
+
+
+@functools.lru_cache(maxsize=8)
+def _build(env: tuple[tuple[str, str], ...]) -> Settings:
+    values = {NAMES[k]: _parse(NAMES[k], v) for k, v in env}
+    return Settings.model_validate(values)
+
+
+def settings() -> Settings:
+    """The settings in effect now (read from the environment on every call; cached while it is unchanged)."""
+    return _build(_current())
+
+
+def read_one(field: str) -> Any:
+    """One setting alone, e.g. read_one("log_level"): for readers that must not fail on another variable's bad
+    value (logging is set up before anything else is read)."""
+    raw = os.environ.get(env_name(field), "")
+    return _parse(field, raw) if raw.strip() else Settings.model_fields[field].default
+
+
+@dataclass(frozen=True)
+class Described:
+    name: str
+    value: Any  # in effect; secrets: "set" / "unset"
+    default: Any
+    source: str  # env | default | invalid
+    type: str
+    doc: str
+
+
+def _show(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def describe() -> list[Described]:
+    """Every setting with its value in effect, default, source and doc; a bad value is reported, not raised."""
+    env = dict(_current())
+    out = []
+    for field, info in Settings.model_fields.items():
+        name = env_name(field)
+        secret = bool((info.json_schema_extra or {}).get("secret"))
+        source, value = ("env", env[name]) if name in env else ("default", info.default)
+        if source == "env":
+            try:
+                value = _parse(field, value)
+            except InvalidInput as exc:
+                source, value = "invalid", exc.message
+        if secret:
+            value = "set" if source == "env" else "unset"
+        out.append(Described(name, _show(value), None if secret else _show(info.default), source,
+                             _type_name(info.annotation), info.description or ""))
+    return out
+
+
+def _type_name(annotation: Any) -> str:
+    """`path`, `int`, `kvm|tcg`, `str?` (optional) ... for people reading `forkd config`."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return "|".join(map(str, args))
+    if origin is Annotated:
+        return _type_name(args[0])
+    if args and len(args) < len(typing.get_args(annotation)):  # X | None
+        return _type_name(args[0]) + "?"
+    return {SecretStr: "secret"}.get(annotation, getattr(annotation, "__name__", str(annotation)).lower())

@@ -1,0 +1,51 @@
+"""The CLI's view of forkd's settings: `forkd config`, and the global --log-level / --log-format options."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from forkd.base.logs import FORMATS, LEVELS, setup
+from forkd.base.settings import describe, env_name
+from forkd.cli.output import Fmt, emit
+
+OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
+
+
+def config(output: Fmt = OUTPUT) -> None:
+    """Every FORKD_* setting: its value in effect, default, source (env, default or invalid) and what it does.
+    Secrets show only as set/unset. Exits 2 if a variable holds a value that does not parse."""
+    rows = describe()
+    data = [r.__dict__ for r in rows]
+    colour = {"env": "cyan", "default": "dim", "invalid": "red"}
+    emit(data, output, [("NAME", "left"), ("VALUE", "left"), ("DEFAULT", "left"), ("SOURCE", "left"),
+                        ("DOC", "left")],
+         [[r.name, _cell(r.value), _cell(r.default), f"[{colour[r.source]}]{r.source}[/]", r.doc] for r in rows])
+    if any(r.source == "invalid" for r in rows):
+        raise typer.Exit(2)
+
+
+def _cell(v: object) -> str:
+    return "-" if v is None or v == "" else str(v)
+
+
+def global_options(
+        log_level: str | None = typer.Option(None, "--log-level", help="DEBUG, INFO, WARNING (the default), ERROR; "
+                                                                        "or $FORKD_LOG_LEVEL"),
+        log_format: str | None = typer.Option(None, "--log-format", help="text or json (one object per line); or "
+                                                                          "$FORKD_LOG_FORMAT")) -> None:
+    """Set up logging for this command, and hand the choice on to the processes it starts (serve, operator)."""
+    if log_level is not None and log_level.upper() not in LEVELS:
+        raise typer.BadParameter(f"use one of {', '.join(LEVELS)}", param_hint="--log-level")
+    if log_format is not None and log_format not in FORMATS:
+        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--log-format")
+    for field, value in (("log_level", log_level), ("log_format", log_format)):
+        if value is not None:
+            os.environ[env_name(field)] = value
+    setup(log_level, log_format, default_level="WARNING")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("config")(config)
+    app.callback()(global_options)
