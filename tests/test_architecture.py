@@ -4,7 +4,6 @@ no function over MAX_LINES outside route tables, and the import contracts the re
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
