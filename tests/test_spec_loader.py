@@ -73,7 +73,7 @@ spec:
         ("warm: -1", 7, 9, "spec.warm", "Input should be greater than or equal to 0"),
         ("warm: lots", 7, 9, "spec.warm", "Input should be a valid integer"),
         ("warm: [1]", 7, 9, "spec.warm", "Input should be a valid integer"),
-        ("child: {network: open}", 7, 20, "spec.child.network", "Input should be 'isolated' or 'none'"),
+        ("child: {network: open}", 7, 20, "spec.child.network", "Input should be 'none' or 'isolated'"),
         ("child:\n    bogus: 1", 8, 5, "spec.child.bogus", "unknown field 'bogus'"),
         ("from_: py", 7, 3, "spec.from_", "unknown field 'from_'"),  # YAML says `from`, not the Python name
     ],
@@ -95,7 +95,7 @@ def test_field_errors_point_at_the_node(tmp_path, field, line, column, path, mes
         (HEAD + "kind: ForkParent\nmetadata:\n  name: Web\n", 4, 9, "metadata.name", "invalid name 'Web'"),
         (HEAD + "kind: ForkParent\nmetadata:\n  name: -x\n", 4, 9, "metadata.name", "invalid name '-x'"),
         (HEAD + "kind: ForkParent\nmetadata: {name: p}\nspec:\n  warmup:\n    imports: [os, 1bad]\n",
-         6, 19, "spec.warmup.imports[1]", "String should match pattern"),
+         6, 19, "spec.warmup.imports[1]", "Value error, '1bad' is not a module name"),
         (HEAD + "kind: ForkParent\nmetadata: {name: p}\nstatus:\n  snapshot: x\n", 4, 1, "status",
          "status is set by forkd, remove it"),
         (HEAD + "kind: ForkParent\nmetadata:\n  name: p\n  generation: 2\n", 5, 3, "metadata.generation",
