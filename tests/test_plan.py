@@ -15,17 +15,10 @@ from forkd.reconciler.actions import (
     RetireChild,
     SpawnChildren,
 )
-from forkd.reconciler.plan import (
-    backoff_seconds,
-    branch_tag,
-    compact_tag,
-    layer_tag,
-    parent_tag,
-    plan,
-    resolve_tags,
-)
+from forkd.reconciler.plan import backoff_seconds, plan
 from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
 from forkd.reconciler.status import compute_status
+from forkd.reconciler.world import branch_tag, compact_tag, layer_tag, parent_tag, resolve_tags
 from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z

@@ -10,7 +10,7 @@ import pytest
 
 from forkd.base.procs import start_time
 from forkd.reconciler.control import Control
-from forkd.reconciler.plan import parent_tag
+from forkd.reconciler.world import parent_tag
 from forkd.spec.loader import load_text
 from tests.conftest import forkd_cli
 

@@ -6,8 +6,8 @@ Field names are camelCase as users write them in YAML; Python attributes are sna
 Reconciling / Degraded, and numbers; there is no `phase`.
 
 The fields the core also takes use the field types of forkd.core.requests (a rule is written once), and the
-objects build the core's typed requests: ForkParent -> ParentBuild, ForkLayer -> LayerBuild, ForkPool -> Spawn
-and Compaction, ForkBranch -> Branch.
+objects build the core's typed requests: ForkParent -> ParentBuild, ForkLayer -> LayerBuild, ForkPool -> Spawn,
+ForkBranch -> Branch (a compaction takes nothing from a spec: the reconciler builds its Compaction itself).
 """
 
 from __future__ import annotations
@@ -214,10 +214,6 @@ class ForkPool(Strict):
         """The core's request to restore `n` children of snapshot `tag` for this pool (their network follows the
         snapshot's; the reconciler refuses a pool whose child.network does not match its parent's)."""
         return rq.Spawn.of(tag=tag, n=n, pool=self.metadata.name, memory_limit_mib=self.spec.child.memoryLimitMiB)
-
-    def compaction_request(self, from_tag: str, to_tag: str, labels: dict[str, str] | None = None) -> rq.Compaction:
-        """The core's request to compact this pool's chain head `from_tag` into the base snapshot `to_tag`."""
-        return rq.Compaction.of(from_tag=from_tag, to_tag=to_tag, labels=labels or {})
 
 
 # -- ForkBranch -------------------------------------------------------------------------------------
