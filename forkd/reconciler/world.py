@@ -163,6 +163,8 @@ class Stuck:
 # -- the view -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class World:
+    """One pass's resolved view (see the module docstring); build it with `resolve`."""
+
     now: float
     parents: tuple[ForkParent, ...]  # one per name, sorted by name (as every object tuple here)
     branches: tuple[ForkBranch, ...]  # names no parent holds
@@ -170,7 +172,7 @@ class World:
     pools: tuple[ForkPool, ...]
     tags: Mapping[str, str]  # object name -> the snapshot tag it stands for
     snaps: Mapping[str, SnapshotState]  # by tag
-    children: tuple[ChildState, ...]
+    children: tuple[ChildState, ...]  # every child, the hand-forked ones too
     kids: Mapping[str, PoolChildren]  # desired pool -> its children, split against its target
     orphans: Mapping[str, list[ChildState]]  # pool no longer desired -> its children (by id)
     targets: Mapping[str, str | None]  # pool -> the tag it spawns from (None: its source is unknown)
