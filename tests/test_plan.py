@@ -473,6 +473,13 @@ def test_a_terminal_failure_is_not_retried_until_the_spec_changes():
     # a new spec is a new action: it runs (and the old failure no longer holds it back)
     d2, a2 = world(parents=(PY2,), failures=(failed,))
     assert plan(d2, a2) == [BuildParent("py", TAG2, spec_hash(PY2))]
+    # a layer's too: not reconciling, Degraded with the reason
+    build = BuildLayer("lay", layer_tag(LAY, TAG), TAG)
+    d, a = world(layers=(LAY,), snapshots=(snap(),),
+                 failures=(Failure("ForkLayer", "lay", "refused", 1, NOW - 600, terminal=True, action=build),))
+    assert not [x for x in plan(d, a) if isinstance(x, BuildLayer)]
+    assert conds(compute_status(d, a, previous={})["ForkLayer/lay"]) == {
+        "Ready": ("False", "BuildFailed"), "Reconciling": ("False", "BuildFailed"), "Degraded": ("True", "BuildFailed")}
     # in flight with the new action: not reported as terminal
     assert "ForkParent/py" not in resolve(*world(parents=(PY2,), failures=(failed,), in_flight=("ForkParent/py",)))\
         .terminal

@@ -60,6 +60,11 @@ def _failed(what: str, f: Failure | None, fallback: str | None, now: float) -> s
     return f"{msg} (attempt {f.attempts}; {when})"
 
 
+def _given_up(key: str, f: Failure | None, w: World) -> bool:
+    """The object's action failed with a TerminalError and nothing else runs for it: not reconciling."""
+    return f is not None and f.terminal and key not in w.in_flight
+
+
 def parent_status(p: ForkParent, w: World, previous: dict[str, Status | None], stamp: str) -> ForkParentStatus:
     key, now, tag = f"ForkParent/{p.metadata.name}", w.now, w.tags[p.metadata.name]
     snap, fail = w.snaps.get(tag), w.failures.get(key)
@@ -71,7 +76,7 @@ def parent_status(p: ForkParent, w: World, previous: dict[str, Status | None], s
     else:
         msg = _failed("build", fail, snap.error if snap else None, now) if broken else ""
         deg = (True, "BuildFailed", msg) if broken else OK
-        if fail is not None and fail.terminal and key not in w.in_flight:
+        if _given_up(key, fail, w):
             rec = (False, "BuildFailed", msg)
         elif fail is not None and now < fail.retry_at and key not in w.in_flight:
             rec = (False, "BackingOff", f"next build of {tag} at {rfc3339(fail.retry_at)}")
@@ -102,7 +107,8 @@ def layer_status(la: ForkLayer, w: World, previous: dict[str, Status | None], st
         deg = (True, "BuildFailed", msg) if broken else OK
     else:
         r = (False, "BuildFailed", msg) if broken else (False, "Building", f"building layer {tag}")
-        rec = (True, "Building", f"building layer {tag} on {src_tag}")
+        rec = (False, "BuildFailed", msg) if _given_up(key, fail, w) else \
+            (True, "Building", f"building layer {tag} on {src_tag}")
         deg = (True, "BuildFailed", msg) if broken else OK
     return ForkLayerStatus(observedGeneration=la.metadata.generation, snapshot=tag if ready else None,
                            chainDepth=chain_depth(tag, w.snaps) if ready else None,
@@ -169,7 +175,8 @@ def branch_status(b: ForkBranch, w: World, previous: dict[str, Status | None], s
         broken = fail is not None or (snap is not None and snap.status == "failed")
         msg = _failed("branch", fail, snap.error if snap else None, now) if broken else ""
         r = (False, "BranchFailed", msg) if broken else (False, "Branching", f"branching {src.id}")
-        rec = (True, "Branching", f"branching {src.id} ({b.spec.mode})")
+        rec = (False, "BranchFailed", msg) if _given_up(key, fail, w) else \
+            (True, "Branching", f"branching {src.id} ({b.spec.mode})")
         deg = (True, "BranchFailed", msg) if broken else OK
     return ForkBranchStatus(observedGeneration=b.metadata.generation,
                             snapshot=tag if snap is not None and snap.status == "ready" else None,
