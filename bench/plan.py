@@ -19,9 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from forkd.reconciler.plan import parent_tag, plan  # noqa: E402
+from forkd.reconciler.plan import plan  # noqa: E402
 from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState  # noqa: E402
 from forkd.reconciler.status import compute_status  # noqa: E402
+from forkd.reconciler.world import parent_tag  # noqa: E402
 from forkd.spec.models import ForkParent, ForkPool  # noqa: E402
 
 NOW = 1_800_000_000.0

@@ -245,7 +245,7 @@ def test_schema_keeps_the_models_constraints():
     assert pool["required"] == ["from"]
     assert pool["properties"]["warm"] == {"type": "integer", "description": "children kept restored, idle and "
                                           "answering", "default": 0, "minimum": 0, "maximum": 1000}
-    assert pool["properties"]["child"]["properties"]["network"]["enum"] == ["isolated", "none"]
+    assert pool["properties"]["child"]["properties"]["network"]["enum"] == ["none", "isolated"]
     assert pool["properties"]["child"]["properties"]["ttlSeconds"]["nullable"] is True
     assert pool["properties"]["spawnLatencyTarget"]["nullable"] is True
     assert pool["properties"]["from"]["pattern"] == MODELS["ForkPool"].model_json_schema(by_alias=True)[

@@ -15,17 +15,10 @@ from forkd.reconciler.actions import (
     RetireChild,
     SpawnChildren,
 )
-from forkd.reconciler.plan import (
-    backoff_seconds,
-    branch_tag,
-    compact_tag,
-    layer_tag,
-    parent_tag,
-    plan,
-    resolve_tags,
-)
+from forkd.reconciler.plan import backoff_seconds, plan
 from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
 from forkd.reconciler.status import compute_status
+from forkd.reconciler.world import Stuck, branch_tag, compact_tag, layer_tag, parent_tag, resolve, resolve_tags
 from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
@@ -426,3 +419,78 @@ def test_branch_of_a_claimed_pool_child_is_taken_once_and_can_feed_a_pool():
     assert (branch_tag(b), 1) in spawns(acts)
     st = compute_status(d, done, previous={})["ForkBranch/step7"]
     assert st.condition("Ready").status == "True" and st.snapshot == branch_tag(b)
+
+
+# -- one World per pass ---------------------------------------------------------------------------------
+def test_one_world_holds_every_rule_plan_status_and_claims_share():
+    """A name a ForkParent holds is not a ForkBranch's nor a ForkLayer's; duplicates of a kind: the smallest spec
+    hash wins. plan, status and the claim target (World.targets) all read the same resolution."""
+    twin_branch = ForkBranch(metadata={"name": "py"}, spec={"sandbox": "x"})
+    twin_layer = ForkLayer(metadata={"name": "py"}, spec={"from": "py"})
+    other = ForkParent(metadata={"name": "py"}, spec={"vcpus": 2})
+    winner = min((PY, other), key=spec_hash)
+    d = Desired(parents=(other, PY), layers=(twin_layer,), pools=(pool(1),), branches=(twin_branch,))
+    a = Actual(snapshots=(snap(parent_tag(winner)),), now=NOW)
+    w = resolve(d, a)
+    assert w.parents == (winner,) and w.branches == () and w.layers == ()
+    assert w.tags == {"py": parent_tag(winner)} and w.targets == {"agents": parent_tag(winner)}
+    assert plan(d, a) == [SpawnChildren("agents", parent_tag(winner), 1)]
+    assert set(compute_status(d, a, previous={})) == {"ForkParent/py", "ForkPool/agents"}
+    assert w == resolve(Desired(parents=(PY, other), layers=(twin_layer,), pools=(pool(1),),
+                                branches=(twin_branch,)), a)
+
+
+def test_world_knows_what_is_stuck_until_the_spec_changes():
+    lost = ForkLayer(metadata={"name": "lost"}, spec={"from": "nope"})
+    b = ForkBranch(metadata={"name": "b"}, spec={"sandbox": "x"})
+    d = Desired(parents=(PY,), layers=(lost,), pools=(pool(1, src="lost"), pool(1, name="ok")), branches=(b,))
+    w = resolve(d, Actual(snapshots=(snap(),), now=NOW))
+    assert w.stuck == {
+        "ForkLayer/lost": Stuck("SourceNotFound", "spec.from 'nope' names no ForkParent or ForkLayer (or the "
+                                                  "layers form a cycle)"),
+        "ForkPool/agents": Stuck("SourceNotFound", "spec.from 'lost' names no ForkParent or ForkLayer it can be "
+                                                   "built from"),
+        "ForkBranch/b": Stuck("SandboxNotFound", "no running sandbox 'x' to branch")}
+    assert w.terminal == frozenset(w.stuck)
+    st = compute_status(d, Actual(snapshots=(snap(),), now=NOW), previous={})
+    for key, stuck in w.stuck.items():
+        deg = st[key].condition("Degraded")
+        assert (deg.status, deg.reason, deg.message) == ("True", stuck.reason, stuck.message)
+    # the sandbox appears: the branch is no longer stuck
+    w = resolve(d, Actual(snapshots=(snap(),), children=(ChildState("x", TAG, None, "running"),), now=NOW))
+    assert "ForkBranch/b" not in w.stuck and w.sources["b"].id == "x"
+
+
+def test_a_terminal_failure_is_not_retried_until_the_spec_changes():
+    failed = Failure("ForkParent", "py", "refused", 1, NOW - 600, terminal=True, action=BUILD)
+    d, a = world(failures=(failed,))
+    assert plan(d, a) == []  # long past any back-off: still not retried
+    assert "ForkParent/py" in resolve(d, a).terminal
+    st = compute_status(d, a, previous={})["ForkParent/py"]
+    assert conds(st) == {"Ready": ("False", "BuildFailed"), "Reconciling": ("False", "BuildFailed"),
+                         "Degraded": ("True", "BuildFailed")}
+    assert st.condition("Degraded").message == "refused (attempt 1; not retried until the spec changes)"
+    # a new spec is a new action: it runs (and the old failure no longer holds it back)
+    d2, a2 = world(parents=(PY2,), failures=(failed,))
+    assert plan(d2, a2) == [BuildParent("py", TAG2, spec_hash(PY2))]
+    # a layer's too: not reconciling, Degraded with the reason
+    build = BuildLayer("lay", layer_tag(LAY, TAG), TAG)
+    d, a = world(layers=(LAY,), snapshots=(snap(),),
+                 failures=(Failure("ForkLayer", "lay", "refused", 1, NOW - 600, terminal=True, action=build),))
+    assert not [x for x in plan(d, a) if isinstance(x, BuildLayer)]
+    assert conds(compute_status(d, a, previous={})["ForkLayer/lay"]) == {
+        "Ready": ("False", "BuildFailed"), "Reconciling": ("False", "BuildFailed"), "Degraded": ("True", "BuildFailed")}
+    # in flight with the new action: not reported as terminal
+    assert "ForkParent/py" not in resolve(*world(parents=(PY2,), failures=(failed,), in_flight=("ForkParent/py",)))\
+        .terminal
+
+
+def test_every_action_type_has_a_handler():
+    from typing import get_args
+
+    from forkd.reconciler.actions import Action
+    from forkd.reconciler.handlers import HANDLERS
+
+    assert set(HANDLERS) == set(get_args(Action))
+    slow = {t.__name__ for t, h in HANDLERS.items() if h.slow}
+    assert slow == {"BuildParent", "BuildLayer", "BuildBranch", "CompactSnapshot", "SpawnChildren"}

@@ -10,7 +10,7 @@ import pytest
 
 from forkd.base.procs import start_time
 from forkd.reconciler.control import Control
-from forkd.reconciler.plan import parent_tag
+from forkd.reconciler.world import parent_tag
 from forkd.spec.loader import load_text
 from tests.conftest import forkd_cli
 
@@ -180,3 +180,34 @@ def test_claimed_child_is_retired_when_its_ttl_ends(rt, control):
     converge(control)
     assert c.id not in {r.id for r in rt.children()}
     assert len(pool_children(rt, claimed=False)) == 3
+
+
+def test_a_request_the_spec_refuses_is_a_terminal_failure(tmp_path):
+    """The executor records a TerminalError as a failure it does not retry (its event says so, `converged` reports
+    the object at once); any other failure is retried after a back-off."""
+    from forkd.base.paths import Layout
+    from forkd.core.requests import MAX_FORK
+    from forkd.core.runtime import Runtime
+    from forkd.reconciler.actions import RetireChild, SpawnChildren
+
+    control = Control(Runtime(Layout(tmp_path / "home")))
+    loaded, errors = load_text("apiVersion: forkd.dev/v1alpha1\nkind: ForkPool\nmetadata: {name: tp}\n"
+                               "spec: {from: rp}\n", "tp.yaml")
+    assert not errors
+    control.apply([(x.obj, "tp.yaml") for x in loaded], "test")
+    rec = control.reconciler
+    try:
+        rec._run(SpawnChildren("tp", "rp-0", MAX_FORK + 1))
+        f = rec.failures["ForkPool/tp"]
+        assert f.terminal and f.action == SpawnChildren("tp", "rp-0", MAX_FORK + 1) and "invalid Spawn: n" in f.message
+        event = control.describe("ForkPool", "tp")["events"][-1]
+        assert event["reason"] == "Failed" and event["message"].endswith("(not retried until the spec changes)")
+        rec._run(RetireChild("tp", "no-such-child", "dead"))  # NotFound: retryable
+        f = rec.failures["child/no-such-child"]
+        assert not f.terminal and f.retry_at > time.time()
+        rec.step()
+        ok, problems = rec.converged([("ForkPool", "tp")])
+        assert not ok and problems == ["ForkPool/tp: SourceNotFound: spec.from 'rp' names no ForkParent or "
+                                       "ForkLayer"]
+    finally:
+        rec.close()

@@ -73,7 +73,7 @@ spec:
         ("warm: -1", 7, 9, "spec.warm", "Input should be greater than or equal to 0"),
         ("warm: lots", 7, 9, "spec.warm", "Input should be a valid integer"),
         ("warm: [1]", 7, 9, "spec.warm", "Input should be a valid integer"),
-        ("child: {network: open}", 7, 20, "spec.child.network", "Input should be 'isolated' or 'none'"),
+        ("child: {network: open}", 7, 20, "spec.child.network", "Input should be 'none' or 'isolated'"),
         ("child:\n    bogus: 1", 8, 5, "spec.child.bogus", "unknown field 'bogus'"),
         ("from_: py", 7, 3, "spec.from_", "unknown field 'from_'"),  # YAML says `from`, not the Python name
     ],
@@ -95,7 +95,7 @@ def test_field_errors_point_at_the_node(tmp_path, field, line, column, path, mes
         (HEAD + "kind: ForkParent\nmetadata:\n  name: Web\n", 4, 9, "metadata.name", "invalid name 'Web'"),
         (HEAD + "kind: ForkParent\nmetadata:\n  name: -x\n", 4, 9, "metadata.name", "invalid name '-x'"),
         (HEAD + "kind: ForkParent\nmetadata: {name: p}\nspec:\n  warmup:\n    imports: [os, 1bad]\n",
-         6, 19, "spec.warmup.imports[1]", "String should match pattern"),
+         6, 19, "spec.warmup.imports[1]", "Value error, '1bad' is not a module name"),
         (HEAD + "kind: ForkParent\nmetadata: {name: p}\nstatus:\n  snapshot: x\n", 4, 1, "status",
          "status is set by forkd, remove it"),
         (HEAD + "kind: ForkParent\nmetadata:\n  name: p\n  generation: 2\n", 5, 3, "metadata.generation",
@@ -264,3 +264,38 @@ def test_stdin(monkeypatch):
 def test_empty_files_and_documents_yield_nothing(tmp_path):
     f = write(tmp_path / "empty.yaml", "# nothing here\n---\n---\n")
     assert load_paths([f]) == []
+
+
+# -- the spec objects build the core's typed requests ------------------------------------------------------
+def test_objects_build_the_cores_requests(tmp_path):
+    from forkd.core import requests as rq
+    from forkd.spec.models import ForkBranch, ForkLayer
+
+    parent = ForkParent(metadata={"name": "py"}, spec={"memoryMiB": 256, "vcpus": 2, "network": "isolated",
+                                                       "warmup": {"imports": ["json"], "run": ["true"],
+                                                                  "exec": ["X = 1"]}})
+    assert parent.to_request("py-1", "img", {"k": "v"}) == rq.ParentBuild(
+        tag="py-1", memory_mib=256, vcpus=2, warm_imports=("json",), warm_run=("true",), warm_exec=("X = 1",),
+        network="isolated", image_id="img", labels={"k": "v"})
+    layer = ForkLayer(metadata={"name": "l"}, spec={"from": "py", "run": ["echo"], "imports": ["csv"]})
+    assert layer.to_request("l-1", "py-1") == rq.LayerBuild(tag="l-1", parent_tag="py-1", run=("echo",),
+                                                             imports=("csv",))
+    pool = ForkPool(metadata={"name": "web"}, spec={"from": "py", "child": {"memoryLimitMiB": 256}})
+    assert pool.to_request("py-1", 3) == rq.Spawn(tag="py-1", n=3, pool="web", memory_limit_mib=256)
+    branch = ForkBranch(metadata={"name": "b"}, spec={"sandbox": "c1", "mode": "full"})
+    assert branch.to_request("c1", "b-1") == rq.Branch(child_id="c1", tag="b-1", mode="full", wait=True)
+    # a request that breaks the core's rule names the field (the reconciler records it as a TerminalError)
+    with pytest.raises(InvalidInput, match="invalid Spawn: n: Input should be less than or equal to 1000"):
+        pool.to_request("py-1", 1001)
+    with pytest.raises(InvalidInput, match="invalid ParentBuild: tag"):
+        parent.to_request("Not A Tag")
+
+
+@pytest.mark.parametrize("spec, path, message", [
+    ("memoryMiB: 64", "spec.memoryMiB", "Input should be greater than or equal to 128"),
+    ("vcpus: 65", "spec.vcpus", "Input should be less than or equal to 64"),
+    ("network: bridged", "spec.network", "Input should be 'none' or 'isolated'"),
+])
+def test_parent_fields_follow_the_cores_rules(tmp_path, spec, path, message):
+    err = one_error(tmp_path, HEAD + f"kind: ForkParent\nmetadata: {{name: p}}\nspec:\n  {spec}\n")
+    assert (err.line, err.path) == (5, path) and err.message.startswith(message)

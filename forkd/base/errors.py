@@ -37,3 +37,9 @@ def first_line(exc: BaseException) -> str:
     """The first line of an error's message (its type's name when it has none): for statuses and manifests."""
     s = str(exc)
     return s.splitlines()[0] if s else type(exc).__name__
+
+
+class TerminalError(ForkdError):
+    """A failure that retrying cannot fix: the spec (or what it names) has to change first. The reconciler records
+    it and does not retry the action until then; every other exception is retried with back-off
+    (controller-runtime's model)."""

@@ -1,9 +1,12 @@
 """The actions `plan` returns and the executor performs. Each has a stable `key` (the object it acts on) used
-for de-duplication, back-off and in-flight tracking."""
+for de-duplication, back-off and in-flight tracking, and an `owner`: the declarative object ("Kind", "name") whose
+events tell what it did (None: no object's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+Owner = tuple[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,10 @@ class BuildParent:
     def key(self) -> str:
         return f"ForkParent/{self.parent}"
 
+    @property
+    def owner(self) -> Owner:
+        return ("ForkParent", self.parent)
+
 
 @dataclass(frozen=True)
 class BuildLayer:
@@ -30,6 +37,10 @@ class BuildLayer:
     @property
     def key(self) -> str:
         return f"ForkLayer/{self.layer}"
+
+    @property
+    def owner(self) -> Owner:
+        return ("ForkLayer", self.layer)
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,10 @@ class BuildBranch:
     def key(self) -> str:
         return f"ForkBranch/{self.branch}"
 
+    @property
+    def owner(self) -> Owner:
+        return ("ForkBranch", self.branch)
+
 
 @dataclass(frozen=True)
 class CompactSnapshot:
@@ -59,6 +74,10 @@ class CompactSnapshot:
     def key(self) -> str:
         return f"Compact/{self.tag}"
 
+    @property
+    def owner(self) -> Owner:
+        return ("ForkPool", self.pool)
+
 
 @dataclass(frozen=True)
 class SpawnChildren:
@@ -71,6 +90,10 @@ class SpawnChildren:
     @property
     def key(self) -> str:
         return f"ForkPool/{self.pool}"
+
+    @property
+    def owner(self) -> Owner:
+        return ("ForkPool", self.pool)
 
 
 @dataclass(frozen=True)
@@ -85,6 +108,10 @@ class RetireChild:
     def key(self) -> str:
         return f"child/{self.child}"
 
+    @property
+    def owner(self) -> Owner:
+        return ("ForkPool", self.pool) if self.pool else None
+
 
 @dataclass(frozen=True)
 class DeleteSnapshot:
@@ -96,6 +123,10 @@ class DeleteSnapshot:
     @property
     def key(self) -> str:
         return f"snapshot/{self.tag}"
+
+    @property
+    def owner(self) -> Owner:
+        return None
 
 
 Action = BuildParent | BuildLayer | BuildBranch | CompactSnapshot | SpawnChildren | RetireChild | DeleteSnapshot

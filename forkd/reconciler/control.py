@@ -18,7 +18,8 @@ from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
 from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore
-from forkd.reconciler.plan import parent_tag, pool_target, resolve_tags
+from forkd.reconciler.state import Actual
+from forkd.reconciler.world import parent_tag, resolve
 from forkd.spec.models import MODELS, RESOURCE_NAMES, ForkObject, to_document
 
 if TYPE_CHECKING:
@@ -158,13 +159,13 @@ class Control:
         if not 1 <= n <= 1000:
             raise InvalidInput(f"-n {n}: use 1..1000")
         obj = self.objects.get("ForkPool", pool).obj
-        target = self._pool_target(obj)
+        target = self._pool_target(pool)
         got = self.rt.claim_children(pool, n, obj.spec.child.ttlSeconds, prefer_tag=target)
         if len(got) < n:
             if target is None:
                 raise Conflict(f"pool {pool!r} has {len(got)} warm children and no ready snapshot to fork more",
                                hint=f"see 'forkd describe pool/{pool}'")
-            extra = self.rt.fork(target, n - len(got), pool=pool)
+            extra = self.rt.fork(obj.to_request(target, n - len(got)))
             now = time.time()
             ttl = obj.spec.child.ttlSeconds
             got += [self.rt.registry.save(r.with_(claimed_at=now, expires_at=now + ttl if ttl else None))
@@ -172,17 +173,15 @@ class Control:
         self.reconciler.wake.set()
         return got
 
-    def _pool_target(self, pool: ForkObject) -> str | None:
-        """The ready snapshot the pool spawns from now (the same rule as plan), or None. The resolution is
-        cached until an object or snapshot directory changes: claims stay cheap."""
-        dirs = [self.objects.root / k for k in ("ForkParent", "ForkLayer", "ForkPool")] + [self.rt.store.root]
-        key = (pool.metadata.name, pool.spec.from_, tuple(d.stat().st_mtime_ns if d.exists() else 0 for d in dirs))
+    def _pool_target(self, pool: str) -> str | None:
+        """The ready snapshot the pool spawns from now, as the World of a reconcile pass has it, or None. The World
+        is resolved again only when an object or snapshot directory changes: claims stay cheap."""
+        dirs = [self.objects.root / k for k in ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch")]
+        key = tuple(d.stat().st_mtime_ns if d.exists() else 0 for d in [*dirs, self.rt.store.root])
         if self._target_cache.get("key") != key:
-            desired = observe.desired(self.objects)
-            tags = resolve_tags(desired.parents, desired.layers, desired.branches)
-            snaps = {s.tag: s for s in observe.actual_snapshots(self.rt)}
-            self._target_cache = {"key": key, "tag": pool_target(pool, tags, snaps)}
-        tag = self._target_cache["tag"]
+            actual = Actual(snapshots=tuple(observe.actual_snapshots(self.rt)))
+            self._target_cache = {"key": key, "targets": resolve(observe.desired(self.objects), actual).targets}
+        tag = self._target_cache["targets"].get(pool)
         if tag is None:
             return None
         try:

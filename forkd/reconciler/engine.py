@@ -1,8 +1,11 @@
 """The executor and the loop: plan, perform the actions through the core, record events, failures (with
 back-off) and statuses; again on every change and on an interval.
 
-Slow actions (building a snapshot, spawning children) run on worker threads and are tracked as in flight, so a
-slow or broken object never stalls the others; quick ones (retire a child, delete a snapshot) run inline.
+Each pass observes the world once and resolves it into one World (forkd.reconciler.world) that both plan() and the
+statuses read. Actions dispatch through forkd.reconciler.handlers' table: slow ones (building a snapshot, spawning
+children) run on worker threads and are tracked as in flight, so a slow or broken object never stalls the others;
+quick ones (retire a child, delete a snapshot) run inline. A failure is retried with back-off, unless it is a
+TerminalError: that one waits for the spec to change.
 """
 
 from __future__ import annotations
@@ -15,41 +18,21 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from forkd.base.errors import first_line
+from forkd.base.errors import TerminalError, first_line
 from forkd.reconciler import observe
-from forkd.reconciler.actions import (
-    Action,
-    BuildBranch,
-    BuildLayer,
-    BuildParent,
-    CompactSnapshot,
-    DeleteSnapshot,
-    RetireChild,
-    SpawnChildren,
-)
+from forkd.reconciler.actions import Action
+from forkd.reconciler.handlers import HANDLERS, Context
 from forkd.reconciler.objects import ObjectStore
-from forkd.reconciler.plan import backoff_seconds, plan
+from forkd.reconciler.plan import backoff_seconds, plan_world
 from forkd.reconciler.state import Failure
-from forkd.reconciler.status import compute_status
+from forkd.reconciler.status import world_status
+from forkd.reconciler.world import World, resolve
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
 log = logging.getLogger("forkd.reconciler")
-SLOW = (BuildParent, BuildLayer, BuildBranch, CompactSnapshot, SpawnChildren)
-PERMANENT_REASONS = {"SourceNotFound", "NotImplemented", "SandboxNotFound"}
-
-
-def _target(action: Action) -> tuple[str, str] | None:
-    if isinstance(action, BuildParent):
-        return "ForkParent", action.parent
-    if isinstance(action, BuildLayer):
-        return "ForkLayer", action.layer
-    if isinstance(action, BuildBranch):
-        return "ForkBranch", action.branch
-    if isinstance(action, (SpawnChildren, RetireChild, CompactSnapshot)) and action.pool:
-        return "ForkPool", action.pool
-    return None
+MAX_PASSES = 3  # a pass that changed the world inline is followed by another, so statuses show what it did
 
 
 class Reconciler:
@@ -61,41 +44,56 @@ class Reconciler:
         self.failures: dict[str, Failure] = {}
         self.in_flight: dict[str, Future] = {}
         self.spawn_ms: dict[str, deque[float]] = {}
+        self.world: World | None = None  # the last pass's view: what `converged` reports as stuck
         self.wake = threading.Event()
+        self._ctx = Context(rt, self.objects, self.spawn_ms)
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="forkd-action")
 
     # -- one pass ----------------------------------------------------------------------------------
     def step(self) -> list[Action]:
-        """Plan against the world as it is now, start what is not already running, update statuses."""
+        """Plan against the world as it is now, start what is not already running, update statuses; once more
+        (up to MAX_PASSES) while a pass changed the world inline. Returns every action planned."""
         with self._lock:
-            self._reap_finished()
-            desired = observe.desired(self.objects)
-            actual = self._observe()
-            actions = plan(desired, actual)
-            for action in actions:
-                if action.key in self.in_flight:
-                    continue
-                if isinstance(action, SLOW):
-                    self.in_flight[action.key] = self._workers.submit(self._run, action)
-                else:
-                    self._run(action)
-            self._write_statuses(desired)
-            return actions
+            planned: list[Action] = []
+            for _ in range(MAX_PASSES):
+                actions, changed = self._pass()
+                planned += actions
+                if not changed:
+                    break
+            return planned
 
-    def _observe(self):
+    def _pass(self) -> tuple[list[Action], bool]:
+        """One pass over one World: (the actions planned, whether any ran inline)."""
+        self._reap_finished()
+        world = self._resolve()
+        actions = plan_world(world)
+        inline = False
+        for action in actions:
+            if action.key in self.in_flight:
+                continue
+            if HANDLERS[type(action)].slow:
+                self.in_flight[action.key] = self._workers.submit(self._run, action)
+            else:
+                self._run(action)
+                inline = True
+        self._write_statuses(world)
+        self.world = world
+        return actions, inline
+
+    def _resolve(self) -> World:
         p50s = tuple((pool, sorted(v)[len(v) // 2]) for pool, v in sorted(self.spawn_ms.items()) if v)
-        return observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight), p50s)
+        actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight), p50s)
+        return resolve(observe.desired(self.objects), actual)
 
     def _reap_finished(self) -> None:
         for key, fut in list(self.in_flight.items()):
             if fut.done():
                 del self.in_flight[key]
 
-    def _write_statuses(self, desired) -> None:
-        actual = self._observe()
+    def _write_statuses(self, world: World) -> None:
         previous = {f"{st.obj.kind}/{st.obj.metadata.name}": st.obj.status for st in self.objects.list()}
-        for key, status in compute_status(desired, actual, previous).items():
+        for key, status in world_status(world, previous).items():
             kind, name = key.split("/", 1)
             if kind == "ForkPool" and name in self.spawn_ms and self.spawn_ms[name]:
                 samples = sorted(self.spawn_ms[name])
@@ -104,26 +102,19 @@ class Reconciler:
 
     # -- executor ----------------------------------------------------------------------------------
     def _run(self, action: Action) -> None:
-        target = _target(action)
         t0 = time.perf_counter()
         ok, message = False, ""
         try:
-            message = self._execute(action)
+            message = HANDLERS[type(action)].run(self._ctx, action)
             ok = True
         except Exception as exc:  # noqa: BLE001 - any failure is recorded, backed off and shown in status
             message = first_line(exc)
-            attempts = self.failures[action.key].attempts + 1 if action.key in self.failures else 1
-            delay = backoff_seconds(attempts)
-            self.failures[action.key] = Failure(*action.key.split("/", 1), message=message, attempts=attempts,
-                                                retry_at=time.time() + delay)
-            log.warning("%s failed (attempt %d, retry in %.0fs): %s", action.key, attempts, delay, message)
-            if target:
-                self.objects.event(*target, "Failed", f"{type(action).__name__}: {message} (retry in {delay:.0f}s)",
-                                   type_="Warning")
+            self._failed(action, message, terminal=isinstance(exc, TerminalError))
         else:
             self.failures.pop(action.key, None)
-            if target and message:
-                self.objects.event(*target, type(action).__name__, f"{message} in {time.perf_counter() - t0:.1f}s")
+            if action.owner and message:
+                self.objects.event(*action.owner, type(action).__name__,
+                                   f"{message} in {time.perf_counter() - t0:.1f}s")
         finally:
             if self.on_action is not None:
                 try:
@@ -132,63 +123,37 @@ class Reconciler:
                     log.exception("on_action hook failed")
             self.wake.set()
 
-    def _execute(self, action: Action) -> str:
-        rt = self.rt
-        if isinstance(action, BuildParent):
-            parent = self.objects.get("ForkParent", action.parent).obj
-            w = parent.spec.warmup
-            from forkd.core.images import ensure_image  # builtin -> default image; oci / debian -> built once
-
-            image_id = ensure_image(rt, parent.spec.image.model_dump(mode="json"), memory_mib=parent.spec.memoryMiB)
-            rt.create_snapshot(action.tag, parent.spec.memoryMiB, parent.spec.vcpus, tuple(w.imports),
-                               tuple(w.run), warm_exec=tuple(w.exec), network=parent.spec.network, image_id=image_id,
-                               labels={observe.PARENT_LABEL: action.parent, observe.SPEC_HASH_LABEL: action.spec_hash})
-            return f"built snapshot {action.tag}"
-        if isinstance(action, BuildLayer):
-            layer = self.objects.get("ForkLayer", action.layer).obj
-            rt.snapshot_diff(action.tag, action.from_tag, tuple(layer.spec.run), tuple(layer.spec.imports),
-                             labels={observe.LAYER_LABEL: action.layer})
-            return f"built layer {action.tag} on {action.from_tag}"
-        if isinstance(action, BuildBranch):
-            from forkd.core.branch import branch
-
-            res = branch(rt, action.child, action.tag, action.mode, wait=True,
-                         labels={observe.BRANCH_LABEL: action.branch})
-            pause = f", source paused {res.pause_ms:.0f} ms" if res.pause_ms is not None else ""
-            return f"branched {action.child} into {action.tag} ({action.mode}{pause})"
-        if isinstance(action, CompactSnapshot):
-            rt.compact(action.from_tag, action.tag, labels={observe.POOL_LABEL: action.pool,
-                                                            observe.COMPACTION_REASON_LABEL: action.reason})
-            return f"compacted {action.from_tag} into {action.tag} ({action.reason})"
-        if isinstance(action, SpawnChildren):
-            child = self.objects.get("ForkPool", action.pool).obj.spec.child
-            recs = rt.fork(action.tag, action.count, pool=action.pool, memory_limit_mib=child.memoryLimitMiB)
-            samples = self.spawn_ms.setdefault(action.pool, deque(maxlen=50))
-            samples.extend(r.timings_ms.get("ready", 0.0) for r in recs)
-            return f"spawned {len(recs)} children of {action.tag}"
-        if isinstance(action, RetireChild):
-            rt.kill([action.child])
-            return f"retired child {action.child} ({action.reason})"
-        if isinstance(action, DeleteSnapshot):
-            rt.rmi(action.tag)
-            return ""
-        raise TypeError(f"unknown action {action!r}")
+    def _failed(self, action: Action, message: str, terminal: bool) -> None:
+        """Record the failure: retried after a back-off, or (terminal) not while plan asks for the same action."""
+        attempts = self.failures[action.key].attempts + 1 if action.key in self.failures else 1
+        delay = 0.0 if terminal else backoff_seconds(attempts)
+        self.failures[action.key] = Failure(*action.key.split("/", 1), message=message, attempts=attempts,
+                                            retry_at=time.time() + delay, terminal=terminal, action=action)
+        when = "not retried until the spec changes" if terminal else f"retry in {delay:.0f}s"
+        log.warning("%s failed (attempt %d, %s): %s", action.key, attempts, when, message)
+        if action.owner:
+            self.objects.event(*action.owner, "Failed", f"{type(action).__name__}: {message} ({when})",
+                               type_="Warning")
 
     # -- loops -------------------------------------------------------------------------------------
     def converged(self, kinds_names: list[tuple[str, str]] | None = None) -> tuple[bool, list[str]]:
-        """(all Ready, problems): problems are objects Degraded for a reason waiting will not fix."""
+        """(all Ready, problems): problems are objects that are not Ready and will not be until their spec (or what
+        it names) changes: stuck by a rule of the last pass's World, or failed with a TerminalError."""
         ready, problems = True, []
+        terminal = self.world.terminal if self.world is not None else frozenset()
         for st in self.objects.list():
             key = (st.obj.kind, st.obj.metadata.name)
             if kinds_names is not None and key not in kinds_names:
                 continue
             status = st.obj.status
             cond = status.condition("Ready") if status else None
-            if not cond or cond.status != "True":
-                ready = False
+            if cond is not None and cond.status == "True":
+                continue
+            ready = False
+            ref = f"{key[0]}/{key[1]}"
             deg = status.condition("Degraded") if status else None
-            if deg and deg.status == "True" and deg.reason in PERMANENT_REASONS:
-                problems.append(f"{key[0]}/{key[1]}: {deg.reason}: {deg.message}")
+            if ref in terminal and ref not in self.in_flight and deg is not None and deg.status == "True":
+                problems.append(f"{ref}: {deg.reason}: {deg.message}")
         return ready and not self.in_flight, problems
 
     def run_until_converged(self, timeout: float, kinds_names: list[tuple[str, str]] | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from forkd.reconciler.actions import Action
 from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool
 
 
@@ -35,13 +36,16 @@ class ChildState:
 
 @dataclass(frozen=True)
 class Failure:
-    """A recent failure of an action on an object, for back-off: retry not before `retry_at`."""
+    """A recent failure of an action on an object: retried not before `retry_at`; a `terminal` one (a TerminalError)
+    is not retried at all while plan asks for the same `action` (a changed spec asks for another)."""
 
     kind: str
     name: str
     message: str
     attempts: int
     retry_at: float
+    terminal: bool = False
+    action: Action | None = None
 
 
 @dataclass(frozen=True)

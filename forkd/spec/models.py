@@ -4,6 +4,10 @@ ForkBranch. Pure pydantic v2 models: strict (unknown fields are errors), no I/O.
 Field names are camelCase as users write them in YAML; Python attributes are snake_case where they differ
 (`from` is `from_`). Status follows Kubernetes conventions: observedGeneration plus conditions Ready /
 Reconciling / Degraded, and numbers; there is no `phase`.
+
+The fields the core also takes use the field types of forkd.core.requests (a rule is written once), and the
+objects build the core's typed requests: ForkParent -> ParentBuild, ForkLayer -> LayerBuild, ForkPool -> Spawn,
+ForkBranch -> Branch (a compaction takes nothing from a spec: the reconciler builds its Compaction itself).
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_serializer, model_validator
 
 from forkd.base.names import NAME_PATTERN
+from forkd.core import requests as rq
+from forkd.core.requests import MAX_FORK, BranchMode, MemoryLimitMiB, MemoryMiB, ModuleName, NetworkMode, Vcpus
 
 API_VERSION = "forkd.dev/v1alpha1"
 KINDS = ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch")
 CONDITION_TYPES = ("Ready", "Reconciling", "Degraded")
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]
 
 
 class Strict(BaseModel):
@@ -110,10 +115,10 @@ class Warmup(Strict):
 
 class ForkParentSpec(Strict):
     image: ImageRef = Field(default_factory=ImageRef)
-    memoryMiB: int = Field(512, ge=128, le=65536)
-    vcpus: int = Field(1, ge=1, le=64)
+    memoryMiB: MemoryMiB = 512
+    vcpus: Vcpus = 1
     warmup: Warmup = Field(default_factory=Warmup)
-    network: Literal["none", "isolated"] = Field(
+    network: NetworkMode = Field(
         "none", description="isolated: the parent gets a NIC and every child runs in its own network namespace; "
                             "pools using it must say child.network: isolated")
 
@@ -129,6 +134,14 @@ class ForkParent(Strict):
     metadata: Metadata
     spec: ForkParentSpec = Field(default_factory=ForkParentSpec)
     status: ForkParentStatus | None = None
+
+    def to_request(self, tag: str, image_id: str | None = None,
+                   labels: dict[str, str] | None = None) -> rq.ParentBuild:
+        """The core's request to build this parent as snapshot `tag` from image `image_id` (None: the default)."""
+        s, w = self.spec, self.spec.warmup
+        return rq.ParentBuild.of(tag=tag, memory_mib=s.memoryMiB, vcpus=s.vcpus, warm_imports=tuple(w.imports),
+                                 warm_run=tuple(w.run), warm_exec=tuple(w.exec), network=s.network,
+                                 image_id=image_id, labels=labels or {})
 
 
 # -- ForkLayer --------------------------------------------------------------------------------------
@@ -150,11 +163,16 @@ class ForkLayer(Strict):
     spec: ForkLayerSpec
     status: ForkLayerStatus | None = None
 
+    def to_request(self, tag: str, parent_tag: str, labels: dict[str, str] | None = None) -> rq.LayerBuild:
+        """The core's request to build this layer as snapshot `tag` on `parent_tag` (its `from`'s snapshot)."""
+        return rq.LayerBuild.of(tag=tag, parent_tag=parent_tag, run=tuple(self.spec.run),
+                                imports=tuple(self.spec.imports), labels=labels or {})
+
 
 # -- ForkPool ---------------------------------------------------------------------------------------
 class ChildSpec(Strict):
-    memoryLimitMiB: int | None = Field(None, ge=64)
-    network: Literal["isolated", "none"] = "none"
+    memoryLimitMiB: MemoryLimitMiB | None = None
+    network: NetworkMode = "none"
     ttlSeconds: int | None = Field(None, ge=1, description="claimed children are killed this long after claim")
 
 
@@ -168,8 +186,8 @@ class Compaction(Strict):
 
 class ForkPoolSpec(Strict):
     from_: Name = Field(alias="from", description="a ForkParent or ForkLayer name")
-    warm: int = Field(0, ge=0, le=1000, description="children kept restored, idle and answering")
-    maxChildren: int = Field(64, ge=1, le=1000, description="cap on warm + claimed children")
+    warm: int = Field(0, ge=0, le=MAX_FORK, description="children kept restored, idle and answering")
+    maxChildren: int = Field(64, ge=1, le=MAX_FORK, description="cap on warm + claimed children")
     child: ChildSpec = Field(default_factory=ChildSpec)
     spawnLatencyTarget: SpawnLatencyTarget | None = None
     compaction: Compaction | None = None
@@ -192,11 +210,16 @@ class ForkPool(Strict):
     spec: ForkPoolSpec
     status: ForkPoolStatus | None = None
 
+    def to_request(self, tag: str, n: int) -> rq.Spawn:
+        """The core's request to restore `n` children of snapshot `tag` for this pool (their network follows the
+        snapshot's; the reconciler refuses a pool whose child.network does not match its parent's)."""
+        return rq.Spawn.of(tag=tag, n=n, pool=self.metadata.name, memory_limit_mib=self.spec.child.memoryLimitMiB)
+
 
 # -- ForkBranch -------------------------------------------------------------------------------------
 class ForkBranchSpec(Strict):
     sandbox: str = Field(min_length=1, description="a child id, or pool/<name> for one of its claimed children")
-    mode: Literal["live", "diff", "full"] = "live"
+    mode: BranchMode = "live"
     wait: bool = False
 
 
@@ -210,6 +233,10 @@ class ForkBranch(Strict):
     metadata: Metadata
     spec: ForkBranchSpec
     status: ForkBranchStatus | None = None
+
+    def to_request(self, child_id: str, tag: str, labels: dict[str, str] | None = None) -> rq.Branch:
+        """The core's request to snapshot the running child `child_id` as `tag` (the reconciler waits for it)."""
+        return rq.Branch.of(child_id=child_id, tag=tag, mode=self.spec.mode, wait=True, labels=labels or {})
 
 
 ForkObject = ForkParent | ForkLayer | ForkPool | ForkBranch
