@@ -12,8 +12,7 @@ import typer
 import yaml
 
 from forkd.cli.output import Fmt, emit, err, out
-from forkd.client import backend
-from forkd.reconciler.control import applyset_id, parse_ref, resolve_kind
+from forkd.client import applyset_id, backend, parse_ref, resolve_kind
 from forkd.spec.loader import build_values, load_paths
 from forkd.spec.models import to_document
 
