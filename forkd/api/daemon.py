@@ -82,6 +82,25 @@ def _audit_hook(audit: AuditLog):
     return on_action
 
 
+def _watch(control: Control, watch: Path) -> Observer:
+    """Apply `watch` now and on every change (GitOps); returns the running observer."""
+    def sync() -> None:
+        try:
+            report = sync_directory(control, watch)
+            for f, e in report.errors.items():
+                log.warning("%s: %s", f, e)
+            changed = [f"{c.kind}/{c.name} {c.change}" for c in report.changes if c.change != "unchanged"]
+            if changed:
+                log.info("watch %s: %s", watch, ", ".join(changed))
+        except Exception:  # noqa: BLE001 - a broken sync must not stop the daemon
+            log.exception("sync of %s failed", watch)
+    sync()
+    observer = Observer()
+    observer.schedule(_Debounced(sync), str(watch), recursive=True)
+    observer.start()
+    return observer
+
+
 def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind: str | None = None,
           token_file: Path | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -100,22 +119,7 @@ def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind
     stop = threading.Event()
     loop = threading.Thread(target=control.reconciler.run_forever, args=(stop, interval), name="forkd-loop",
                             daemon=True)
-    observer = None
-    if watch is not None:
-        def sync() -> None:
-            try:
-                report = sync_directory(control, watch)
-                for f, e in report.errors.items():
-                    log.warning("%s: %s", f, e)
-                changed = [f"{c.kind}/{c.name} {c.change}" for c in report.changes if c.change != "unchanged"]
-                if changed:
-                    log.info("watch %s: %s", watch, ", ".join(changed))
-            except Exception:  # noqa: BLE001 - a broken sync must not stop the daemon
-                log.exception("sync of %s failed", watch)
-        sync()
-        observer = Observer()
-        observer.schedule(_Debounced(sync), str(watch), recursive=True)
-        observer.start()
+    observer = _watch(control, watch) if watch is not None else None
     sock = layout.daemon_socket
     sock.unlink(missing_ok=True)
     from forkd.api.app import create_app

@@ -218,6 +218,6 @@ def claim(pool: str, n: int = typer.Option(1, "-n", help="how many children"),
         print(json.dumps({"children": data, "claim_ms": took}, indent=2))
         return
     emit({"children": data, "claim_ms": took}, output, [("ID", "left"), ("SNAPSHOT", "left"), ("AGENT SOCKET", "left")],
-         [[d["id"], d["snapshot"], d["agent_socket"]] for d in data])
+         [[d["id"], d["snapshot"], d["agent_socket"] or "- (on the daemon's host)"] for d in data])
     if output == Fmt.table:
         out.print(f"claimed {len(data)} in {took:.1f} ms; use: forkd exec ID -- CMD, forkd eval ID EXPR")

@@ -27,7 +27,9 @@ from forkd.client import Compaction, LayerBuild, ParentBuild, Spawn, backend
 
 app = typer.Typer(
     help="forkd: copy-on-write microVM sandboxes. Boot a parent once, snapshot it warm, fork children in "
-         "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd).",
+         "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd). Commands go to the daemon named "
+         "by $FORKD_URL (+ $FORKD_TOKEN), else to the one answering on $FORKD_HOME/forkd.sock, else run in-process "
+         "(FORKD_NO_DAEMON=1 forces that).",
     no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]})
 image_app = typer.Typer(help="Guest images (kernel + initramfs with Python and the forkd agent).",
@@ -305,7 +307,7 @@ def serve(watch: Path | None = typer.Option(None, help="apply this directory on 
           token_file: Path | None = typer.Option(None, "--token-file", help="bearer token file for TCP (0600; "
                                                                              "created if missing)")) -> None:
     """Run the daemon: the reconcile loop, the API on $FORKD_HOME/forkd.sock, and the children it owns.
-    While it runs, apply/get/claim go through it."""
+    While it runs, every forkd command on this host goes through it (elsewhere: set FORKD_URL and FORKD_TOKEN)."""
     argv = [sys.executable, "-m", "forkd.api", "serve", "--interval", str(interval)]
     if bind is not None:
         argv += ["--bind", bind]
