@@ -23,8 +23,12 @@ from forkd.core.requests import Compaction, LayerBuild, ParentBuild, Spawn
 
 def build_forkd_router(backend: LocalBackend) -> APIRouter:
     r = APIRouter(tags=["forkd"])
-    b = backend
+    _snapshot_routes(r, backend)
+    _child_and_host_routes(r, backend)
+    return r
 
+
+def _snapshot_routes(r: APIRouter, b: LocalBackend) -> None:
     @r.get("/v1/manifests")
     def snapshots() -> list[dict[str, Any]]:
         return b.snapshots()
@@ -61,6 +65,8 @@ def build_forkd_router(backend: LocalBackend) -> APIRouter:
     def from_image(req: wire.FromImageRequest) -> dict[str, Any]:
         return b.from_image(**req.model_dump())
 
+
+def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
     @r.get("/v1/children")
     def children() -> list[dict[str, Any]]:
         return b.children()
@@ -101,5 +107,3 @@ def build_forkd_router(backend: LocalBackend) -> APIRouter:
     @r.post("/v1/push")
     def push(req: wire.PushRequest) -> dict[str, Any]:
         return b.push(req.tag, req.ref, req.hub, force=req.force)
-
-    return r
