@@ -61,6 +61,19 @@ def test_problem_answers_map_to_the_error_types():
         assert exc.exit_code == kind.exit_code
 
 
+def test_the_sdk_finds_the_daemon_of_forkd_home(elsewhere, monkeypatch):
+    """One discovery (forkd.client.http.find_daemon) for SDK and CLI: $FORKD_HOME's socket, not /var/lib/forkd."""
+    monkeypatch.delenv("FORKD_URL", raising=False)
+    monkeypatch.setenv("FORKD_HOME", str(elsewhere))
+    assert Controller().socket is None and Controller().base_url == "http://127.0.0.1:8889"  # upstream's default
+    (elsewhere / "forkd.sock").touch()
+    assert Controller().socket == str(elsewhere / "forkd.sock")
+    res = cli(dict(os.environ), "ls")  # a stale socket file (no daemon answers): the CLI runs in-process
+    assert res.returncode == 0, res.stderr
+    monkeypatch.setenv("FORKD_URL", "http://node:8889/")
+    assert (Controller().socket, Controller().base_url) == (None, "http://node:8889")
+
+
 # -- a real daemon over TCP ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def daemon(home, base, tmp_path_factory):
