@@ -2,7 +2,7 @@
 bearer token. It is the SDK's HTTP client (forkd.client.api.Client) plus the forkd-native routes of
 forkd/api/routes_forkd.py, whose answers are LocalBackend's JSON; failures are forkd.base.errors types.
 
-Progress callbacks are accepted for the Backend protocol and not called: the daemon does the work."""
+Long verbs report one progress line (the daemon does the work and answers when it is done)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ class RemoteBackend:
 
     def _call(self, method: str, path: str, timeout: float | None = None, **kw) -> Any:
         return self.api._send(Call(method, path, timeout=timeout, **kw))
+
+    def _long(self, progress: Progress, method: str, path: str, json: Any) -> Any:
+        progress(f"working on the daemon at {self.api.endpoint.where}; waiting for its answer")
+        return self._call(method, path, timeout=LONG, json=json)
 
     def _here(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Child views with agent sockets only where they are reachable (the daemon's host)."""
@@ -75,19 +79,19 @@ class RemoteBackend:
 
     # -- images --------------------------------------------------------------------------------------
     def build_image(self, force: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._call("POST", "/v1/build/image", json={"force": force}, timeout=LONG)
+        return self._long(progress, "POST", "/v1/build/image", {"force": force})
 
     def build_debian(self, packages: list[str], suite: str | None = None, force: bool = False,
                      rootfs: str = "auto", progress: Progress = _quiet) -> dict[str, Any]:
         body = {"packages": packages, "suite": suite, "force": force, "rootfs": rootfs}
-        return self._call("POST", "/v1/build/debian", json=body, timeout=LONG)
+        return self._long(progress, "POST", "/v1/build/debian", body)
 
     def from_image(self, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
                    warm_run: list[str] = (), pip: list[str] = (), apt: list[str] = (), rootfs: str = "auto",
                    progress: Progress = _quiet) -> dict[str, Any]:
         body = {"ref": ref, "tag": tag, "memory_mib": memory_mib, "vcpus": vcpus, "warm_imports": list(warm_imports),
                 "warm_run": list(warm_run), "pip": list(pip), "apt": list(apt), "rootfs": rootfs}
-        return self._call("POST", "/v1/build/from-image", json=body, timeout=LONG)
+        return self._long(progress, "POST", "/v1/build/from-image", body)
 
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshots(self) -> list[dict[str, Any]]:
@@ -97,13 +101,13 @@ class RemoteBackend:
         return self._call("GET", f"/v1/manifests/{quote(tag)}")
 
     def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._call("POST", "/v1/build/parent", json=req.model_dump(mode="json"), timeout=LONG)
+        return self._long(progress, "POST", "/v1/build/parent", req.model_dump(mode="json"))
 
     def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._call("POST", "/v1/build/layer", json=req.model_dump(mode="json"), timeout=LONG)
+        return self._long(progress, "POST", "/v1/build/layer", req.model_dump(mode="json"))
 
     def compact(self, req: Compaction, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._call("POST", "/v1/build/compaction", json=req.model_dump(mode="json"), timeout=LONG)
+        return self._long(progress, "POST", "/v1/build/compaction", req.model_dump(mode="json"))
 
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
         params = {k: "true" for k, v in (("cascade", cascade), ("force", force)) if v}
@@ -114,7 +118,7 @@ class RemoteBackend:
         return self._here(self._call("GET", "/v1/children"))
 
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
-        res = self._call("POST", "/v1/children", json=req.model_dump(mode="json"), timeout=LONG)
+        res = self._long(progress, "POST", "/v1/children", req.model_dump(mode="json"))
         return self._here(res["children"])
 
     def exec(self, child: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
@@ -148,22 +152,21 @@ class RemoteBackend:
         return self._call("POST", "/v1/gc", json={"dry_run": dry_run, "grace": grace})
 
     def doctor(self, reprobe: bool = False, progress: Progress = _quiet) -> list[dict[str, Any]]:
-        return self._call("POST", "/v1/doctor", json={"reprobe": reprobe}, timeout=LONG)
+        return self._long(progress, "POST", "/v1/doctor", {"reprobe": reprobe})
 
     def audit_verify(self) -> dict[str, Any]:
         return self._call("GET", "/v1/audit/verify")
 
     def pack(self, tag: str, path: str, level: int = 3, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._call("POST", "/v1/pack", json={"tag": tag, "path": path, "level": level}, timeout=LONG)
+        return self._long(progress, "POST", "/v1/pack", {"tag": tag, "path": path, "level": level})
 
     def unpack(self, path: str, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._call("POST", "/v1/unpack", json={"path": path}, timeout=LONG)
+        return self._long(progress, "POST", "/v1/unpack", {"path": path})
 
     def pull(self, ref: str, hub: str | None = None, progress: Progress = _quiet,
              on_bytes: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/pull", json={"ref": ref, "hub": hub}, timeout=LONG)
+        return self._long(progress, "POST", "/v1/pull", {"ref": ref, "hub": hub})
 
     def push(self, tag: str, ref: str, hub: str | None = None, force: bool = False,
              progress: Progress = _quiet) -> dict[str, Any]:
-        return self._call("POST", "/v1/push", json={"tag": tag, "ref": ref, "hub": hub, "force": force},
-                          timeout=LONG)
+        return self._long(progress, "POST", "/v1/push", {"tag": tag, "ref": ref, "hub": hub, "force": force})
