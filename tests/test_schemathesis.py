@@ -31,7 +31,10 @@ from forkd.base.paths import Layout
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 
-EXCLUDED = r"^/v1/(sandboxes|snapshots(/[^/]+/compact)?|pools/[^/]+/claim|sandboxes/[^/]+/branch)$"
+# forkd's own verbs: builds and forks boot VMs; gc sweeps host-wide leftovers by name; doctor probes with a boot;
+# pack/unpack/pull/push read and write the paths they are given
+EXCLUDED = (r"^/v1/(sandboxes|snapshots(/[^/]+/compact)?|pools/[^/]+/claim|sandboxes/[^/]+/branch"
+            r"|build/[a-z-]+|children|gc|doctor|pack|unpack|pull|push)$")
 
 
 @pytest.fixture(scope="module")

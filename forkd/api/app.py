@@ -3,7 +3,8 @@ see forkd.api.auth). It parses requests, calls forkd.reconciler.control and the 
 problem details (application/problem+json) with the status code of their kind.
 
 Routes: the upstream-compatible `/v1/snapshots`, `/v1/sandboxes` and ours (`/v1/pools`..., files) are in
-routes_v1.py; the declarative routes the CLI uses (apply, diff, objects, claim, wait) are here."""
+routes_v1.py; the routes of forkd's other CLI verbs (snapshots, children, gc, doctor, packs) in routes_forkd.py;
+the declarative routes the CLI uses (apply, diff, objects, claim, wait) are here."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from starlette.routing import Match
 from forkd import __version__
 from forkd.api.audit import Gate
 from forkd.api.metrics import Metrics
-from forkd.api.routes_v1 import NotSupported, build_router
-from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.api.routes_forkd import build_forkd_router
+from forkd.api.routes_v1 import build_router
+from forkd.base.errors import ForkdError, InvalidInput, NotFound
+from forkd.client.local import LocalBackend
 from forkd.core.audit import AuditLog
 from forkd.reconciler.control import Control
 from forkd.spec.models import MODELS, to_document
 
-STATUS = {InvalidInput: 400, NotFound: 404, Conflict: 409, NotSupported: 501}
 PROBLEM = "application/problem+json"
 
 
@@ -45,7 +47,8 @@ PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "det
                   "additionalProperties": True}
 PROBLEM_CODES = {"400": "bad input", "401": "missing or wrong bearer token", "404": "not found",
                  "405": "method not allowed", "409": "conflict: not ready, in use, or owned by another manager",
-                 "422": "invalid request body or document", "500": "internal error", "501": "not implemented"}
+                 "422": "invalid request body or document", "500": "internal error", "501": "not implemented",
+                 "503": "unavailable", "504": "timed out"}
 
 
 def document_problems(app: FastAPI) -> None:
@@ -115,7 +118,7 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
 
     @app.exception_handler(ForkdError)
     async def forkd_error(_: Request, exc: ForkdError) -> JSONResponse:
-        code = next((c for t, c in STATUS.items() if isinstance(exc, t)), 500)
+        code = exc.http_status
         metrics.errors.labels(type(exc).__name__, str(code)).inc()
         return problem(code, type(exc).__name__, exc.message, exc.hint)
 
@@ -168,6 +171,7 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(build_router(control, metrics))
+    app.include_router(build_forkd_router(LocalBackend(control)))
 
     @app.post("/v1/apply")
     def apply(req: ApplyRequest) -> dict:

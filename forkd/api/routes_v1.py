@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse
 
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.client import wire
-from forkd.client.backends import child_view
 from forkd.reconciler.control import Control, resolve_kind
 from forkd.spec.models import MODELS, to_document
 
@@ -22,6 +21,8 @@ FILE_NOT_FOUND = {"FileNotFoundError", "IsADirectoryError", "NotADirectoryError"
 
 class NotSupported(ForkdError):
     """A field upstream has and forkd does not implement yet: 501."""
+
+    http_status = 501
 
 
 def build_router(control: Control, metrics) -> APIRouter:
@@ -169,8 +170,8 @@ def build_router(control: Control, metrics) -> APIRouter:
         recs = control.claim(name, req.n)
         dt = time.perf_counter() - t0
         metrics.claim_seconds.observe(dt)
-        return wire.ClaimResult(children=[child_view(x) for x in recs], sandboxes=[wire.sandbox_info(x) for x in recs],
-                                claim_ms=dt * 1000.0)
+        return wire.ClaimResult(children=[wire.child_view(x) for x in recs],
+                                sandboxes=[wire.sandbox_info(x) for x in recs], claim_ms=dt * 1000.0)
 
     return r
 

@@ -1,1 +1,1 @@
-"""The `forkd` command line: parses, calls forkd.core, prints. No logic of its own."""
+"""The `forkd` command line: parses, calls a verb of forkd.client's backend, prints. No logic of its own."""

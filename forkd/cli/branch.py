@@ -8,6 +8,7 @@ from enum import StrEnum
 import typer
 
 from forkd.cli.output import Fmt, emit, err, ms, out
+from forkd.client import Branch, backend
 
 OUTPUT_HELP = "table, json or yaml"
 
@@ -59,21 +60,17 @@ def branch_cmd(child: str = typer.Argument(..., help="id of the running child to
     With --no-wait this command returns as soon as the child runs again and prints the 'writing' snapshot; the
     conversion continues in this process, which exits only once the snapshot is ready or failed (a daemon
     returns at once)."""
-    from forkd.core.branch import branch, wait_background
-    from forkd.core.runtime import Runtime
-
-    res = branch(Runtime(), child, tag, mode=mode.value, wait=not no_wait)
-    data = res.to_json()
-    emit(data, output, [("TAG", "left"), ("STATUS", "left"), ("MODE", "left"), ("SOURCE", "left"),
-                        ("PAUSE ms", "right"), ("RETURNED ms", "right")],
-         [[res.snapshot.tag, res.snapshot.status, res.mode, res.source,
-           ms(res.pause_ms), ms(res.returned_ms)]])
+    b = backend()
+    res = b.branch(Branch.of(child_id=child, tag=tag, mode=mode.value, wait=not no_wait))
+    snap = res["snapshot"]
+    emit(res, output, [("TAG", "left"), ("STATUS", "left"), ("MODE", "left"), ("SOURCE", "left"),
+                       ("PAUSE ms", "right"), ("RETURNED ms", "right")],
+         [[snap["tag"], snap["status"], res["mode"], res["source"], ms(res["pause_ms"]), ms(res["returned_ms"])]])
     if no_wait:
         sys.stdout.flush()
-        # the conversion runs in a thread of this process: keep the process alive until it ends
         if output == Fmt.table:
             err.print("[dim]source running again; converting in the background[/]")
-        wait_background()
-        if output == Fmt.table:
-            snap = Runtime().store.get(tag)
-            out.print(f"{tag}: {snap.status}" + (f" ({snap.error})" if snap.error else ""))
+        # in-process, the conversion runs in a thread of this process: settle() waits for it (a daemon: None)
+        done = b.settle(tag)
+        if done is not None and output == Fmt.table:
+            out.print(f"{tag}: {done['status']}" + (f" ({done['error']})" if done.get("error") else ""))

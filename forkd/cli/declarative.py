@@ -12,8 +12,7 @@ import typer
 import yaml
 
 from forkd.cli.output import Fmt, emit, err, out
-from forkd.client import backend
-from forkd.reconciler.control import applyset_id, parse_ref, resolve_kind
+from forkd.client import applyset_id, backend, parse_ref, resolve_kind
 from forkd.spec.loader import build_values, load_paths
 from forkd.spec.models import to_document
 
@@ -219,6 +218,6 @@ def claim(pool: str, n: int = typer.Option(1, "-n", help="how many children"),
         print(json.dumps({"children": data, "claim_ms": took}, indent=2))
         return
     emit({"children": data, "claim_ms": took}, output, [("ID", "left"), ("SNAPSHOT", "left"), ("AGENT SOCKET", "left")],
-         [[d["id"], d["snapshot"], d["agent_socket"]] for d in data])
+         [[d["id"], d["snapshot"], d["agent_socket"] or "- (on the daemon's host)"] for d in data])
     if output == Fmt.table:
         out.print(f"claimed {len(data)} in {took:.1f} ms; use: forkd exec ID -- CMD, forkd eval ID EXPR")

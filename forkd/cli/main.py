@@ -1,6 +1,8 @@
-"""`forkd` command line. Each command parses its arguments, calls forkd.core, and prints.
+"""`forkd` command line. Each command parses its arguments, calls its verb on `backend()` (forkd.client: the
+daemon named by FORKD_URL/FORKD_TOKEN or answering on $FORKD_HOME/forkd.sock, else in-process), and prints.
 
-Exit codes: 0 ok; 1 runtime failure; 2 bad input; 3 not found; 4 conflict / not ready;
+Exit codes: 0 ok; 1 runtime failure; 2 bad input; 3 not found; 4 conflict / not ready; 5 timed out;
+6 daemon unavailable;
 `exec` exits with the guest command's own exit code (124 when it timed out).
 """
 
@@ -15,18 +17,19 @@ import typer
 from rich.markup import escape
 
 from forkd import __version__
-from forkd.base.errors import ForkdError
+from forkd.base.errors import ForkdError, InvalidInput
 from forkd.cli import branch as branch_cli
 from forkd.cli import config, declarative, k8s
 from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
 from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
-from forkd.core.runtime import Runtime
-from forkd.store.snapshot import CorruptManifest
+from forkd.client import Compaction, LayerBuild, ParentBuild, Spawn, backend
 
 app = typer.Typer(
     help="forkd: copy-on-write microVM sandboxes. Boot a parent once, snapshot it warm, fork children in "
-         "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd).",
+         "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd). Commands go to the daemon named "
+         "by $FORKD_URL (+ $FORKD_TOKEN), else to the one answering on $FORKD_HOME/forkd.sock, else run in-process "
+         "(FORKD_NO_DAEMON=1 forces that).",
     no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]})
 image_app = typer.Typer(help="Guest images (kernel + initramfs with Python and the forkd agent).",
@@ -36,10 +39,6 @@ app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
-
-
-def rt() -> Runtime:
-    return Runtime()
 
 
 @app.command()
@@ -54,15 +53,12 @@ def doctor(output: Fmt = OUTPUT,
            reprobe: bool = typer.Option(False, help="probe the accelerator again instead of using the cache")) -> None:
     """Check this host: QEMU, kernel and image, accelerator (real boot probe), userfaultfd, space, cgroups,
     netns. Exits 1 if any check FAILs."""
-    from forkd.core.doctor import run_checks
-
-    checks = run_checks(rt(), reprobe=reprobe, progress=Progress(quiet=output != Fmt.table))
-    data = [c.__dict__ for c in checks]
+    checks = backend().doctor(reprobe=reprobe, progress=Progress(quiet=output != Fmt.table))
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}
-    emit(data, output, [("CHECK", "left"), ("STATUS", "left"), ("DETAIL", "left")],
-         [[c.name, f"[{colour[c.status]}]{c.status}[/]", c.detail + (f"\n[dim]fix: {c.fix}[/]" if c.fix else "")]
-          for c in checks])
-    if any(c.status == "FAIL" for c in checks):
+    emit(checks, output, [("CHECK", "left"), ("STATUS", "left"), ("DETAIL", "left")],
+         [[c["name"], f"[{colour[c['status']]}]{c['status']}[/]",
+           c["detail"] + (f"\n[dim]fix: {c['fix']}[/]" if c["fix"] else "")] for c in checks])
+    if any(c["status"] == "FAIL" for c in checks):
         raise typer.Exit(1)
 
 
@@ -79,10 +75,9 @@ def image_build(force: bool = typer.Option(False, help="rebuild even if the cach
     """Build the default guest image from Debian packages (cached by content; rebuilt only on change)."""
     if debian_packages:
         return images_cli.debian_build(debian_packages, suite, force, output, rootfs.value)
-    image, built = rt().build_image(Progress(quiet=output != Fmt.table), force=force)
-    data = dict(image.meta, built_now=built, path=str(image.dir))
+    data = backend().build_image(force=force, progress=Progress(quiet=output != Fmt.table))
     emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("INITRD", "right"), ("PATH", "left")],
-         [[image.id, "built" if built else "cached", size(image.meta.get("initrd_bytes")), str(image.dir)]])
+         [[data["id"], "built" if data["built_now"] else "cached", size(data.get("initrd_bytes")), data["path"]]])
 
 
 # -- snapshots ------------------------------------------------------------------------------------
@@ -99,30 +94,29 @@ def snapshot_create(
                                     help="none, or isolated: a NIC, and each child in its own network namespace"),
         output: Fmt = OUTPUT) -> None:
     """Boot a parent VM, warm it up, pause it and write a snapshot children can fork from."""
-    snap = rt().create_snapshot(tag, memory_mib, vcpus, tuple(warm_import), tuple(warm_run),
-                                progress=Progress(quiet=output != Fmt.table), warm_exec=tuple(warm_exec),
-                                network=network)
-    t = snap.timings_ms
-    emit(snap.to_json(), output, [("TAG", "left"), ("STATUS", "left"), ("BOOT ms", "right"), ("WARM ms", "right"),
-                                  ("SAVE ms", "right"), ("MEMORY", "right")],
-         [[snap.tag, snap.status, ms(t.get("boot")), ms(t.get("warmup")), ms(t.get("save")),
-           f"{size(snap.memory_stored_bytes)} of {size(snap.memory_bytes)}"]])
+    req = ParentBuild.of(tag=tag, memory_mib=memory_mib, vcpus=vcpus, warm_imports=tuple(warm_import),
+                         warm_run=tuple(warm_run), warm_exec=tuple(warm_exec), network=network)
+    snap = backend().create_snapshot(req, progress=Progress(quiet=output != Fmt.table))
+    t = snap["timings_ms"]
+    emit(snap, output, [("TAG", "left"), ("STATUS", "left"), ("BOOT ms", "right"), ("WARM ms", "right"),
+                        ("SAVE ms", "right"), ("MEMORY", "right")],
+         [[snap["tag"], snap["status"], ms(t.get("boot")), ms(t.get("warmup")), ms(t.get("save")),
+           f"{size(snap['memory_stored_bytes'])} of {size(snap['memory_bytes'])}"]])
 
 
 @app.command()
 def snapshots(output: Fmt = OUTPUT) -> None:
     """List snapshots."""
-    items = rt().snapshots()
-    data, rows = [], []
-    for s in items:
-        if isinstance(s, CorruptManifest):
-            data.append({"error": s.message})
-            rows.append(["?", "corrupt", "-", "-", "-", "-", s.message])
+    data = backend().snapshots()
+    rows = []
+    for s in data:
+        if "tag" not in s:
+            rows.append(["?", "corrupt", "-", "-", "-", "-", s["error"]])
             continue
-        data.append(s.to_json())
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at))
-        rows.append([s.tag, s.status, str(s.memory_mib), s.accel, size(s.memory_stored_bytes),
-                     size(s.disk_bytes) if s.has_disk else "-", created + (f"  {s.error}" if s.error else "")])
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["created_at"]))
+        rows.append([s["tag"], s["status"], str(s["memory_mib"]), s["accel"], size(s["memory_stored_bytes"]),
+                     size(s["disk_bytes"]) if s.get("disk_sha256") else "-",
+                     created + (f"  {s['error']}" if s.get("error") else "")])
     emit(data, output, [("TAG", "left"), ("STATUS", "left"), ("MiB", "right"), ("ACCEL", "left"),
                         ("STORED", "right"), ("DISK", "right"), ("CREATED", "left")], rows)
 
@@ -130,7 +124,7 @@ def snapshots(output: Fmt = OUTPUT) -> None:
 @app.command("snapshot-info")
 def snapshot_info(tag: str, output: Fmt = OUTPUT) -> None:
     """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
-    info = rt().snapshot_info(tag)
+    info = backend().snapshot_info(tag)
     keys = ["tag", "status", "error", "path", "depth", "ancestors", "dependents", "materialized", "chain_error",
             "parent_tag", "diff_pages", "memory_mib", "vcpus", "accel", "image_id", "qemu_version",
             "warm_imports", "warm_exec", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "disk_sha256",
@@ -144,7 +138,7 @@ def rmi(tag: str,
                                                                  "running) or layers depend on it"),
         cascade: bool = typer.Option(False, "--cascade", help="also delete the layers built on it")) -> None:
     """Delete a snapshot. Refused while children of it run or layers depend on it (409-style exit 4)."""
-    for t in rt().rmi(tag, force=force, cascade=cascade):
+    for t in backend().rmi(tag, force=force, cascade=cascade):
         out.print(f"deleted {t}")
 
 
@@ -156,12 +150,12 @@ def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the 
                   code: list[str] = typer.Option([], "--exec", help="Python code to run in the agent (repeat)"),
                   output: Fmt = OUTPUT) -> None:
     """Build a layer: fork one child of --from, run the steps, and store only the pages that changed."""
-    snap = rt().snapshot_diff(tag, from_, tuple(run), tuple(imports), tuple(code),
-                              progress=Progress(quiet=output != Fmt.table))
-    emit(snap.to_json(), output, [("TAG", "left"), ("FROM", "left"), ("PAGES", "right"), ("STORED", "right"),
-                                  ("OF", "right"), ("BUILD ms", "right")],
-         [[snap.tag, snap.parent_tag or "-", str(snap.diff_pages), size(snap.memory_stored_bytes),
-           size(snap.memory_bytes), ms(sum(snap.timings_ms.values()))]])
+    req = LayerBuild.of(tag=tag, parent_tag=from_, run=tuple(run), imports=tuple(imports), code=tuple(code))
+    snap = backend().snapshot_diff(req, progress=Progress(quiet=output != Fmt.table))
+    emit(snap, output, [("TAG", "left"), ("FROM", "left"), ("PAGES", "right"), ("STORED", "right"),
+                        ("OF", "right"), ("BUILD ms", "right")],
+         [[snap["tag"], snap.get("parent_tag") or "-", str(snap.get("diff_pages")), size(snap["memory_stored_bytes"]),
+           size(snap["memory_bytes"]), ms(sum(snap["timings_ms"].values()))]])
 
 
 @app.command("snapshot-compact")
@@ -169,15 +163,16 @@ def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head t
                      to: str = typer.Option(..., "--to", help="tag of the new base snapshot"),
                      output: Fmt = OUTPUT) -> None:
     """Write a chain head as a base snapshot (flat memory + device state, no ancestors)."""
-    snap = rt().compact(from_, to, progress=Progress(quiet=output != Fmt.table))
-    emit(snap.to_json(), output, [("TAG", "left"), ("FROM", "left"), ("STORED", "right")],
-         [[snap.tag, from_, size(snap.memory_stored_bytes)]])
+    snap = backend().compact(Compaction.of(from_tag=from_, to_tag=to), progress=Progress(quiet=output != Fmt.table))
+    emit(snap, output, [("TAG", "left"), ("FROM", "left"), ("STORED", "right")],
+         [[snap["tag"], from_, size(snap["memory_stored_bytes"])]])
 
 
 # -- children -------------------------------------------------------------------------------------
-def _child_rows(recs) -> list[list[str]]:
-    return [[r.id, r.status, r.snapshot, r.pool or "-", "claimed" if r.claimed else "idle" if r.pool else "-",
-             str(r.pid or "-"), ms(r.timings_ms.get("restore")), ms(r.timings_ms.get("ready"))] for r in recs]
+def _child_rows(recs: list[dict]) -> list[list[str]]:
+    return [[r["id"], r["status"], r["snapshot"], r["pool"] or "-",
+             "claimed" if r["claimed_at"] else "idle" if r["pool"] else "-", str(r["pid"] or "-"),
+             ms(r["timings_ms"].get("restore")), ms(r["timings_ms"].get("ready"))] for r in recs]
 
 
 CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("POOL", "left"), ("CLAIM", "left"),
@@ -196,12 +191,11 @@ def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from
          output: Fmt = OUTPUT) -> None:
     """Fork N children of a snapshot; returns when every child answered. Children outlive this command."""
     t0 = time.perf_counter()
-    recs = rt().fork(tag, n, timeout=timeout, progress=Progress(quiet=output != Fmt.table),
-                     network="isolated" if per_child_netns else None, memory_limit_mib=memory_limit_mib,
-                     allow_unconstrained=allow_unconstrained)
+    req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
+                   memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained)
+    recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
-    emit({"children": [r.to_json() for r in recs], "all_answered_ms": total}, output, CHILD_COLUMNS,
-         _child_rows(recs))
+    emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, _child_rows(recs))
     if output == Fmt.table:
         out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
 
@@ -212,7 +206,7 @@ def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would 
        output: Fmt = OUTPUT) -> None:
     """Adopt live children; remove dead ones and orphaned namespaces, veths, taps, cgroups, sockets, memory
     files and VMM processes (identified by recorded pid + start time, or by our naming, never by process name)."""
-    rep = rt().gc(dry_run=dry_run, grace=grace)
+    rep = backend().gc(dry_run=dry_run, grace=grace)
     kinds = ("reaped", "processes", "netns", "veths", "leases", "cgroups", "dirs", "memory_files", "overlay_templates")
     emit(rep, output, [("KIND", "left"), ("COUNT", "right"), ("ITEMS", "left")],
          [[k, str(len(rep[k])), " ".join(str(x) for x in rep[k][:6])] for k in ("adopted", *kinds)])
@@ -224,8 +218,8 @@ def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would 
 @app.command("ls")
 def ls(output: Fmt = OUTPUT) -> None:
     """List children (running, dead = its VMM is gone, failed)."""
-    recs = rt().children()
-    emit([dict(r.to_json(), status=r.status) for r in recs], output, CHILD_COLUMNS, _child_rows(recs))
+    recs = backend().children()
+    emit(recs, output, CHILD_COLUMNS, _child_rows(recs))
 
 
 @app.command("exec", context_settings={"allow_interspersed_args": False})
@@ -237,7 +231,9 @@ def exec_(child: str, cmd: list[str] = typer.Argument(None, help="command and ar
     argv = list(cmd or [])
     if argv[:1] == ["--"]:
         argv = argv[1:]
-    res = rt().exec(child, argv, cwd=cwd, timeout=timeout)
+    if not argv:
+        raise InvalidInput("exec needs a command", hint="forkd exec ID -- CMD [ARGS...]")
+    res = backend().exec(child, argv, cwd=cwd, timeout=timeout)
     if output != Fmt.table:
         emit(res, output)
     else:
@@ -252,7 +248,7 @@ def exec_(child: str, cmd: list[str] = typer.Argument(None, help="command and ar
 def eval_(child: str, code: str, output: Fmt = OUTPUT,
           timeout: float = typer.Option(60.0, help="seconds to wait for the answer")) -> None:
     """Evaluate a Python expression in the child's warm interpreter and print its repr."""
-    res = rt().eval(child, code, timeout=timeout)
+    res = backend().eval(child, code, timeout=timeout)
     if output != Fmt.table:
         emit(res, output)
     else:
@@ -269,7 +265,7 @@ def eval_(child: str, code: str, output: Fmt = OUTPUT,
 def ping(child: str) -> None:
     """Check that a child's agent answers."""
     t0 = time.perf_counter()
-    rt().ping(child)
+    backend().ping(child)
     out.print(f"{child}: pong in {(time.perf_counter() - t0) * 1000:.1f} ms")
 
 
@@ -278,7 +274,7 @@ def kill(ids: list[str] = typer.Argument(None, help="child ids"),
          all_: bool = typer.Option(False, "--all", help="kill every child"),
          tag: str | None = typer.Option(None, "--tag", help="kill the children of this snapshot")) -> None:
     """Stop children and remove their records (dead ones too)."""
-    for cid, was_running in rt().kill(ids, all_=all_, tag=tag):
+    for cid, was_running in backend().kill(ids, all_=all_, tag=tag):
         out.print(f"{cid}: {'killed' if was_running else 'removed (was not running)'}")
 
 
@@ -290,10 +286,9 @@ def quickstart(spec: Path = typer.Option(Path("specs/examples/pool.yaml"), "-f",
                output: Fmt = OUTPUT) -> None:
     """The whole tour: apply a parent + pool spec, wait until the pool is warm, claim N children, and run an
     eval and an exec in each."""
-    from forkd.client import backend
     from forkd.client.quickstart import run_quickstart
 
-    result = run_quickstart(backend(), rt(), spec, n, keep, progress=Progress(quiet=output != Fmt.table))
+    result = run_quickstart(backend(), spec, n, keep, progress=Progress(quiet=output != Fmt.table))
     emit(result, output, [("CHILD", "left"), ("EVAL ms", "right"), ("EVAL", "left"), ("EXEC ms", "right"),
                           ("EXEC stdout", "left")],
          [[c["id"], ms(c["eval_ms"]), c["eval"], ms(c["exec_ms"]), c["exec_stdout"]] for c in result["children"]])
@@ -312,7 +307,7 @@ def serve(watch: Path | None = typer.Option(None, help="apply this directory on 
           token_file: Path | None = typer.Option(None, "--token-file", help="bearer token file for TCP (0600; "
                                                                              "created if missing)")) -> None:
     """Run the daemon: the reconcile loop, the API on $FORKD_HOME/forkd.sock, and the children it owns.
-    While it runs, apply/get/claim go through it."""
+    While it runs, every forkd command on this host goes through it (elsewhere: set FORKD_URL and FORKD_TOKEN)."""
     argv = [sys.executable, "-m", "forkd.api", "serve", "--interval", str(interval)]
     if bind is not None:
         argv += ["--bind", bind]
@@ -332,11 +327,9 @@ app.add_typer(audit_app, name="audit")
 @audit_app.command("verify")
 def audit_verify() -> None:
     """Check the audit log's hash chain: prints OK, or the first bad line and exits 1."""
-    from forkd.core.audit import verify
-
-    verdict = verify(rt().layout.home)
-    out.print(str(verdict))
-    if not verdict.ok:
+    verdict = backend().audit_verify()
+    out.print(verdict["text"])
+    if not verdict["ok"]:
         raise typer.Exit(1)
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 import typer
 
 from forkd.cli.output import Fmt, Progress, emit, err, out, size
+from forkd.client import backend, hub_server
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
-HUB = typer.Option(None, "--hub", help="hub base URL (default: $FORKD_HUB): http://... or file:///dir")
+HUB = typer.Option(None, "--hub", envvar="FORKD_HUB", help="hub base URL (default: $FORKD_HUB): http://... or "
+                                                              "file:///dir")
 
 hub_app = typer.Typer(help="Serve a directory as a forkd hub.", no_args_is_help=True)
 
@@ -63,10 +65,7 @@ def pack_cmd(tag: str = typer.Option(..., "--tag", "-t", help="chain head to pac
              level: int = typer.Option(3, "--level", help="zstandard level (1-19)"),
              json_: bool = typer.Option(False, "--json", help="print the result as JSON")) -> None:
     """Bundle a snapshot, its ancestors and its guest image into one verified .tar.zst."""
-    from forkd.core.pack import pack
-    from forkd.core.runtime import Runtime
-
-    res = pack(Runtime(), tag, output_file, Progress(json_), level=level)
+    res = backend().pack(tag, str(output_file.resolve()), level=level, progress=Progress(json_))
     if json_:
         emit(res, Fmt.json)
     else:
@@ -76,20 +75,14 @@ def pack_cmd(tag: str = typer.Option(..., "--tag", "-t", help="chain head to pac
 
 def unpack_cmd(file: Path = typer.Argument(..., help="pack file (.tar.zst)"), output: Fmt = OUTPUT) -> None:
     """Verify a pack completely, then install its snapshots and image (atomic, idempotent)."""
-    from forkd.core.pack import unpack
-    from forkd.core.runtime import Runtime
-
-    res = unpack(Runtime(), file, Progress(output != Fmt.table))
+    res = backend().unpack(str(file.resolve()), progress=Progress(output != Fmt.table))
     emit(res, output, COLUMNS, _rows(res))
 
 
 def pull_cmd(ref: str = typer.Argument(..., help="owner/name[@version] (default: the latest)"), hub: str = HUB,
              output: Fmt = OUTPUT) -> None:
     """Download a pack from the hub, verify it against the index, and unpack it."""
-    from forkd.core.hub import pull
-    from forkd.core.runtime import Runtime
-
-    res = pull(Runtime(), ref, hub, Progress(output != Fmt.table), on_bytes=_Bar())
+    res = backend().pull(ref, hub, progress=Progress(output != Fmt.table), on_bytes=_Bar())
     emit(res, output, COLUMNS, _rows(res))
 
 
@@ -98,10 +91,7 @@ def push_cmd(ref: str = typer.Argument(..., help="owner/name@version"),
              force: bool = typer.Option(False, "--force", help="replace the version if it is already there"),
              output: Fmt = OUTPUT) -> None:
     """Pack a snapshot chain into a file:// hub and list it in the hub's registry.json."""
-    from forkd.core.hub import push
-    from forkd.core.runtime import Runtime
-
-    res = push(Runtime(), tag, ref, hub, Progress(output != Fmt.table), force=force)
+    res = backend().push(tag, ref, hub, force=force, progress=Progress(output != Fmt.table))
     emit(res, output, [("NAME", "left"), ("VERSION", "left"), ("CHAIN", "left"), ("SIZE", "right"),
                        ("FILE", "left")],
          [[res["name"], res["version"], " -> ".join(res["chain"]), size(res["bytes"]), res["file"]]])
@@ -111,9 +101,7 @@ def hub_serve(directory: Path = typer.Argument(..., help="directory holding regi
               port: int = typer.Option(8080, "--port", help="TCP port (0: pick a free one)"),
               bind: str = typer.Option("127.0.0.1", "--bind", help="address to listen on (loopback: default)")) -> None:
     """Serve a directory as a read-only hub over HTTP (for tests and air-gapped sites)."""
-    from forkd.core.hub import make_server
-
-    srv = make_server(directory, port, bind)
+    srv = hub_server(directory, port, bind)
     host, p = srv.server_address[:2]
     if bind not in ("127.0.0.1", "::1", "localhost"):
         err.print(f"[yellow]warning:[/] serving {directory} to the network on {bind} (no authentication)")

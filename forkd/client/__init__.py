@@ -1,8 +1,13 @@
-"""How front ends reach the core: in-process (`LocalBackend`) or through a running daemon over its unix socket
-(`RemoteBackend`), with the same methods. `backend()` picks the daemon when one answers, so state has one owner."""
+"""How front ends reach forkd: one `Backend` protocol, in-process (`LocalBackend`: forkd.core and the reconciler)
+or through a running daemon (`RemoteBackend`: the SDK's HTTP client, forkd.client.http/api). `backend()` picks the
+daemon when one is configured or answers, so state has one owner."""
 
 from __future__ import annotations
 
 from forkd.client.backends import Backend, LocalBackend, RemoteBackend, backend
+from forkd.core.hub import make_server as hub_server  # `forkd hub serve`: a static file server, no daemon
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn  # what the verbs take
+from forkd.reconciler.control import applyset_id, parse_ref, resolve_kind  # naming of declarative objects
 
-__all__ = ["Backend", "LocalBackend", "RemoteBackend", "backend"]
+__all__ = ["Backend", "Branch", "Compaction", "LayerBuild", "LocalBackend", "ParentBuild", "RemoteBackend", "Spawn",
+           "applyset_id", "backend", "hub_server", "parse_ref", "resolve_kind"]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.client.backends import Backend
-from forkd.core.runtime import Runtime
 from forkd.reconciler.control import applyset_id
 from forkd.spec.loader import load_paths
 
@@ -17,7 +16,7 @@ EVAL = "json.dumps({'sum': str(decimal.Decimal('0.1') + decimal.Decimal('0.2'))}
 EXEC = ["/bin/sh", "-c", "echo $(hostname) $(ls -d /srv/work)"]
 
 
-def run_quickstart(backend: Backend, rt: Runtime, spec: Path, n: int, keep: bool,
+def run_quickstart(backend: Backend, spec: Path, n: int, keep: bool,
                    progress: Callable[[str], None]) -> dict:
     loaded = load_paths([spec])
     objs = [(x.obj, f"{x.file}:{x.line}") for x in loaded]
@@ -38,17 +37,16 @@ def run_quickstart(backend: Backend, rt: Runtime, spec: Path, n: int, keep: bool
     rows = []
     try:
         for c in children:
-            with rt.agent(c["id"]) as a:
-                t2 = time.perf_counter()
-                ev = a.eval(EVAL)
-                t3 = time.perf_counter()
-                ex = a.exec(EXEC)
-                t4 = time.perf_counter()
+            t2 = time.perf_counter()
+            ev = backend.eval(c["id"], EVAL)
+            t3 = time.perf_counter()
+            ex = backend.exec(c["id"], EXEC)
+            t4 = time.perf_counter()
             rows.append({"id": c["id"], "snapshot": c["snapshot"], "eval_ms": (t3 - t2) * 1000.0,
                          "eval": ev["value"] if not ev["error"] else ev["error"]["message"],
                          "exec_ms": (t4 - t3) * 1000.0, "exec_stdout": ex["stdout"].strip(),
                          "exec_exit_code": ex["exit_code"]})
     finally:
         if not keep:
-            rt.kill([c["id"] for c in children])
+            backend.kill([c["id"] for c in children])
     return {"pool": pool, "ready_s": ready_s, "claim_ms": claim_ms, "children": rows, "kept": keep}

@@ -158,6 +158,67 @@ class FileWritten(Wire):
     bytes: int
 
 
+# -- forkd's own verbs (the CLI's RemoteBackend; the answers are LocalBackend's JSON) -----------------------
+class KillRequest(BaseModel):
+    ids: list[str] = Field(default_factory=list)
+    all: bool = False
+    tag: str | None = None
+
+
+class GcRequest(BaseModel):
+    dry_run: bool = False
+    grace: float | None = Field(None, ge=0)
+
+
+class DoctorRequest(BaseModel):
+    reprobe: bool = False
+
+
+class ImageBuildRequest(BaseModel):
+    force: bool = False
+
+
+class DebianBuildRequest(BaseModel):
+    packages: list[str] = Field(min_length=1)
+    suite: str | None = None
+    force: bool = False
+    rootfs: Literal["auto", "initramfs", "disk"] = "auto"
+
+
+class FromImageRequest(BaseModel):
+    ref: str = Field(min_length=1, description="an OCI layout directory or 'docker save' tarball on the daemon's host")
+    tag: str = Field(min_length=1, max_length=63)
+    memory_mib: int = Field(512, ge=128, le=65536)
+    vcpus: int = Field(1, ge=1, le=64)
+    warm_imports: list[str] = Field(default_factory=list)
+    warm_run: list[str] = Field(default_factory=list)
+    pip: list[str] = Field(default_factory=list)
+    apt: list[str] = Field(default_factory=list)
+    rootfs: Literal["auto", "initramfs", "disk"] = "auto"
+
+
+class PackRequest(BaseModel):
+    tag: str = Field(min_length=1)
+    path: str = Field(min_length=1, description="pack file to write, on the daemon's host")
+    level: int = Field(3, ge=1, le=19)
+
+
+class UnpackRequest(BaseModel):
+    path: str = Field(min_length=1, description="pack file to install, on the daemon's host")
+
+
+class PullRequest(BaseModel):
+    ref: str = Field(min_length=1)
+    hub: str | None = None
+
+
+class PushRequest(BaseModel):
+    tag: str = Field(min_length=1)
+    ref: str = Field(min_length=1)
+    hub: str | None = None
+    force: bool = False
+
+
 # -- errors ---------------------------------------------------------------------------------------
 class Problem(Wire):
     """RFC 9457 problem details; `error` repeats `detail` for clients written for upstream's ErrorBody."""
@@ -179,6 +240,16 @@ def snapshot_info(snap: Any, layout_dir: str | None = None) -> SnapshotInfo:
         memory_mib=snap.memory_mib, vcpus=snap.vcpus, accel=snap.accel, memory_bytes=snap.memory_bytes,
         memory_stored_bytes=snap.memory_stored_bytes, error=snap.error, labels=dict(snap.labels),
         **{k: d[k] for k in ("diff_pages", "image_id", "timings_ms") if k in d})
+
+
+def child_view(rec: Any) -> dict[str, Any]:
+    """A child record as the CLI and the forkd-native routes show it (its record, status, agent socket)."""
+    return dict(rec.to_json(), status=rec.status, agent_socket=str(rec.agent_socket))
+
+
+def snapshot_view(snap: Any) -> dict[str, Any]:
+    """A listed snapshot as the CLI shows it: its manifest, or {"error": ...} for one that cannot be read."""
+    return snap.to_json() if hasattr(snap, "to_json") else {"error": snap.message}
 
 
 def sandbox_info(rec: Any) -> SandboxInfo:

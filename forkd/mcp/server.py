@@ -48,8 +48,9 @@ def _guard(fn):
     async def run(*args, **kwargs):
         try:
             return await fn(*args, **kwargs)
-        except ControllerError as exc:
-            raise ToolError(str(exc)) from exc
+        except ControllerError as exc:  # forkd.base.errors.ForkdError, as every forkd client raises
+            where = f"{exc.url}: HTTP {exc.status}: " if exc.status else ""
+            raise ToolError(f"{type(exc).__name__}: {where}{exc}") from exc
     return run
 
 

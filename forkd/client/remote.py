@@ -1,0 +1,172 @@
+"""RemoteBackend: every verb through a running daemon (`forkd serve`), over its unix socket or over TCP with a
+bearer token. It is the SDK's HTTP client (forkd.client.api.Client) plus the forkd-native routes of
+forkd/api/routes_forkd.py, whose answers are LocalBackend's JSON; failures are forkd.base.errors types.
+
+Long verbs report one progress line (the daemon does the work and answers when it is done)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from forkd.client.api import Client
+from forkd.client.http import Call, Endpoint, quote
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
+from forkd.reconciler.control import Change
+from forkd.spec.models import MODELS, ForkObject, to_document
+
+ObjList = list[tuple[ForkObject, str]]
+Progress = Callable[[str], None]
+LONG = 3600.0  # builds, forks of many children, packs: minutes under TCG
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class RemoteBackend:
+    """A running `forkd serve`: at `endpoint` (see forkd.client.http.find_daemon), or over the unix socket
+    `socket_path`, or at TCP `url` with a bearer `token`."""
+
+    def __init__(self, socket_path: str | None = None, timeout: float = 600.0, url: str | None = None,
+                 token: str | None = None, *, endpoint: Endpoint | None = None):
+        if endpoint is None:
+            endpoint = Endpoint(url.rstrip("/"), None, token) if url else Endpoint("http://forkd", socket_path, token)
+        self.api = Client(at=endpoint, timeout=timeout)
+        self.is_local = endpoint.is_local  # a TCP daemon's agent sockets and files are on its host, not ours
+
+    def _call(self, method: str, path: str, timeout: float | None = None, **kw) -> Any:
+        return self.api._send(Call(method, path, timeout=timeout, **kw))
+
+    def _long(self, progress: Progress, method: str, path: str, json: Any) -> Any:
+        progress(f"working on the daemon at {self.api.endpoint.where}; waiting for its answer")
+        return self._call(method, path, timeout=LONG, json=json)
+
+    def _here(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Child views with agent sockets only where they are reachable (the daemon's host)."""
+        return views if self.is_local else [dict(v, agent_socket=None) for v in views]
+
+    # -- declarative objects -------------------------------------------------------------------------
+    @staticmethod
+    def _docs(objs: ObjList) -> list[dict]:
+        return [{"document": to_document(o, with_status=False), "source": src} for o, src in objs]
+
+    def apply(self, objs, applyset, prune=False, dry_run=False, manager="cli", force=False):
+        res = self._call("POST", "/v1/apply", json={"items": self._docs(objs), "applyset": applyset,
+                                                   "prune": prune, "dry_run": dry_run, "manager": manager,
+                                                   "force": force})
+        return [Change(**c) for c in res["changes"]]
+
+    def diff(self, objs):
+        return [tuple(x) for x in self._call("POST", "/v1/diff", json={"items": self._docs(objs)})["diffs"]]
+
+    def get(self, kind, name=None):
+        docs = self._call("GET", f"/v1/objects/{kind}" + (f"/{quote(name)}" if name else ""))["items"]
+        return [MODELS[d["kind"]].model_validate(d) for d in docs]
+
+    def describe(self, kind, name):
+        return self._call("GET", f"/v1/objects/{kind}/{quote(name)}/describe")
+
+    def delete(self, kind, name):
+        self._call("DELETE", f"/v1/objects/{kind}/{quote(name)}")
+
+    def claim(self, pool, n=1):
+        return self._here(self._call("POST", f"/v1/pools/{quote(pool)}/claim", json={"n": n})["children"])
+
+    def wait(self, targets, timeout, progress=_quiet):
+        res = self._call("POST", "/v1/wait", json={"targets": targets, "timeout": timeout}, timeout=timeout + 30)
+        return res["ok"], res["problems"]
+
+    # -- images --------------------------------------------------------------------------------------
+    def build_image(self, force: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/build/image", {"force": force})
+
+    def build_debian(self, packages: list[str], suite: str | None = None, force: bool = False,
+                     rootfs: str = "auto", progress: Progress = _quiet) -> dict[str, Any]:
+        body = {"packages": packages, "suite": suite, "force": force, "rootfs": rootfs}
+        return self._long(progress, "POST", "/v1/build/debian", body)
+
+    def from_image(self, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
+                   warm_run: list[str] = (), pip: list[str] = (), apt: list[str] = (), rootfs: str = "auto",
+                   progress: Progress = _quiet) -> dict[str, Any]:
+        body = {"ref": ref, "tag": tag, "memory_mib": memory_mib, "vcpus": vcpus, "warm_imports": list(warm_imports),
+                "warm_run": list(warm_run), "pip": list(pip), "apt": list(apt), "rootfs": rootfs}
+        return self._long(progress, "POST", "/v1/build/from-image", body)
+
+    # -- snapshots -----------------------------------------------------------------------------------
+    def snapshots(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/manifests")
+
+    def snapshot_info(self, tag: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/manifests/{quote(tag)}")
+
+    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/build/parent", req.model_dump(mode="json"))
+
+    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/build/layer", req.model_dump(mode="json"))
+
+    def compact(self, req: Compaction, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/build/compaction", req.model_dump(mode="json"))
+
+    def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
+        params = {k: "true" for k, v in (("cascade", cascade), ("force", force)) if v}
+        return self._call("DELETE", f"/v1/manifests/{quote(tag)}", params=params)["deleted"]
+
+    # -- children ------------------------------------------------------------------------------------
+    def children(self) -> list[dict[str, Any]]:
+        return self._here(self._call("GET", "/v1/children"))
+
+    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
+        res = self._long(progress, "POST", "/v1/children", req.model_dump(mode="json"))
+        return self._here(res["children"])
+
+    def exec(self, child: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
+             env: dict[str, str] | None = None, stdin: str | None = None) -> dict[str, Any]:
+        # no timeout in-process means the agent's call limit (300 s): the same here
+        res = self.api.exec_command(child, argv, timeout or 300, cwd=cwd, env=env, stdin=stdin)
+        return res.model_dump(mode="json")
+
+    def eval(self, child: str, code: str, timeout: float = 60.0) -> dict[str, Any]:
+        res = self.api.eval_code(child, code, timeout)
+        return {"value": res.result, "error": res.error, "stdout": res.stdout}
+
+    def ping(self, child: str) -> dict[str, Any]:
+        return self.api.ping_sandbox(child).model_dump(mode="json")
+
+    def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[list]:
+        return self._call("POST", "/v1/children/kill", json={"ids": ids or [], "all": all_, "tag": tag})["killed"]
+
+    def branch(self, req: Branch) -> dict[str, Any]:
+        res = self.api.branch_sandbox(req.child_id, req.tag, req.mode, req.wait).model_dump(mode="json")
+        keys = ("mode", "pause_ms", "returned_ms")
+        return {"snapshot": {k: v for k, v in res.items() if k not in keys}, "source": res.get("branched_from"),
+                **{k: res.get(k) for k in keys}}
+
+    def settle(self, tag: str) -> dict[str, Any] | None:
+        """The daemon converts a `wait=False` branch itself: nothing to wait for here."""
+        return None
+
+    # -- the daemon's host ---------------------------------------------------------------------------
+    def gc(self, dry_run: bool = False, grace: float | None = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/gc", json={"dry_run": dry_run, "grace": grace})
+
+    def doctor(self, reprobe: bool = False, progress: Progress = _quiet) -> list[dict[str, Any]]:
+        return self._long(progress, "POST", "/v1/doctor", {"reprobe": reprobe})
+
+    def audit_verify(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/audit/verify")
+
+    def pack(self, tag: str, path: str, level: int = 3, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/pack", {"tag": tag, "path": path, "level": level})
+
+    def unpack(self, path: str, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/unpack", {"path": path})
+
+    def pull(self, ref: str, hub: str | None = None, progress: Progress = _quiet,
+             on_bytes: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/pull", {"ref": ref, "hub": hub})
+
+    def push(self, tag: str, ref: str, hub: str | None = None, force: bool = False,
+             progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/push", {"tag": tag, "ref": ref, "hub": hub, "force": force})
