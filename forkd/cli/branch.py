@@ -60,9 +60,10 @@ def branch_cmd(child: str = typer.Argument(..., help="id of the running child to
     conversion continues in this process, which exits only once the snapshot is ready or failed (a daemon
     returns at once)."""
     from forkd.core.branch import branch, wait_background
+    from forkd.core.requests import Branch
     from forkd.core.runtime import Runtime
 
-    res = branch(Runtime(), child, tag, mode=mode.value, wait=not no_wait)
+    res = branch(Runtime(), Branch.of(child_id=child, tag=tag, mode=mode.value, wait=not no_wait))
     data = res.to_json()
     emit(data, output, [("TAG", "left"), ("STATUS", "left"), ("MODE", "left"), ("SOURCE", "left"),
                         ("PAUSE ms", "right"), ("RETURNED ms", "right")],

@@ -21,6 +21,7 @@ from forkd.cli import declarative, k8s
 from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
 from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
+from forkd.core.requests import Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import CorruptManifest
 
@@ -99,9 +100,10 @@ def snapshot_create(
                                     help="none, or isolated: a NIC, and each child in its own network namespace"),
         output: Fmt = OUTPUT) -> None:
     """Boot a parent VM, warm it up, pause it and write a snapshot children can fork from."""
-    snap = rt().create_snapshot(tag, memory_mib, vcpus, tuple(warm_import), tuple(warm_run),
-                                progress=Progress(quiet=output != Fmt.table), warm_exec=tuple(warm_exec),
-                                network=network)
+    snap = rt().create_snapshot(ParentBuild.of(tag=tag, memory_mib=memory_mib, vcpus=vcpus,
+                                               warm_imports=tuple(warm_import), warm_run=tuple(warm_run),
+                                               warm_exec=tuple(warm_exec), network=network),
+                                progress=Progress(quiet=output != Fmt.table))
     t = snap.timings_ms
     emit(snap.to_json(), output, [("TAG", "left"), ("STATUS", "left"), ("BOOT ms", "right"), ("WARM ms", "right"),
                                   ("SAVE ms", "right"), ("MEMORY", "right")],
@@ -156,8 +158,8 @@ def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the 
                   code: list[str] = typer.Option([], "--exec", help="Python code to run in the agent (repeat)"),
                   output: Fmt = OUTPUT) -> None:
     """Build a layer: fork one child of --from, run the steps, and store only the pages that changed."""
-    snap = rt().snapshot_diff(tag, from_, tuple(run), tuple(imports), tuple(code),
-                              progress=Progress(quiet=output != Fmt.table))
+    snap = rt().snapshot_diff(LayerBuild.of(tag=tag, parent_tag=from_, run=tuple(run), imports=tuple(imports),
+                                            code=tuple(code)), progress=Progress(quiet=output != Fmt.table))
     emit(snap.to_json(), output, [("TAG", "left"), ("FROM", "left"), ("PAGES", "right"), ("STORED", "right"),
                                   ("OF", "right"), ("BUILD ms", "right")],
          [[snap.tag, snap.parent_tag or "-", str(snap.diff_pages), size(snap.memory_stored_bytes),
@@ -169,7 +171,7 @@ def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head t
                      to: str = typer.Option(..., "--to", help="tag of the new base snapshot"),
                      output: Fmt = OUTPUT) -> None:
     """Write a chain head as a base snapshot (flat memory + device state, no ancestors)."""
-    snap = rt().compact(from_, to, progress=Progress(quiet=output != Fmt.table))
+    snap = rt().compact(Compaction.of(from_tag=from_, to_tag=to), progress=Progress(quiet=output != Fmt.table))
     emit(snap.to_json(), output, [("TAG", "left"), ("FROM", "left"), ("STORED", "right")],
          [[snap.tag, from_, size(snap.memory_stored_bytes)]])
 
@@ -196,9 +198,9 @@ def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from
          output: Fmt = OUTPUT) -> None:
     """Fork N children of a snapshot; returns when every child answered. Children outlive this command."""
     t0 = time.perf_counter()
-    recs = rt().fork(tag, n, timeout=timeout, progress=Progress(quiet=output != Fmt.table),
-                     network="isolated" if per_child_netns else None, memory_limit_mib=memory_limit_mib,
-                     allow_unconstrained=allow_unconstrained)
+    recs = rt().fork(Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
+                              memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained),
+                     progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
     emit({"children": [r.to_json() for r in recs], "all_answered_ms": total}, output, CHILD_COLUMNS,
          _child_rows(recs))

@@ -48,9 +48,9 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.base.errors import Conflict, ForkdError
 from forkd.base.hashing import sha256_file
-from forkd.base.names import check_tag
+from forkd.core.requests import Branch
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import DISK, Snapshot
 from forkd.vmm.agent_client import AgentClient
@@ -70,7 +70,6 @@ from forkd.vmm.driver import RunFiles
 from forkd.vmm.qemu import QemuDriver
 from forkd.vmm.qmp import QMPClient
 
-MODES = ("live", "diff", "full")
 MAX_IN_FLIGHT = int(os.environ.get("FORKD_MAX_BRANCHES", "2"))
 FREEZE_MAX_SECONDS = 10.0  # a frozen source filesystem thaws itself after this, whatever becomes of us
 LOCK_DIR = "locks"
@@ -147,17 +146,14 @@ def wait_background(timeout: float | None = None) -> None:
         t.join(timeout)
 
 
-def branch(rt: Runtime, child_id: str, tag: str, mode: str = "live", wait: bool = True,
-           tmp_dir: Path | None = None, timeout: float = 600.0,
-           labels: dict[str, str] | None = None) -> BranchResult:
+def branch(rt: Runtime, req: Branch) -> BranchResult:
     """Snapshot the running child `child_id` as `tag`. See the module docstring.
 
     `tmp_dir` (default $FORKD_HOME/tmp) holds the transient full-RAM stream. `labels` are added to the new
     snapshot's (the source snapshot's labels are not inherited: they say who owns *that* snapshot)."""
     t_call = time.perf_counter()
-    check_tag(tag)
-    if mode not in MODES:
-        raise InvalidInput(f"--mode {mode!r}: use one of {', '.join(MODES)}")
+    child_id, tag, mode, wait, tmp_dir, timeout = req.child_id, req.tag, req.mode, req.wait, req.tmp_dir, req.timeout
+    labels = req.labels
     rec = rt.registry.get(child_id)
     if rec.status != "running":
         raise Conflict(f"child {child_id} is {rec.status}, not running", hint="only running children can be branched")

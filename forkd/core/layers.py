@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forkd.base.errors import Conflict
 from forkd.base.hashing import sha256_file
-from forkd.base.names import check_tag
+from forkd.core.requests import Compaction, LayerBuild
 from forkd.core.warmup import warm_up
 from forkd.store import chain
 from forkd.store.snapshot import MEMORY, VMSTATE, Snapshot
@@ -40,10 +39,8 @@ def _scratch(rt: Runtime, name: str) -> Path:
     return base / f"forkd-{name}-{os.getpid()}-{secrets.token_hex(3)}.mem"
 
 
-def build_layer(rt: Runtime, tag: str, parent_tag: str, run: tuple[str, ...] = (), imports: tuple[str, ...] = (),
-                code: tuple[str, ...] = (), labels: dict[str, str] | None = None,
-                progress: Progress = lambda s: None) -> Snapshot:
-    check_tag(tag)
+def build_layer(rt: Runtime, req: LayerBuild, progress: Progress = lambda s: None) -> Snapshot:
+    tag, parent_tag, run, imports, code, labels = req.tag, req.parent_tag, req.run, req.imports, req.code, req.labels
     parent = rt.store.ancestors(parent_tag)[-1]
     parent_flat = rt.store.materialize(parent_tag)
     snap = rt.store.begin(Snapshot(
@@ -107,12 +104,9 @@ def scratch_size(path: Path) -> int:
     return path.stat().st_size
 
 
-def compact(rt: Runtime, from_tag: str, to_tag: str, labels: dict[str, str] | None = None,
-            progress: Progress = lambda s: None) -> Snapshot:
+def compact(rt: Runtime, req: Compaction, progress: Progress = lambda s: None) -> Snapshot:
     """Write the chain head `from_tag` as a base snapshot `to_tag` (its flat image + device state)."""
-    check_tag(to_tag)
-    if from_tag == to_tag:
-        raise Conflict("compaction needs a new tag", hint="--to must differ from --from")
+    from_tag, to_tag, labels = req.from_tag, req.to_tag, req.labels
     head = rt.store.ancestors(from_tag)[-1]
     flat = rt.store.materialize(from_tag)
     snap = rt.store.begin(head.with_(tag=to_tag, status="writing", created_at=time.time(), parent_tag=None,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.core.requests import Spawn
 from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
 from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore
@@ -164,7 +165,7 @@ class Control:
             if target is None:
                 raise Conflict(f"pool {pool!r} has {len(got)} warm children and no ready snapshot to fork more",
                                hint=f"see 'forkd describe pool/{pool}'")
-            extra = self.rt.fork(target, n - len(got), pool=pool)
+            extra = self.rt.fork(Spawn.of(tag=target, n=n - len(got), pool=pool))
             now = time.time()
             ttl = obj.spec.child.ttlSeconds
             got += [self.rt.registry.save(r.with_(claimed_at=now, expires_at=now + ttl if ttl else None))

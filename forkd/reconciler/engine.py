@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from forkd.base.errors import first_line
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.reconciler import observe
 from forkd.reconciler.actions import (
     Action,
@@ -140,29 +141,33 @@ class Reconciler:
             from forkd.core.images import ensure_image  # builtin -> default image; oci / debian -> built once
 
             image_id = ensure_image(rt, parent.spec.image.model_dump(mode="json"), memory_mib=parent.spec.memoryMiB)
-            rt.create_snapshot(action.tag, parent.spec.memoryMiB, parent.spec.vcpus, tuple(w.imports),
-                               tuple(w.run), warm_exec=tuple(w.exec), network=parent.spec.network, image_id=image_id,
-                               labels={observe.PARENT_LABEL: action.parent, observe.SPEC_HASH_LABEL: action.spec_hash})
+            rt.create_snapshot(ParentBuild.of(
+                tag=action.tag, memory_mib=parent.spec.memoryMiB, vcpus=parent.spec.vcpus,
+                warm_imports=tuple(w.imports),
+                warm_run=tuple(w.run), warm_exec=tuple(w.exec), network=parent.spec.network, image_id=image_id,
+                labels={observe.PARENT_LABEL: action.parent, observe.SPEC_HASH_LABEL: action.spec_hash}))
             return f"built snapshot {action.tag}"
         if isinstance(action, BuildLayer):
             layer = self.objects.get("ForkLayer", action.layer).obj
-            rt.snapshot_diff(action.tag, action.from_tag, tuple(layer.spec.run), tuple(layer.spec.imports),
-                             labels={observe.LAYER_LABEL: action.layer})
+            rt.snapshot_diff(LayerBuild.of(tag=action.tag, parent_tag=action.from_tag, run=tuple(layer.spec.run),
+                                           imports=tuple(layer.spec.imports),
+                                           labels={observe.LAYER_LABEL: action.layer}))
             return f"built layer {action.tag} on {action.from_tag}"
         if isinstance(action, BuildBranch):
             from forkd.core.branch import branch
 
-            res = branch(rt, action.child, action.tag, action.mode, wait=True,
-                         labels={observe.BRANCH_LABEL: action.branch})
+            res = branch(rt, Branch.of(child_id=action.child, tag=action.tag, mode=action.mode, wait=True,
+                                       labels={observe.BRANCH_LABEL: action.branch}))
             pause = f", source paused {res.pause_ms:.0f} ms" if res.pause_ms is not None else ""
             return f"branched {action.child} into {action.tag} ({action.mode}{pause})"
         if isinstance(action, CompactSnapshot):
-            rt.compact(action.from_tag, action.tag, labels={observe.POOL_LABEL: action.pool,
-                                                            observe.COMPACTION_REASON_LABEL: action.reason})
+            rt.compact(Compaction.of(from_tag=action.from_tag, to_tag=action.tag, labels={
+                observe.POOL_LABEL: action.pool, observe.COMPACTION_REASON_LABEL: action.reason}))
             return f"compacted {action.from_tag} into {action.tag} ({action.reason})"
         if isinstance(action, SpawnChildren):
             child = self.objects.get("ForkPool", action.pool).obj.spec.child
-            recs = rt.fork(action.tag, action.count, pool=action.pool, memory_limit_mib=child.memoryLimitMiB)
+            recs = rt.fork(Spawn.of(tag=action.tag, n=action.count, pool=action.pool,
+                                    memory_limit_mib=child.memoryLimitMiB))
             samples = self.spawn_ms.setdefault(action.pool, deque(maxlen=50))
             samples.extend(r.timings_ms.get("ready", 0.0) for r in recs)
             return f"spawned {len(recs)} children of {action.tag}"
