@@ -29,7 +29,7 @@ import time
 from forkd.core.branch import branch, wait_background
 from forkd.core.requests import Branch, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
-from forkd.vmm.branch import fs_type
+from forkd.vmm.capture import fs_type
 
 PROBE = ("import threading, time\n"
          "PROBE_GAPS = []\n"

@@ -4,36 +4,30 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from forkd.base.atomic import write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
-from forkd.base.hashing import sha256_file
 from forkd.base.paths import Layout
+from forkd.core.pipeline.branch import BranchResult, branch
+from forkd.core.pipeline.compaction import CompactJob
+from forkd.core.pipeline.layer import LayerJob
+from forkd.core.pipeline.parent import ParentJob
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
-from forkd.core.warmup import warm_up
 from forkd.image.build import Image, build, default_image
 from forkd.sandbox.registry import ChildRecord, Registry
 from forkd.sandbox.supervisor import Supervisor
-from forkd.store.memfile import copy_sparse_hashed
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
 from forkd.vmm.accel import Decision, probe
 from forkd.vmm.agent_client import AgentClient
-from forkd.vmm.disk import create_overlay, prune_templates
-from forkd.vmm.driver import Machine, RunFiles, VmmDriver
+from forkd.vmm.disk import prune_templates
+from forkd.vmm.driver import Machine, VmmDriver
 from forkd.vmm.qemu import QemuDriver
-
-if TYPE_CHECKING:
-    from forkd.core.branch import BranchResult
 
 Progress = Callable[[str], None]
 
@@ -124,67 +118,8 @@ class Runtime:
                        disk=self.store.disk_path(snap.tag) if snap.has_disk else None)
 
     def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> Snapshot:
-        """Boot a parent, warm it up, pause it and write a ready snapshot (or a failed one, never a torn one).
-
-        `network="isolated"` gives the parent one virtio-net NIC (guest 10.42.0.2/24, gateway 10.42.0.1): every
-        child of it (and of layers on it) then runs in its own network namespace."""
-        tag, memory_mib, vcpus, network, image_id = req.tag, req.memory_mib, req.vcpus, req.network, req.image_id
-        warm_imports, warm_run, warm_exec, labels = req.warm_imports, req.warm_run, req.warm_exec, req.labels
-        boot_timeout = req.boot_timeout
-        image = self.image(image_id) if image_id else self.build_image(progress)[0]  # image_id: forkd.core.images
-        decision, _ = self.accelerator(image, progress)
-        machine = Machine(kernel=image.kernel, initrd=image.initrd, memory_mib=memory_mib, vcpus=vcpus,
-                          accel=decision.accel, network=network)
-        snap = self.store.begin(Snapshot(
-            tag=tag, status="writing", created_at=time.time(), memory_mib=memory_mib, vcpus=vcpus,
-            accel=decision.accel, image_id=image.id, kernel_sha256=image.kernel_sha256,
-            qemu_version=self.driver.version(), warm_imports=tuple(warm_imports), warm_run=tuple(warm_run),
-            warm_exec=tuple(warm_exec), labels=dict(labels or {}), network=network))
-        shm_dir = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
-        work = self.layout.tmp / f"p-{os.getpid()}-{secrets.token_hex(2)}"
-        mem = (shm_dir if shm_dir.is_dir() else work) / f"forkd-{tag}-{os.getpid()}.mem"
-        vm = None
-        timings: dict[str, float] = {}
-        try:
-            t0 = time.perf_counter()
-            if image.disk is not None:  # the parent writes its own overlay, frozen with the snapshot
-                machine = replace(machine, disk=self.store.disk_path(tag))
-                create_overlay(machine.disk, image.disk)
-            progress(f"booting the parent ({memory_mib} MiB, {vcpus} vCPU, {decision.accel}"
-                     f"{', disk-backed' if image.disk else ''})")
-            work.mkdir(parents=True)
-            vm = self.driver.boot(machine, mem, RunFiles(work), timeout=boot_timeout)
-            timings["boot"] = (time.perf_counter() - t0) * 1000.0
-            t1 = time.perf_counter()
-            warm_up(vm.agent, tuple(warm_imports), tuple(warm_exec), tuple(warm_run), progress)
-            timings["warmup"] = (time.perf_counter() - t1) * 1000.0
-            progress("pausing and saving device state")
-            d = self.store.dir(tag)
-            t2 = time.perf_counter()
-            self.driver.save(vm, d / "vmstate")
-            vm = None
-            timings["save"] = (time.perf_counter() - t2) * 1000.0
-            progress("writing and hashing the memory file")
-            t3 = time.perf_counter()
-            mem_hash, mem_size, stored = copy_sparse_hashed(mem, d / "memory.bin")
-            timings["memory_copy"] = (time.perf_counter() - t3) * 1000.0
-            try:  # the parent's memory file is its children's flat image: keep it instead of copying it back
-                self.store.adopt_flat(mem, mem_hash)
-            except OSError:
-                pass  # materialize() copies it from the store on first use
-            snap = snap.with_(memory_sha256=mem_hash, memory_bytes=mem_size, memory_stored_bytes=stored,
-                              vmstate_sha256=sha256_file(d / "vmstate"),
-                              vmstate_bytes=(d / "vmstate").stat().st_size, timings_ms=timings,
-                              **(self.store.seal_disk(tag) if machine.disk else {}))
-            return self.store.commit(snap)
-        except BaseException as exc:
-            if vm is not None:
-                self.driver.stop(vm)
-            self.store.fail(snap, exc)
-            raise
-        finally:
-            mem.unlink(missing_ok=True)
-            shutil.rmtree(work, ignore_errors=True)
+        """Boot a parent, warm it up, pause it and write a ready snapshot (see forkd.core.pipeline.parent)."""
+        return ParentJob(self, req, progress).execute()
 
     def snapshot_info(self, tag: str) -> dict:
         snap = self.store.get(tag)
@@ -206,20 +141,15 @@ class Runtime:
         return info
 
     def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> Snapshot:
-        """Build `req.tag` as a sparse diff layer on `req.parent_tag` (see forkd.core.layers)."""
-        from forkd.core.layers import build_layer
-
-        return build_layer(self, req, progress)
+        """Build `req.tag` as a sparse diff layer on `req.parent_tag` (see forkd.core.pipeline.layer)."""
+        return LayerJob(self, req, progress).execute()
 
     def compact(self, req: Compaction, progress: Progress = _quiet) -> Snapshot:
-        from forkd.core.layers import compact
-
-        return compact(self, req, progress)
+        """Write the chain head `req.from_tag` as a base snapshot `req.to_tag` (forkd.core.pipeline.compaction)."""
+        return CompactJob(self, req, progress).execute()
 
     def branch(self, req: Branch) -> BranchResult:
-        """Snapshot a running child (see forkd.core.branch)."""
-        from forkd.core.branch import branch
-
+        """Snapshot a running child (see forkd.core.pipeline.branch)."""
         return branch(self, req)
 
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
@@ -278,8 +208,7 @@ class Runtime:
             for fut in as_completed(futures):
                 try:
                     rec, vm = fut.result()
-                    vm.agent.close()
-                    vm.qmp.close()
+                    self.driver.release(vm)
                     done.append(rec)
                     progress(f"{len(done)}/{n} children answering")
                 except BaseException as exc:  # noqa: BLE001 - collected, reported below

@@ -14,7 +14,6 @@ from forkd.sandbox import cgroups, netns
 from forkd.sandbox.registry import ChildRecord, Registry
 from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
-from forkd.vmm.qmp import QMPClient
 
 ENTROPY_BYTES = 64
 
@@ -112,15 +111,12 @@ class Supervisor:
         Returns True if it had to be resumed."""
         if rec.status != "running":
             return False
-        qmp = QMPClient(Path(rec.dir) / "qmp.sock", timeout=5)
+        vm = self.driver.attach(RunFiles(Path(rec.dir)), rec.pid, rec.started)
         try:
-            status = (qmp.execute("query-status") or {}).get("status")
-            if status in ("paused", "postmigrate", "finish-migrate"):
-                qmp.execute("cont")
-                return True
-            return False
+            self.driver.connect(vm, timeout=5)
+            return self.driver.ensure_running(vm)
         finally:
-            qmp.close()
+            self.driver.release(vm)
 
     def kill(self, rec: ChildRecord) -> bool:
         """Stop the child's VMM if it is still ours, remove its namespace and cgroup, drop its record and files.
