@@ -106,9 +106,9 @@ class SnapshotWriter:
 
     def _seal_diff(self, diff: Diff) -> dict:
         pages, stored = chain.write_diff(diff.base, diff.image, self.dir)
-        content = chain.hash_image(diff.image)
-        self.store.adopt_flat(diff.image, content)
-        return {"memory_sha256": content, "memory_bytes": diff.image.stat().st_size, "diff_pages": pages,
+        content, size = chain.hash_image(diff.image), diff.image.stat().st_size
+        self.store.adopt_flat(diff.image, content)  # moved away when on the cache's filesystem
+        return {"memory_sha256": content, "memory_bytes": size, "diff_pages": pages,
                 "diff_sha256": chain.diff_hash(self.dir), "memory_stored_bytes": stored}
 
 
