@@ -29,7 +29,7 @@ IN_FLIGHT = ("setup", "active", "pre-switchover", "device", "wait-unplug", "canc
 RESUMABLE = ("paused", "postmigrate", "finish-migrate")
 
 LIVE_HINT = ("QEMU's background snapshot write-protects guest RAM with userfaultfd, which Linux supports for "
-             "anonymous, shmem (tmpfs) and hugetlbfs memory only; this child maps its snapshot's memory.bin from a "
+             "anonymous, shmem (tmpfs) and hugetlbfs memory only; this child maps its snapshot's memory file from a "
              "regular filesystem. Keep FORKD_HOME (its snapshots) on tmpfs, e.g. /dev/shm, or use --mode full")
 
 
