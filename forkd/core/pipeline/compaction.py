@@ -6,18 +6,22 @@ Disk-backed chains: the chain's overlays are flattened into one on the image's e
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from forkd.base.steps import Step
-from forkd.core.pipeline.job import Job
+from forkd.core.pipeline.job import Job, quiet
 from forkd.core.requests import Compaction
 from forkd.store.snapshot import Snapshot
 from forkd.vmm.disk import flatten
+
+if TYPE_CHECKING:
+    from forkd.core.runtime import Progress, Runtime
 
 
 class CompactJob(Job):
     what = "compaction"
 
-    def __init__(self, rt, req: Compaction, progress):
+    def __init__(self, rt: Runtime, req: Compaction, progress: Progress = quiet):
         super().__init__(rt, progress)
         self.req = req
 
@@ -41,3 +45,4 @@ class CompactJob(Job):
             flatten(rt.store.disk_path(req.from_tag), w.disk, rt.image(self.head.image_id).disk)
         w.seal(memory=self.flat, memory_sha256=self.head.memory_sha256, vmstate=rt.store.vmstate_path(req.from_tag),
                disk=w.disk if self.head.has_disk else None)
+

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from forkd.core.runtime import Progress, Runtime
 
 
-def _quiet(_: str) -> None:
+def quiet(_: str) -> None:
     pass
 
 
@@ -28,7 +28,7 @@ class Job:
 
     what = "job"
 
-    def __init__(self, rt: Runtime, progress: Progress = _quiet):
+    def __init__(self, rt: Runtime, progress: Progress = quiet):
         self.rt = rt
         self.progress = progress
         self.stack = ExitStack()

@@ -13,10 +13,11 @@ from __future__ import annotations
 import base64
 import os
 import time
+from typing import TYPE_CHECKING
 
 from forkd.base.atomic import publish
 from forkd.base.steps import Step
-from forkd.core.pipeline.job import Job
+from forkd.core.pipeline.job import Job, quiet
 from forkd.core.requests import LayerBuild
 from forkd.core.warmup import warm_up
 from forkd.store import chain
@@ -25,11 +26,14 @@ from forkd.store.writer import Diff
 from forkd.vmm.disk import set_backing
 from forkd.vmm.driver import RunFiles
 
+if TYPE_CHECKING:
+    from forkd.core.runtime import Progress, Runtime
+
 
 class LayerJob(Job):
     what = "layer build"
 
-    def __init__(self, rt, req: LayerBuild, progress):
+    def __init__(self, rt: Runtime, req: LayerBuild, progress: Progress = quiet):
         super().__init__(rt, progress)
         self.req = req
 
@@ -76,3 +80,4 @@ class LayerJob(Job):
         self.progress("storing the pages that differ")
         w.seal(memory=Diff(base=self.parent_flat, image=self.memory), vmstate=w.vmstate,
                disk=w.disk if self.parent.has_disk else None)
+

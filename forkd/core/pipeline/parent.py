@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from forkd.base.steps import Step
-from forkd.core.pipeline.job import Job
+from forkd.core.pipeline.job import Job, quiet
 from forkd.core.requests import ParentBuild
 from forkd.core.warmup import warm_up
 from forkd.store.snapshot import Snapshot
 from forkd.vmm.disk import create_overlay
 from forkd.vmm.driver import Machine, RunFiles
 
+if TYPE_CHECKING:
+    from forkd.core.runtime import Progress, Runtime
+
 
 class ParentJob(Job):
     what = "parent build"
 
-    def __init__(self, rt, req: ParentBuild, progress):
+    def __init__(self, rt: Runtime, req: ParentBuild, progress: Progress = quiet):
         super().__init__(rt, progress)
         self.req = req
 
@@ -66,3 +70,4 @@ class ParentJob(Job):
         self.progress("writing and hashing the memory file")
         w = self.writer
         w.seal(memory=self.memory, vmstate=w.vmstate, disk=w.disk if self.machine.disk else None)
+
