@@ -24,6 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from forkd.base.atomic import temp_name
 from forkd.base.errors import ForkdError
 
 QCOW2 = "qcow2"
@@ -118,7 +119,7 @@ def new_overlay(base: Path, dest: Path, template_dir: Path | None = None) -> Non
     template = template_dir / f"{key}.qcow2"
     if not template.exists():
         template_dir.mkdir(parents=True, exist_ok=True)
-        tmp = template_dir / f".{key}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+        tmp = temp_name(template)  # qemu-img writes it; renamed into place whole
         try:
             create_overlay(tmp, base, relative=False)
             os.replace(tmp, template)
