@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from forkd.base.errors import ForkdError  # noqa: E402
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
+from forkd.core.requests import ParentBuild  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.reconciler.control import Control  # noqa: E402
 from forkd.sdk import Controller  # noqa: E402
@@ -65,7 +66,7 @@ def main() -> int:
         rt.store.get_ready(TAG)
     except ForkdError:
         log(f"creating snapshot {TAG} (256 MiB)")
-        rt.create_snapshot(TAG, memory_mib=256)
+        rt.create_snapshot(ParentBuild.of(tag=TAG, memory_mib=256))
     port = free_port()
     token_file = Path(tempfile.mkdtemp(prefix="fkapi")) / "token"
     log_path = token_file.parent / "daemon.log"

@@ -27,8 +27,9 @@ import sys
 import time
 
 from forkd.core.branch import branch, wait_background
+from forkd.core.requests import Branch, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
-from forkd.vmm.branch import fs_type
+from forkd.vmm.capture import fs_type
 
 PROBE = ("import threading, time\n"
          "PROBE_GAPS = []\n"
@@ -75,13 +76,13 @@ def ensure_snapshot(rt: Runtime, mib: int) -> str:
     except Exception:  # noqa: BLE001 - missing: create it
         pass
     progress(f"creating snapshot {tag} ({mib} MiB)")
-    rt.create_snapshot(tag, memory_mib=mib, warm_imports=("decimal", "json"))
+    rt.create_snapshot(ParentBuild.of(tag=tag, memory_mib=mib, warm_imports=("decimal", "json")))
     return tag
 
 
 def bench_size(rt: Runtime, mib: int, reps: int) -> dict:
     tag = ensure_snapshot(rt, mib)
-    (src,) = rt.fork(tag, 1)
+    (src,) = rt.fork(Spawn.of(tag=tag, n=1))
     out: dict = {"memory_mib": mib, "modes": {}}
     try:
         rt.exec_code(src.id, PROBE)
@@ -92,7 +93,7 @@ def bench_size(rt: Runtime, mib: int, reps: int) -> dict:
             for i in range(reps):
                 btag = f"bench-br-{mib}-{mode}-{i}"
                 g0 = guest_now(rt, src.id)
-                res = branch(rt, src.id, btag, mode=mode, wait=True)
+                res = branch(rt, Branch.of(child_id=src.id, tag=btag, mode=mode, wait=True))
                 g1 = guest_now(rt, src.id)
                 rows["guest_gap_ms"].append(largest_gap(rt, src.id, g0, g1))
                 rows["qemu_downtime_ms"].append(res.qemu_downtime_ms)
@@ -111,7 +112,7 @@ def bench_size(rt: Runtime, mib: int, reps: int) -> dict:
         returns = []
         for i in range(reps):
             btag = f"bench-br-{mib}-nowait-{i}"
-            res = branch(rt, src.id, btag, mode="live", wait=False)
+            res = branch(rt, Branch.of(child_id=src.id, tag=btag, mode="live", wait=False))
             returns.append(res.returned_ms)
             res.thread.join(600)
             assert rt.store.get(btag).status == "ready", rt.store.get(btag).error

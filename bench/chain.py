@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from forkd.base.errors import ForkdError  # noqa: E402
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
+from forkd.core.requests import Compaction, LayerBuild, ParentBuild, Spawn  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 
 LAYERS = [("bench-l1", "csv"), ("bench-l2", "uuid"), ("bench-l3", "statistics")]
@@ -42,7 +43,7 @@ def p90(xs: list[float]) -> float:
 
 def spawn_to_answer(rt: Runtime, tag: str, expr: str) -> float:
     t0 = time.perf_counter()
-    (rec,) = rt.fork(tag, 1)
+    (rec,) = rt.fork(Spawn.of(tag=tag, n=1))
     try:
         with rt.agent(rec.id) as a:
             res = a.eval(expr)
@@ -72,18 +73,19 @@ def main() -> int:
     res: dict = {"memory_mib": args.memory_mib, "layers": []}
     try:
         log(f"building base bench-l0 ({args.memory_mib} MiB)")
-        rt.create_snapshot("bench-l0", args.memory_mib, warm_imports=("json",))
+        rt.create_snapshot(ParentBuild.of(tag="bench-l0", memory_mib=args.memory_mib, warm_imports=("json",)))
         parent = "bench-l0"
         for tag, mod in LAYERS:
             t0 = time.perf_counter()
-            snap = rt.snapshot_diff(tag, parent, run=(f"echo {tag} > /root/{tag}",), imports=(mod,))
+            snap = rt.snapshot_diff(LayerBuild.of(
+                tag=tag, parent_tag=parent, run=(f"echo {tag} > /root/{tag}",), imports=(mod,)))
             res["layers"].append({"tag": tag, "build_s": time.perf_counter() - t0, "pages": snap.diff_pages,
                                   "stored_bytes": snap.memory_stored_bytes,
                                   "stored_pct": 100.0 * snap.memory_stored_bytes / snap.memory_bytes})
             log(f"layer {tag}: {snap.diff_pages} pages, {snap.memory_stored_bytes / 2**20:.1f} MiB stored")
             parent = tag
         t0 = time.perf_counter()
-        rt.compact("bench-l3", "bench-l3c")
+        rt.compact(Compaction.of(from_tag="bench-l3", to_tag="bench-l3c"))
         res["compact_s"] = time.perf_counter() - t0
         # one-time materialization cost: drop the cached flat of l3 and time its first build
         flat = rt.store.flat_path(rt.store.get("bench-l3"))

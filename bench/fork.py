@@ -32,6 +32,7 @@ from pathlib import Path
 from forkd.base.errors import ForkdError, NotFound
 from forkd.base.paths import Layout, tmpfs
 from forkd.base.settings import settings
+from forkd.core.requests import ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.vmm.driver import Machine, RunFiles
 
@@ -88,7 +89,8 @@ def ensure_snapshot(rt: Runtime, image_id: str, memory_mib: int) -> tuple[dict, 
         rt.kill(tag=TAG)
         rt.rmi(TAG, force=True)
     progress(f"creating snapshot {TAG!r} ({memory_mib} MiB, warm imports: {', '.join(WARM_IMPORTS)})")
-    snap = rt.create_snapshot(TAG, memory_mib, warm_imports=WARM_IMPORTS, progress=progress)
+    snap = rt.create_snapshot(ParentBuild.of(tag=TAG, memory_mib=memory_mib, warm_imports=WARM_IMPORTS),
+                              progress=progress)
     return snap.to_json(), False
 
 
@@ -182,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
         totals, steps, after_ready = [], [], []
         for i in range(args.forks):
             t0 = time.perf_counter()
-            (rec,) = rt.fork(TAG, 1)
+            (rec,) = rt.fork(Spawn.of(tag=TAG, n=1))
             made.add(rec.id)
             t_fork = time.perf_counter()
             with rt.agent(rec.id) as a:
@@ -212,7 +214,7 @@ def run(args: argparse.Namespace) -> dict:
         n = args.fanout
         progress(f"fan-out: forking {n} children at once")
         t0 = time.perf_counter()
-        recs = rt.fork(TAG, n)
+        recs = rt.fork(Spawn.of(tag=TAG, n=n))
         made.update(r.id for r in recs)
         t_forked = time.perf_counter()
 

@@ -31,6 +31,7 @@ from forkd.base.errors import ForkdError  # noqa: E402
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
 from forkd.core import images as core_images  # noqa: E402
+from forkd.core.requests import Branch, ParentBuild, Spawn
 from forkd.core.runtime import Runtime  # noqa: E402
 
 EXPR = "numpy.arange(1000).sum()"
@@ -80,9 +81,10 @@ def main() -> int:
         except ForkdError:
             pass
         t0 = time.perf_counter()
-        rt.create_snapshot(TAG, args.memory_mib, warm_imports=("numpy",), image_id=image.id, progress=log)
+        rt.create_snapshot(ParentBuild.of(tag=TAG, memory_mib=args.memory_mib, warm_imports=("numpy",),
+                                            image_id=image.id), progress=log)
         result["parent_s"] = round(time.perf_counter() - t0, 2)
-        (child,) = rt.fork(TAG, 1)
+        (child,) = rt.fork(Spawn.of(tag=TAG, n=1))
         try:
             evals, execs = [], []
             with rt.agent(child.id) as a:
@@ -154,7 +156,8 @@ def disk_vs_initramfs(rt: Runtime, args) -> dict:
                                              rootfs="disk")
     out["build_disk_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
-    rt.create_snapshot(TAG + "-disk", args.memory_mib, warm_imports=("numpy",), image_id=disk_image.id, progress=log)
+    rt.create_snapshot(ParentBuild.of(tag=TAG + "-disk", memory_mib=args.memory_mib, warm_imports=("numpy",),
+                                       image_id=disk_image.id), progress=log)
     out["parent_s"] = {"disk": round(time.perf_counter() - t0, 2),
                        "initramfs": round(rt.store.get(TAG).timings_ms.get("boot", 0) / 1000
                                           + rt.store.get(TAG).timings_ms.get("warmup", 0) / 1000, 2)}
@@ -167,7 +170,7 @@ def disk_vs_initramfs(rt: Runtime, args) -> dict:
     for i in range(args.runs):
         for kind, tag in tags.items():
             t = time.perf_counter()
-            (c,) = rt.fork(tag, 1)
+            (c,) = rt.fork(Spawn.of(tag=tag, n=1))
             r = rt.eval(c.id, EXPR)
             spawn[kind].append((time.perf_counter() - t) * 1000.0)
             assert r["value"].endswith("499500") or r["value"].endswith("(499500)"), r
@@ -181,7 +184,7 @@ def disk_vs_initramfs(rt: Runtime, args) -> dict:
                     overlay = (Path(c.dir) / "disk.qcow2").stat().st_blocks * 512 / 2**20
                 if i < 3:  # a live branch of each: the pause the child saw
                     br = f"bench-br-{kind}"
-                    res = branch(rt, c.id, br, mode="live")
+                    res = branch(rt, Branch.of(child_id=c.id, tag=br, mode="live"))
                     pause[kind].append(float(res.timings_ms.get("pause", -1)))
                     if "fs_frozen" in res.timings_ms:
                         frozen.append(res.timings_ms["fs_frozen"])

@@ -16,6 +16,7 @@ import statistics
 import time
 
 from forkd.base.errors import ForkdError
+from forkd.core.requests import ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.sandbox import netns
 
@@ -27,7 +28,7 @@ def ensure(rt: Runtime, tag: str, network: str) -> None:
         rt.rmi(tag, force=True)
     except ForkdError:
         pass
-    rt.create_snapshot(tag, memory_mib=512, network=network)
+    rt.create_snapshot(ParentBuild.of(tag=tag, memory_mib=512, network=network))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -47,11 +48,11 @@ def main() -> None:
     ready: dict[str, list[float]] = {"none": [], "isolated": []}
     net_ms: list[float] = []
     for tag in ("bench-none", "bench-iso"):  # warm-up: first fork per process pays imports and the bridge
-        rt.kill([r.id for r in rt.fork(tag, 1, memory_limit_mib=a.memory_limit_mib)])
+        rt.kill([r.id for r in rt.fork(Spawn.of(tag=tag, n=1, memory_limit_mib=a.memory_limit_mib))])
     for _ in range(a.n):
         for tag, mode in (("bench-none", "none"), ("bench-iso", "isolated")):
             t0 = time.perf_counter()
-            (rec,) = rt.fork(tag, 1, memory_limit_mib=a.memory_limit_mib)
+            (rec,) = rt.fork(Spawn.of(tag=tag, n=1, memory_limit_mib=a.memory_limit_mib))
             rt.ping(rec.id)
             ready[mode].append((time.perf_counter() - t0) * 1000.0)
             if mode == "isolated":

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from forkd.base.paths import Layout, stale_flat_dirs
+from forkd.core.requests import ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 
 BASE_TAG = "base"
@@ -69,9 +70,9 @@ def rt(home) -> Runtime:
 @pytest.fixture(scope="session")
 def base(rt):
     """A warm snapshot: modules imported, a global set and a file written before the pause."""
-    return rt.create_snapshot(BASE_TAG, memory_mib=512, warm_imports=("decimal", "random"),
-                              warm_exec=(f"WARM_GLOBAL = {WARM_GLOBAL!r}",),
-                              warm_run=("echo parent > /root/parent.txt",))
+    return rt.create_snapshot(ParentBuild.of(tag=BASE_TAG, memory_mib=512, warm_imports=("decimal", "random"),
+                                              warm_exec=(f"WARM_GLOBAL = {WARM_GLOBAL!r}",),
+                                              warm_run=("echo parent > /root/parent.txt",)))
 
 
 @pytest.fixture
@@ -80,7 +81,7 @@ def fork(rt, base):
     made = []
 
     def _fork(n=1, tag=BASE_TAG):
-        recs = rt.fork(tag, n)
+        recs = rt.fork(Spawn.of(tag=tag, n=n))
         made.extend(recs)
         return recs
 

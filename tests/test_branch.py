@@ -22,6 +22,7 @@ import pytest
 from forkd.base.errors import Conflict
 from forkd.base.paths import Layout
 from forkd.core.branch import branch, wait_background
+from forkd.core.requests import Branch, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import Snapshot
 from tests.conftest import qemu_pids
@@ -53,7 +54,8 @@ def srt(rt, base):
     if rt.layout.accel_cache.exists():
         shutil.copy(rt.layout.accel_cache, layout.accel_cache)
     r = Runtime(layout)
-    r.create_snapshot(SBASE, memory_mib=512, warm_imports=("decimal",), warm_exec=("MARK = 'warm'",))
+    r.create_snapshot(ParentBuild.of(tag=SBASE, memory_mib=512, warm_imports=("decimal",),
+                                        warm_exec=("MARK = 'warm'",)))
     yield r
     wait_background(60)
     r.kill(all_=True)
@@ -69,7 +71,7 @@ def sfork(srt):
     made: list[str] = []
 
     def _fork(n=1, tag=SBASE):
-        recs = srt.fork(tag, n)
+        recs = srt.fork(Spawn.of(tag=tag, n=n))
         made.extend(r.id for r in recs)
         return recs
 
@@ -96,7 +98,7 @@ def test_live_branch_of_a_child_writing_memory_is_consistent(srt, sfork):
     time.sleep(0.5)
     _mark(srt, c.id, "before")
     w0 = int(srt.eval(c.id, "WRITES[0]")["value"])
-    res = branch(srt, c.id, "live1", mode="live")
+    res = branch(srt, Branch.of(child_id=c.id, tag="live1", mode="live"))
     assert res.snapshot.status == "ready", res.snapshot.error
     _mark(srt, c.id, "after")
     # the source kept running: its writer advanced, it answers
@@ -125,7 +127,7 @@ def test_live_branch_of_a_child_writing_memory_is_consistent(srt, sfork):
 def test_stop_modes_resume_the_source_and_capture_the_instant(srt, sfork, mode):
     (c,) = sfork(1)
     _mark(srt, c.id, "before")
-    res = branch(srt, c.id, f"stop-{mode}", mode=mode)
+    res = branch(srt, Branch.of(child_id=c.id, tag=f"stop-{mode}", mode=mode))
     assert res.snapshot.status == "ready" and res.pause_ms is not None
     assert srt.ping(c.id)["child_id"] == c.id
     _mark(srt, c.id, "after")
@@ -147,7 +149,7 @@ def test_full_destination_fails_the_snapshot_and_resumes_the_source(srt, sfork, 
     _mount_tmpfs(small, "size=16m")
     try:
         with pytest.raises(Exception) as ei:  # noqa: B017 - the stream write fails (no space left)
-            branch(srt, c.id, f"nospace-{mode}", mode=mode, tmp_dir=small)
+            branch(srt, Branch.of(child_id=c.id, tag=f"nospace-{mode}", mode=mode, tmp_dir=small))
         # live: refused up front (a QEMU 7.2 background snapshot failing mid-stream hangs the source);
         # full: the stream write fails mid-way with ENOSPC while the source is stopped, and it is resumed
         assert "stream" in str(ei.value) or "space" in str(ei.value).lower()
@@ -159,9 +161,9 @@ def test_full_destination_fails_the_snapshot_and_resumes_the_source(srt, sfork, 
     assert srt.ping(c.id)["child_id"] == c.id
     assert srt.eval(c.id, "1 + 1")["value"] == "2"
     with pytest.raises(Conflict):  # a failed snapshot is never forked from
-        srt.fork(snap.tag, 1)
+        srt.fork(Spawn.of(tag=snap.tag, n=1))
     # and the source can be branched again afterwards (capabilities and locks were reset)
-    assert branch(srt, c.id, f"retry-{mode}", mode=mode).snapshot.status == "ready"
+    assert branch(srt, Branch.of(child_id=c.id, tag=f"retry-{mode}", mode=mode)).snapshot.status == "ready"
 
 
 def test_unwritable_destination_fails_cleanly(srt, sfork, tmp_path):
@@ -170,7 +172,7 @@ def test_unwritable_destination_fails_cleanly(srt, sfork, tmp_path):
     _mount_tmpfs(ro, "size=1m,ro")
     try:
         with pytest.raises(OSError):
-            branch(srt, c.id, "unwritable", mode="full", tmp_dir=ro)
+            branch(srt, Branch.of(child_id=c.id, tag="unwritable", mode="full", tmp_dir=ro))
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=False)
     assert srt.store.get("unwritable").status == "failed"
@@ -180,37 +182,37 @@ def test_unwritable_destination_fails_cleanly(srt, sfork, tmp_path):
 def test_concurrent_branches_of_one_source_and_the_global_cap(srt, sfork):
     a, b, c = sfork(3)
     assert srt.exec_code(a.id, WRITER)["error"] is None  # a busy source: its stream takes a while
-    first = branch(srt, a.id, "conc1", mode="live", wait=False)
+    first = branch(srt, Branch.of(child_id=a.id, tag="conc1", mode="live", wait=False))
     assert first.snapshot.status == "writing"
     with pytest.raises(Conflict) as ei:
-        branch(srt, a.id, "conc2", mode="live")
+        branch(srt, Branch.of(child_id=a.id, tag="conc2", mode="live"))
     assert a.id in str(ei.value)
-    second = branch(srt, b.id, "conc3", mode="live", wait=False)  # the 2nd slot
+    second = branch(srt, Branch.of(child_id=b.id, tag="conc3", mode="live", wait=False))  # the 2nd slot
     with pytest.raises(Conflict) as ei:
-        branch(srt, c.id, "conc4", mode="live")
+        branch(srt, Branch.of(child_id=c.id, tag="conc4", mode="live"))
     assert "in flight" in str(ei.value)
     for tag in ("conc2", "conc4"):  # a refused branch leaves no snapshot behind
         assert tag not in [s.tag for s in srt.snapshots() if isinstance(s, Snapshot)]
     with pytest.raises(Conflict):  # spawning from a `writing` snapshot is refused
         if srt.store.get("conc1").status == "writing":
-            srt.fork("conc1", 1)
+            srt.fork(Spawn.of(tag="conc1", n=1))
         else:
             raise Conflict("already converted")
     first.thread.join(120)
     second.thread.join(120)
     assert srt.store.get("conc1").status == "ready" and srt.store.get("conc3").status == "ready"
-    assert branch(srt, c.id, "conc4", mode="live").snapshot.status == "ready"
+    assert branch(srt, Branch.of(child_id=c.id, tag="conc4", mode="live")).snapshot.status == "ready"
 
 
 def test_grandchildren_of_a_branch_branch_again(srt, sfork):
     (c,) = sfork(1)
     _mark(srt, c.id, "gen1")
-    assert branch(srt, c.id, "gen1", mode="live").snapshot.status == "ready"
+    assert branch(srt, Branch.of(child_id=c.id, tag="gen1", mode="live")).snapshot.status == "ready"
     kids = sfork(3, tag="gen1")
     for k in kids:
         assert _seen(srt, k.id) == ("gen1", "'gen1'")
     _mark(srt, kids[0].id, "gen2")
-    res = branch(srt, kids[0].id, "gen2", mode="live", wait=False)
+    res = branch(srt, Branch.of(child_id=kids[0].id, tag="gen2", mode="live", wait=False))
     assert res.snapshot.status == "writing"
     res.thread.join(120)
     assert srt.store.get("gen2").status == "ready"
@@ -225,7 +227,7 @@ def test_live_branch_refused_when_memory_is_not_on_tmpfs(rt, fork, monkeypatch):
     (c,) = fork(1)
     assert str(disk) in open(f"/proc/{c.pid}/cmdline").read()
     with pytest.raises(Conflict) as ei:
-        branch(rt, c.id, "never", mode="live")
+        branch(rt, Branch.of(child_id=c.id, tag="never", mode="live"))
     assert "tmpfs" in str(ei.value) and c.id in str(ei.value)
     with pytest.raises(Exception):  # noqa: B017 - nothing was created under that tag
         rt.store.get("never")

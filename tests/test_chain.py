@@ -8,6 +8,7 @@ import os
 import pytest
 
 from forkd.base.errors import Conflict, ForkdError
+from forkd.core.requests import Compaction, LayerBuild, Spawn
 from tests.conftest import BASE_TAG, forkd_cli
 
 pytestmark = pytest.mark.vm
@@ -19,7 +20,8 @@ LAYERS = [("l1", "one", "csv"), ("l2", "two", "sqlite3"), ("l3", "three", "uuid"
 def chain(rt, base):
     parent = BASE_TAG
     for tag, word, mod in LAYERS:
-        rt.snapshot_diff(tag, parent, run=(f"echo {word} > /root/{tag}.txt",), imports=(mod,))
+        rt.snapshot_diff(LayerBuild.of(tag=tag, parent_tag=parent,
+                                       run=(f"echo {word} > /root/{tag}.txt",), imports=(mod,)))
         parent = tag
     yield [t for t, _, _ in LAYERS]
     for tag in ("l1",):
@@ -57,8 +59,8 @@ def test_a_small_layer_stores_a_few_percent(rt, chain):
 
 
 def test_tampered_layer_is_refused(rt, base):
-    rt.snapshot_diff("t1", BASE_TAG, run=("echo x > /root/t1",))
-    rt.snapshot_diff("t2", "t1", run=("echo y > /root/t2",))
+    rt.snapshot_diff(LayerBuild.of(tag="t1", parent_tag=BASE_TAG, run=("echo x > /root/t1",)))
+    rt.snapshot_diff(LayerBuild.of(tag="t2", parent_tag="t1", run=("echo y > /root/t2",)))
     try:
         data = rt.store.dir("t1") / "diff.data"
         os.chmod(data, 0o644)
@@ -69,7 +71,7 @@ def test_tampered_layer_is_refused(rt, base):
             f.write(bytes([b[0] ^ 0xFF]))
         rt.store.flat_path(rt.store.get("t2")).unlink()  # force a rebuild of t2's flat image
         with pytest.raises(ForkdError, match="altered"):
-            rt.fork("t2", 1)
+            rt.fork(Spawn.of(tag="t2", n=1))
         assert rt.children() == [c for c in rt.children() if c.snapshot != "t2"]
         # a missing ancestor is named
         rt.rmi("t1", force=True)
@@ -92,7 +94,7 @@ def test_rmi_refuses_to_orphan_dependents(rt, chain):
 
 
 def test_compaction_makes_a_base_that_forks_the_same(rt, chain, fork):
-    snap = rt.compact("l3", "l3-flat")
+    snap = rt.compact(Compaction.of(from_tag="l3", to_tag="l3-flat"))
     try:
         assert snap.parent_tag is None and snap.memory_sha256 == rt.store.get("l3").memory_sha256
         assert rt.snapshot_info("l3-flat")["depth"] == 0
@@ -104,8 +106,8 @@ def test_compaction_makes_a_base_that_forks_the_same(rt, chain, fork):
 
 
 def test_cascade_deletes_dependents(rt, base):
-    rt.snapshot_diff("k1", BASE_TAG, run=("true",))
-    rt.snapshot_diff("k2", "k1", run=("true",))
+    rt.snapshot_diff(LayerBuild.of(tag="k1", parent_tag=BASE_TAG, run=("true",)))
+    rt.snapshot_diff(LayerBuild.of(tag="k2", parent_tag="k1", run=("true",)))
     assert rt.rmi("k1", cascade=True) == ["k2", "k1"]
     assert not rt.store.dir("k2").exists() and not rt.store.dir("k1").exists()
 

@@ -12,6 +12,7 @@ import pytest
 
 from forkd.base.hashing import sha256_file
 from forkd.core import images as core_images
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.vmm import disk as vdisk
 
 TAG = "oci-disk"
@@ -106,8 +107,9 @@ def test_disk_snapshot_info_and_listing(rt, disk_snap):
 
 @pytest.mark.vm
 def test_layer_and_compaction_of_a_disk_backed_chain(rt, fork, disk_snap):
-    rt.snapshot_diff("oci-disk-l1", TAG, run=("echo layer1 > /srv/l1.txt && sync",))
-    rt.snapshot_diff("oci-disk-l2", "oci-disk-l1", run=("echo layer2 > /srv/l2.txt && rm /srv/parent.txt && sync",))
+    rt.snapshot_diff(LayerBuild.of(tag="oci-disk-l1", parent_tag=TAG, run=("echo layer1 > /srv/l1.txt && sync",)))
+    rt.snapshot_diff(LayerBuild.of(tag="oci-disk-l2", parent_tag="oci-disk-l1",
+                                   run=("echo layer2 > /srv/l2.txt && rm /srv/parent.txt && sync",)))
     l1, l2 = rt.store.get("oci-disk-l1"), rt.store.get("oci-disk-l2")
     assert l1.has_disk and l2.has_disk and l2.parent_tag == "oci-disk-l1"
     # each layer's overlay names its parent's, relatively: the chain is the snapshot chain
@@ -121,7 +123,7 @@ def test_layer_and_compaction_of_a_disk_backed_chain(rt, fork, disk_snap):
     (c2,) = fork(1, tag="oci-disk-l2")
     assert sh(rt, c2.id, "cat /srv/l1.txt /srv/l2.txt; test -e /srv/parent.txt || echo gone") == \
         "layer1\nlayer2\ngone\n"
-    rt.compact("oci-disk-l2", "oci-disk-flat")
+    rt.compact(Compaction.of(from_tag="oci-disk-l2", to_tag="oci-disk-flat"))
     flat = rt.store.get("oci-disk-flat")
     assert flat.has_disk and flat.parent_tag is None
     assert [Path(i["filename"]).name for i in vdisk.chain(rt.store.disk_path("oci-disk-flat"))] == \
@@ -139,7 +141,7 @@ def test_branch_of_a_disk_backed_child_captures_its_disk(rt, fork, disk_snap, mo
 
     (src,) = fork(1, tag=TAG)
     sh(rt, src.id, "echo before-branch > /srv/state.txt")  # in the page cache and the overlay: both captured
-    res = branch(rt, src.id, f"disk-br-{mode}", mode=mode)
+    res = branch(rt, Branch.of(child_id=src.id, tag=f"disk-br-{mode}", mode=mode))
     snap = res.snapshot
     assert snap.status == "ready" and snap.has_disk, snap
     assert "disk_copy" in res.timings_ms
@@ -170,7 +172,7 @@ def test_spec_image_ref_with_rootfs_and_template_pruning(rt, fork, disk_snap, la
     with pytest.raises(ValueError, match="rootfs"):
         ImageRef.model_validate({"oci": {"ref": "/x", "rootfs": "ext4"}})
     # a child of a throw-away disk snapshot leaves an overlay template; deleting the snapshot prunes it
-    rt.snapshot_diff("oci-disk-tmp", TAG, run=("true",))
+    rt.snapshot_diff(LayerBuild.of(tag="oci-disk-tmp", parent_tag=TAG, run=("true",)))
     (c,) = fork(1, tag="oci-disk-tmp")
     templates = set(rt.overlay_templates.glob("*.qcow2"))
     assert any(vdisk.backing_of(t) == rt.store.disk_path("oci-disk-tmp") for t in templates)
@@ -184,9 +186,10 @@ def test_spec_image_ref_with_rootfs_and_template_pruning(rt, fork, disk_snap, la
 def test_isolated_network_and_memory_limit_with_a_disk(rt, disk_snap):
     """NIC and root disk together (the device order parents and children must share), in a child's own network
     namespace and cgroup."""
-    snap = rt.create_snapshot("oci-disk-net", memory_mib=384, network="isolated", image_id=disk_snap[1].id)
+    snap = rt.create_snapshot(ParentBuild.of(tag="oci-disk-net", memory_mib=384, network="isolated",
+                                              image_id=disk_snap[1].id))
     assert snap.has_disk and snap.network == "isolated"
-    (c,) = rt.fork("oci-disk-net", 1, memory_limit_mib=512)
+    (c,) = rt.fork(Spawn.of(tag="oci-disk-net", n=1, memory_limit_mib=512))
     try:
         assert c.netns and c.memory_limit_mib == 512
         assert "10.42.0.2/24" in sh(rt, c.id, "ip -o addr show eth0")
@@ -208,7 +211,7 @@ def test_live_branch_pauses_the_vm_when_the_agent_is_busy(rt, fork, disk_snap):
     holder = AgentClient(Path(src.dir) / "agent.sock")
     try:
         holder.ping()
-        res = branch(rt, src.id, "disk-br-held", mode="live")
+        res = branch(rt, Branch.of(child_id=src.id, tag="disk-br-held", mode="live"))
     finally:
         holder.close()
     assert res.snapshot.status == "ready" and "disk_copy" in res.timings_ms

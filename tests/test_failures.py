@@ -11,6 +11,7 @@ import pytest
 
 from forkd.base.atomic import write_json
 from forkd.base.errors import ForkdError
+from forkd.core.requests import ParentBuild
 from forkd.store.snapshot import Snapshot
 from forkd.vmm.agent_client import AgentTimeout
 from tests.conftest import BASE_TAG, forkd_cli, qemu_pids
@@ -71,7 +72,7 @@ def test_qemu_failing_to_start_shows_its_stderr(rt, home, base, monkeypatch):
 
 def test_guest_never_ready_names_the_console_log(rt, home, base):
     with pytest.raises(ForkdError) as exc:
-        rt.create_snapshot("slowboot", boot_timeout=0.3)
+        rt.create_snapshot(ParentBuild.of(tag="slowboot", boot_timeout=0.3))
     assert "console.log" in str(exc.value) and "never answered" in str(exc.value)
     assert rt.store.get("slowboot").status == "failed"
     assert not rt.store.memory_path("slowboot").exists()

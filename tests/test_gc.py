@@ -21,9 +21,10 @@ pytestmark = pytest.mark.vm
 
 SPAWNER = """
 import os, sys, time
+from forkd.core.requests import Spawn
 from forkd.core.runtime import Runtime
 rt = Runtime()
-recs = rt.fork(sys.argv[1], 5, memory_limit_mib=256)
+recs = rt.fork(Spawn.of(tag=sys.argv[1], n=5, memory_limit_mib=256))
 print(" ".join(r.id for r in recs), flush=True)
 time.sleep(600)
 """

@@ -18,6 +18,7 @@ from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.base.paths import Layout
 from forkd.core.hub import parse_ref, pull, push
 from forkd.core.pack import PackError
+from forkd.core.requests import LayerBuild, Spawn
 from forkd.core.runtime import Runtime
 from tests.conftest import BASE_TAG
 
@@ -48,7 +49,7 @@ def empty():
 
 @pytest.fixture(scope="module")
 def hubdir(rt, base, home, tmp_path_factory):
-    rt.snapshot_diff("hb1", BASE_TAG, run=("echo from-the-hub > /root/h",))
+    rt.snapshot_diff(LayerBuild.of(tag="hb1", parent_tag=BASE_TAG, run=("echo from-the-hub > /root/h",)))
     d = tmp_path_factory.mktemp("hub")
     res = cli(home, "push", "--tag", "hb1", "acme/py@1.0", "-o", "json", hub=f"file://{d}")
     assert res.returncode == 0, res.stderr
@@ -92,7 +93,7 @@ def test_pull_over_http_into_an_empty_store_then_fork(server, empty):
     assert info["version"] == "1.0" and info["head"] == "hb1" and info["chain"] == [BASE_TAG, "hb1"]
     assert "downloading" in res.stderr and "(100%" in res.stderr
     assert os.listdir(empty.layout.tmp) == []
-    (child,) = empty.fork("hb1", 1)
+    (child,) = empty.fork(Spawn.of(tag="hb1", n=1))
     assert empty.exec(child.id, ["cat", "/root/h"])["stdout"] == "from-the-hub\n"
     again = pull(empty, "acme/py@1.0", server)  # idempotent
     assert again["installed"] == [] and os.listdir(empty.layout.tmp) == []

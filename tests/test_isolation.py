@@ -12,6 +12,7 @@ import time
 import pytest
 
 from forkd.base.errors import ForkdError, InvalidInput
+from forkd.core.requests import ParentBuild, Spawn
 from forkd.sandbox import cgroups, netns
 from tests.conftest import BASE_TAG, qemu_pids
 
@@ -27,7 +28,7 @@ def net_snapshot(rt):
             return snap
     except ForkdError:
         pass
-    return rt.create_snapshot(NET_TAG, memory_mib=512, network="isolated")
+    return rt.create_snapshot(ParentBuild.of(tag=NET_TAG, memory_mib=512, network="isolated"))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def nfork(rt, netbase):
     made = []
 
     def _fork(n=1, **kw):
-        recs = rt.fork(NET_TAG, n, **kw)
+        recs = rt.fork(Spawn.of(tag=NET_TAG, n=n, **kw))
         made.extend(recs)
         return recs
 
@@ -135,7 +136,7 @@ def test_placement_fails_closed_unless_allowed(rt, base, nfork, monkeypatch, hom
     before = set(qemu_pids(home))
     monkeypatch.setenv("FORKD_CGROUP_ROOT", str(home / "no-cgroups-here"))
     with pytest.raises(ForkdError, match="cannot be constrained"):
-        rt.fork(BASE_TAG, 1, memory_limit_mib=256)
+        rt.fork(Spawn.of(tag=BASE_TAG, n=1, memory_limit_mib=256))
     assert set(qemu_pids(home)) <= before
     assert not [r for r in rt.children() if r.snapshot == BASE_TAG and r.state == "failed"]
     (c,) = nfork(1, memory_limit_mib=256, allow_unconstrained=True)  # explicitly allowed
@@ -144,9 +145,9 @@ def test_placement_fails_closed_unless_allowed(rt, base, nfork, monkeypatch, hom
 
 def test_network_mode_must_match_the_parent(rt, netbase, base):
     with pytest.raises(InvalidInput, match="without a network device"):
-        rt.fork(BASE_TAG, 1, network="isolated")
+        rt.fork(Spawn.of(tag=BASE_TAG, n=1, network="isolated"))
     with pytest.raises(InvalidInput, match="has a network device"):
-        rt.fork(NET_TAG, 1, network="none")
+        rt.fork(Spawn.of(tag=NET_TAG, n=1, network="none"))
 
 
 def test_kill_removes_namespace_veth_tap_and_cgroup(rt, nfork):

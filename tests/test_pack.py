@@ -22,6 +22,7 @@ from forkd.base.hashing import sha256_file
 from forkd.base.paths import Layout
 from forkd.core import images as core_images
 from forkd.core.pack import PACK_MANIFEST, PackError, pack, read_manifest, unpack
+from forkd.core.requests import LayerBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import Snapshot
 from forkd.vmm import disk as vdisk
@@ -48,7 +49,7 @@ def _state(rt2: Runtime) -> tuple:
 
 @pytest.fixture(scope="module")
 def layer(rt, base):
-    rt.snapshot_diff("pk1", BASE_TAG, run=("echo packed > /root/p",))
+    rt.snapshot_diff(LayerBuild.of(tag="pk1", parent_tag=BASE_TAG, run=("echo packed > /root/p",)))
     yield "pk1"
     try:
         rt.rmi("pk1", force=True)
@@ -100,7 +101,7 @@ def test_unpack_into_an_empty_store_then_fork(packfile, target):
         for f in target.store.dir(tag).iterdir():
             assert f.stat().st_mode & 0o777 == 0o444, f
     assert os.listdir(target.layout.tmp) == []
-    (child,) = target.fork("pk1", 1)
+    (child,) = target.fork(Spawn.of(tag="pk1", n=1))
     assert target.exec(child.id, ["cat", "/root/p", "/root/parent.txt"])["stdout"] == "packed\nparent\n"
     # idempotent: a second unpack installs nothing and changes nothing
     before = _state(target)
@@ -412,7 +413,7 @@ def test_a_disk_backed_snapshot_unpacks_into_another_home_and_forks(disk_snap, d
     assert vdisk.backing_of(sdisk) == rootfs  # the relative reference resolves inside the new home
     assert rootfs.stat().st_blocks * 512 < rootfs.stat().st_size // 2  # the ext4's holes are kept
     assert rootfs.stat().st_mode & 0o777 == 0o444 and sdisk.stat().st_mode & 0o777 == 0o444
-    (child,) = target.fork(DISK_TAG, 1)
+    (child,) = target.fork(Spawn.of(tag=DISK_TAG, n=1))
     assert _sh(target, child.id, "cat /srv/p.txt") == "p\n"
     assert _sh(target, child.id, "echo w > /srv/w.txt && echo x > /root/x.txt && sync && "
                                  "echo 3 > /proc/sys/vm/drop_caches && cat /srv/w.txt /root/x.txt") == "w\nx\n"
@@ -426,12 +427,12 @@ def test_a_disk_backed_snapshot_unpacks_into_another_home_and_forks(disk_snap, d
 
 def test_a_disk_backed_chain_unpacks_and_forks(rt, disk_snap, target, tmp_path):
     snap, image = disk_snap
-    rt.snapshot_diff("pk-disk-l", DISK_TAG, run=("echo l > /srv/l.txt && sync",))
+    rt.snapshot_diff(LayerBuild.of(tag="pk-disk-l", parent_tag=DISK_TAG, run=("echo l > /srv/l.txt && sync",)))
     out = tmp_path / "chain.tar.zst"
     pack(rt, "pk-disk-l", out)
     assert unpack(target, out)["installed"] == [f"images/{image.id}", DISK_TAG, "pk-disk-l"]
     assert vdisk.backing_of(target.store.disk_path("pk-disk-l")) == target.store.disk_path(DISK_TAG)
-    (child,) = target.fork("pk-disk-l", 1)
+    (child,) = target.fork(Spawn.of(tag="pk-disk-l", n=1))
     assert _sh(target, child.id, "cat /srv/p.txt /srv/l.txt") == "p\nl\n"
 
 

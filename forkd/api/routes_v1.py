@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.client import wire
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.reconciler.control import Control, resolve_kind
 from forkd.spec.models import MODELS, to_document
 
@@ -41,11 +42,12 @@ def build_router(control: Control, metrics) -> APIRouter:
     def create_snapshot(req: wire.CreateSnapshotRequest) -> wire.SnapshotInfo:
         """Boot a parent, warm it and snapshot it (blocks until ready); with `from_tag`, build a diff layer."""
         if req.from_tag:
-            snap = rt.snapshot_diff(req.tag, req.from_tag, tuple(req.warm_run), tuple(req.warm_imports),
-                                    tuple(req.warm_exec), labels=req.labels)
+            snap = rt.snapshot_diff(LayerBuild.of(tag=req.tag, parent_tag=req.from_tag, run=tuple(req.warm_run),
+                                    imports=tuple(req.warm_imports), code=tuple(req.warm_exec), labels=req.labels))
         else:
-            snap = rt.create_snapshot(req.tag, req.memory_mib, req.vcpus, tuple(req.warm_imports),
-                                      tuple(req.warm_run), warm_exec=tuple(req.warm_exec), labels=req.labels)
+            snap = rt.create_snapshot(ParentBuild.of(tag=req.tag, memory_mib=req.memory_mib, vcpus=req.vcpus,
+                                      warm_imports=tuple(req.warm_imports), warm_run=tuple(req.warm_run),
+                                      warm_exec=tuple(req.warm_exec), labels=req.labels))
         return wire.snapshot_info(snap, str(rt.store.dir(snap.tag)))
 
     @r.get("/v1/snapshots/{tag}", tags=["snapshots"])
@@ -69,7 +71,7 @@ def build_router(control: Control, metrics) -> APIRouter:
 
     @r.post("/v1/snapshots/{tag}/compact", status_code=201, tags=["snapshots"])
     def compact(tag: str, req: wire.CompactRequest) -> wire.SnapshotInfo:
-        snap = rt.compact(tag, req.to)
+        snap = rt.compact(Compaction.of(from_tag=tag, to_tag=req.to))
         return wire.snapshot_info(snap, str(rt.store.dir(snap.tag)))
 
     # -- sandboxes -----------------------------------------------------------------------------------
@@ -83,8 +85,8 @@ def build_router(control: Control, metrics) -> APIRouter:
         # per_child_netns: true needs a parent built with a NIC (network isolated); children of such a parent are
         # always isolated. memory_limit_mib: a per-child cgroup, placement fails closed.
         t0 = time.perf_counter()
-        recs = rt.fork(req.snapshot_tag, req.n, timeout=req.timeout_secs,
-                       network="isolated" if req.per_child_netns else None, memory_limit_mib=req.memory_limit_mib)
+        recs = rt.fork(Spawn.of(tag=req.snapshot_tag, n=req.n, timeout=req.timeout_secs,
+                       network="isolated" if req.per_child_netns else None, memory_limit_mib=req.memory_limit_mib))
         metrics.spawn_request_seconds.observe(time.perf_counter() - t0)
         for rec in recs:
             if "ready" in rec.timings_ms:
@@ -129,7 +131,7 @@ def build_router(control: Control, metrics) -> APIRouter:
             raise NotSupported("branch is not available in this build of forkd") from None
         mode = "diff" if req.diff else req.mode
         tag = req.tag or f"branch-{id}-{int(time.time())}"
-        res = do_branch(rt, id, tag, mode=mode, wait=req.wait)
+        res = do_branch(rt, Branch.of(child_id=id, tag=tag, mode=mode, wait=req.wait))
         if res.pause_ms is not None:
             metrics.branch_pause_seconds.labels(mode).observe(res.pause_ms / 1000.0)
         info = wire.snapshot_info(res.snapshot, str(rt.store.dir(tag)))

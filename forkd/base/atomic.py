@@ -1,10 +1,18 @@
-"""Crash-safe file writes: write a temp file in the same directory, fsync, rename, fsync the directory."""
+"""Crash-safe file writes: write a temp file in the same directory, fsync, rename, fsync the directory.
+
+`publish(path)` is the one sequence (temp file beside `path` -> write by descriptor -> fsync -> mode -> rename ->
+fsync the directory; the temp file is removed on failure); `write_bytes` / `write_json` use it for whole
+contents, and callers that copy extents or stream into a descriptor use it directly. `sync_file` makes a file
+written by someone else (a VMM, a tool) durable.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +25,37 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
-    """Atomic replace. `durable=False` skips the fsyncs: the file is still never torn (rename), but a power loss
-    may bring back the previous version; right for state that a power loss makes moot anyway."""
-    path = Path(path)
-    # unique per writer (process, thread, call): concurrent writers of one file must not share a temp file
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(3).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+def sync_file(path: Path) -> os.stat_result:
+    """fsync a file written by another process (a VMM, qemu-img); returns its stat (st_blocks: bytes stored)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        os.fsync(fd)
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: Path) -> Path:
+    """A temp file name beside `path`, unique per writer (process, thread, call): concurrent writers of one file
+    must not share a temp file."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(3).hex()}")
+
+
+@contextmanager
+def publish(path: Path, mode: int = 0o644, durable: bool = True) -> Iterator[int]:
+    """Yield a descriptor (read-write) of a new temp file beside `path`; on success it is fsynced, given exactly
+    `mode` and renamed over `path` (then the directory is fsynced); on failure it is removed. `durable=False`
+    skips the fsyncs: the file is still never torn (rename), but a power loss may bring back the old version."""
+    path = Path(path)
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            yield fd
             if durable:
-                os.fsync(f.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         if durable:
             os.chmod(tmp, mode)  # exact mode whatever the umask (fast path: the umask can only remove bits)
         os.replace(tmp, path)
@@ -40,28 +66,28 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool = True
         fsync_dir(path.parent)
 
 
+def write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Atomic replace of `path` by `data` (see publish)."""
+    with publish(path, mode, durable) as fd:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+
 def write_json(path: Path, obj: Any, mode: int = 0o644, durable: bool = True) -> None:
     text = json.dumps(obj, indent=2, sort_keys=True) if durable else json.dumps(obj, separators=(",", ":"))
     write_bytes(path, (text + "\n").encode(), mode, durable)
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fsync_tree(path: Path) -> None:
     """fsync a file, or a directory's regular files (not recursively) and the directory itself."""
     path = Path(path)
     if not path.is_dir():
-        fsync_file(path)
+        sync_file(path)
         return
     for f in path.iterdir():
         if f.is_file() and not f.is_symlink():
-            fsync_file(f)
+            sync_file(f)
     fsync_dir(path)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.core.requests import ParentBuild
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -98,6 +99,7 @@ def from_image(rt: Runtime, ref: str, tag: str, memory_mib: int = 512, vcpus: in
         raise Conflict(f"snapshot {tag!r} already exists ({old.status})",
                        hint=f"forkd rmi {tag}, or pick another --tag")
     image, built = build_oci(rt, ref, memory_mib=memory_mib, pip=pip, progress=progress, rootfs=rootfs)
-    snap = rt.create_snapshot(tag, memory_mib, vcpus, warm_imports, warm_run, progress=progress,
-                              labels={"forkd.dev/image": image.id, **(labels or {})}, image_id=image.id)
+    snap = rt.create_snapshot(ParentBuild.of(tag=tag, memory_mib=memory_mib, vcpus=vcpus, warm_imports=warm_imports,
+                                             warm_run=warm_run, labels={"forkd.dev/image": image.id, **(labels or {})},
+                                             image_id=image.id), progress=progress)
     return snap, image, built

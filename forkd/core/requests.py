@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from forkd.base.errors import InvalidInput
 from forkd.base.names import check_tag
@@ -96,6 +96,12 @@ class Compaction(Request):
     from_tag: Tag
     to_tag: Tag
     labels: Labels = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _new_tag(self) -> Self:
+        if self.to_tag == self.from_tag:
+            raise ValueError("compaction needs a new tag: to_tag must differ from from_tag")
+        return self
 
 
 class Branch(Request):

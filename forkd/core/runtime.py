@@ -4,36 +4,33 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 from forkd.base.atomic import write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
-from forkd.base.hashing import sha256_file
-from forkd.base.names import check_tag
 from forkd.base.paths import Layout
-from forkd.core.warmup import warm_up
+from forkd.base.settings import settings
+from forkd.core.pipeline.branch import BranchResult, branch
+from forkd.core.pipeline.compaction import CompactJob
+from forkd.core.pipeline.layer import LayerJob
+from forkd.core.pipeline.parent import ParentJob
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.image.build import Image, build, default_image
 from forkd.sandbox.registry import ChildRecord, Registry
 from forkd.sandbox.supervisor import Supervisor
-from forkd.store.memfile import copy_sparse_hashed
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
 from forkd.vmm.accel import Decision, probe
 from forkd.vmm.agent_client import AgentClient
-from forkd.vmm.disk import create_overlay, prune_templates
-from forkd.vmm.driver import Machine, RunFiles, VmmDriver
+from forkd.vmm.disk import prune_templates
+from forkd.vmm.driver import Machine, VmmDriver
 from forkd.vmm.qemu import QemuDriver
 
 Progress = Callable[[str], None]
-MAX_FORK = 1000
-MIN_MEMORY_LIMIT_MIB = 64
 
 
 def _quiet(_: str) -> None:
@@ -75,10 +72,8 @@ class Runtime:
         """KVM or TCG for this kernel, decided by a real boot probe and cached per kernel hash.
 
         Returns (decision, from_cache). FORKD_ACCEL=kvm|tcg overrides the probe."""
-        forced = os.environ.get("FORKD_ACCEL")
+        forced = settings().accel  # kvm or tcg: the setting's type checks it
         if forced:
-            if forced not in ("kvm", "tcg"):
-                raise InvalidInput(f"FORKD_ACCEL={forced!r}: use kvm or tcg")
             return Decision(forced, "set by FORKD_ACCEL", 0.0), False
         cache_path = self.layout.accel_cache
         try:
@@ -121,79 +116,9 @@ class Runtime:
                        accel=snap.accel, network=self.network_of(snap),
                        disk=self.store.disk_path(snap.tag) if snap.has_disk else None)
 
-    def create_snapshot(self, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: tuple[str, ...] = (),
-                        warm_run: tuple[str, ...] = (), progress: Progress = _quiet,
-                        boot_timeout: float = 90.0, warm_exec: tuple[str, ...] = (),
-                        labels: dict[str, str] | None = None, network: str = "none",
-                        image_id: str | None = None) -> Snapshot:
-        """Boot a parent, warm it up, pause it and write a ready snapshot (or a failed one, never a torn one).
-
-        `network="isolated"` gives the parent one virtio-net NIC (guest 10.42.0.2/24, gateway 10.42.0.1): every
-        child of it (and of layers on it) then runs in its own network namespace."""
-        check_tag(tag)
-        if network not in ("none", "isolated"):
-            raise InvalidInput(f"--network {network!r}: use none or isolated")
-        if not 128 <= memory_mib <= 65536:
-            raise InvalidInput(f"--memory-mib {memory_mib}: use 128..65536")
-        if not 1 <= vcpus <= 64:
-            raise InvalidInput(f"--vcpus {vcpus}: use 1..64")
-        for mod in warm_imports:
-            if not all(part.isidentifier() for part in mod.split(".")):
-                raise InvalidInput(f"--warm-import {mod!r} is not a module name")
-        image = self.image(image_id) if image_id else self.build_image(progress)[0]  # image_id: forkd.core.images
-        decision, _ = self.accelerator(image, progress)
-        machine = Machine(kernel=image.kernel, initrd=image.initrd, memory_mib=memory_mib, vcpus=vcpus,
-                          accel=decision.accel, network=network)
-        snap = self.store.begin(Snapshot(
-            tag=tag, status="writing", created_at=time.time(), memory_mib=memory_mib, vcpus=vcpus,
-            accel=decision.accel, image_id=image.id, kernel_sha256=image.kernel_sha256,
-            qemu_version=self.driver.version(), warm_imports=tuple(warm_imports), warm_run=tuple(warm_run),
-            warm_exec=tuple(warm_exec), labels=dict(labels or {}), network=network))
-        shm_dir = Path(os.environ.get("FORKD_SHM", "/dev/shm"))
-        work = self.layout.tmp / f"p-{os.getpid()}-{secrets.token_hex(2)}"
-        mem = (shm_dir if shm_dir.is_dir() else work) / f"forkd-{tag}-{os.getpid()}.mem"
-        vm = None
-        timings: dict[str, float] = {}
-        try:
-            t0 = time.perf_counter()
-            if image.disk is not None:  # the parent writes its own overlay, frozen with the snapshot
-                machine = replace(machine, disk=self.store.disk_path(tag))
-                create_overlay(machine.disk, image.disk)
-            progress(f"booting the parent ({memory_mib} MiB, {vcpus} vCPU, {decision.accel}"
-                     f"{', disk-backed' if image.disk else ''})")
-            work.mkdir(parents=True)
-            vm = self.driver.boot(machine, mem, RunFiles(work), timeout=boot_timeout)
-            timings["boot"] = (time.perf_counter() - t0) * 1000.0
-            t1 = time.perf_counter()
-            warm_up(vm.agent, tuple(warm_imports), tuple(warm_exec), tuple(warm_run), progress)
-            timings["warmup"] = (time.perf_counter() - t1) * 1000.0
-            progress("pausing and saving device state")
-            d = self.store.dir(tag)
-            t2 = time.perf_counter()
-            self.driver.save(vm, d / "vmstate")
-            vm = None
-            timings["save"] = (time.perf_counter() - t2) * 1000.0
-            progress("writing and hashing the memory file")
-            t3 = time.perf_counter()
-            mem_hash, mem_size, stored = copy_sparse_hashed(mem, d / "memory.bin")
-            timings["memory_copy"] = (time.perf_counter() - t3) * 1000.0
-            try:  # the parent's memory file is its children's flat image: keep it instead of copying it back
-                self.store.adopt_flat(mem, mem_hash)
-            except OSError:
-                pass  # materialize() copies it from the store on first use
-            snap = snap.with_(memory_sha256=mem_hash, memory_bytes=mem_size, memory_stored_bytes=stored,
-                              vmstate_sha256=sha256_file(d / "vmstate"),
-                              vmstate_bytes=(d / "vmstate").stat().st_size, timings_ms=timings,
-                              **(self.store.seal_disk(tag) if machine.disk else {}))
-            return self.store.commit(snap)
-        except BaseException as exc:
-            if vm is not None:
-                self.driver.stop(vm)
-            self.store.fail(snap, exc)
-            raise
-        finally:
-            mem.unlink(missing_ok=True)
-            shutil.rmtree(work, ignore_errors=True)
+    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> Snapshot:
+        """Boot a parent, warm it up, pause it and write a ready snapshot (see forkd.core.pipeline.parent)."""
+        return ParentJob(self, req, progress).execute()
 
     def snapshot_info(self, tag: str) -> dict:
         snap = self.store.get(tag)
@@ -214,19 +139,17 @@ class Runtime:
         info["logical_bytes"] = snap.memory_bytes + snap.vmstate_bytes
         return info
 
-    def snapshot_diff(self, tag: str, from_tag: str, run: tuple[str, ...] = (), imports: tuple[str, ...] = (),
-                      code: tuple[str, ...] = (), labels: dict[str, str] | None = None,
-                      progress: Progress = _quiet) -> Snapshot:
-        """Build `tag` as a sparse diff layer on `from_tag` (see forkd.core.layers)."""
-        from forkd.core.layers import build_layer
+    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> Snapshot:
+        """Build `req.tag` as a sparse diff layer on `req.parent_tag` (see forkd.core.pipeline.layer)."""
+        return LayerJob(self, req, progress).execute()
 
-        return build_layer(self, tag, from_tag, run, imports, code, labels, progress)
+    def compact(self, req: Compaction, progress: Progress = _quiet) -> Snapshot:
+        """Write the chain head `req.from_tag` as a base snapshot `req.to_tag` (forkd.core.pipeline.compaction)."""
+        return CompactJob(self, req, progress).execute()
 
-    def compact(self, from_tag: str, to_tag: str, labels: dict[str, str] | None = None,
-                progress: Progress = _quiet) -> Snapshot:
-        from forkd.core.layers import compact
-
-        return compact(self, from_tag, to_tag, labels, progress)
+    def branch(self, req: Branch) -> BranchResult:
+        """Snapshot a running child (see forkd.core.pipeline.branch)."""
+        return branch(self, req)
 
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
         """Delete a snapshot. Refused while children of it run, or while layers are built on it, unless
@@ -251,20 +174,14 @@ class Runtime:
             return doomed
 
     # -- children ----------------------------------------------------------------------------------
-    def fork(self, tag: str, n: int = 1, timeout: float = 60.0, progress: Progress = _quiet,
-             pool: str | None = None, network: str | None = None, memory_limit_mib: int | None = None,
-             allow_unconstrained: bool = False, cpu_weight: int = 100) -> list[ChildRecord]:
-        """Restore `n` children of `tag` in parallel; return when every one answered. All or nothing.
+    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[ChildRecord]:
+        """Restore `req.n` children of `req.tag` in parallel; return when every one answered. All or nothing.
 
         `network`: None follows the snapshot (isolated parents have a NIC, so their children always get a network
         namespace each); "isolated" on a parent built without a NIC, or "none" on one with a NIC, is refused.
         `memory_limit_mib` / `cpu_weight` go into each child's cgroup; a child that cannot be placed is not
         started unless `allow_unconstrained`."""
-        if not 1 <= n <= MAX_FORK:
-            raise InvalidInput(f"-n {n}: use 1..{MAX_FORK}")
-        if memory_limit_mib is not None and memory_limit_mib < MIN_MEMORY_LIMIT_MIB:
-            raise InvalidInput(f"--memory-limit-mib {memory_limit_mib}: use {MIN_MEMORY_LIMIT_MIB} or more (a restored "
-                               "child's VMM alone needs 30-50 MiB)")
+        tag, n, network = req.tag, req.n, req.network
         with self.registry.locked():
             snap = self.store.get_ready(tag)
         if network is not None and network != self.network_of(snap):
@@ -283,14 +200,14 @@ class Runtime:
         # restores are CPU-bound (QEMU start-up and TCG translation): more in flight than twice the cores
         # only makes each child slower without raising throughput (measured: 4 -> 13.5/s, 16 -> 12.2/s)
         with ThreadPoolExecutor(max_workers=min(n, 2 * (os.cpu_count() or 1))) as workers:
-            futures = [workers.submit(sup.spawn, tag, machine, memory, vmstate, timeout, pool,
-                                      memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained,
-                                      cpu_weight=cpu_weight) for _ in range(n)]
+            futures = [workers.submit(sup.spawn, tag, machine, memory, vmstate, req.timeout, req.pool,
+                                      memory_limit_mib=req.memory_limit_mib,
+                                      allow_unconstrained=req.allow_unconstrained, cpu_weight=req.cpu_weight)
+                       for _ in range(n)]
             for fut in as_completed(futures):
                 try:
                     rec, vm = fut.result()
-                    vm.agent.close()
-                    vm.qmp.close()
+                    self.driver.release(vm)
                     done.append(rec)
                     progress(f"{len(done)}/{n} children answering")
                 except BaseException as exc:  # noqa: BLE001 - collected, reported below

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
+from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.registry import ChildRecord, Registry
 from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
-from forkd.vmm.qmp import QMPClient
 
 ENTROPY_BYTES = 64
 
@@ -38,7 +38,7 @@ class Supervisor:
         home = str(self.registry.layout.home)
         hier = cgroups.detect()
         if runas is None:
-            runas = os.environ.get("FORKD_VMM_RUNAS", "") in ("1", "per-child", "yes")
+            runas = settings().vmm_runas_per_child
         rec = self._record(snapshot, machine, pool, memory_limit_mib, home, hier, runas)
         group: cgroups.ChildCgroup | None = None
         net: netns.ChildNet | None = None
@@ -138,15 +138,12 @@ class Supervisor:
         Returns True if it had to be resumed."""
         if rec.status != "running":
             return False
-        qmp = QMPClient(Path(rec.dir) / "qmp.sock", timeout=5)
+        vm = self.driver.attach(RunFiles(Path(rec.dir)), rec.pid, rec.started)
         try:
-            status = (qmp.execute("query-status") or {}).get("status")
-            if status in ("paused", "postmigrate", "finish-migrate"):
-                qmp.execute("cont")
-                return True
-            return False
+            self.driver.connect(vm, timeout=5)
+            return self.driver.ensure_running(vm)
         finally:
-            qmp.close()
+            self.driver.release(vm)
 
     def kill(self, rec: ChildRecord) -> bool:
         """Stop the child's VMM if it is still ours, remove its namespace and cgroup, drop its record and files.

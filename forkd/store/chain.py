@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
+from forkd.base.atomic import publish, write_bytes
 from forkd.base.errors import ForkdError
 
 PAGE = 4096
@@ -62,7 +63,7 @@ def write_diff(parent_flat: Path, child_flat: Path, dest_dir: Path) -> tuple[int
     pages = array("I")
     pa, ch = os.open(parent_flat, os.O_RDONLY), os.open(child_flat, os.O_RDONLY)
     try:
-        with open(dest_dir / DATA_FILE, "wb") as data:
+        with publish(dest_dir / DATA_FILE) as fd, open(fd, "wb", closefd=False) as data:
             for start, end in _merged_extents(pa, ch, size):
                 for off in range(start, end, CHUNK):
                     n = min(CHUNK, end - off)
@@ -74,15 +75,10 @@ def write_diff(parent_flat: Path, child_flat: Path, dest_dir: Path) -> tuple[int
                         if x[p:p + PAGE] != y[p:p + PAGE]:
                             pages.append((off + p) // PAGE)
                             data.write(y[p:p + PAGE])
-            data.flush()
-            os.fsync(data.fileno())
     finally:
         os.close(pa)
         os.close(ch)
-    with open(dest_dir / PAGES_FILE, "wb") as f:
-        pages.tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
+    write_bytes(dest_dir / PAGES_FILE, pages.tobytes())
     return len(pages), len(pages) * PAGE
 
 
@@ -133,26 +129,31 @@ def copy_extents(src: Path, dst_fd: int) -> int:
 
 def hash_image(path: Path) -> str:
     """sha256 of the logical content (holes read as zeros), the same definition as the store's memory hash."""
-    h = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        pos = 0
-        for start, length in data_extents(fd, size):
-            _zeros(h, start - pos)
-            off = start
-            while off < start + length:
-                chunk = os.pread(fd, min(CHUNK, start + length - off), off)
-                h.update(chunk)
-                off += len(chunk)
-            pos = start + length
-        _zeros(h, size - pos)
+        return hash_fd(fd)
     finally:
         os.close(fd)
+
+
+def hash_fd(fd: int) -> str:
+    """hash_image of an open file."""
+    h = hashlib.sha256()
+    size = os.fstat(fd).st_size
+    pos = 0
+    for start, length in data_extents(fd, size):
+        hash_zeros(h, start - pos)
+        off = start
+        while off < start + length:
+            chunk = os.pread(fd, min(CHUNK, start + length - off), off)
+            h.update(chunk)
+            off += len(chunk)
+        pos = start + length
+    hash_zeros(h, size - pos)
     return h.hexdigest()
 
 
-def _zeros(h, n: int) -> None:
+def hash_zeros(h, n: int) -> None:
     while n > 0:
         k = min(n, CHUNK)
         h.update(_ZERO_CHUNK[:k])

@@ -11,17 +11,18 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from forkd.base.atomic import fsync_dir, write_json
+from forkd.base.atomic import fsync_dir, publish, write_json
 from forkd.base.errors import Conflict, NotFound, first_line
-from forkd.base.hashing import sha256_file
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
 from forkd.base.procs import is_alive, start_time
 from forkd.store import chain
 from forkd.store.chain import ChainError
 from forkd.store.snapshot import DISK, MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot
+from forkd.store.writer import SnapshotWriter, writing
 
 DATA_FILES = (MEMORY, VMSTATE, chain.PAGES_FILE, chain.DATA_FILE, DISK)
 
@@ -44,17 +45,6 @@ class SnapshotStore:
     def disk_path(self, tag: str) -> Path:
         """A disk-backed snapshot's overlay (its backing chain ends in the image's rootfs.ext4)."""
         return self.dir(tag) / DISK
-
-    def seal_disk(self, tag: str) -> dict:
-        """A snapshot's disk overlay, written by a VMM that has quit: fsynced; returns its manifest fields."""
-        disk = self.disk_path(tag)
-        fd = os.open(disk, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            allocated = os.fstat(fd).st_blocks * 512
-        finally:
-            os.close(fd)
-        return {"disk_sha256": sha256_file(disk), "disk_bytes": allocated}
 
     # -- reading -----------------------------------------------------------------------------------
     def get(self, tag: str) -> Snapshot:
@@ -93,6 +83,12 @@ class SnapshotStore:
         return out
 
     # -- life cycle --------------------------------------------------------------------------------
+    def writing(self, snap: Snapshot, timings: dict[str, float] | None = None
+                ) -> AbstractContextManager[SnapshotWriter]:
+        """The one way to make a snapshot: `with store.writing(record) as w: ... w.seal(...)` (forkd.store.writer).
+        begin/commit/fail below are its steps (and what tests use to fake a half-written snapshot)."""
+        return writing(self, snap, timings)
+
     def begin(self, snap: Snapshot) -> Snapshot:
         """Create the directory and a `writing` manifest owned by this process."""
         d = self.dir(snap.tag)
@@ -157,18 +153,12 @@ class SnapshotStore:
         if target.exists():
             return target
         self.layout.make_flat_cache()
-        tmp = target.with_name(f".tmp-{content_hash[:12]}-{os.getpid()}-{time.monotonic_ns()}")
         try:
-            os.rename(image, tmp)
+            os.chmod(image, 0o444)
+            os.rename(image, target)  # same filesystem: the scratch file becomes the cached image
         except OSError:  # another filesystem
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
+            with publish(target, mode=0o444) as fd:
                 chain.copy_extents(image, fd)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.chmod(tmp, 0o444)
-        os.rename(tmp, target)
         return target
 
     def flat_path(self, snap: Snapshot) -> Path:
@@ -220,9 +210,7 @@ class SnapshotStore:
         if target.exists():
             return target
         self.layout.make_flat_cache()
-        tmp = self.layout.flat_cache / f".tmp-{head.tag}-{os.getpid()}-{time.monotonic_ns()}"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
+        with publish(target, mode=0o444) as fd:
             chain.copy_extents(self.dir(chain_[0].tag) / MEMORY, fd)
             for layer in chain_[1:]:
                 if chain.diff_hash(self.dir(layer.tag)) != layer.diff_sha256:
@@ -230,21 +218,12 @@ class SnapshotStore:
                                      "match their recorded hash)",
                                      hint=f"delete it with 'forkd rmi --force --cascade {layer.tag}' and rebuild")
                 chain.apply_diff(self.dir(layer.tag), fd)
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
             # a base's copy is trusted (hashed when it was written or unpacked); a composed image is checked
-            got = chain.hash_image(tmp) if head.is_layer else head.memory_sha256
+            got = chain.hash_fd(fd) if head.is_layer else head.memory_sha256
             if got != head.memory_sha256:
                 raise ChainError(f"snapshot {tag!r}: its layers do not add up to the recorded content "
                                  f"({got[:12]} != {(head.memory_sha256 or '?')[:12]}): a layer was altered",
                                  hint=f"delete it with 'forkd rmi --force {tag}' and rebuild")
-            os.chmod(tmp, 0o444)
-            os.rename(tmp, target)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-            tmp.unlink(missing_ok=True)
         return target
 
     def _remove_dir(self, d: Path) -> None:

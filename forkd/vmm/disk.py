@@ -24,7 +24,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from forkd.base.atomic import temp_name
 from forkd.base.errors import ForkdError
+from forkd.base.settings import settings
 
 QCOW2 = "qcow2"
 RAW = "raw"
@@ -35,7 +37,7 @@ class DiskError(ForkdError):
 
 
 def qemu_img() -> str:
-    found = shutil.which(os.environ.get("FORKD_QEMU_IMG", "qemu-img"))
+    found = shutil.which(settings().qemu_img)
     if not found:
         raise DiskError("qemu-img not found (disk-backed images need it)", hint="apt-get install qemu-utils")
     return found
@@ -118,7 +120,7 @@ def new_overlay(base: Path, dest: Path, template_dir: Path | None = None) -> Non
     template = template_dir / f"{key}.qcow2"
     if not template.exists():
         template_dir.mkdir(parents=True, exist_ok=True)
-        tmp = template_dir / f".{key}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+        tmp = temp_name(template)  # qemu-img writes it; renamed into place whole
         try:
             create_overlay(tmp, base, relative=False)
             os.replace(tmp, template)

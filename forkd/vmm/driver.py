@@ -1,19 +1,18 @@
 """The VMM driver interface, the machine description and the running-VM handle.
 
-A driver boots a parent, saves it (device state beside a memory file it leaves as the immutable base) and
-restores children over that memory file mapped private. Each operation is a list of named, ordered steps
-(after firecracker-go-sdk's handlers) whose durations are kept, so errors and benchmarks can name them.
+A driver boots a parent, saves it (device state beside a memory file it leaves as the immutable base),
+restores children over that memory file mapped private, and captures a running child (live or stopped) into a
+stream it then turns into a forkable snapshot (BRANCH). Each operation is a list of named, ordered steps
+(forkd.base.steps) whose durations are kept, so errors and benchmarks can name them. The contract a driver must
+meet, operation by operation, is written down in CONTRACT.md beside this module.
 """
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from forkd.base.errors import ForkdError
 
 AGENT_PORT = "forkd.agent"
 
@@ -76,27 +75,6 @@ class Vm:
     agent: object = None  # AgentClient while connected
 
 
-class StepError(ForkdError):
-    pass
-
-
-def run_steps(steps: list[tuple[str, Callable[[], None]]], timings: dict[str, float], what: str,
-              on_error: Callable[[], str] | None = None) -> None:
-    """Run named steps in order, recording each one's duration in ms; a failure names its step."""
-    for name, fn in steps:
-        t0 = time.perf_counter()
-        try:
-            fn()
-        except ForkdError as exc:
-            extra = on_error() if on_error else ""
-            raise StepError(f"{what}: step '{name}' failed: {exc.message}{extra}", hint=exc.hint) from exc
-        except OSError as exc:
-            extra = on_error() if on_error else ""
-            raise StepError(f"{what}: step '{name}' failed: {exc}{extra}") from exc
-        finally:
-            timings[name] = (time.perf_counter() - t0) * 1000.0
-
-
 class VmmDriver(ABC):
     name: str
 
@@ -124,4 +102,87 @@ class VmmDriver(ABC):
         ("uid:gid"): drop to that identity once files and sockets are open."""
 
     @abstractmethod
-    def stop(self, vm: Vm) -> None: ...
+    def stop(self, vm: Vm) -> None:
+        """Kill the VMM (if it is still the process `vm` names) and close this process's connections to it."""
+
+    # -- running VMs this process did not start (BRANCH, recovery) -------------------------------------------
+    @abstractmethod
+    def attach(self, files: RunFiles, pid: int | None, started: int | None) -> Vm:
+        """A handle on a running VMM recorded elsewhere (a child's RunFiles, pid and start time). No I/O: the
+        control channel is opened by `connect` (or by the first operation that needs it)."""
+
+    @abstractmethod
+    def connect(self, vm: Vm, timeout: float = 30.0) -> None:
+        """Open the control channel to `vm` (idempotent). Only one may be open per VM at a time."""
+
+    @abstractmethod
+    def release(self, vm: Vm) -> None:
+        """Close this process's connections to `vm` and leave it running."""
+
+    @abstractmethod
+    def run_state(self, vm: Vm) -> str:
+        """The VM's run state: "running", "paused", or the VMM's own word for another state."""
+
+    @abstractmethod
+    def ensure_running(self, vm: Vm) -> bool:
+        """Resume `vm` if a pause (ours, or that of a process that died) left it paused; a capture still in
+        flight is cancelled first. True if it had to be resumed. The one "resume if paused"."""
+
+    @abstractmethod
+    def live_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
+        """Why `vm` cannot be captured live, as (reason, hint), or None if it can. No I/O on the VMM."""
+
+    @abstractmethod
+    def open_capture(self, vm: Vm, stream: Path, live: bool) -> Capture:
+        """Create the stream file (an unwritable destination fails here, before anything is paused) and return
+        the capture of `vm` into it; nothing runs until `Capture.start`."""
+
+    @abstractmethod
+    def stream_to_snapshot(self, machine: Machine, stream: Path, memory: Path, vmstate: Path, work: Path,
+                           timeout: float = 300.0) -> dict[str, float]:
+        """Turn a finished capture `stream` of a VM described by `machine` into a forkable snapshot: `memory` (the
+        whole guest RAM, a file children can map) and `vmstate` (device state only). `work` is scratch space.
+        Returns step timings in ms. Leaves no process behind."""
+
+
+class Capture(ABC):
+    """One capture of a running VM's whole state (device state + all of RAM) into a stream file.
+
+    Live (`live=True`): the VM stops only while its device state is saved and its RAM write-protected, then runs
+    while RAM streams out (`wait_resumed`, then `wait_done`). Stopped: the caller `pause`s it first; `wait_done`
+    returns once everything is in the stream; the caller resumes it (VmmDriver.ensure_running)."""
+
+    path: Path
+    live: bool
+    info: dict  # the VMM's report once done (e.g. "downtime" in ms)
+    timings: dict[str, float]
+    stop_resume_ms: float | None  # live: from the VM's stop to its resume, by the VMM's own clock
+
+    @abstractmethod
+    def pause(self) -> None:
+        """Stop the VM before `start` (e.g. to copy its disk while nothing writes it); a live capture resumes it as
+        soon as its device state is saved."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start writing the stream. Raises if another capture of this VM is in flight."""
+
+    @abstractmethod
+    def wait_resumed(self, timeout: float = 60.0) -> None:
+        """Live: return once the VM runs again (device state captured, RAM protected); RAM keeps streaming."""
+
+    @abstractmethod
+    def wait_done(self, timeout: float = 600.0) -> dict:
+        """Return `info` once the whole stream is written; raise if it failed."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Best effort: stop a capture still in flight and wait until it is over."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Put the VM's settings back to what a running child has, and close the stream (idempotent)."""
+
+    @property
+    def downtime_ms(self) -> float | None:
+        return self.info.get("downtime")

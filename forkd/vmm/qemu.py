@@ -19,9 +19,12 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
+from forkd.base.settings import settings
+from forkd.base.steps import run_steps
+from forkd.vmm import capture
 from forkd.vmm.agent_client import AgentClient, AgentTimeout
 from forkd.vmm.disk import new_overlay
-from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles, Vm, VmmDriver, run_steps
+from forkd.vmm.driver import AGENT_PORT, Capture, Machine, RunFiles, Vm, VmmDriver
 from forkd.vmm.qmp import QMPClient
 
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
@@ -33,7 +36,7 @@ UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 
 
 def find_qemu() -> str | None:
-    return shutil.which(os.environ.get("FORKD_QEMU", "qemu-system-x86_64"))
+    return shutil.which(settings().qemu)
 
 
 def tail(path: Path, n: int = 12) -> str:
@@ -148,15 +151,42 @@ class QemuDriver(VmmDriver):
         return f"\nQEMU log: {vm.files.log}; guest console: {vm.files.console}"
 
     def stop(self, vm: Vm) -> None:
-        for client in (vm.qmp, vm.agent):
-            if client is not None:
-                client.close()
-        vm.qmp = vm.agent = None
+        self.release(vm)
         if isinstance(vm.process, subprocess.Popen):
             vm.process.kill()
             vm.process.wait()
         else:
             kill_and_wait(vm.pid, vm.started)
+
+    # -- running VMs this process did not start --------------------------------------------------
+    def attach(self, files: RunFiles, pid: int | None, started: int | None) -> Vm:
+        return Vm(pid=pid or 0, started=started or 0, files=files, driver=self.name)
+
+    def connect(self, vm: Vm, timeout: float = 30.0) -> None:
+        if vm.qmp is None:
+            vm.qmp = QMPClient(vm.files.qmp, timeout=timeout)
+
+    def _qmp(self, vm: Vm) -> QMPClient:
+        self.connect(vm)
+        return vm.qmp
+
+    def release(self, vm: Vm) -> None:
+        for client in (vm.qmp, vm.agent):
+            if client is not None:
+                client.close()
+        vm.qmp = vm.agent = None
+
+    def run_state(self, vm: Vm) -> str:
+        return capture.run_state(self._qmp(vm))
+
+    def ensure_running(self, vm: Vm) -> bool:
+        return capture.ensure_running(self._qmp(vm))
+
+    def live_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
+        return capture.live_problem(vm.pid)
+
+    def open_capture(self, vm: Vm, stream: Path, live: bool) -> Capture:
+        return capture.QemuCapture(self._qmp(vm), stream, live)
 
     # -- boot ------------------------------------------------------------------------------------
     def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0,
@@ -282,3 +312,51 @@ class QemuDriver(VmmDriver):
             os.close(fd)
         vm.timings_ms.update(timings)
         return vm
+
+    # -- branch: a captured stream into a snapshot ----------------------------------------------
+    def stream_to_snapshot(self, machine: Machine, stream: Path, memory: Path, vmstate: Path, work: Path,
+                           timeout: float = 300.0) -> dict[str, float]:
+        """Load a full-RAM stream into a helper QEMU (same machine, `-S -incoming defer`) whose RAM is a new
+        `share=on` file, `memory`, then save its device state only (`x-ignore-shared`) to `vmstate` with `save`.
+        The result has the same shape as a snapshot made by booting a parent. Stops the helper always."""
+        work.mkdir(parents=True, exist_ok=True)
+        files = RunFiles(work)
+        empty = work / "initrd.empty"
+        empty.touch()
+        # as in restore: the guest never reads its kernel again, the boot-header stub keeps the same ROMs
+        machine = replace(machine, kernel=kernel_stub(machine.kernel, work / "kernel.stub"), initrd=empty)
+        if machine.disk is not None:  # same devices as the source; the helper never runs the guest, so any overlay
+            new_overlay(machine.disk, files.disk, self.overlay_templates)
+        # -S: the stream comes from a *running* VM, so without it QEMU would start the guest once loaded, and the
+        # guest would change `memory` before we save the device state
+        argv = qemu_argv(self.binary, machine, memory, files, share=True, incoming=True, sandbox=True,
+                         disk=files.disk if machine.disk is not None else None) + ["-S"]
+        fd = os.open(stream, os.O_RDONLY)
+        timings: dict[str, float] = {}
+        vm: Vm | None = None
+
+        def start() -> None:
+            nonlocal vm
+            vm = self._start(argv, files, pass_fds=(fd,))
+            vm.qmp = QMPClient(files.qmp, timeout=30)
+
+        def load() -> None:
+            capture.set_caps(vm.qmp, x_ignore_shared=False)
+            vm.qmp.execute("migrate-incoming", {"uri": f"fd:{fd}"})
+            vm.qmp.wait_migration(timeout=timeout, poll=0.01)
+
+        try:
+            run_steps([("convert_start", start), ("convert_load", load)], timings, "branch conversion",
+                      on_error=lambda: self._died(vm) if vm else "")
+            os.close(fd)
+            fd = -1
+            t0 = time.perf_counter()
+            self.save(vm, vmstate)  # stop (a no-op), x-ignore-shared, device state to vmstate, quit
+            timings["convert_save_state"] = (time.perf_counter() - t0) * 1000.0
+            vm = None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if vm is not None:
+                self.stop(vm)
+        return timings

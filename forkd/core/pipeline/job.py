@@ -1,0 +1,90 @@
+"""The Job every request handler is: named steps with timings, resources on one ExitStack."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from forkd.base.paths import tmpfs
+from forkd.base.steps import Step, run_steps
+from forkd.store.snapshot import Snapshot
+from forkd.store.writer import SnapshotWriter
+from forkd.vmm.driver import Vm
+
+if TYPE_CHECKING:
+    from forkd.core.runtime import Progress, Runtime
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+class Job:
+    """One request being carried out. Subclasses give `prepare` (checks and look-ups that must fail before
+    anything is written), `record` (the `writing` snapshot) and `steps`; `execute` runs them."""
+
+    what = "job"
+
+    def __init__(self, rt: Runtime, progress: Progress = quiet):
+        self.rt = rt
+        self.progress = progress
+        self.stack = ExitStack()
+        self.timings: dict[str, float] = {}
+        self.writer: SnapshotWriter | None = None
+        self.vm: Vm | None = None  # a VMM this job started and has not saved yet: stopped on unwind
+
+    # -- the request ---------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        pass
+
+    def record(self) -> Snapshot:
+        raise NotImplementedError
+
+    def steps(self) -> list[Step]:
+        raise NotImplementedError
+
+    def execute(self) -> Snapshot:
+        """Prepare, begin the snapshot, run the steps; commit (or fail) and release everything on the way out."""
+        with self.stack:
+            self.prepare()
+            self.begin()
+            self.run(self.steps())
+        return self.writer.snap
+
+    # -- helpers for the steps -----------------------------------------------------------------------
+    def begin(self) -> SnapshotWriter:
+        self.writer = self.stack.enter_context(self.rt.store.writing(self.record(), self.timings))
+        return self.writer
+
+    def hold_vm(self, vm: Vm) -> Vm:
+        """Keep `vm` until a step saves it (and sets `self.vm = None`); stopped on unwind otherwise."""
+        self.vm = vm
+        self.stack.callback(self._stop_vm)
+        return vm
+
+    def run(self, steps: list[Step]) -> None:
+        run_steps(steps, self.timings, self.what, wrap=False)
+
+    def _stop_vm(self) -> None:
+        if self.vm is not None:
+            vm, self.vm = self.vm, None
+            self.rt.driver.stop(vm)
+
+    def workdir(self, name: str, under: Path | None = None) -> Path:
+        """A private directory (`<name>-<pid>-<hex>`, which gc recognises), removed on unwind."""
+        d = Path(under or self.rt.layout.tmp) / f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
+        d.mkdir(parents=True)
+        self.stack.callback(shutil.rmtree, d, ignore_errors=True)
+        return d
+
+    def scratch_memory(self, name: str) -> Path:
+        """A scratch guest-memory file path on tmpfs ($FORKD_SHM, else $FORKD_HOME/tmp), named as gc expects
+        (`forkd-<name>-<pid>-<hex>.mem`), removed on unwind (unless the store adopted it)."""
+        base = tmpfs() or self.rt.layout.tmp
+        path = base / f"forkd-{name}-{os.getpid()}-{secrets.token_hex(3)}.mem"
+        self.stack.callback(path.unlink, missing_ok=True)
+        return path

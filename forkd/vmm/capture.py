@@ -1,0 +1,208 @@
+"""QEMU's side of BRANCH: capture a *running* child into a stream (see shared DESIGN.md, "Live branch").
+
+`QemuCapture`: on the running child's own QMP socket, migrate the whole VM (device state + all of RAM) into a
+stream file handed over as a descriptor (`getfd` + `fd:NAME`: children run under `-sandbox ...,spawn=deny`, so
+`exec:` URIs are forbidden). Children were restored with `x-ignore-shared` on; it is switched off first (a child's
+RAM is a `share=off` mapping, so it is never "shared" anyway, but the flag must not leak into the stream format).
+In **live** mode the capability `background-snapshot` is on: QEMU stops the VM for a few ms, saves the device
+state, arms userfaultfd write-protect on guest RAM *while stopped* and resumes it, then copies RAM out page by
+page, copying a page first whenever the running guest writes it. Memory and device state are therefore from the
+same instant, by QEMU's own construction (we never arm write-protect ourselves before a pause: that is
+upstream's defect 5). In **stop** mode (`diff`/`full`) the VM is paused first and the same migration runs
+against a stopped VM.
+
+Turning the stream into a snapshot is `QemuDriver.stream_to_snapshot` (forkd.vmm.qemu).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from forkd.base.errors import ForkdError
+from forkd.vmm.driver import Capture
+from forkd.vmm.qmp import QMPClient
+
+STREAM_FD_NAME = "branch"
+IN_FLIGHT = ("setup", "active", "pre-switchover", "device", "wait-unplug", "cancelling")
+RESUMABLE = ("paused", "postmigrate", "finish-migrate")
+
+LIVE_HINT = ("QEMU's background snapshot write-protects guest RAM with userfaultfd, which Linux supports for "
+             "anonymous, shmem (tmpfs) and hugetlbfs memory only; this child maps its snapshot's memory file from a "
+             "regular filesystem. Keep FORKD_HOME (its snapshots) on tmpfs, e.g. /dev/shm, or use --mode full")
+
+
+class CaptureError(ForkdError):
+    pass
+
+
+def fs_type(path: Path) -> str:
+    """Filesystem type of the mount holding `path` (longest mount-point prefix in /proc/self/mountinfo)."""
+    real = os.path.realpath(path)
+    best, kind = "", "unknown"
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            mnt = left.split()[4].replace("\\040", " ")
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, kind = mnt, right.split()[0]
+    return kind
+
+
+def vmm_memory_path(pid: int) -> Path | None:
+    """The `mem-path=` of a running QEMU's RAM backend, from its command line."""
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        return None
+    for arg in argv:
+        for part in arg.decode(errors="replace").split(","):
+            if part.startswith("mem-path="):
+                return Path(part[len("mem-path="):])
+    return None
+
+
+def live_problem(pid: int | None) -> tuple[str, str] | None:
+    """Why the QEMU `pid` cannot be captured live (see LIVE_HINT), or None."""
+    mem = vmm_memory_path(pid) if pid else None
+    if mem is None or fs_type(mem) in ("tmpfs", "hugetlbfs", "ramfs"):
+        return None
+    return f"its memory file {mem} is on {fs_type(mem)}", LIVE_HINT
+
+
+def set_caps(qmp: QMPClient, **caps: bool) -> None:
+    qmp.execute("migrate-set-capabilities",
+                {"capabilities": [{"capability": k.replace("_", "-"), "state": v} for k, v in caps.items()]})
+
+
+def run_state(qmp: QMPClient) -> str:
+    return (qmp.execute("query-status") or {}).get("status", "unknown")
+
+
+def migration_status(qmp: QMPClient) -> str | None:
+    return (qmp.execute("query-migrate") or {}).get("status")
+
+
+def cancel_migration(qmp: QMPClient) -> None:
+    """Best effort: stop a migration still in flight and wait (10 s at most) until it is over."""
+    try:
+        if migration_status(qmp) in ("setup", "active", "pre-switchover", "device"):
+            qmp.execute("migrate_cancel")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and migration_status(qmp) in ("cancelling", "active", "setup"):
+                time.sleep(0.01)
+    except ForkdError:
+        pass
+
+
+def ensure_running(qmp: QMPClient) -> bool:
+    """`cont` a VM a pause left paused (cancelling a capture still in flight first). True if it was resumed."""
+    state = run_state(qmp)
+    if state == "running":
+        return False
+    if migration_status(qmp) in IN_FLIGHT:
+        cancel_migration(qmp)
+        state = run_state(qmp)
+    if state not in RESUMABLE:
+        raise ForkdError(f"the VM is {state!r}, a state it cannot be resumed from")
+    qmp.execute("cont")
+    return True
+
+
+def _event_time(ev: dict) -> float:
+    ts = ev.get("timestamp") or {}
+    return ts.get("seconds", 0) + ts.get("microseconds", 0) / 1e6
+
+
+class QemuCapture(Capture):
+    """One migration of a running (live) or paused (stop) child into a stream file (see the module docstring)."""
+
+    def __init__(self, qmp: QMPClient, path: Path, live: bool):
+        self.qmp = qmp
+        self.path = Path(path)
+        self.live = live
+        # created before anything is paused: an unwritable destination fails here
+        self.fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.info: dict = {}
+        self.t_start = 0.0
+        self.resumed_at: float | None = None  # perf_counter when we saw the source run again (live mode)
+        self.stop_resume_ms: float | None = None  # STOP -> RESUME event timestamps (QEMU's clock), live mode
+        self.timings: dict[str, float] = {}
+        self.paused_event: dict | None = None  # our own STOP, when the VM was paused before the stream (pause())
+
+    def pause(self) -> None:
+        """Stop the VM before the stream starts (a disk-backed source's disk is copied while it is paused); the
+        live stream then resumes it as soon as its device state is saved."""
+        self.qmp.events.clear()
+        self.qmp.execute("stop")
+        now = time.time()
+        self.paused_event = next((e for e in self.qmp.events if e.get("event") == "STOP"), None) or {
+            "event": "STOP", "timestamp": {"seconds": int(now), "microseconds": int(now % 1 * 1e6)}}
+
+    def start(self) -> None:
+        """Set the capabilities and start `migrate` into the stream file."""
+        q = self.qmp
+        state = migration_status(q)
+        if state in IN_FLIGHT:
+            raise CaptureError(f"a migration is already running on this VM (status {state})",
+                              hint="another branch of this child is in flight; retry when it finished")
+        t0 = time.perf_counter()
+        try:
+            set_caps(q, x_ignore_shared=False, background_snapshot=self.live)
+        except ForkdError as exc:
+            if self.live and "not compatible with guest memory" in exc.message:
+                raise CaptureError(f"live branch impossible: {exc.message}", hint=LIVE_HINT) from exc
+            raise
+        self.timings["set_caps"] = (time.perf_counter() - t0) * 1000.0
+        q.events.clear()
+        q.execute("getfd", {"fdname": STREAM_FD_NAME}, fds=[self.fd])
+        self.t_start = time.perf_counter()
+        self.t_wall = time.time()
+        q.execute("migrate", {"uri": f"fd:{STREAM_FD_NAME}"})
+        self.timings["migrate_cmd"] = (time.perf_counter() - self.t_start) * 1000.0
+
+    def wait_resumed(self, timeout: float = 60.0) -> None:
+        """Live mode: return as soon as the source runs again (QEMU's STOP then RESUME events after migrate),
+        i.e. device state is captured and RAM is write-protected; RAM keeps streaming in QEMU's thread."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.qmp.execute("query-migrate") or {}
+            stop = [e for e in self.qmp.events if e.get("event") == "STOP"]
+            stop = [self.paused_event] if self.paused_event else stop
+            resume = [e for e in self.qmp.events if e.get("event") == "RESUME"]
+            if stop and resume:
+                self.resumed_at = time.perf_counter()
+                self.timings["stop_event_after_migrate"] = (_event_time(stop[0]) - self.t_wall) * 1000.0
+                self.stop_resume_ms = (_event_time(resume[-1]) - _event_time(stop[0])) * 1000.0
+                return
+            status = info.get("status")
+            if status in ("failed", "cancelled"):
+                raise CaptureError(f"migration to the stream {status}: {info.get('error-desc', 'no reason given')}")
+            if status == "completed":  # finished before we saw the events (tiny guests): it is running again
+                self.resumed_at = time.perf_counter()
+                return
+            if time.monotonic() > deadline:
+                raise CaptureError(f"the source did not resume within {timeout:.0f}s of the branch start "
+                                  f"(migration status {status})")
+            time.sleep(0.0005)
+
+    def wait_done(self, timeout: float = 600.0) -> dict:
+        try:
+            self.info = self.qmp.wait_migration(timeout=timeout, poll=0.005)
+        except ForkdError as exc:
+            raise CaptureError(f"writing the branch stream failed: {exc.message}") from exc
+        return self.info
+
+    def cancel(self) -> None:
+        cancel_migration(self.qmp)
+
+    def close(self) -> None:
+        """Back to what a restored child runs with (raises if QEMU refuses), and close the stream file."""
+        try:
+            if self.fd is not None:
+                set_caps(self.qmp, background_snapshot=False, x_ignore_shared=True)
+        finally:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
