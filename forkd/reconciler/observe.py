@@ -17,7 +17,7 @@ LAYER_LABEL = "forkd.dev/layer"
 BRANCH_LABEL = "forkd.dev/branch"
 POOL_LABEL = "forkd.dev/pool"  # compacted bases: the pool they were compacted for
 SPEC_HASH_LABEL = "forkd.dev/spec-hash"
-COMPACTED_FROM_LABEL = "forkd.dev/compacted-from"  # set by forkd.core.layers.compact
+COMPACTED_FROM_LABEL = "forkd.dev/compacted-from"  # set by forkd.core.pipeline.compaction
 COMPACTION_REASON_LABEL = "forkd.dev/compaction-reason"
 
 
