@@ -1,6 +1,7 @@
 """Per-child isolation with real VMs and real namespaces: a child reaches a host service on the bridge that its
-egress allows (the default reaches nothing: tests/security/test_network.py), children cannot reach each other, nothing listens in the guest, a child past its memory limit is OOM-killed alone, and
-cgroup placement fails closed."""
+egress allows (the default reaches nothing: tests/security/test_network.py), children cannot reach each other,
+nothing listens in the guest, a child past its memory limit is OOM-killed alone, and cgroup placement fails
+closed."""
 
 from __future__ import annotations
 
