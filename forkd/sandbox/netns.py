@@ -359,6 +359,18 @@ def host_table_loaded() -> bool:
                hint="apt-get install nftables (scripts/setup.sh)").returncode == 0
 
 
+def posture() -> dict[str, object]:
+    """What `forkd doctor` can report about egress on this host: forkd's host table (default deny from the
+    bridge), an older forkd's permissive table still loaded, and the host's ip_forward."""
+    legacy = run(["nft", "list", "table", *LEGACY_HOST_TABLE], ok=None, error=NetworkError).returncode == 0
+    try:
+        forward = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
+    except OSError:
+        forward = False
+    return {"host_table": host_table_loaded(), "legacy_table": legacy, "ip_forward": forward,
+            "default_egress": "none"}
+
+
 def ensure_host() -> None:
     """The bridge forkd0 (10.200.0.1/16) and the host's nft table: created once, idempotent across processes."""
     global _host_done

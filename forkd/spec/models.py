@@ -190,6 +190,13 @@ class ChildSpec(Strict):
     memoryLimitMiB: MemoryLimitMiB | None = None
     network: NetworkMode = "none"
     egress: EgressField = "none"
+
+    @model_validator(mode="after")
+    def _egress_needs_a_nic(self) -> ChildSpec:
+        if self.egress != "none" and self.network != "isolated":
+            raise ValueError("child.egress applies to isolated children only: set child.network: isolated (and "
+                             "spec.network: isolated on the ForkParent), or leave egress at none")
+        return self
     ttlSeconds: int | None = Field(None, ge=1, description="claimed children are killed this long after claim")
 
 

@@ -268,6 +268,8 @@ def test_egress_spec_is_validated_and_reaches_the_request():
                      ({"allow": ["10.0.0.0/8:0"]}, "port must be"), ({"allow": []}, "at least 1")):
         with pytest.raises(InvalidInput, match=why):
             Spawn.of(tag="t", egress=bad)
+    with pytest.raises(ValueError, match="isolated children only"):  # a child without a NIC has no egress to open
+        ForkPool(metadata={"name": "p"}, spec={"from": "x", "child": {"egress": "internet"}})
 
 
 def test_egress_rules_are_built_from_the_policy():
