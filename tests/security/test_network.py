@@ -138,6 +138,30 @@ def _bridge_link_local() -> str | None:
     return out[3].split("/")[0] if len(out) > 3 else None
 
 
+def _set(name: str) -> str:
+    return subprocess.run(["nft", "list", "set", "inet", "forkd_host", name], capture_output=True, text=True).stdout
+
+
+def _stale_grant() -> dict:
+    """A spawner died after granting 10.200.250.250 `internet` and its lease went (gc): the next child leased that
+    address must not inherit the grant."""
+    from forkd.sandbox import netns
+
+    addr = "10.200.250.250"
+    netns._grant(addr, "internet")
+    granted = addr in _set("internet4")
+    listed = [p.name for p, _ in netns.leases()]
+    real = netns.secrets.randbelow
+    netns.secrets.randbelow = lambda n: (250 * 256 + 250) - 2  # _lease's first pick: this very address
+    try:
+        net = netns._lease(netns.ChildNet("forkd-cstale", "fkhstale", "", "/nonexistent", "cstale"))
+    finally:
+        netns.secrets.randbelow = real
+    inherited = addr in _set("internet4")
+    netns.release(net.addr, net.netns)
+    return {"granted": granted, "leased": net.addr, "inherited": inherited, "listed_as_lease": listed}
+
+
 def lab(tag: str) -> dict:
     from forkd.base.paths import Layout
     from forkd.client.wire import child_view, sandbox_info
@@ -170,6 +194,7 @@ def lab(tag: str) -> dict:
                          "netns_rules": ns_rules, "child": rec.id, "addr": rec.net_addr}
         out["host_rules"] = subprocess.run(["nft", "list", "table", "inet", "forkd_host"], capture_output=True,
                                            text=True).stdout
+        out["stale_grant"] = _stale_grant()
     finally:
         if made:
             rt.kill(made)
@@ -252,6 +277,13 @@ def test_rules_are_forkds_own_tables_and_grants_go_with_the_child(results):
     assert "chain egress" in results["default"]["netns_rules"] and "policy drop" in results["default"]["netns_rules"]
     assert results["allow"]["addr"] in host  # the allow list's grant, keyed by the child's address ...
     assert results["allow"]["addr"] not in results["grants_left"]  # ... is taken back when it is killed
+
+
+def test_a_dead_childs_grant_is_not_inherited_by_the_next_lease_of_its_address(results):
+    s = results["stale_grant"]
+    assert s["granted"] and s["leased"] == "10.200.250.250", s
+    assert not s["inherited"], s
+    assert not any(n.endswith(".grants") for n in s["listed_as_lease"]), s  # gc never takes it for a bad lease
 
 
 # -- the declarative side (no VM) ------------------------------------------------------------------------------
