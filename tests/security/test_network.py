@@ -152,7 +152,7 @@ def _stale_grant() -> dict:
     granted = addr in _set("internet4")
     listed = [p.name for p, _ in netns.leases()]
     real = netns.secrets.randbelow
-    netns.secrets.randbelow = lambda n: (250 * 256 + 250) - 2  # _lease's first pick: this very address
+    netns.secrets.randbelow = lambda n: 250 * 256 + 250 - 4  # _lease's first pick (index = pick + 4)
     try:
         net = netns._lease(netns.ChildNet("forkd-cstale", "fkhstale", "", "/nonexistent", "cstale"))
     finally:
