@@ -86,6 +86,7 @@ class SandboxInfo(Wire):
     snapshot_tag: str
     status: str
     netns: str | None = None
+    egress: str | dict[str, list[str]] = "none"  # none | internet | {"allow": ["CIDR:port", ...]}
     guest_addr: str | None = None
     created_at_unix: int = 0
     pid: int | None = None
@@ -255,5 +256,6 @@ def snapshot_view(snap: Any) -> dict[str, Any]:
 def sandbox_info(rec: Any) -> SandboxInfo:
     return SandboxInfo(
         id=rec.id, snapshot_tag=rec.snapshot, status=rec.status, created_at_unix=int(rec.created_at), pid=rec.pid,
-        memory_mib=rec.memory_mib, pool=rec.pool, claimed=rec.claimed,
+        netns=rec.netns, egress=getattr(rec, "egress", "none"), memory_mib=rec.memory_mib, pool=rec.pool,
+        claimed=rec.claimed,
         expires_at_unix=int(rec.expires_at) if rec.expires_at else None, ready_ms=rec.timings_ms.get("ready"))

@@ -9,10 +9,16 @@ InvalidInput naming the field and the rule (`Request.of(...)` turns pydantic's V
   Compaction   write a chain head as a base snapshot under a new tag
   Branch       snapshot a running child (live, full or diff)
   Spawn        restore n children of a snapshot
+
+Egress (what an isolated child may reach on the network) is declared here once: `none` (nothing: the default),
+`internet` (public addresses only: never link-local, RFC 1918, CGNAT, loopback, multicast or the host), or
+`{allow: ["CIDR:port", ...]}` (exactly those IPv4 destinations, TCP and UDP). IPv6 is always denied.
+forkd.sandbox.netns turns it into nftables rules.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -23,6 +29,7 @@ from forkd.base.names import check_tag
 
 MAX_FORK = 1000
 MIN_MEMORY_LIMIT_MIB = 64
+MAX_EGRESS_RULES = 64
 
 
 def _module_name(name: str) -> str:
@@ -46,6 +53,46 @@ NetworkMode = Literal["none", "isolated"]
 BranchMode = Literal["live", "diff", "full"]
 MemoryLimitMiB = Annotated[int, Field(ge=MIN_MEMORY_LIMIT_MIB, description="the child's host memory limit in MiB")]
 Labels = dict[str, str]
+
+
+def _allow_rule(rule: str) -> str:
+    """`CIDR:port` or `CIDR:lo-hi` (IPv4; a bare address is /32) -> its normal form `a.b.c.d/n:port[-hi]`."""
+    net, sep, ports = rule.strip().rpartition(":")
+    if not sep or not net or not ports:
+        raise ValueError(f"{rule!r} is not CIDR:port (e.g. 10.0.0.0/8:5432 or 192.0.2.7:8000-8080)")
+    try:
+        cidr = ipaddress.ip_network(net, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{rule!r}: {exc}") from None
+    if cidr.version != 4:
+        raise ValueError(f"{rule!r}: children have no IPv6 egress (IPv6 is always denied); allow IPv4 addresses")
+    lo, _, hi = ports.partition("-")
+    if not (lo.isdigit() and (not hi or hi.isdigit())) or not 1 <= int(lo) <= int(hi or lo) <= 65535:
+        raise ValueError(f"{rule!r}: the port must be 1-65535 or a range lo-hi within it")
+    return f"{cidr}:{int(lo)}" + (f"-{int(hi)}" if hi and int(hi) != int(lo) else "")
+
+
+AllowRule = Annotated[str, AfterValidator(_allow_rule)]
+EgressMode = Literal["none", "internet"]
+
+
+class EgressAllow(BaseModel):
+    """Egress to exactly these IPv4 destinations (TCP and UDP), private or the host's bridge address included."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    allow: tuple[AllowRule, ...] = Field(min_length=1, max_length=MAX_EGRESS_RULES,
+                                         description="CIDR:port or CIDR:lo-hi, e.g. 10.0.0.0/8:5432")
+
+
+Egress = EgressMode | EgressAllow
+EGRESS_DOC = ("what an isolated child may reach: none (nothing, the default), internet (public IPv4 addresses "
+              "only: never link-local/metadata, RFC 1918, CGNAT or the host), or {allow: [CIDR:port, ...]} "
+              "(exactly those; the host's 10.200.0.1 too if listed). IPv6 is always denied")
+
+
+def egress_json(egress: Egress) -> str | dict[str, list[str]]:
+    """An egress as records and views show it: "none", "internet" or {"allow": [...]}."""
+    return egress if isinstance(egress, str) else {"allow": list(egress.allow)}
 
 
 class Request(BaseModel):
@@ -120,6 +167,7 @@ class Spawn(Request):
     timeout: float = Field(60.0, gt=0)
     pool: str | None = None
     network: NetworkMode | None = None
+    egress: Egress = "none"
     memory_limit_mib: MemoryLimitMiB | None = None
     allow_unconstrained: bool = False
     cpu_weight: int = Field(100, ge=1, le=10000)

@@ -18,7 +18,7 @@ from forkd.core.pipeline.branch import BranchResult, branch
 from forkd.core.pipeline.compaction import CompactJob
 from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
-from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
 from forkd.image.build import Image, build, default_image
 from forkd.sandbox.registry import ChildRecord, Registry
 from forkd.sandbox.supervisor import Supervisor
@@ -202,7 +202,8 @@ class Runtime:
         with ThreadPoolExecutor(max_workers=min(n, 2 * (os.cpu_count() or 1))) as workers:
             futures = [workers.submit(sup.spawn, tag, machine, memory, vmstate, req.timeout, req.pool,
                                       memory_limit_mib=req.memory_limit_mib,
-                                      allow_unconstrained=req.allow_unconstrained, cpu_weight=req.cpu_weight)
+                                      allow_unconstrained=req.allow_unconstrained, cpu_weight=req.cpu_weight,
+                                      egress=egress_json(req.egress))
                        for _ in range(n)]
             for fut in as_completed(futures):
                 try:

@@ -25,7 +25,8 @@ SHORT_NAMES = {"ForkParent": ["fparent"], "ForkLayer": ["flayer"], "ForkPool": [
 # (in this order in the output, for readable diffs)
 _KEEP = ("type", "description", "nullable", "default", "enum", "format", "pattern", "minLength", "maxLength",
          "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
-         "uniqueItems", "minProperties", "maxProperties", "required", "properties", "items", "additionalProperties")
+         "uniqueItems", "minProperties", "maxProperties", "required", "properties", "items", "additionalProperties",
+         "x-kubernetes-preserve-unknown-fields")
 
 
 def _col(name: str, type_: str, path: str, description: str = "", priority: int = 0) -> dict[str, Any]:
@@ -112,7 +113,7 @@ def structural(node: dict[str, Any], in_status: bool = False) -> dict[str, Any]:
         out["items"] = structural(out["items"], in_status)
     if "required" in out and not out["required"]:
         del out["required"]
-    if "type" not in out:
+    if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):  # any value, checked by forkd
         raise ValueError(f"schema node without a type: {node}")
     return {k: out[k] for k in _KEEP if k in out}
 

@@ -43,6 +43,7 @@ class ChildRecord:
     network: str = "none"  # none | isolated
     netns: str | None = None  # its network namespace (isolated), recorded before it is created
     net_addr: str | None = None  # the namespace's leased address on the host bridge
+    egress: str | dict[str, list[str]] = "none"  # none | internet | {"allow": [CIDR:port...]} (isolated children)
     cgroup: list[str] | None = None  # its cgroup directories (one per hierarchy), recorded before creation
     memory_limit_mib: int | None = None
     unconstrained: bool = False  # started without a cgroup because the caller allowed it

@@ -27,7 +27,7 @@ class Supervisor:
     def spawn(self, snapshot: str, machine: Machine, memory: Path, vmstate: Path,
               timeout: float = 30.0, pool: str | None = None, memory_limit_mib: int | None = None,
               allow_unconstrained: bool = False, cpu_weight: int = cgroups.DEFAULT_CPU_WEIGHT,
-              runas: bool | None = None) -> tuple[ChildRecord, Vm]:
+              runas: bool | None = None, egress: netns.Egress = "none") -> tuple[ChildRecord, Vm]:
         """Restore one child, reseed it, and return once its agent answered. Recorded before it runs.
 
         Isolation: `machine.network == "isolated"` runs the VMM in its own network namespace (forkd.sandbox.netns);
@@ -55,9 +55,9 @@ class Supervisor:
         try:
             group, rec = self._constrain(rec, home, hier, memory_limit_mib, cpu_weight, allow_unconstrained, setup_ms)
             if rec.netns is not None:
-                net, net_ms = netns.setup(rec.id, home)
+                net, net_ms = netns.setup(rec.id, home, egress)
                 setup_ms.update({f"net_{k}": v for k, v in net_ms.items()})
-                rec = self.registry.save(rec.with_(net_addr=net.addr))
+                rec = self.registry.save(rec.with_(net_addr=net.addr, egress=egress))
             vm = self.driver.restore(machine, memory, vmstate, RunFiles(Path(rec.dir)), timeout=timeout,
                                      on_start=on_start, netns=rec.netns, runas=rec.runas)
             t_restored = time.perf_counter()

@@ -16,11 +16,21 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, model_serializer, model_validator
 
 from forkd.base.names import NAME_PATTERN
 from forkd.core import requests as rq
-from forkd.core.requests import MAX_FORK, BranchMode, MemoryLimitMiB, MemoryMiB, ModuleName, NetworkMode, Vcpus
+from forkd.core.requests import (
+    EGRESS_DOC,
+    MAX_FORK,
+    BranchMode,
+    Egress,
+    MemoryLimitMiB,
+    MemoryMiB,
+    ModuleName,
+    NetworkMode,
+    Vcpus,
+)
 
 API_VERSION = "forkd.dev/v1alpha1"
 KINDS = ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch")
@@ -170,9 +180,23 @@ class ForkLayer(Strict):
 
 
 # -- ForkPool ---------------------------------------------------------------------------------------
+# a string or an object: Kubernetes' structural schemas cannot say "one of" those, so the CRD keeps the value as
+# given (x-kubernetes-preserve-unknown-fields) and forkd validates it when it loads the object
+EgressField = Annotated[Egress, WithJsonSchema({"description": EGRESS_DOC,
+                                                "x-kubernetes-preserve-unknown-fields": True})]
+
+
 class ChildSpec(Strict):
     memoryLimitMiB: MemoryLimitMiB | None = None
     network: NetworkMode = "none"
+    egress: EgressField = "none"
+
+    @model_validator(mode="after")
+    def _egress_needs_a_nic(self) -> ChildSpec:
+        if self.egress != "none" and self.network != "isolated":
+            raise ValueError("child.egress applies to isolated children only: set child.network: isolated (and "
+                             "spec.network: isolated on the ForkParent), or leave egress at none")
+        return self
     ttlSeconds: int | None = Field(None, ge=1, description="claimed children are killed this long after claim")
 
 
@@ -213,7 +237,8 @@ class ForkPool(Strict):
     def to_request(self, tag: str, n: int) -> rq.Spawn:
         """The core's request to restore `n` children of snapshot `tag` for this pool (their network follows the
         snapshot's; the reconciler refuses a pool whose child.network does not match its parent's)."""
-        return rq.Spawn.of(tag=tag, n=n, pool=self.metadata.name, memory_limit_mib=self.spec.child.memoryLimitMiB)
+        return rq.Spawn.of(tag=tag, n=n, pool=self.metadata.name, memory_limit_mib=self.spec.child.memoryLimitMiB,
+                           egress=self.spec.child.egress)
 
 
 # -- ForkBranch -------------------------------------------------------------------------------------
