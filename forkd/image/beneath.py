@@ -45,26 +45,33 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
-    """openat2(2) through ctypes; OSError(ENOSYS) when this kernel or libc cannot."""
+    """openat2(2) through ctypes; OSError(ENOSYS) when this kernel or libc cannot. EAGAIN (a rename or mount
+    somewhere on the host while `..` was resolved) is retried."""
     libc = _libc()
     if libc is None:
         raise OSError(errno.ENOSYS, "no libc")
     how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
-    fd = libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
-                      ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
-    if fd < 0:
+    for _ in range(16):
+        fd = libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
+                          ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        if fd >= 0:
+            return fd
         e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), path)
-    return fd
+        if e not in (errno.EAGAIN, errno.EINTR):
+            break
+    raise OSError(e, os.strerror(e), path)
 
 
 @functools.lru_cache(maxsize=1)
 def have_openat2() -> bool:
+    top = os.open("/", os.O_PATH | os.O_CLOEXEC)
     try:
-        os.close(openat2(os.open("/", os.O_PATH), ".", os.O_PATH, RESOLVE_IN_ROOT))
+        os.close(openat2(top, ".", os.O_PATH, IN_ROOT))
         return True
     except OSError:
         return False
+    finally:
+        os.close(top)
 
 
 def split(rel: str) -> list[str]:
@@ -143,6 +150,8 @@ class Tree:
             except FileNotFoundError:
                 if not create:
                     raise
+            except BlockingIOError:  # EAGAIN retried and retried: the walk resolves the same way
+                pass
         return self._walk(parts, create)
 
     @contextmanager
@@ -166,7 +175,10 @@ class Tree:
         """An O_PATH fd of whatever `rel` names once every symlink (the last one too) is followed inside the root."""
         parts = split(rel)
         if self.use_openat2 and parts:
-            return openat2(self.fd, "/".join(parts), os.O_PATH, IN_ROOT)
+            try:
+                return openat2(self.fd, "/".join(parts), os.O_PATH, IN_ROOT)
+            except BlockingIOError:
+                pass
         return self._walk(parts, False, any_last=True)
 
     def lookup(self, rel: str, follow_last: bool = True) -> os.stat_result | None:

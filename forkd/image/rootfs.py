@@ -80,13 +80,6 @@ def resolve_in(root: Path, rel: str, follow_last: bool = False, strict: bool = F
     return Path(root, *cur)
 
 
-def remove_path(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
-    elif os.path.lexists(p):
-        p.unlink()
-
-
 @contextmanager
 def workspace(layout: Layout, image_id: str) -> Iterator[tuple[Path, Path, Path]]:
     """A scratch directory for one image build: (root, out, stage), removed afterwards whatever happens. It is
@@ -122,9 +115,11 @@ def find_python(root: Path) -> GuestPython:
         if m:
             version = (int(m[1]), int(m[2]))
         else:
-            for lib in sorted(resolve_in(root, f"{prefix}/lib").glob("python3.*/os.py")):
-                m = re.fullmatch(r"python(\d+)\.(\d+)", lib.parent.name)
-                if m:
+            libdir = resolve_in(root, f"{prefix}/lib", follow_last=True)
+            names = sorted(os.listdir(libdir)) if libdir.is_dir() else []
+            for name in names:  # each python3.N/os.py resolved inside the rootfs, not by the host's glob
+                m = re.fullmatch(r"python(3)\.(\d+)", name)
+                if m and resolve_in(root, f"{prefix}/lib/{name}/os.py", follow_last=True).is_file():
                     version = (int(m[1]), int(m[2]))
         if version is None:
             raise InvalidInput(f"found /{cand} in the image but cannot tell its version (no {prefix}/lib/python3.N)")
@@ -216,7 +211,7 @@ def pip_install(root: Path, python: GuestPython, packages: list[str], progress: 
         raise InvalidInput(f"--pip: found no site-packages directory for the image's {python.path}",
                            hint="install the packages in the image instead (e.g. a Dockerfile RUN pip install)")
     v = f"{python.version[0]}{python.version[1]}"
-    musl = any(resolve_in(root, "lib").glob("ld-musl-*.so.1"))
+    musl = any(resolve_in(root, "lib", follow_last=True).glob("ld-musl-*.so.1"))
     plats = (["musllinux_1_1_x86_64", "musllinux_1_2_x86_64"] if musl else
              ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64"])
     with Tree(root) as t:  # forkd/ was made by inject; pip writes into a fresh directory of ours
