@@ -92,6 +92,7 @@ def workspace(layout: Layout, image_id: str) -> Iterator[tuple[Path, Path, Path]
         for d in (root, out, stage):
             d.mkdir(mode=0o700)
         os.chmod(root, 0o755)  # the guest's / (inside the private work directory)
+        os.chmod(out, 0o755)  # becomes images/<id>: as readable as before (an unprivileged VMM reads it)
         yield root, out, stage
     finally:
         shutil.rmtree(work, ignore_errors=True)
