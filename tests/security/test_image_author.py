@@ -301,3 +301,23 @@ def test_layout_blob_symlink_to_host_file_refused(tmp_path):
     blob.symlink_to(victim)
     with pytest.raises(oci.UnsafeImage, match="outside the image layout"):
         oci.open_source(d)
+
+
+def test_debian_trim_does_not_follow_planted_symlinks(tmp_path, resolver):
+    """The Debian path trims directories (usr/share/doc ...) of the rootfs: through `usr/share` planted as a
+    symlink to a host directory it must not delete or recreate anything there."""
+    from forkd.image import debian
+
+    host = tmp_path / "host"
+    (host / "doc").mkdir(parents=True)
+    (host / "doc" / "keep").write_text("keep\n")
+    (host / "perl").mkdir()
+    root = tmp_path / "root"
+    (root / "usr").mkdir(parents=True)
+    (root / "usr/share").symlink_to(host)
+    (root / "usr/lib").symlink_to("../" * 12 + str(host).lstrip("/"))  # climbs: clamped at the rootfs' top
+    (host / "x86_64-linux-gnu").symlink_to(host)  # usr/lib/x86_64-linux-gnu/perl -> host/perl on the host
+    debian._trim(root)
+    debian._trim_perl(root, {})
+    assert (host / "doc" / "keep").read_text() == "keep\n"
+    assert sorted(os.listdir(host)) == ["doc", "perl", "x86_64-linux-gnu"]
