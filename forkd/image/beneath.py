@@ -152,6 +152,10 @@ class Tree:
                     raise
             except BlockingIOError:  # EAGAIN retried and retried: the walk resolves the same way
                 pass
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EXDEV):
+                    raise Escape(exc.errno, f"does not resolve inside the rootfs ({exc.strerror})", rel) from None
+                raise
         return self._walk(parts, create)
 
     @contextmanager

@@ -321,3 +321,8 @@ def test_debian_trim_does_not_follow_planted_symlinks(tmp_path, resolver):
     debian._trim_perl(root, {})
     assert (host / "doc" / "keep").read_text() == "keep\n"
     assert sorted(os.listdir(host)) == ["doc", "perl", "x86_64-linux-gnu"]
+
+
+def test_symlink_loop_is_a_clean_error(tmp_path, resolver):
+    with pytest.raises(InvalidInput, match="does not apply over the layers below it"):
+        _unpack(tmp_path / "root", [("a", "sym", "b", 0o777), ("b", "sym", "a", 0o777)], [("a/x", "file", b"1", 0o644)])
