@@ -162,9 +162,10 @@ def test_branch_of_a_disk_backed_child_captures_its_disk(rt, fork, disk_snap, mo
 
 
 @pytest.mark.vm
-def test_spec_image_ref_with_rootfs_and_template_pruning(rt, fork, disk_snap, layout_dir):
+def test_spec_image_ref_with_rootfs_and_template_pruning(rt, fork, disk_snap, layout_dir, monkeypatch):
     from forkd.spec.models import ImageRef
 
+    monkeypatch.setenv("FORKD_IMAGE_ROOTS", str(layout_dir.parent))  # specs take images only from allowed roots
     ref = ImageRef.model_validate({"oci": {"ref": str(layout_dir), "rootfs": "disk"}})
     # the reconciler's resolution of a ForkParent's image: the disk-backed image already built (a cache hit)
     assert core_images.ensure_image(rt, ref.model_dump(mode="json"), memory_mib=384) == disk_snap[1].id

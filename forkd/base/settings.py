@@ -49,6 +49,9 @@ class Settings(BaseModel):
     vmm_runas: str = _env("", "run each child's VMM as its own unprivileged user: 1, yes or per-child")
     max_branches: int = _env(2, "live branches in flight at once per FORKD_HOME", ge=1)
     host_python: str = _env("python3", "host Python that runs pip for `forkd image build --pip`")
+    image_roots: str = _env("", "':'-separated directories a spec's image.oci.ref may name an image under, besides "
+                                "$FORKD_HOME/image-sources (the path is resolved, symlinks included, and must stay "
+                                "beneath one); `forkd from-image PATH` from the CLI takes any path")
     debian_mirror: str = _env("http://deb.debian.org/debian", "Debian mirror for Debian-based images")
     # -- reaching a daemon
     url: str | None = _env(None, "daemon API over TCP, e.g. http://node:8889 (default: the local unix socket)")

@@ -6,15 +6,22 @@
 
 oci and debian take `rootfs: auto|initramfs|disk` (see forkd.image.rootfs).
 
+A spec's oci ref is a host path named by whoever writes specs, so it must resolve (every symlink followed) beneath
+an allowed root: $FORKD_HOME/image-sources, or a directory the operator lists in FORKD_IMAGE_ROOTS. The CLI's
+`forkd from-image PATH` (the local root user, or a daemon caller holding its token) may name any path.
+
 Every kind is built once and cached by content under $FORKD_HOME/images/<id>; this only builds what is missing.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.base.settings import settings
 from forkd.core.requests import ParentBuild
 
 if TYPE_CHECKING:
@@ -25,6 +32,32 @@ Progress = Callable[[str], None]
 
 def _quiet(_: str) -> None:
     pass
+
+
+IMAGE_SOURCES = "image-sources"  # under $FORKD_HOME: where specs may always take OCI images from
+
+
+def image_roots(rt: Runtime) -> list[Path]:
+    """The directories a spec's oci ref may name an image under (resolved)."""
+    extra = [p.strip() for p in settings().image_roots.split(":") if p.strip()]
+    return [Path(os.path.realpath(p)) for p in [rt.layout.home / IMAGE_SOURCES, *extra]]
+
+
+def check_spec_ref(rt: Runtime, ref: str) -> str:
+    """`ref` resolved (every symlink followed) if it lies beneath an allowed root, else InvalidInput: a spec may not
+    make forkd read an arbitrary host path as an image (/etc, another user's files, a device ...)."""
+    if not ref or "\0" in ref or not os.path.isabs(ref):
+        raise InvalidInput(f"image: oci ref {ref!r} must be an absolute path",
+                           hint=f"put the image under {rt.layout.home / IMAGE_SOURCES} and name it by its full path")
+    real = Path(os.path.realpath(ref))
+    roots = image_roots(rt)
+    if any(real == r or r in real.parents for r in roots):
+        return str(real)
+    raise InvalidInput(f"image: oci ref {ref} (resolved: {real}) is not under a directory specs may take images from "
+                       f"({', '.join(map(str, roots))})",
+                       hint=f"copy the image under {roots[0]}, or allow its directory for specs: "
+                            "FORKD_IMAGE_ROOTS=/dir1:/dir2 in the daemon's (operator's) environment; "
+                            "`forkd from-image PATH` on the host takes any path")
 
 
 def ensure_image(rt: Runtime, image_ref: dict[str, Any] | None, memory_mib: int | None = None,
@@ -47,7 +80,8 @@ def ensure_image(rt: Runtime, image_ref: dict[str, Any] | None, memory_mib: int 
         if not path:
             raise InvalidInput("image: oci needs ref: PATH (an OCI layout directory or a docker save tarball)")
         rootfs = (value.get("rootfs") if isinstance(value, dict) else None) or "auto"
-        image, _ = from_image(rt.layout, path, memory_mib=memory_mib, pip=tuple(pip), progress=progress,
+        image, _ = from_image(rt.layout, check_spec_ref(rt, path), memory_mib=memory_mib, pip=tuple(pip),
+                              progress=progress,
                               rootfs=rootfs)
         return image.id
     if kind == "debian":
@@ -61,11 +95,13 @@ def ensure_image(rt: Runtime, image_ref: dict[str, Any] | None, memory_mib: int 
 
 
 def build_oci(rt: Runtime, ref: str, memory_mib: int | None = None, pip: tuple[str, ...] = (),
-              progress: Progress = _quiet, force: bool = False, rootfs: str = "auto"):
-    """forkd from-image: the image for an OCI layout / docker save tarball. Returns (Image, built_now)."""
+              progress: Progress = _quiet, force: bool = False, rootfs: str = "auto", any_path: bool = False):
+    """The image for an OCI layout / docker save tarball. Returns (Image, built_now). `ref` must lie under an
+    allowed root (check_spec_ref: a spec names it) unless `any_path` (forkd from-image, run by the host's user)."""
     from forkd.image.oci import from_image
 
-    return from_image(rt.layout, ref, memory_mib=memory_mib, pip=pip, progress=progress, force=force, rootfs=rootfs)
+    return from_image(rt.layout, ref if any_path else check_spec_ref(rt, ref), memory_mib=memory_mib, pip=pip,
+                      progress=progress, force=force, rootfs=rootfs)
 
 
 def build_debian(rt: Runtime, packages: list[str], suite: str | None = None, memory_mib: int | None = None,
@@ -98,7 +134,8 @@ def from_image(rt: Runtime, ref: str, tag: str, memory_mib: int = 512, vcpus: in
     if old is not None and old.status != "failed":
         raise Conflict(f"snapshot {tag!r} already exists ({old.status})",
                        hint=f"forkd rmi {tag}, or pick another --tag")
-    image, built = build_oci(rt, ref, memory_mib=memory_mib, pip=pip, progress=progress, rootfs=rootfs)
+    image, built = build_oci(rt, ref, memory_mib=memory_mib, pip=pip, progress=progress, rootfs=rootfs,
+                             any_path=True)
     snap = rt.create_snapshot(ParentBuild.of(tag=tag, memory_mib=memory_mib, vcpus=vcpus, warm_imports=warm_imports,
                                              warm_run=warm_run, labels={"forkd.dev/image": image.id, **(labels or {})},
                                              image_id=image.id), progress=progress)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,8 +191,8 @@ def build(layout: Layout, progress: Progress = lambda s: None, force: bool = Fal
         write_bytes(layout.images / "default", (image_id + "\n").encode())
         return Image.load(final), False
     t0 = time.monotonic()
-    work = layout.tmp / f"image-{image_id}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
+    layout.tmp.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"image-{image_id}-", dir=layout.tmp))  # private (0700), a new name
     try:
         out = work / "out"
         out.mkdir(parents=True)

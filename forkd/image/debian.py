@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from forkd.base.paths import Layout
 from forkd.base.procs import run
 from forkd.base.settings import settings
 from forkd.image import debs
+from forkd.image.beneath import Tree
 from forkd.image.build import BUSYBOX_PACKAGE, Image
 from forkd.image.rootfs import (
     Progress,
@@ -111,13 +113,14 @@ def _apt_errors(stderr: str, stdout: str) -> str:
 
 
 def _trim(root: Path) -> None:
-    for rel in TRIM:
-        p = root / rel
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-            p.mkdir()
-    for p in [root / "var/cache/apt/archives/partial", root / "var/lib/apt/lists/partial"]:
-        p.mkdir(parents=True, exist_ok=True)
+    with Tree(root) as t:
+        for rel in TRIM:
+            st = t.lookup(rel, follow_last=False)
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                t.remove(rel)
+                t.makedirs(rel)
+        for rel in ["var/cache/apt/archives/partial", "var/lib/apt/lists/partial"]:
+            t.makedirs(rel)
 
 
 def _dpkg_status(root: Path) -> dict[str, tuple[str, str]]:
@@ -140,8 +143,9 @@ def _trim_perl(root: Path, status: dict[str, tuple[str, str]]) -> bool:
                                                                                         dep)]
     if needs:
         return False
-    for rel in ["usr/share/perl", "usr/lib/x86_64-linux-gnu/perl"]:
-        shutil.rmtree(root / rel, ignore_errors=True)
+    with Tree(root) as t:
+        for rel in ["usr/share/perl", "usr/lib/x86_64-linux-gnu/perl"]:
+            t.remove(rel)
     return True
 
 

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +35,7 @@ from typing import IO
 from forkd.base.errors import InvalidInput, NotFound
 from forkd.base.paths import Layout
 from forkd.image import debs
+from forkd.image.beneath import SETID, Escape, Tree
 from forkd.image.build import BUSYBOX_PACKAGE, Image
 from forkd.image.rootfs import (
     Progress,
@@ -45,7 +47,6 @@ from forkd.image.rootfs import (
     guest_sources_hash,
     inject,
     pip_install,
-    remove_path,
     resolve_in,
     workspace,
 )
@@ -86,11 +87,20 @@ def _blob_path(root: Path, digest: str, what: str) -> Path:
     algo, _, hexd = digest.partition(":")
     if algo != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", hexd):
         raise InvalidInput(f"{what} has an unsupported or malformed digest {digest!r} (only sha256 is supported)")
-    p = root / "blobs" / "sha256" / hexd
+    p = _inside(root, root / "blobs" / "sha256" / hexd, what)
     if not p.is_file():
         raise NotFound(f"{what} blob {digest} not found: {p} is missing (the OCI layout is incomplete)",
                        hint="re-export the image with all its layers (e.g. skopeo copy ... oci:DIR)")
     return p
+
+
+def _inside(root: Path, p: Path, what: str) -> Path:
+    """`p` with its symlinks resolved, refused unless it stays inside the layout directory `root`."""
+    real, top = Path(os.path.realpath(p)), Path(os.path.realpath(root))
+    if top not in real.parents:
+        raise UnsafeImage(f"{what}: {p} resolves to {real}, outside the image layout {root}",
+                          hint="an OCI layout's index.json and blobs must be files inside it, not symlinks out")
+    return real
 
 
 def _read_json(p: Path, what: str) -> dict:
@@ -113,7 +123,7 @@ def _pick_manifest(entries: list[dict], where: str) -> dict:
 
 
 def _oci_layout(root: Path) -> Source:
-    index = _read_json(root / "index.json", "the OCI layout's index.json")
+    index = _read_json(_inside(root, root / "index.json", "index.json"), "the OCI layout's index.json")
     desc = _pick_manifest(index.get("manifests") or [], f"{root}/index.json")
     for _ in range(4):  # an index may point at a nested index (e.g. buildx output)
         mt = desc.get("mediaType", "")
@@ -245,93 +255,117 @@ class UnpackStats:
     whiteouts: int = 0
     opaque: int = 0
     skipped_devices: list[str] = field(default_factory=list)
+    setid_stripped: list[str] = field(default_factory=list)  # files the image wanted setuid/setgid
 
 
-def _apply_layer(root: Path, layer: Layer, stats: UnpackStats, as_root: bool) -> None:
+def _apply_layer(tree: Tree, layer: Layer, stats: UnpackStats, as_root: bool) -> None:
     this_layer: set[str] = set()
     try:
         with _layer_stream(layer) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for m in tar:
-                _apply_member(root, layer, tar, m, stats, this_layer, as_root)
+                _apply_member(tree, layer, tar, m, stats, this_layer, as_root)
     except tarfile.TarError as exc:
         raise InvalidInput(f"layer {layer.name} is not a valid tar archive: {exc}") from exc
-    except (IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
+    except (IsADirectoryError, NotADirectoryError, FileExistsError, Escape) as exc:
         raise InvalidInput(f"layer {layer.name} does not apply over the layers below it: {exc}") from exc
     except (EOFError, gzip.BadGzipFile) as exc:
         raise InvalidInput(f"layer {layer.name} is truncated or not gzip: {exc}") from exc
     stats.layers += 1
 
 
-def _apply_member(root: Path, layer: Layer, tar: tarfile.TarFile, m: tarfile.TarInfo, stats: UnpackStats,
+def _apply_member(tree: Tree, layer: Layer, tar: tarfile.TarFile, m: tarfile.TarInfo, stats: UnpackStats,
                   this_layer: set[str], as_root: bool) -> None:
     """One member of a layer onto the rootfs: a whiteout removes what the layers below made, anything else is
-    written with its mode (and owner, `as_root`). `this_layer`: the names this layer wrote so far."""
+    written with its mode (and owner, `as_root`) but never setuid/setgid on the host (see `_set_owner_mode`).
+    `this_layer`: the names this layer wrote so far. The parent directory is resolved inside the rootfs and the
+    last component is written with the *at calls, never followed."""
     name = _member_name(m.name, layer.name)
     if not name:
         return
     stats.members += 1
     parent_rel, _, base = name.rpartition("/")
-    parent = resolve_in(root, parent_rel, follow_last=True)
     if base.startswith(".wh."):
-        _whiteout(layer, name, parent, parent_rel, base, stats, this_layer)
+        _whiteout(tree, layer, name, parent_rel, base, stats, this_layer)
         return
     this_layer.add(name)
     if m.ischr() or m.isblk():
         stats.skipped_devices.append(name)
         return
-    parent.mkdir(parents=True, exist_ok=True)
-    target = parent / base
-    if not _write_member(root, layer, tar, m, target, parent_rel, name):
+    with tree.dir(parent_rel, create=True) as d:
+        if _write_member(tree, d, layer, tar, m, base, parent_rel, name):
+            _set_owner_mode(tree, d, base, m, name, as_root)
+
+
+def _set_owner_mode(tree: Tree, d: int, base: str, m: tarfile.TarInfo, name: str, as_root: bool) -> None:
+    """The member's owner (as root) and mode, without setuid/setgid on anything but a directory: the host copy
+    of an image never holds a set-id file (the guest gets no set-id bits either; SECURITY.md says why). The
+    bits asked for are recorded in `tree.setid`."""
+    mode = m.mode & 0o7777
+    if mode & SETID and not m.isdir():
+        tree.setid[name] = mode
+        mode &= ~SETID
+    if m.issym():
+        if as_root:
+            os.chown(base, m.uid, m.gid, dir_fd=d, follow_symlinks=False)
         return
-    if as_root:
-        os.lchown(target, m.uid, m.gid)
-    if not m.issym():
-        os.chmod(target, m.mode & 0o7777)
+    fd = os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if m.isfifo() else 0), dir_fd=d)
+    try:
+        if as_root:
+            os.fchown(fd, m.uid, m.gid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
-def _whiteout(layer: Layer, name: str, parent: Path, parent_rel: str, base: str, stats: UnpackStats,
+def _whiteout(tree: Tree, layer: Layer, name: str, parent_rel: str, base: str, stats: UnpackStats,
               this_layer: set[str]) -> None:
     """`.wh..wh..opq` empties its directory of what the layers below put there; `.wh.NAME` removes NAME."""
     if base == ".wh..wh..opq":
         stats.opaque += 1
-        if parent.is_dir():
-            for child in parent.iterdir():
-                if f"{parent_rel}/{child.name}".lstrip("/") not in this_layer:
-                    remove_path(child)
+        try:
+            with tree.dir(parent_rel) as d:
+                fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=d)
+                try:
+                    children = os.listdir(fd)
+                finally:
+                    os.close(fd)
+                for child in children:
+                    if f"{parent_rel}/{child}".lstrip("/") not in this_layer:
+                        tree.remove_at(d, child)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
         return
     if base[4:] in ("", ".", ".."):
         raise UnsafeImage(f"layer {layer.name}: malformed whiteout {name!r}")
     stats.whiteouts += 1
-    remove_path(parent / base[4:])
+    tree.remove(f"{parent_rel}/{base[4:]}")
 
 
-def _write_member(root: Path, layer: Layer, tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path,
+def _write_member(tree: Tree, d: int, layer: Layer, tar: tarfile.TarFile, m: tarfile.TarInfo, base: str,
                   parent_rel: str, name: str) -> bool:
-    """Make `target` what member `m` is, replacing what was there. False when its mode and owner are not its own
-    to set: a hard link (it shares its source's inode) or a kind of member a rootfs does not hold."""
+    """Make `base` in the directory `d` what member `m` is, replacing what was there. False when its mode and
+    owner are not its own to set: a hard link (it shares its source's inode) or a kind a rootfs does not hold."""
     if m.isdir():
-        if os.path.lexists(target) and not (target.is_dir() and not target.is_symlink()):
-            target.unlink()
-        target.mkdir(exist_ok=True)
+        try:
+            st = os.stat(base, dir_fd=d, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(base, dir_fd=d)
+                os.mkdir(base, 0o700, dir_fd=d)
+        except FileNotFoundError:
+            os.mkdir(base, 0o700, dir_fd=d)
     elif m.issym():
-        if not m.linkname.startswith("/"):  # absolute targets resolve inside the guest's root
-            _refuse_climbing_symlink(layer, parent_rel, name, m.linkname)
-        remove_path(target)
-        os.symlink(m.linkname, target)
+        _refuse_climbing_symlink(tree, layer, parent_rel, name, m.linkname)
+        tree.remove_at(d, base)
+        os.symlink(m.linkname, base, dir_fd=d)
     elif m.islnk():
-        src_rel = _member_name(m.linkname, layer.name)
-        src = resolve_in(root, src_rel)
-        if not os.path.lexists(src) or src.is_dir():
-            raise UnsafeImage(f"layer {layer.name}: hard link /{name} -> /{src_rel}: no such file")
-        remove_path(target)
-        os.link(src, target, follow_symlinks=False)
+        _hard_link(tree, d, layer, base, name, m.linkname)
         return False  # shares the inode (mode, owner) of its source
     elif m.isfifo():
-        remove_path(target)
-        os.mkfifo(target)
+        tree.remove_at(d, base)
+        os.mkfifo(base, 0o600, dir_fd=d)
     elif m.isreg():
-        remove_path(target)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        tree.remove_at(d, base)
+        fd = os.open(base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
         with os.fdopen(fd, "wb") as out:
             src_f = tar.extractfile(m)
             assert src_f is not None
@@ -341,23 +375,46 @@ def _write_member(root: Path, layer: Layer, tar: tarfile.TarFile, m: tarfile.Tar
     return True
 
 
-def _refuse_climbing_symlink(layer: Layer, parent_rel: str, name: str, linkname: str) -> None:
-    """A relative symlink whose target climbs above the rootfs is refused."""
-    depth = 0
-    for comp in os.path.join(parent_rel, linkname).split("/"):
-        depth += -1 if comp == ".." else (0 if comp in ("", ".") else 1)
-        if depth < 0:
-            raise UnsafeImage(f"layer {layer.name}: symlink /{name} -> {linkname} points above the rootfs; refused")
+def _hard_link(tree: Tree, d: int, layer: Layer, base: str, name: str, linkname: str) -> None:
+    """A hard link to another file of the rootfs: its source resolved inside the rootfs (its last component not
+    followed), never a directory, never a host file."""
+    src_rel = _member_name(linkname, layer.name)
+    try:
+        with tree.parent(src_rel, create=False) as (sd, sbase):
+            st = os.stat(sbase, dir_fd=sd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                raise FileNotFoundError(sbase)
+            tree.remove_at(d, base)
+            os.link(sbase, base, src_dir_fd=sd, dst_dir_fd=d, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError, Escape):
+        raise UnsafeImage(f"layer {layer.name}: hard link /{name} -> /{src_rel}: no such file") from None
+
+
+def _refuse_climbing_symlink(tree: Tree, layer: Layer, parent_rel: str, name: str, linkname: str) -> None:
+    """A symlink whose target, resolved from where it really is (its parent's symlinks followed inside the
+    rootfs, then its own target's), climbs above the rootfs is refused. Defence in depth: forkd itself only ever
+    resolves paths inside the rootfs (forkd.image.beneath), so such a link could mislead only a host tool."""
+    where = tree.real(parent_rel)
+    if where is None:
+        raise UnsafeImage(f"layer {layer.name}: symlink /{name}: its directory does not resolve inside the rootfs")
+    start = "" if linkname.startswith("/") else ("" if where == "." else where)
+    try:
+        resolve_in(tree.path, f"{start}/{linkname}", follow_last=True, strict=True)
+    except UnsafeImage:
+        raise UnsafeImage(f"layer {layer.name}: symlink /{name} -> {linkname} points above the rootfs; "
+                          "refused") from None
 
 
 def unpack(src: Source, root: Path, progress: Progress = lambda s: None) -> UnpackStats:
     """Unpack every layer of `src`, in order, into the (new) directory `root`."""
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     stats = UnpackStats()
     as_root = os.geteuid() == 0
-    for i, layer in enumerate(src.layers):
-        progress(f"unpacking layer {i + 1}/{len(src.layers)} ({layer.name[:19]})")
-        _apply_layer(root, layer, stats, as_root)
+    with Tree(root) as tree:
+        for i, layer in enumerate(src.layers):
+            progress(f"unpacking layer {i + 1}/{len(src.layers)} ({layer.name[:19]})")
+            _apply_layer(tree, layer, stats, as_root)
+        stats.setid_stripped = sorted(tree.setid)
     return stats
 
 
@@ -394,7 +451,8 @@ def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, p
                 "pip": {"requested": sorted(pip), "installed": installed},
                 "packages": {"kernel": kname, "busybox": bdeb.name},
                 "unpack": {"members": stats.members, "whiteouts": stats.whiteouts, "opaque": stats.opaque,
-                           "skipped_devices": len(stats.skipped_devices)},
+                           "skipped_devices": len(stats.skipped_devices),
+                           "setid_stripped": stats.setid_stripped[:100]},
                 "build_seconds": round(time.monotonic() - t0, 2)}
         img = finish(layout, image_id, root, out, meta, memory_mib, progress, rootfs)
     return img, True

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from forkd.base.paths import Layout
 from forkd.base.procs import run
 from forkd.base.settings import settings
 from forkd.image import debs
+from forkd.image.beneath import Tree
 from forkd.image.build import BUSYBOX_PACKAGE, GUEST_DIR, GUEST_SOURCES, Image, take_kernel, write_initramfs
 
 MIB = 1 << 20
@@ -49,9 +51,10 @@ class UnsafeImage(InvalidInput):
     """A layer that would write outside the rootfs (or otherwise cannot be unpacked safely)."""
 
 
-def resolve_in(root: Path, rel: str, follow_last: bool = False) -> Path:
+def resolve_in(root: Path, rel: str, follow_last: bool = False, strict: bool = False) -> Path:
     """`rel` resolved inside `root` as if `root` were `/`: symlinks are followed within it (absolute ones
-    relative to it), `..` stops at it. The result is always under `root`."""
+    relative to it), `..` stops at it (with `strict`: a `..` above it raises UnsafeImage). The result is always
+    under `root`. For reading only: writers go through forkd.image.beneath.Tree."""
     parts = [p for p in rel.split("/") if p not in ("", ".")]
     cur: list[str] = []
     hops = 0
@@ -60,6 +63,8 @@ def resolve_in(root: Path, rel: str, follow_last: bool = False) -> Path:
         if comp == "..":
             if cur:
                 cur.pop()
+            elif strict:
+                raise UnsafeImage(f"/{rel} climbs above the rootfs")
             continue
         p = os.path.join(root, *cur, comp)
         if (parts or follow_last) and os.path.islink(p):
@@ -75,22 +80,19 @@ def resolve_in(root: Path, rel: str, follow_last: bool = False) -> Path:
     return Path(root, *cur)
 
 
-def remove_path(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
-    elif os.path.lexists(p):
-        p.unlink()
-
-
 @contextmanager
 def workspace(layout: Layout, image_id: str) -> Iterator[tuple[Path, Path, Path]]:
-    """A scratch directory for one image build: (root, out, stage), removed afterwards whatever happens."""
-    work = layout.tmp / f"{image_id}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
+    """A scratch directory for one image build: (root, out, stage), removed afterwards whatever happens. It is
+    private: made by mkdtemp (0700, a new unguessable name, never one that existed), so no other user reaches
+    anything the image put in `root` (setuid files, world-writable directories ...) while it is built."""
+    layout.tmp.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{image_id}-", dir=layout.tmp))
     try:
         root, out, stage = work / "root", work / "out", work / "stage"
-        out.mkdir(parents=True)
-        stage.mkdir()
+        for d in (root, out, stage):
+            d.mkdir(mode=0o700)
+        os.chmod(root, 0o755)  # the guest's / (inside the private work directory)
+        os.chmod(out, 0o755)  # becomes images/<id>: as readable as before (an unprivileged VMM reads it)
         yield root, out, stage
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -114,9 +116,11 @@ def find_python(root: Path) -> GuestPython:
         if m:
             version = (int(m[1]), int(m[2]))
         else:
-            for lib in sorted(resolve_in(root, f"{prefix}/lib").glob("python3.*/os.py")):
-                m = re.fullmatch(r"python(\d+)\.(\d+)", lib.parent.name)
-                if m:
+            libdir = resolve_in(root, f"{prefix}/lib", follow_last=True)
+            names = sorted(os.listdir(libdir)) if libdir.is_dir() else []
+            for name in names:  # each python3.N/os.py resolved inside the rootfs, not by the host's glob
+                m = re.fullmatch(r"python(3)\.(\d+)", name)
+                if m and resolve_in(root, f"{prefix}/lib/{name}/os.py", follow_last=True).is_file():
                     version = (int(m[1]), int(m[2]))
         if version is None:
             raise InvalidInput(f"found /{cand} in the image but cannot tell its version (no {prefix}/lib/python3.N)")
@@ -163,42 +167,38 @@ def _busybox(layout: Layout, stage: Path) -> Path:
 
 def inject(layout: Layout, root: Path, python: GuestPython, stage: Path, kernel_out: Path) -> str:
     """Put forkd's init, agent, busybox and the kernel's virtio modules into `root`; write the kernel to
-    `kernel_out`. Returns the kernel package name."""
-    for rel in ["init", "forkd"]:
-        remove_path(root / rel)
-    fb = root / "forkd" / "bin"
-    fb.mkdir(parents=True)
+    `kernel_out`. Returns the kernel package name. Every write resolves inside `root` (forkd.image.beneath):
+    the image's symlinks never carry one outside."""
     bb = _busybox(layout, stage)
-    shutil.copy2(bb, fb / "busybox")
     applets = run([bb, "--list"], "listing busybox applets").stdout.split()
-    for a in applets:
-        if a != "busybox":
-            os.symlink("busybox", fb / a)
-    sh = resolve_in(root, "bin/sh", follow_last=True)
-    if not sh.exists():
-        binp = resolve_in(root, "bin", follow_last=True)
-        binp.mkdir(parents=True, exist_ok=True)
-        remove_path(binp / "sh")
-        os.symlink("/forkd/bin/busybox", binp / "sh")
-    shutil.copy2(GUEST_DIR / "agent.py", root / "forkd" / "agent.py")
-    (root / "init").write_text(guest_init(python.path))
-    os.chmod(root / "init", 0o755)
-    for d, mode in [("proc", 0o555), ("sys", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("root", 0o700),
-                    ("run", 0o755), ("etc", 0o755)]:
-        p = resolve_in(root, d, follow_last=True)
-        if not p.exists():
-            p.mkdir(parents=True)
-            os.chmod(p, mode)
-    for f, text in [("etc/hostname", "forkd\n"), ("etc/hosts", "127.0.0.1 localhost\n"),
-                    ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("etc/group", "root:x:0:\n")]:
-        p = resolve_in(root, f, follow_last=True)
-        if not p.exists():
-            p.write_text(text)
-    mods = resolve_in(root, "lib/modules/forkd", follow_last=True)
-    mods.mkdir(parents=True, exist_ok=True)
     kdeb = debs.kernel_package(layout.debs)
     debs.extract(kdeb, stage / "kernel")
-    take_kernel(stage / "kernel", kdeb.name, kernel_out, mods)
+    (stage / "modules").mkdir(exist_ok=True)
+    take_kernel(stage / "kernel", kdeb.name, kernel_out, stage / "modules")
+    with Tree(root) as t:
+        for rel in ["init", "forkd", "lib/modules/forkd"]:
+            t.remove(rel)
+        t.makedirs("forkd/bin")
+        t.copy_in("forkd/bin/busybox", bb, 0o755)
+        for a in applets:
+            if a != "busybox":
+                t.symlink(f"forkd/bin/{a}", "busybox")
+        if t.lookup("bin/sh") is None:
+            t.makedirs("bin")
+            t.symlink("bin/sh", "/forkd/bin/busybox")
+        t.copy_in("forkd/agent.py", GUEST_DIR / "agent.py", 0o644)
+        t.write("init", guest_init(python.path), 0o755)
+        for d, mode in [("proc", 0o555), ("sys", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("root", 0o700),
+                        ("run", 0o755), ("etc", 0o755)]:
+            if t.lookup(d) is None:
+                t.makedirs(d, mode)
+        for f, text in [("etc/hostname", "forkd\n"), ("etc/hosts", "127.0.0.1 localhost\n"),
+                        ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("etc/group", "root:x:0:\n")]:
+            if t.lookup(f) is None:
+                t.write(f, text)
+        t.makedirs("lib/modules/forkd")
+        for ko in sorted((stage / "modules").glob("*.ko")):
+            t.copy_in(f"lib/modules/forkd/{ko.name}", ko, 0o644)
     return kdeb.name
 
 
@@ -212,9 +212,12 @@ def pip_install(root: Path, python: GuestPython, packages: list[str], progress: 
         raise InvalidInput(f"--pip: found no site-packages directory for the image's {python.path}",
                            hint="install the packages in the image instead (e.g. a Dockerfile RUN pip install)")
     v = f"{python.version[0]}{python.version[1]}"
-    musl = any(resolve_in(root, "lib").glob("ld-musl-*.so.1"))
+    musl = any(resolve_in(root, "lib", follow_last=True).glob("ld-musl-*.so.1"))
     plats = (["musllinux_1_1_x86_64", "musllinux_1_2_x86_64"] if musl else
              ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64", "linux_x86_64"])
+    with Tree(root) as t:  # forkd/ was made by inject; pip writes into a fresh directory of ours
+        t.remove("forkd/site-packages")
+        t.makedirs("forkd/site-packages")
     target = root / "forkd" / "site-packages"
     argv = [settings().host_python, "-m", "pip", "install", "-q", "--no-compile",
             "--disable-pip-version-check", "--target", str(target), "--only-binary=:all:",
@@ -226,9 +229,15 @@ def pip_install(root: Path, python: GuestPython, packages: list[str], progress: 
     run(argv + list(packages), f"--pip {' '.join(packages)}: pip on the host",
         hint="only packages with wheels (--only-binary) for this Python/platform can be installed; the guest has no "
              "network at build time")
-    site = resolve_in(root, python.site_dir, follow_last=True)
-    (site / "forkd-pip.pth").write_text("/forkd/site-packages\n")
+    write_pth(root, python.site_dir)
     return sorted(p.name for p in target.glob("*.dist-info"))
+
+
+def write_pth(root: Path, site_dir: str) -> None:
+    """forkd-pip.pth in the guest's site directory, resolved inside the rootfs; whatever the image put at that
+    name (a symlink to a host file ...) is replaced, never written through."""
+    with Tree(root) as t:
+        t.write(f"{site_dir}/forkd-pip.pth", "/forkd/site-packages\n")
 
 
 def tree_bytes(root: Path) -> int:
@@ -304,8 +313,9 @@ def write_boot_initramfs(root: Path, stage: Path, out: Path) -> None:
     shutil.rmtree(boot, ignore_errors=True)
     for d in ("bin", "lib/modules/forkd", "proc", "sys", "dev", "newroot"):
         (boot / d).mkdir(parents=True)
-    shutil.copy2(root / "forkd" / "bin" / "busybox", boot / "bin" / "busybox")
-    for ko in resolve_in(root, "lib/modules/forkd", follow_last=True).glob("*.ko"):
+    # forkd's own files from the stage, never from the rootfs (whose names the image may have made symlinks)
+    shutil.copy2(stage / "busybox" / "bin" / "busybox", boot / "bin" / "busybox")
+    for ko in (stage / "modules").glob("*.ko"):
         shutil.copy2(ko, boot / "lib" / "modules" / "forkd" / ko.name)
     shutil.copy2(GUEST_DIR / "boot.sh", boot / "init")
     os.chmod(boot / "init", 0o755)
