@@ -139,14 +139,18 @@ def test_console_flood_stays_under_the_cap(rt, fork):
     """The guest tries to write 200 MiB to its serial console. Under TCG the emulated UART moves ~100 KB/s, so it
     is stopped after 20 s; the test checks it wrote several times the cap (the bound does not depend on how much)."""
     (child,) = fork(1)
-    res = rt.exec(child.id, ["sh", "-c", "head -c 209715200 /dev/zero | tr '\\0' x > /dev/ttyS0"], timeout=20)
-    assert res["stderr"] == "" and (res["exit_code"] == 0 or res["timed_out"]), res
-    serial = rt.exec(child.id, ["cat", "/proc/tty/driver/serial"])["stdout"]
-    sent = int(serial.split("tx:", 1)[1].split()[0])
-    assert sent > 4 * CONSOLE_RING, serial
+    sent = 0
+    for _ in range(6):  # a loaded host moves fewer bytes in 20 s: go on until well past the cap
+        res = rt.exec(child.id, ["sh", "-c", "head -c 209715200 /dev/zero | tr '\\0' x > /dev/ttyS0"], timeout=20)
+        assert res["stderr"] == "" and (res["exit_code"] == 0 or res["timed_out"]), res
+        serial = rt.exec(child.id, ["cat", "/proc/tty/driver/serial"])["stdout"]
+        sent = int(serial.split("tx:", 1)[1].split()[0])
+        if sent > 3 * CONSOLE_RING:
+            break
+    assert sent > 3 * CONSOLE_RING, serial
     d = Path(child.dir)
     sizes = {p.name: p.stat().st_size for p in d.iterdir() if p.is_file()}
-    assert all(n <= 2 * CONSOLE_RING for n in sizes.values()), sizes
+    assert all(n <= CONSOLE_RING for n in sizes.values()), sizes
     drv = QemuDriver()
     vm = drv.attach(RunFiles(d), child.pid, child.started)
     try:
