@@ -76,3 +76,11 @@ class TerminalError(ForkdError):
     """A failure that retrying cannot fix: the spec (or what it names) has to change first. The reconciler records
     it and does not retry the action until then; every other exception is retried with back-off
     (controller-runtime's model)."""
+
+
+class ProtocolViolation(ForkdError):
+    """A guest broke the agent protocol (a frame over the host's cap, malformed or misshapen JSON, a reply over its
+    cap): the child misbehaved, so forkd stops it and records why. The daemon answers 502 (a bad answer from
+    upstream), never 500."""
+
+    http_status = 502

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from forkd.base.atomic import write_json
-from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, ProtocolViolation
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
 from forkd.core.pipeline.branch import BranchResult, branch
@@ -258,9 +258,14 @@ class Runtime:
 
     @contextmanager
     def agent(self, child_id: str, timeout: float = 10.0) -> Iterator[AgentClient]:
-        client = self.supervisor.connect(self.registry.get(child_id), timeout=timeout)
+        rec = self.registry.get(child_id)
+        client = self.supervisor.connect(rec, timeout=timeout)
         try:
             yield client
+        except ProtocolViolation as exc:  # the guest misbehaved: stop it, record why, tell the caller which child
+            self.supervisor.quarantine(rec, exc)
+            raise ProtocolViolation(f"child {child_id} misbehaved and was stopped: {exc.message}",
+                                    hint=exc.hint) from exc
         finally:
             client.close()
 

@@ -115,7 +115,9 @@ def op_exec(args):
             "duration_ms": (time.monotonic() - t0) * 1000.0}
 
 
-def _run_code(code, mode):
+def _run_code(code, mode, cap=DEFAULT_OUTPUT_CAP):
+    """Run user code in the agent's namespace; stdout, stderr and the value's repr are cut to `cap` characters
+    (the host refuses frames over its own cap and cuts outputs again)."""
     if not isinstance(code, str):
         raise RequestError("'code' must be a string")
     out, err = io.StringIO(), io.StringIO()
@@ -130,15 +132,22 @@ def _run_code(code, mode):
             tb = exc.__traceback__.tb_next or exc.__traceback__  # drop the agent's own frame
             error = {"type": type(exc).__name__, "message": str(exc),
                      "traceback": "".join(traceback.format_exception(type(exc), exc, tb))}
-    return {"value": value, "stdout": out.getvalue(), "stderr": err.getvalue(), "error": error}
+    res = {"value": value, "stdout": out.getvalue(), "stderr": err.getvalue(), "error": error, "truncated": False}
+    for k in ("value", "stdout", "stderr"):
+        if isinstance(res[k], str) and len(res[k]) > cap:
+            res[k], res["truncated"] = res[k][:cap], True
+    if error and len(error["message"]) + len(error["traceback"]) > cap:
+        error["message"], error["traceback"], res["truncated"] = error["message"][:cap // 2], \
+            error["traceback"][-cap // 2:], True
+    return res
 
 
 def op_eval(args):
-    return _run_code(args.get("code"), "eval")
+    return _run_code(args.get("code"), "eval", int(args.get("max_output", DEFAULT_OUTPUT_CAP)))
 
 
 def op_exec_code(args):
-    return _run_code(args.get("code"), "exec")
+    return _run_code(args.get("code"), "exec", int(args.get("max_output", DEFAULT_OUTPUT_CAP)))
 
 
 def op_write_file(args):

@@ -155,6 +155,14 @@ class Supervisor:
         self.registry.remove(rec.id)
         return was_running
 
+    def quarantine(self, rec: ChildRecord, exc: BaseException) -> None:
+        """A child whose guest broke the agent protocol: stop its VMM, release its isolation, and keep its record
+        as `failed` with the reason (`ls` shows it; `forkd kill` removes it; a pool replaces it)."""
+        if rec.pid is not None:
+            kill_and_wait(rec.pid, rec.started)
+        release_isolation(rec)
+        self.registry.save(rec.with_(state="failed", error=f"misbehaved (agent protocol): {exc}", pid=None))
+
     def private_memory_kib(self, rec: ChildRecord, memory: Path) -> dict[str, int]:
         """Guest RAM this child copied (Private_Dirty of the memory-file mapping) and the VMM's other Pss."""
         if rec.pid is None or start_time(rec.pid) != rec.started:

@@ -31,6 +31,11 @@ SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=de
 SANDBOX_RUNAS = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
 TAP_NAME = "tap0"
 GUEST_MAC = "52:54:00:12:34:56"
+# The guest's serial console goes to a ring inside QEMU (oldest bytes dropped), never to a file QEMU writes: a guest
+# could fill the disk. The driver copies the ring out (bounded) into RunFiles.console when it reports a failure.
+CONSOLE_RING = 256 << 10  # bytes (a power of two, as QEMU requires)
+CONSOLE_DEV = "console"
+GUEST_STOPPED = ("shutdown", "guest-panicked", "internal-error")  # run states of a guest that will not boot
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 
@@ -67,7 +72,7 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
         "-kernel", str(machine.kernel), "-initrd", str(machine.initrd),
         "-append", (machine.cmdline + " " + extra_cmdline).strip(),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-        "-serial", f"file:{files.console}",
+        "-chardev", f"ringbuf,id={CONSOLE_DEV},size={CONSOLE_RING}", "-serial", f"chardev:{CONSOLE_DEV}",
         "-qmp", f"unix:{files.qmp},server=on,wait=off",
         "-device", "virtio-serial-pci,id=vs0",
         "-chardev", f"socket,id=agent,path={files.agent},server=on,wait=off",
@@ -82,6 +87,8 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
                  "-device", "virtio-blk-pci,drive=root"]
     if incoming:
         argv += ["-incoming", "defer"]
+    else:  # a booting guest that powers off or panics pauses (its console ring stays readable) until boot() is done
+        argv += ["-no-shutdown"]
     if runas:
         # -runas calls setgid/setuid after init, which elevateprivileges=deny (and =children) kill with SIGSYS
         # (measured, QEMU 7.2). Once QEMU runs as a uid without capabilities, set*id cannot raise it again.
@@ -93,6 +100,24 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     elif machine.network != "none":
         argv = [UNSHARE, "--net", "--", *argv]
     return argv
+
+
+def save_console(qmp: QMPClient | None, console: Path) -> str:
+    """Drain the guest's console ring (through QMP, while QEMU lives) into `console`, keeping its last
+    CONSOLE_RING bytes, and return the file's tail. Best effort: a dead QEMU took its ring with it."""
+    if qmp is not None:
+        try:
+            text = qmp.execute("ringbuf-read", {"device": CONSOLE_DEV, "size": CONSOLE_RING, "format": "utf8"},
+                               timeout=5)
+        except (ForkdError, OSError):
+            text = ""
+        if text:
+            try:
+                old = console.read_bytes()[-CONSOLE_RING:]
+            except OSError:
+                old = b""
+            console.write_bytes((old + text.encode("utf-8", "replace"))[-CONSOLE_RING:])
+    return tail(console)
 
 
 def kernel_stub(kernel: Path, dest: Path) -> Path:
@@ -148,6 +173,7 @@ class QemuDriver(VmmDriver):
                 pass
         if isinstance(proc, subprocess.Popen) and proc.poll() is not None:
             return f"\nQEMU exited with status {proc.returncode}; its log ({vm.files.log}):\n{tail(vm.files.log)}"
+        save_console(vm.qmp, vm.files.console)
         return f"\nQEMU log: {vm.files.log}; guest console: {vm.files.console}"
 
     def stop(self, vm: Vm) -> None:
@@ -210,11 +236,14 @@ class QemuDriver(VmmDriver):
             while True:
                 try:
                     vm.agent.ping(timeout=1.0)
+                    vm.qmp.execute("set-action", {"shutdown": "poweroff"})  # booted: a poweroff ends QEMU again
                     return
                 except AgentTimeout:
-                    if vm.process.poll() is not None or time.monotonic() > deadline:
-                        raise ForkdError(f"guest agent never answered within {timeout:.0f}s; "
-                                         f"see the guest console {files.console}:\n{tail(files.console)}") from None
+                    stopped = vm.process.poll() is not None or capture.run_state(vm.qmp) in GUEST_STOPPED
+                    if stopped or time.monotonic() > deadline:
+                        what = "the guest stopped during boot" if stopped else "guest agent never answered"
+                        raise ForkdError(f"{what} within {timeout:.0f}s; see the guest console {files.console}:\n"
+                                         f"{save_console(vm.qmp, files.console)}") from None
 
         try:
             run_steps([("start_vmm", start), ("connect", connect), ("agent_ready", agent_ready)], timings,
