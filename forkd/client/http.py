@@ -3,8 +3,9 @@ lack of one) becomes a result or a forkd.base.errors exception.
 
 Used by RemoteBackend (the CLI's remote door), the SDK's Controller/AsyncController and the MCP server, so every
 caller gets the same errors: 400/401/422 InvalidInput, 404 NotFound, 409 Conflict, 408/504 Timeout,
-502/503 Unavailable, anything else ForkdError; a daemon that cannot be reached is Unavailable (with a hint), a
-request that takes too long is Timeout: never a raw httpx exception.
+502 ProtocolViolation (a child broke the agent protocol), 503 Unavailable, anything else ForkdError; a daemon
+that cannot be reached is Unavailable (with a hint), a request that takes too long is
+Timeout: never a raw httpx exception.
 
 Where the daemon is (`find_daemon`), first match wins: explicit `url=` / `socket=`, `$FORKD_URL` (TCP, with
 `$FORKD_TOKEN`), the local daemon's unix socket ($FORKD_HOME/forkd.sock, from the Layout).
@@ -18,13 +19,13 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
-from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Timeout, Unavailable
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, ProtocolViolation, Timeout, Unavailable
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
 
 DEFAULT_URL = "http://127.0.0.1:8889"  # upstream's default, for the SDK when no daemon is found
 ERRORS: dict[int, type[ForkdError]] = {400: InvalidInput, 401: InvalidInput, 403: InvalidInput, 404: NotFound,
-                                       408: Timeout, 409: Conflict, 422: InvalidInput, 502: Unavailable,
+                                       408: Timeout, 409: Conflict, 422: InvalidInput, 502: ProtocolViolation,
                                        503: Unavailable, 504: Timeout}
 
 
