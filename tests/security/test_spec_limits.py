@@ -5,8 +5,6 @@ make a large value in one step. Every refusal is an error naming the file."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from forkd.base.errors import InvalidInput
