@@ -24,7 +24,7 @@ import zstandard
 
 from forkd.base.errors import ForkdError
 from forkd.base.paths import Layout
-from forkd.core.pack import PACK_MANIFEST, PackError, unpack
+from forkd.core.pack import PACK_MANIFEST, PackError, pack, unpack
 from forkd.core.pack.rules import RECONCILER_TAG_RE
 from forkd.core.runtime import Runtime
 from forkd.reconciler import world
@@ -333,3 +333,16 @@ def test_install_refuses_what_is_not_a_snapshot(target, tmp_path):
     with pytest.raises(CorruptManifest, match="holds"):
         target.store.install(staged, _root())
     assert os.listdir(target.layout.snapshots) == []
+
+
+def test_packing_a_reconciler_tag_is_refused_with_the_way_out(target, tmp_path):
+    """Nobody could unpack it: `forkd pack` says so at once and how to share it under another tag."""
+    tag = world.parent_tag(_parent())
+    staged = target.layout.tmp / "staged"
+    staged.mkdir()
+    (staged / "vmstate").write_bytes(b"vmstate")
+    (staged / "memory.bin").write_bytes(MEM)
+    target.store.install(staged, _root(tag))
+    with pytest.raises(PackError, match="reconciler owns") as err:
+        pack(target, tag, tmp_path / "out.tar.zst")
+    assert f"--from {tag}" in (err.value.hint or "") and not (tmp_path / "out.tar.zst").exists()
