@@ -201,9 +201,8 @@ class SnapshotStore:
     def flat_path(self, snap: Snapshot) -> Path:
         """The flat memory image children of `snap` map: a copy of a base's memory file, or a layer's composed
         image, in the flat cache (on tmpfs: see Layout.flat_cache)."""
-        if snap.memory_sha256 is None:
-            raise CorruptManifest(f"snapshot {snap.tag!r} records no memory content hash",
-                                  hint=f"wait for it to be ready, or delete it with 'forkd rmi --force {snap.tag}'")
+        if snap.memory_sha256 is None:  # not ready: a name no flat image has (materialize needs a ready head)
+            return self.layout.flat_cache / "unknown.mem"
         return self.flat_cache_path(snap.memory_sha256)
 
     def ancestors(self, tag: str) -> list[Snapshot]:
