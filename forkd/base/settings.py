@@ -59,6 +59,10 @@ class Settings(BaseModel):
     no_daemon: bool = _env(False, "1: run verbs in-process even when a daemon answers")
     daemon_socket: Path | None = _env(None, "the operator's node daemon socket (default $FORKD_HOME/forkd.sock)")
     hub: str | None = _env(None, "pack hub for push/pull: http://host:port/path or file:///dir")
+    pack_max_bytes: int = _env(64 << 30, "unpack: the most bytes a pack may unpack to (the sum of its members' "
+                                         "sizes; zeros count too)", ge=1 << 20)
+    pack_max_ratio: int = _env(1000, "unpack: the most bytes written to disk per compressed byte read, past the "
+                                     "first 64 MiB (zero pages are left as holes and not counted)", ge=1)
     # -- the Kubernetes operator
     nodes: str = _env("", "operator placement: NAME=SOCKET|URL,... of the node daemons (default: one, local)")
     operator_interval: float = _env(10.0, "seconds between the operator's periodic reconciles of an object", gt=0)

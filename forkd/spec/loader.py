@@ -13,11 +13,18 @@ from typing import Any
 import jinja2
 import pydantic
 import yaml
-from jinja2.sandbox import SandboxedEnvironment
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from forkd.base.errors import InvalidInput
 from forkd.base.names import NAME_PATTERN
+from forkd.spec.limits import (
+    MAX_FILE_BYTES,
+    LimitedEnvironment,
+    LimitExceeded,
+    check_text,
+    check_yaml,
+    render_limited,
+)
 from forkd.spec.models import API_VERSION, KINDS, MODELS, ForkObject
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".j2")
@@ -74,7 +81,7 @@ def parse_set(items: list[str]) -> dict:
         if not sep or not all(parts):
             raise InvalidInput(f"invalid --set {item!r}", hint="use --set key=value or --set a.b=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = _load_one(raw, f"--set {key.strip()}") if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         value = value if value is None or isinstance(value, str | int | float | bool) else raw
@@ -89,7 +96,7 @@ def load_values(files: list[Path]) -> dict:
     merged: dict = {}
     for path in files:
         try:
-            data = yaml.safe_load(_read(Path(path))) or {}
+            data = _load_one(_read(Path(path)), f"values file {path}") or {}
         except (OSError, UnicodeDecodeError) as e:
             raise InvalidInput(f"cannot read values file {path}: {e}") from None
         except yaml.YAMLError as e:
@@ -100,6 +107,19 @@ def load_values(files: list[Path]) -> dict:
     return merged
 
 
+def _load_one(text: str, what: str) -> Any:
+    """yaml.safe_load of a single document, bounded (size, nodes with aliases expanded): LimitExceeded names `what`."""
+    loader = yaml.SafeLoader(check_text(text, what))
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        check_yaml(node, what)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def build_values(files: list[Path], sets: list[str]) -> dict:
     """--values files merged in order, then --set overrides."""
     return deep_merge(load_values(files), parse_set(sets))
@@ -107,12 +127,18 @@ def build_values(files: list[Path], sets: list[str]) -> dict:
 
 def render(text: str, values: dict, filename: str) -> str:
     """jinja2 with StrictUndefined; values are top-level variables and also `values.x`. Raises SpecLoadError."""
-    env = SandboxedEnvironment(loader=jinja2.FunctionLoader(lambda n: (text, n, None) if n == filename else None),
-                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env = LimitedEnvironment(loader=jinja2.FunctionLoader(lambda n: (text, n, None) if n == filename else None),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     try:
-        return env.get_template(filename).render({**values, "values": values})
+        check_text(text, filename)
+        return render_limited(env, env.get_template(filename), {**values, "values": values})
     except jinja2.TemplateSyntaxError as e:
         line, message = e.lineno or 1, e.message or str(e)
+    except LimitExceeded as e:
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == filename and f.lineno]
+        line, message = (lines[-1] if lines else 1), e.message + (f" ({e.hint})" if e.hint else "")
+    except (MemoryError, RecursionError) as e:
+        line, message = 1, f"{type(e).__name__}: the template needs more memory or nesting than forkd allows"
     except Exception as e:  # template code can raise anything: undefined, type errors, division by zero, ...
         # jinja rewrites the traceback so that template frames carry the template's file name and line
         lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == filename and f.lineno]
@@ -129,15 +155,19 @@ def _yaml_error(exc: yaml.YAMLError, filename: str) -> SpecError:
 
 def _documents(text: str, filename: str) -> tuple[list[tuple[Node, Any]], list[SpecError]]:
     """(node, data) of each non-empty document, up to the first YAML error."""
-    loader, docs = yaml.SafeLoader(text), []
+    loader, docs, node = yaml.SafeLoader(text), [], None
     try:
         while loader.check_node():
             node = loader.get_node()
+            check_yaml(node, filename)
             data = loader.construct_document(node)
             if data is not None:
                 docs.append((node, data))
     except yaml.YAMLError as e:
         return docs, [_yaml_error(e, filename)]
+    except LimitExceeded as e:
+        line = node.start_mark.line + 1 if node is not None else 1
+        return docs, [SpecError(filename, line, 1, "", e.message + (f" ({e.hint})" if e.hint else ""))]
     finally:
         loader.dispose()
     return docs, []
@@ -232,7 +262,13 @@ def load_text(text: str, filename: str, values: dict | None = None) -> tuple[lis
 
 
 def _read(path: Path) -> str:
-    return sys.stdin.read() if str(path) == STDIN else path.read_text(encoding="utf-8")
+    """The text of a spec or values file ("-": stdin), at most MAX_FILE_BYTES (read no further)."""
+    if str(path) == STDIN:
+        text = sys.stdin.read(MAX_FILE_BYTES + 1)
+    else:
+        with open(path, "rb") as f:
+            text = f.read(MAX_FILE_BYTES + 1).decode("utf-8")
+    return check_text(text, "<stdin>" if str(path) == STDIN else str(path))
 
 
 def collect_files(paths: list[Path], recursive: bool = False, errors: list[SpecError] | None = None) -> list[Path]:
@@ -282,6 +318,8 @@ def load_paths(paths: list[Path], recursive: bool = False, values: dict | None =
             objs, errs = load_text(_read(path), name, values)
         except (OSError, UnicodeDecodeError) as e:
             objs, errs = [], [SpecError(name, 0, 0, "", f"cannot read: {e}")]
+        except LimitExceeded as e:
+            objs, errs = [], [SpecError(name, 0, 0, "", e.message)]
         loaded += objs
         errors += sorted(errs + check_duplicates(objs, first), key=lambda e: (e.line, e.column))
     if errors:

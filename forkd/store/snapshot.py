@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from forkd.base.errors import ForkdError
+from forkd.base.names import TAG_PATTERN
 
 MANIFEST = "snapshot.json"
 MEMORY = "memory.bin"
@@ -15,6 +17,13 @@ VMSTATE = "vmstate"
 DISK = "disk.qcow2"  # disk-backed images: what this snapshot's guest wrote, an overlay (see forkd.vmm.disk)
 FORMAT_VERSION = 1
 STATUSES = ("writing", "ready", "failed")
+# fields that become file names or are compared to content: checked whenever a record is loaded, so a hostile
+# pack or a tampered snapshot.json can never name a path outside the store (e.g. memory_sha256 "../../x")
+DIGESTS = ("memory_sha256", "vmstate_sha256", "parent_content_hash", "diff_sha256", "disk_sha256")
+COUNTS = ("memory_mib", "vcpus", "memory_bytes", "memory_stored_bytes", "vmstate_bytes", "diff_pages", "disk_bytes")
+MAX_LABELS = 64
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_TAG_RE = re.compile(TAG_PATTERN)
 
 
 class CorruptManifest(ForkdError):
@@ -86,8 +95,9 @@ class Snapshot:
             raise CorruptManifest(f"snapshot manifest {path} is unreadable: {exc}",
                                   hint=f"remove it with 'forkd rmi --force {path.parent.name}'") from exc
         try:
-            if raw.get("status") not in STATUSES:
-                raise ValueError(f"status {raw.get('status')!r} is not one of {', '.join(STATUSES)}")
+            if not isinstance(raw, dict):
+                raise ValueError("not a JSON object")
+            check_fields(raw, path.parent.name)
             raw["warm_imports"] = tuple(raw.get("warm_imports", ()))
             raw["warm_run"] = tuple(raw.get("warm_run", ()))
             raw["warm_exec"] = tuple(raw.get("warm_exec", ()))
@@ -96,3 +106,35 @@ class Snapshot:
         except (TypeError, ValueError) as exc:
             raise CorruptManifest(f"snapshot manifest {path} is invalid: {exc}",
                                   hint=f"remove it with 'forkd rmi --force {path.parent.name}'") from exc
+
+
+def is_sha256(value: object) -> bool:
+    """A lowercase hex sha256 digest (what every content hash in a record must be)."""
+    return isinstance(value, str) and bool(_SHA_RE.match(value))
+
+
+def check_fields(raw: dict, dirname: str) -> None:
+    """ValueError naming the first field of a snapshot record (raw JSON) that is not of its shape: tags and the
+    image id follow the tag rule (the tag is also its directory's name), digests are hex sha256 or null, counts
+    are non-negative integers, labels a small string mapping."""
+    if raw.get("status") not in STATUSES:
+        raise ValueError(f"status {raw.get('status')!r} is not one of {', '.join(STATUSES)}")
+    for key in ("tag", "image_id"):
+        if not isinstance(raw.get(key), str) or not _TAG_RE.match(raw[key]):
+            raise ValueError(f"{key} {raw.get(key)!r} is not a valid name")
+    if raw["tag"] != dirname:
+        raise ValueError(f"tag {raw['tag']!r} is not its directory's name {dirname!r}")
+    parent = raw.get("parent_tag")
+    if parent is not None and (not isinstance(parent, str) or not _TAG_RE.match(parent) or parent == raw["tag"]):
+        raise ValueError(f"parent_tag {parent!r} is not a valid tag")
+    for key in DIGESTS:
+        if raw.get(key) is not None and not is_sha256(raw[key]):
+            raise ValueError(f"{key} {raw[key]!r} is not a sha256 hex digest")
+    for key in COUNTS:
+        v = raw.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 53:
+            raise ValueError(f"{key} {v!r} is not a non-negative integer")
+    labels = raw.get("labels", {})
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 253 and len(v) <= 1024 for k, v in labels.items()):
+        raise ValueError(f"labels must map at most {MAX_LABELS} names to strings")

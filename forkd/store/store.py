@@ -14,14 +14,14 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from forkd.base.atomic import fsync_dir, publish, write_json
+from forkd.base.atomic import fsync_dir, publish, rename_into_place, write_json
 from forkd.base.errors import Conflict, NotFound, first_line
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
 from forkd.base.procs import is_alive, start_time
 from forkd.store import chain
 from forkd.store.chain import ChainError
-from forkd.store.snapshot import DISK, MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot
+from forkd.store.snapshot import DISK, MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot, is_sha256
 from forkd.store.writer import SnapshotWriter, writing
 
 DATA_FILES = (MEMORY, VMSTATE, chain.PAGES_FILE, chain.DATA_FILE, DISK)
@@ -141,8 +141,45 @@ class SnapshotStore:
             if gone.memory_sha256 not in still:
                 self.flat_cache_path(gone.memory_sha256).unlink(missing_ok=True)
 
+    def install(self, staged: Path, snap: Snapshot) -> Snapshot:
+        """Bring a verified snapshot made elsewhere (an unpacked pack) into the store under `snap.tag`: `staged` (a
+        directory on the store's filesystem holding exactly the data files of `snap`) gets the record, as
+        `writing` by this process, is fsynced and renamed into place, then committed (modes, `ready`). A crash
+        in between leaves a `writing` snapshot that recover() fails. Conflict if the tag exists."""
+        d = self.dir(snap.tag)
+        want = {VMSTATE, chain.PAGES_FILE, chain.DATA_FILE} if snap.is_layer else {VMSTATE, MEMORY}
+        want |= {DISK} if snap.has_disk else set()
+        have = {p.name for p in staged.iterdir()} - {MANIFEST}
+        odd = [p.name for p in staged.iterdir() if p.is_symlink() or not p.is_file()]
+        if have != want or odd or snap.status != "ready":
+            raise CorruptManifest(f"cannot install {snap.tag!r} from {staged}: it holds {sorted(have)}, "
+                                  f"a snapshot of its kind holds {sorted(want)} (regular files only; {snap.status})")
+        if snap.is_layer:  # built on what is in this store now: the same parent, with the same content
+            parent = self.get_ready(snap.parent_tag)
+            if parent.memory_sha256 != snap.parent_content_hash:
+                raise ChainError(f"cannot install {snap.tag!r}: its parent {parent.tag!r} here holds other content",
+                                 hint="unpack the chain it was built on, or delete the other parent first")
+        if d.exists():
+            raise Conflict(f"snapshot {snap.tag!r} already exists",
+                           hint=f"delete it first with 'forkd rmi {snap.tag}' or unpack into another FORKD_HOME")
+        staging = snap.with_(status="writing", writer_pid=os.getpid(), writer_started=start_time(os.getpid()))
+        write_json(staged / MANIFEST, staging.to_json())
+        os.chmod(staged, 0o755)
+        try:
+            rename_into_place(staged, d)
+        except OSError as exc:
+            if d.exists():
+                raise Conflict(f"snapshot {snap.tag!r} appeared while it was being installed",
+                               hint="run the unpack again") from exc
+            raise
+        return self.commit(staging)
+
     # -- chains ------------------------------------------------------------------------------------
     def flat_cache_path(self, content_hash: str) -> Path:
+        """The cached flat image of a content hash; only a hex sha256 names one (never a path from a record)."""
+        if not is_sha256(content_hash):
+            raise CorruptManifest(f"content hash {content_hash!r} is not a sha256 hex digest: it names no file",
+                                  hint="delete the snapshot that records it with 'forkd rmi --force'")
         return self.layout.flat_cache / f"{content_hash}.mem"
 
     def adopt_flat(self, image: Path, content_hash: str) -> Path:
@@ -164,7 +201,9 @@ class SnapshotStore:
     def flat_path(self, snap: Snapshot) -> Path:
         """The flat memory image children of `snap` map: a copy of a base's memory file, or a layer's composed
         image, in the flat cache (on tmpfs: see Layout.flat_cache)."""
-        return self.flat_cache_path(snap.memory_sha256 or "unknown")
+        if snap.memory_sha256 is None:  # not ready: a name no flat image has (materialize needs a ready head)
+            return self.layout.flat_cache / "unknown.mem"
+        return self.flat_cache_path(snap.memory_sha256)
 
     def ancestors(self, tag: str) -> list[Snapshot]:
         """The chain from its base to `tag` (inclusive), checked link by link from the manifests alone:

@@ -1,5 +1,6 @@
 """Streaming a pack into a private directory: the manifest first, then every member checked against it
-(shape, kind, listed, declared size, sha256) as it is written; a truncated archive is refused."""
+(shape, kind, listed, declared size, sha256) as it is written, zero pages left as holes and every byte written
+counted against the compressed bytes read (a decompression bomb stops early); a truncated archive is refused."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ import tarfile
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from forkd.base.settings import settings
 from forkd.core.pack.manifest import parse_manifest
-from forkd.core.pack.rules import MAX_MANIFEST_BYTES, PACK_MANIFEST, SPARSE_FILES, PackError, Progress, safe_relpath
-from forkd.core.pack.streams import CHUNK, ZstdStream
+from forkd.core.pack.rules import MAX_MANIFEST_BYTES, PACK_MANIFEST, RATIO_FLOOR, PackError, Progress, safe_relpath
+from forkd.core.pack.streams import CHUNK, Budget, ZstdStream
+from forkd.store.chain import PAGE
 
 _ZEROS = bytes(CHUNK)
 
 
-def write_member(src: BinaryIO, dest: Path, declared: int, sparse: bool) -> tuple[int, str]:
-    """Copy at most declared+1 bytes into a new file (holes for zero chunks if `sparse`). Returns (size, sha)."""
+def write_member(src: BinaryIO, dest: Path, declared: int, budget: Budget, name: str = "") -> tuple[int, str]:
+    """Copy at most declared+1 bytes into a new file, zero pages left as holes, every byte written charged to
+    `budget` before it is written. Returns (size, sha256)."""
     h = hashlib.sha256()
     n = 0
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -27,10 +31,7 @@ def write_member(src: BinaryIO, dest: Path, declared: int, sparse: bool) -> tupl
             if not b:
                 break
             h.update(b)
-            if sparse and b == _ZEROS[:len(b)]:
-                os.lseek(fd, len(b), os.SEEK_CUR)
-            else:
-                os.write(fd, b)
+            _write_sparse(fd, b, n, budget, name or dest.name)
             n += len(b)
         os.ftruncate(fd, n)
         os.fsync(fd)
@@ -39,9 +40,21 @@ def write_member(src: BinaryIO, dest: Path, declared: int, sparse: bool) -> tupl
     return n, h.hexdigest()
 
 
+def _write_sparse(fd: int, b: bytes, off: int, budget: Budget, name: str) -> None:
+    """Write the non-zero pages of `b` at `off` (zeros stay holes)."""
+    if b == _ZEROS[:len(b)]:
+        return
+    for p in range(0, len(b), PAGE):
+        page = b[p:p + PAGE]
+        if page != _ZEROS[:len(page)]:
+            budget.charge(len(page), name)
+            os.pwrite(fd, page, off + p)
+
+
 def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
-    """Stream the pack into `stage`, checking every member; return the manifest."""
+    """Stream the pack into `stage`, checking every member; return the manifest, with `_sha256` the pack file's."""
     stream = ZstdStream(fh)
+    budget = Budget(stream.raw, settings().pack_max_ratio, RATIO_FLOOR)
     try:
         # read in tar records: a pack's tar stream is a whole number of them, so a short read means truncation
         tar = tarfile.open(fileobj=stream, mode="r|", bufsize=tarfile.RECORDSIZE)
@@ -53,7 +66,7 @@ def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
         for info in tar:
             if manifest is None:
                 manifest = _read_manifest(tar, info)
-            elif _stage_member(tar, info, manifest["_members"], stage, done):
+            elif _stage_member(tar, info, manifest["_members"], stage, done, budget):
                 progress(f"verified {info.name}")
     except tarfile.TarError as exc:
         raise PackError(f"the pack is truncated or corrupt: {exc}") from None
@@ -67,6 +80,7 @@ def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
     if missing:
         raise PackError(f"the pack is missing {len(missing)} listed members (first: {missing[0]}): "
                         "truncated or incomplete")
+    manifest["_sha256"] = stream.raw.digest_all()
     return manifest
 
 
@@ -80,7 +94,8 @@ def _read_manifest(tar: tarfile.TarFile, info: tarfile.TarInfo) -> dict:
     return parse_manifest(f.read(MAX_MANIFEST_BYTES + 1) if f else b"")
 
 
-def _stage_member(tar: tarfile.TarFile, info: tarfile.TarInfo, entries: dict, stage: Path, done: set[str]) -> bool:
+def _stage_member(tar: tarfile.TarFile, info: tarfile.TarInfo, entries: dict, stage: Path, done: set[str],
+                  budget: Budget) -> bool:
     """Check one member against the manifest's `entries` and write it under `stage` (its size and sha256 checked
     as it streams); add it to `done`. False for a directory: checked, nothing written."""
     name = info.name
@@ -107,7 +122,7 @@ def _stage_member(tar: tarfile.TarFile, info: tarfile.TarInfo, entries: dict, st
     src = tar.extractfile(info)
     if src is None:
         raise PackError(f"pack member {name!r} cannot be read")
-    got, digest = write_member(src, dest, declared, sparse=path.name in SPARSE_FILES)
+    got, digest = write_member(src, dest, declared, budget, name)
     if got > declared:
         raise PackError(f"pack member {name!r} is larger than declared ({declared} bytes)")
     if got != declared:

@@ -7,6 +7,7 @@ import re
 import time
 
 from forkd import __version__
+from forkd.base.settings import settings
 from forkd.core.pack.rules import (
     BASE_FILES,
     IMAGE_DISK,
@@ -19,6 +20,7 @@ from forkd.core.pack.rules import (
     PACK_VERSION,
     PackError,
     check_name,
+    check_unowned_tag,
     member_kind,
     safe_relpath,
 )
@@ -49,7 +51,7 @@ def parse_manifest(raw: bytes) -> dict:
     if not isinstance(chain, list) or not chain or len(chain) > 256:
         raise PackError("pack manifest: 'chain' must list 1..256 snapshot tags, root first")
     for t in chain:
-        check_name(t, "snapshot tag in 'chain'")
+        check_unowned_tag(check_name(t, "snapshot tag in 'chain'"))
     if len(set(chain)) != len(chain):
         raise PackError("pack manifest: 'chain' repeats a tag")
     if m.get("head") != chain[-1]:
@@ -87,6 +89,7 @@ def _parse_members(members: object, chain: list[str], images: list[str]) -> dict
         if str(path) in seen:
             raise PackError(f"pack manifest lists {str(path)!r} twice")
         seen[str(path)] = {"size": size, "sha256": digest}
+    _check_total(seen)
     for i, t in enumerate(chain):  # a disk (DISK) is optional here: check_staged matches it to the snapshot
         have = {p.rsplit("/", 1)[1] for p in seen if p.startswith(f"snapshots/{t}/")}
         want = set(LAYER_FILES if i else BASE_FILES)
@@ -99,3 +102,12 @@ def _parse_members(members: object, chain: list[str], images: list[str]) -> dict
             raise PackError(f"pack manifest: image {i!r} must hold exactly {', '.join(IMAGE_FILES)} "
                             f"and, if disk-backed, {IMAGE_DISK}")
     return seen
+
+
+def _check_total(seen: dict[str, dict]) -> None:
+    """Refuse, before anything is written, a pack whose members add up to more than FORKD_PACK_MAX_BYTES."""
+    total, limit = sum(e["size"] for e in seen.values()), settings().pack_max_bytes
+    if total > limit:
+        raise PackError(f"pack manifest: its members add up to {total} bytes, more than the {limit} a pack may "
+                        "unpack to: refused before writing anything",
+                        hint="if you trust this pack, raise FORKD_PACK_MAX_BYTES (bytes)")

@@ -1,5 +1,7 @@
 """Reading a pack: `unpack` verifies it completely in a private directory under $FORKD_HOME/tmp, decides every
-conflict, then moves each image and snapshot into place with one rename; `read_manifest` reads the manifest only."""
+conflict, then moves each image into place with one rename and installs each snapshot through the store
+(`SnapshotStore.install`: the store is the only place a snapshot comes into being); `read_manifest` reads the
+manifest only."""
 
 from __future__ import annotations
 
@@ -15,7 +17,15 @@ from forkd.base.atomic import rename_into_place
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
 from forkd.core.pack.extract import extract
 from forkd.core.pack.manifest import parse_manifest
-from forkd.core.pack.rules import MAX_MANIFEST_BYTES, PACK_MANIFEST, PackError, Progress, quiet
+from forkd.core.pack.rules import (
+    MAX_MANIFEST_BYTES,
+    OWNED_PREFIX,
+    PACK_MANIFEST,
+    SOURCE_LABEL,
+    PackError,
+    Progress,
+    quiet,
+)
 from forkd.core.pack.staged import check_staged, same_image, same_snapshot
 from forkd.core.pack.streams import ZstdStream
 from forkd.image.build import Image
@@ -56,25 +66,41 @@ def _plan(rt: Runtime, stage: Path, m: dict, snaps: list[Snapshot],
     return plan, skipped
 
 
-def _install(plan: list[tuple[Path, Path, str]], progress: Progress) -> list[str]:
+def _provenance(s: Snapshot, pack_sha: str) -> Snapshot:
+    """The record as installed: labels forkd sets itself (owner, spec hash, source ...) are never taken from a pack;
+    forkd.dev/source says which pack the snapshot came from."""
+    labels = {k: v for k, v in s.labels.items() if not k.startswith(OWNED_PREFIX)}
+    return s.with_(labels={**labels, SOURCE_LABEL: f"pack:{pack_sha}"})
+
+
+def _install(rt: Runtime, plan: list[tuple[Path, Path, str]], snaps: dict[str, Snapshot], pack_sha: str,
+             progress: Progress) -> list[str]:
     installed = []
     for src, target, label in plan:  # images first, then the chain root to head: never a head alone
-        for f in src.iterdir():
-            os.chmod(f, 0o444)
-        os.chmod(src, 0o755)
-        try:
-            rename_into_place(src, target)
-        except OSError as exc:
-            if target.exists():
-                raise Conflict(f"{label} appeared while unpacking; run the unpack again") from exc
-            raise
+        if label in snaps:  # a snapshot: the store brings it into being (record, modes, fsync, rename)
+            rt.store.install(src, _provenance(snaps[label], pack_sha))
+        else:
+            _install_image(src, target, label)
         installed.append(label)
         progress(f"installed {label}")
     return installed
 
 
+def _install_image(src: Path, target: Path, label: str) -> None:
+    for f in src.iterdir():
+        os.chmod(f, 0o444)
+    os.chmod(src, 0o755)
+    try:
+        rename_into_place(src, target)
+    except OSError as exc:
+        if target.exists():
+            raise Conflict(f"{label} appeared while unpacking; run the unpack again") from exc
+        raise
+
+
 def unpack(rt: Runtime, path: Path, progress: Progress = quiet) -> dict:
-    """Verify a pack completely in a private directory, then move each snapshot and image into place."""
+    """Verify a pack completely in a private directory, then move each image into place and install each
+    snapshot through the store (labelled forkd.dev/source: pack:<sha256 of the pack file>)."""
     t0 = time.perf_counter()
     path = Path(path)
     if not path.is_file():
@@ -87,11 +113,11 @@ def unpack(rt: Runtime, path: Path, progress: Progress = quiet) -> dict:
         snaps, images = check_staged(stage, m)
         # decide everything before moving anything: conflicts are refused with nothing installed
         plan, skipped = _plan(rt, stage, m, snaps, images)
-        installed = _install(plan, progress)
+        installed = _install(rt, plan, {s.tag: s for s in snaps}, m["_sha256"], progress)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return {"head": m["head"], "chain": m["chain"], "image_id": m["image_id"], "installed": installed,
-            "skipped": skipped, "members": len(m["_members"]),
+            "skipped": skipped, "members": len(m["_members"]), "source": f"pack:{m['_sha256']}",
             "logical_bytes": sum(e["size"] for e in m["_members"].values()),
             "seconds": round(time.perf_counter() - t0, 3)}
 

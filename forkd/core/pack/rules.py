@@ -21,7 +21,14 @@ BASE_FILES = (MANIFEST, VMSTATE, MEMORY)
 LAYER_FILES = (MANIFEST, VMSTATE, chainmod.PAGES_FILE, chainmod.DATA_FILE)
 IMAGE_FILES = ("vmlinuz", "initrd.img", "image.json")
 IMAGE_DISK = "rootfs.ext4"  # a disk-backed image's root disk (forkd.image.rootfs); its snapshots hold DISK
-SPARSE_FILES = (MEMORY, DISK, IMAGE_DISK)  # mostly holes: hashed extent by extent, unpacked with holes kept
+SPARSE_FILES = (MEMORY, DISK, IMAGE_DISK)  # mostly holes: hashed extent by extent
+RATIO_FLOOR = 64 << 20  # bytes written before the compression-ratio bound applies
+SOURCE_LABEL = "forkd.dev/source"  # provenance of an unpacked snapshot: "pack:<sha256 of the pack file>"
+OWNED_PREFIX = "forkd.dev/"  # labels forkd sets itself (owner, spec hash ...): never taken from a pack
+# The reconciler's tags (forkd/reconciler/world.py): "<object name>-<10 hex>" for parents, layers and branches,
+# "cmp-<16 hex>" for compactions. A pack may not claim one: the reconciler would adopt it as the snapshot it
+# builds for that spec (tests/security/test_pack_publisher.py checks the two stay in step).
+RECONCILER_TAG_RE = re.compile(r"^(.+-[0-9a-f]{10}|cmp-[0-9a-f]{16})$")
 _NAME_RE = re.compile(TAG_PATTERN)
 
 Progress = Callable[[str], None]
@@ -57,6 +64,17 @@ def check_name(value: Any, what: str) -> str:
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise PackError(f"pack manifest: invalid {what} {value!r}")
     return value
+
+
+def check_unowned_tag(tag: str) -> str:
+    """`tag` if it is not of the shape the reconciler gives its snapshots, else PackError saying how to share it."""
+    if RECONCILER_TAG_RE.match(tag):
+        raise PackError(f"pack snapshot tag {tag!r} has the shape of a tag the reconciler owns ('<name>-<10 hex "
+                        "digits>' or 'cmp-<16 hex digits>'): a pack may not claim it, or the reconciler would "
+                        "adopt the pack's snapshot as the one it builds from a spec",
+                        hint="ask the publisher to copy it under another tag and pack that ('forkd snapshot-compact "
+                             f"--from {tag} --to NAME'), or build it here from the spec")
+    return tag
 
 
 def member_kind(path: PurePosixPath, chain: list[str], images: list[str]) -> tuple[str, str, str]:

@@ -58,12 +58,38 @@ def check_staged(stage: Path, m: dict) -> tuple[list[Snapshot], list[Image]]:
                 raise PackError(f"pack snapshot {tag!r} is not built on {parent.tag!r} as the chain says")
             if chainmod.diff_hash(d) != s.diff_sha256:
                 raise PackError(f"pack snapshot {tag!r}: its diff files do not match their recorded hash")
+            _check_diff(d, s, entries, snaps[0])
+        _check_memory(s, entries, snaps[0] if snaps else s)
         snaps.append(s)
     problem = disk_problem(snaps, {i.id: i.meta for i in images}, {p: e["sha256"] for p, e in entries.items()},
                            lambda tag: stage / "snapshots" / tag)
     if problem:
         raise PackError(f"pack {problem}")
     return snaps, images
+
+
+def _check_memory(s: Snapshot, entries: dict, root: Snapshot) -> None:
+    """The memory size a snapshot records fits its RAM, and every link of a chain has the root's RAM."""
+    size = entries[f"snapshots/{root.tag}/{MEMORY}"]["size"]
+    if size > s.memory_mib << 20 or s.memory_mib != root.memory_mib or s.memory_bytes not in (0, size):
+        raise PackError(f"pack snapshot {s.tag!r}: its memory ({s.memory_mib} MiB, {s.memory_bytes} bytes) does "
+                        f"not match the chain's memory file ({size} bytes, {root.memory_mib} MiB)")
+
+
+def _check_diff(d: Path, s: Snapshot, entries: dict, root: Snapshot) -> None:
+    """A layer's diff: page numbers ascending, each inside the chain's memory, as many as recorded, with one
+    page of data each (a page number past the memory would make a huge flat image when materialized)."""
+    pages_size = entries[f"snapshots/{s.tag}/{chainmod.PAGES_FILE}"]["size"]
+    data_size = entries[f"snapshots/{s.tag}/{chainmod.DATA_FILE}"]["size"]
+    limit = entries[f"snapshots/{root.tag}/{MEMORY}"]["size"] // chainmod.PAGE
+    n = pages_size // 4
+    if pages_size % 4 or n > limit or n != s.diff_pages or data_size != n * chainmod.PAGE:
+        raise PackError(f"pack snapshot {s.tag!r}: its diff holds {pages_size} bytes of page numbers and "
+                        f"{data_size} of data for {s.diff_pages} recorded pages of a {limit}-page memory")
+    pages = chainmod.read_pages(d)
+    if any(b <= a for a, b in zip(pages, pages[1:], strict=False)) or (n and pages[-1] >= limit):
+        raise PackError(f"pack snapshot {s.tag!r}: its diff page numbers are not ascending pages of its "
+                        f"{limit}-page memory (last: {pages[-1] if n else None})")
 
 
 def same_image(target: Path, m: dict, image_id: str) -> bool:

@@ -18,7 +18,16 @@ from forkd.base.errors import Conflict, ForkdError
 from forkd.base.names import check_tag
 from forkd.core.pack.disks import disk_problem, file_hash
 from forkd.core.pack.manifest import build_manifest
-from forkd.core.pack.rules import BASE_FILES, IMAGE_DISK, IMAGE_FILES, LAYER_FILES, PACK_MANIFEST, Progress, quiet
+from forkd.core.pack.rules import (
+    BASE_FILES,
+    IMAGE_DISK,
+    IMAGE_FILES,
+    LAYER_FILES,
+    PACK_MANIFEST,
+    Progress,
+    check_unowned_tag,
+    quiet,
+)
 from forkd.core.pack.streams import CHUNK, BytesReader, HashingReader
 from forkd.store import chain as chainmod
 from forkd.store.snapshot import DISK, MEMORY, Snapshot
@@ -101,6 +110,7 @@ def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: in
     check_tag(tag)
     snaps = rt.store.ancestors(tag)  # every link present, ready, and holding the content its child was built on
     for s in snaps:
+        check_unowned_tag(s.tag)  # no one could unpack it: say so now, with the way out
         if s.status != "ready":
             raise Conflict(f"snapshot {s.tag!r} is {s.status}: only ready snapshots can be packed")
     image_ids = list(dict.fromkeys(s.image_id for s in snaps))
