@@ -2,8 +2,9 @@
 
 1. scope type: HTTP (and the lifespan) only; a websocket or any other scope is refused (the daemon serves none);
 2. TCP: the Host header must name this daemon (421 otherwise: DNS rebinding), then the bearer token (401);
-3. mutating methods: a body must be `application/json` (the raw file upload: `application/octet-stream`), 415
-   otherwise: the CORS-simple types a web page may send without a preflight (text/plain, forms) never reach a route;
+3. mutating methods: a body must be `application/json` (the raw file upload, a PUT: `application/octet-stream`
+   or untyped), 415 otherwise: the CORS-simple types a web page may send without a preflight (text/plain, forms)
+   never reach a route;
 4. request metrics, and one audit line (forkd.core.audit, hash-chained and fsynced) per mutating call.
 
 Requests refused before anyone was authenticated (1, 2 and foreign peers on the unix socket) do not get a line
@@ -156,6 +157,9 @@ def _content_type_problem(scope, method: str, path: str) -> str | None:
     if method not in MUTATING:
         return None
     ctype = _header(scope, b"content-type")
+    raw = method == "PUT" and RAW_BODY.match(path) is not None
+    if ctype is None and raw:  # upstream's clients upload untyped; a page cannot send a PUT without a preflight
+        return None
     if ctype is None:
         length = _header(scope, b"content-length")
         has_body = _header(scope, b"transfer-encoding") is not None or (length or "0").strip() not in ("", "0")
@@ -163,7 +167,7 @@ def _content_type_problem(scope, method: str, path: str) -> str | None:
     media = ctype.split(";", 1)[0].strip().lower()
     if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
         return None
-    if media == "application/octet-stream" and method == "PUT" and RAW_BODY.match(path):
+    if media == "application/octet-stream" and raw:
         return None
     return f"{method} {path}: Content-Type {media or ctype!r} is not accepted"
 
