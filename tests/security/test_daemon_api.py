@@ -269,6 +269,10 @@ def test_text_plain_post_to_claim_is_refused_and_creates_nothing(tcp):
                     assert r.status_code == 415, (path, ctype, r.status_code, r.text)
                     assert "application/json" in r.json()["hint"]
         assert c.post("/v1/pools/csrf/claim", json={"n": 1}).status_code == 404  # JSON reaches the route
+        files = "/v1/sandboxes/cnope/files"  # the raw upload: octet-stream or untyped (a PUT), never text/plain
+        for ctype, code in (("text/plain", 415), ("application/octet-stream", 404), (None, 404)):
+            headers = {"Content-Type": ctype} if ctype else {}
+            assert c.put(files, params={"path": "/x"}, content=b"x", headers=headers).status_code == code, ctype
     assert not list((tcp.home / "objects").rglob("*.json"))
     assert not [p for p in (tcp.home / "children").iterdir() if not p.name.startswith(".")]
 
