@@ -132,7 +132,8 @@ def _tls(cert: Path | None, key: Path | None) -> tuple[str, str] | None:
         if not Path(p).is_file():
             raise InvalidInput(f"TLS file {p} does not exist", hint="pass the PEM certificate and its key")
     if Path(key).stat().st_mode & 0o077:
-        raise InvalidInput(f"TLS key {key} is readable by others", hint=f"chmod 600 {key}")
+        raise InvalidInput(f"TLS key {key} is readable by others",
+                           hint=f"chmod 600 {key} (a Kubernetes secret volume: defaultMode: 0400)")
     try:  # fail here, not later on the listener's thread
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(cert), str(key))
     except (ssl.SSLError, OSError) as exc:
