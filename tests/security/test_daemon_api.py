@@ -310,13 +310,24 @@ def test_tls_end_to_end_with_ca_file(home, monkeypatch):
 
 
 def test_tls_needs_both_cert_and_key(home):
-    proc = spawn(home, "--bind", f"127.0.0.1:{free_port()}", "--token-file", str(home.parent / "t.tok"),
-                 "--tls-cert", "/nonexistent.pem")
+    """Half a TLS pair, a key others can read, or a certificate that does not load: refused at start (exit 2)."""
+    certdir = Path(tempfile.mkdtemp(prefix="forkd-tls-", dir="/tmp"))
+    cert, key = _self_signed(certdir)
+    garbage = certdir / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    cases = ((["--tls-cert", str(cert)], "--tls-key"), (["--tls-cert", str(cert), "--tls-key", str(key)], "readable"),
+             (["--tls-cert", str(garbage), "--tls-key", str(key)], "do not load"))
     try:
-        assert proc.wait(timeout=60) == 2, log_of(home)
+        for i, (args, says) in enumerate(cases):
+            os.chmod(key, 0o644 if says == "readable" else 0o600)
+            proc = spawn(home, "--bind", f"127.0.0.1:{free_port()}", "--token-file", str(certdir / "tok"), *args)
+            try:
+                assert proc.wait(timeout=60) == 2, log_of(home)
+            finally:
+                stop(proc)
+            assert says in log_of(home).split("forkd serve:")[-1], (i, log_of(home))
     finally:
-        stop(proc)
-    assert "--tls-key" in log_of(home)
+        subprocess.run(["rm", "-rf", str(certdir)], check=False)
 
 
 # -- the audit log under a flood ------------------------------------------------------------------------------
