@@ -40,7 +40,7 @@ def home():
     d = Path(tempfile.mkdtemp(prefix="forkd-sec-daemon-", dir="/tmp"))
     os.chmod(d, 0o711)
     yield d
-    subprocess.run(["rm", "-rf", str(d)], check=False)
+    subprocess.run(["rm", "-rf", str(d), f"{d}.log", f"{d}.token"], check=False)
 
 
 def spawn(home: Path, *args: str) -> subprocess.Popen:
