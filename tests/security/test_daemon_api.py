@@ -288,10 +288,11 @@ def _self_signed(where: Path) -> tuple[Path, Path]:
 
 def test_tls_end_to_end_with_ca_file(home, monkeypatch):
     certdir = Path(tempfile.mkdtemp(prefix="forkd-tls-", dir="/tmp"))
-    cert, key = _self_signed(certdir)
-    d = Tcp(home, "--tls-cert", str(cert), "--tls-key", str(key))
-    url = f"https://127.0.0.1:{d.port}"
+    d = None
     try:
+        cert, key = _self_signed(certdir)
+        d = Tcp(home, "--tls-cert", str(cert), "--tls-key", str(key))
+        url = f"https://127.0.0.1:{d.port}"
         monkeypatch.setenv("FORKD_CA", str(cert))
         http = SyncHttp(Endpoint(url, None, d.token))
         assert http._send(Call("GET", "/version"))["api"] == "v1"
@@ -305,7 +306,8 @@ def test_tls_end_to_end_with_ca_file(home, monkeypatch):
         out = d.raw(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         assert not out.startswith(b"HTTP/1.1 200")  # plain HTTP on the TLS port gets nothing useful
     finally:
-        stop(d.proc)
+        if d is not None:
+            stop(d.proc)
         subprocess.run(["rm", "-rf", str(certdir)], check=False)
 
 
