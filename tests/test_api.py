@@ -89,9 +89,11 @@ def test_bind_parsing_and_token_rules(tmp_path):
     assert parse_bind("0.0.0.0:9000") == ("0.0.0.0", 9000)
     assert parse_bind("[::1]:7") == ("::1", 7)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
-    check_bind("127.0.0.1", None)  # loopback without a token: allowed
-    with pytest.raises(InvalidInput, match="without a token"):
-        check_bind("0.0.0.0", None)
+    for host in ("127.0.0.1", "::1", "0.0.0.0"):  # every TCP bind needs a token, loopback included
+        with pytest.raises(InvalidInput, match="without a token") as exc:
+            check_bind(host, None)
+        assert "--token-file" in (exc.value.hint or "")
+    check_bind("0.0.0.0", "t" * 44)
     tok = load_or_create_token(tmp_path / "t")
     assert (tmp_path / "t").stat().st_mode & 0o777 == 0o600
     import base64

@@ -1,6 +1,7 @@
 """The daemon's HTTP API (FastAPI), served on a 0600 unix socket by `forkd serve` (and on TCP with a bearer token,
-see forkd.api.auth). It parses requests, calls forkd.reconciler.control and the core and returns JSON; errors are
-problem details (application/problem+json) with the status code of their kind.
+see forkd.api.auth; every request passes forkd.api.audit.Gate first). It parses requests, calls
+forkd.reconciler.control and the core and returns JSON; errors are problem details (application/problem+json)
+with the status code of their kind.
 
 Routes: the upstream-compatible `/v1/snapshots`, `/v1/sandboxes` and ours (`/v1/pools`..., files) are in
 routes_v1.py; the routes of forkd's other CLI verbs (snapshots, children, gc, doctor, packs) in routes_forkd.py;
@@ -19,11 +20,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from forkd import __version__
-from forkd.api.audit import Gate
+from forkd.api.audit import Denials, Gate
 from forkd.api.metrics import Metrics
 from forkd.api.routes_forkd import build_forkd_router
 from forkd.api.routes_v1 import build_router
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
+from forkd.base.settings import settings
 from forkd.client.local import LocalBackend
 from forkd.core.audit import AuditLog
 from forkd.reconciler.control import Control
@@ -47,6 +49,7 @@ PROBLEM_SCHEMA = {"type": "object", "required": ["type", "title", "status", "det
                   "additionalProperties": True}
 PROBLEM_CODES = {"400": "bad input", "401": "missing or wrong bearer token", "404": "not found",
                  "405": "method not allowed", "409": "conflict: not ready, in use, or owned by another manager",
+                 "415": "a body that is not application/json", "421": "a Host header that does not name this daemon",
                  "422": "invalid request body or document", "500": "internal error", "501": "not implemented",
                  "503": "unavailable", "504": "timed out"}
 
@@ -105,16 +108,20 @@ def _objs(items: list[Item]):
 
 
 def create_app(control: Control, token: str | None = None, audit: AuditLog | None = None,
-               metrics: Metrics | None = None) -> FastAPI:
-    """`token`: required on requests that came through the TCP listener (see auth.TagTransport); `audit`: where
-    mutating calls are recorded (default $FORKD_HOME/audit.log)."""
+               metrics: Metrics | None = None, hosts: frozenset[str] | None = None,
+               denials: Denials | None = None) -> FastAPI:
+    """`token`: required on requests that came through the TCP listener (see auth.TagTransport; without one, TCP
+    requests are refused); `hosts`: the Host names TCP requests may carry (auth.allowed_hosts); `audit`: where
+    mutating calls are recorded (default $FORKD_HOME/audit.log); `denials`: counts refused unauthenticated
+    requests (app.state.denials; flush it at shutdown)."""
     app = FastAPI(title="forkd", version=__version__,
                   description="forkd daemon API: upstream-compatible /v1 snapshots and sandboxes, plus pools, "
                               "claim, files and the declarative objects.")
     metrics = metrics or Metrics(control)
     audit = audit or AuditLog(control.rt.layout.home)
-    app.state.metrics, app.state.audit, app.state.control = metrics, audit, control
-    app.add_middleware(Gate, token=token, audit=audit, metrics=metrics)
+    denials = denials or Denials(audit, settings().audit_denied_interval)
+    app.state.metrics, app.state.audit, app.state.control, app.state.denials = metrics, audit, control, denials
+    app.add_middleware(Gate, token=token, audit=audit, metrics=metrics, hosts=hosts, denials=denials)
 
     @app.exception_handler(ForkdError)
     async def forkd_error(_: Request, exc: ForkdError) -> JSONResponse:

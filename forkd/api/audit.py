@@ -1,30 +1,100 @@
-"""The gate every request passes: bearer-token check for requests from the TCP listener, request metrics, and one
-audit line (forkd.core.audit, hash-chained and fsynced) per mutating call, denied ones included."""
+"""The gate every request passes, in this order:
+
+1. scope type: HTTP (and the lifespan) only; a websocket or any other scope is refused (the daemon serves none);
+2. TCP: the Host header must name this daemon (421 otherwise: DNS rebinding), then the bearer token (401);
+3. mutating methods: a body must be `application/json` (the raw file upload, a PUT: `application/octet-stream`
+   or untyped), 415 otherwise: the CORS-simple types a web page may send without a preflight (text/plain, forms)
+   never reach a route;
+4. request metrics, and one audit line (forkd.core.audit, hash-chained and fsynced) per mutating call.
+
+Requests refused before anyone was authenticated (1, 2 and foreign peers on the unix socket) do not get a line
+each, or anybody could grow the log and make the daemon fsync at will: `Denials` counts them and writes one
+summary line per interval (FORKD_AUDIT_DENIED_INTERVAL, first refusal at once) and the rest at shutdown."""
 
 from __future__ import annotations
 
 import json
+import re
+import threading
 import time
+from collections import Counter
 
 from starlette.concurrency import run_in_threadpool
 
-from forkd.api.auth import OPEN_PATHS, TRANSPORT_KEY, actor_of, bearer_ok
+from forkd.api.auth import OPEN_PATHS, TRANSPORT_KEY, actor_of, bearer_ok, host_ok
 from forkd.core.audit import AuditLog
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 READ_ONLY_POSTS = frozenset({"/v1/diff", "/v1/wait"})
+RAW_BODY = re.compile(r"^/v1/sandboxes/[^/]+/files$")  # PUT: the body is the file's bytes
+JSON_HINT = ("send the body as JSON with 'Content-Type: application/json' (a file upload: "
+             "'Content-Type: application/octet-stream')")
+
+
+class Denials:
+    """Requests refused before authentication: counted by reason, written as summary lines (see module doc)."""
+
+    def __init__(self, audit: AuditLog | None, interval: float = 60.0):
+        self.audit, self.interval = audit, interval
+        self._lock = threading.Lock()
+        self._reasons: Counter[str] = Counter()
+        self._since = 0.0
+        self._next = 0.0
+
+    def count(self, reason: str) -> dict | None:
+        """Count one refusal; the batch to write when the interval is over (write it with `write`), else None."""
+        with self._lock:
+            now = time.monotonic()
+            if not self._reasons:
+                self._since = time.time()
+            self._reasons[reason] += 1
+            if now < self._next:
+                return None
+            self._next = now + self.interval
+            return self._take()
+
+    def _take(self) -> dict | None:
+        if not self._reasons:
+            return None
+        batch = {"count": sum(self._reasons.values()), "reasons": dict(self._reasons), "since": self._since}
+        self._reasons.clear()
+        return batch
+
+    def write(self, batch: dict | None) -> None:
+        if batch and self.audit is not None:
+            self.audit.append("unauthenticated", "refused", f"{batch['count']} requests", "denied", 0.0, **batch)
+
+    def record(self, reason: str) -> None:
+        """Count and, when due, write at once (for callers outside the event loop's request path)."""
+        self.write(self.count(reason))
+
+    def flush(self) -> None:
+        with self._lock:
+            batch = self._take()
+        self.write(batch)
 
 
 class Gate:
-    def __init__(self, app, token: str | None, audit: AuditLog | None, metrics=None):
-        self.app, self.token, self.audit, self.metrics = app, token, audit, metrics
+    def __init__(self, app, token: str | None, audit: AuditLog | None, metrics=None,
+                 hosts: frozenset[str] | None = None, denials: Denials | None = None):
+        self.app, self.token, self.audit, self.metrics, self.hosts = app, token, audit, metrics, hosts
+        self.denials = denials if denials is not None else Denials(audit)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await self._refuse_scope(scope, send)
             return
         t0 = time.perf_counter()
         method, path = scope["method"], scope["path"]
+        refused = self._before_auth(scope, path)
+        if refused is not None:
+            code, title, detail, hint = refused
+            await _problem(send, code, title, detail, hint)
+            await self._deny(f"{code} {title}", method, code)
+            return
         actor = actor_of(scope, self.token)
         status = {"code": 500}
 
@@ -34,17 +104,39 @@ class Gate:
             await send(message)
 
         try:
-            if (scope.get(TRANSPORT_KEY) == "tcp" and self.token and path not in OPEN_PATHS
-                    and not bearer_ok(_header(scope, b"authorization"), self.token)):
-                actor = "tcp:unauthenticated"
-                await _deny(send_)
-                if self.metrics:
-                    self.metrics.errors.labels("Unauthorized", "401").inc()
+            bad_type = _content_type_problem(scope, method, path)
+            if bad_type is not None:
+                await _problem(send_, 415, "UnsupportedMediaType", bad_type, JSON_HINT)
             else:
                 scope.setdefault("state", {})["actor"] = actor
                 await self.app(scope, receive, send_)
         finally:
             await self._record(scope, method, path, actor, status["code"], t0)
+
+    def _before_auth(self, scope, path: str) -> tuple[int, str, str, str] | None:
+        """(status, title, detail, hint) when a TCP request is refused before routing, else None."""
+        if scope.get(TRANSPORT_KEY) != "tcp":
+            return None
+        if self.hosts is not None and not host_ok(scope, self.hosts):
+            return (421, "MisdirectedRequest", "the Host header does not name this daemon",
+                    "use the address the daemon is bound to, or start it with --allow-host NAME")
+        if path not in OPEN_PATHS and (not self.token or not bearer_ok(_header(scope, b"authorization"), self.token)):
+            return (401, "Unauthorized", "missing or wrong bearer token",
+                    "send 'Authorization: Bearer <token>' (FORKD_TOKEN for the CLI and SDKs)")
+        return None
+
+    async def _refuse_scope(self, scope, send) -> None:
+        if scope["type"] == "websocket":  # closing before accept: the server answers the handshake with 403
+            await send({"type": "websocket.close", "code": 1008, "reason": "forkd serves no websocket"})
+        await self._deny(f"{scope['type']} scope", scope["type"].upper(), 403)
+
+    async def _deny(self, reason: str, method: str, code: int) -> None:
+        if self.metrics:
+            self.metrics.errors.labels("Refused", str(code)).inc()
+            self.metrics.requests.labels(method, "unmatched", str(code)).inc()
+        batch = self.denials.count(reason)
+        if batch is not None:
+            await run_in_threadpool(self.denials.write, batch)
 
     async def _record(self, scope, method: str, path: str, actor: str, code: int, t0: float) -> None:
         route = scope.get("route")
@@ -60,6 +152,26 @@ class Gate:
                 (time.perf_counter() - t0) * 1000.0, status=code, via=scope.get(TRANSPORT_KEY, "unix"))
 
 
+def _content_type_problem(scope, method: str, path: str) -> str | None:
+    """Why a mutating request's body may not reach its route, or None (see module doc, point 3)."""
+    if method not in MUTATING:
+        return None
+    ctype = _header(scope, b"content-type")
+    raw = method == "PUT" and RAW_BODY.match(path) is not None
+    if ctype is None and raw:  # upstream's clients upload untyped; a page cannot send a PUT without a preflight
+        return None
+    if ctype is None:
+        length = _header(scope, b"content-length")
+        has_body = _header(scope, b"transfer-encoding") is not None or (length or "0").strip() not in ("", "0")
+        return f"{method} {path} has a body without a Content-Type" if has_body else None
+    media = ctype.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    if media == "application/octet-stream" and raw:
+        return None
+    return f"{method} {path}: Content-Type {media or ctype!r} is not accepted"
+
+
 def _header(scope, name: bytes) -> str | None:
     for k, v in scope.get("headers") or ():
         if k.lower() == name:
@@ -67,11 +179,11 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
-async def _deny(send) -> None:
-    body = json.dumps({"type": "about:blank", "title": "Unauthorized", "status": 401,
-                       "detail": "missing or wrong bearer token", "error": "missing or wrong bearer token",
-                       "hint": "send 'Authorization: Bearer <token>' (FORKD_TOKEN for the CLI and SDKs)"}).encode()
-    await send({"type": "http.response.start", "status": 401,
-                "headers": [(b"content-type", b"application/problem+json"), (b"www-authenticate", b"Bearer"),
-                            (b"content-length", str(len(body)).encode())]})
+async def _problem(send, status: int, title: str, detail: str, hint: str) -> None:
+    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail,
+                       "error": detail, "hint": hint}).encode()
+    headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -1,12 +1,14 @@
 """Who may call the API, and who they are in the audit log.
 
-* Unix socket (the default): the socket file is 0600, so the file system already limits callers to the daemon's
-  user (and root). Such callers are `unix:<uid>` (the peer's uid from SO_PEERCRED when uvicorn exposes the socket,
-  else the daemon's own uid, the only one the mode lets in besides root).
-* TCP (`--bind HOST:PORT`): every route except `/healthz` needs `Authorization: Bearer <token>`, compared in
-  constant time (hmac.compare_digest). A non-loopback bind without a token is refused at start-up; a loopback
-  bind without one is allowed (any local user can then drive the daemon: say so in the log).
-  Callers are the token id (sha256 of the token, first 12 hex digits).
+* Unix socket (the default): created 0600 inside a fresh 0700 directory and only then renamed into place
+  (forkd.api.daemon.bind_unix), so no other user can ever connect to it; every connection's peer credentials
+  (SO_PEERCRED) are checked as well, and a peer that is neither the daemon's uid nor root is dropped before a byte
+  is read (`peer_checked`). Callers are `unix:<uid>`, the peer's real uid.
+* TCP (`--bind HOST:PORT`): needs `--token-file` on every address, loopback included (a web page can reach
+  loopback); every route except `/healthz` needs `Authorization: Bearer <token>`, compared in constant time
+  (hmac.compare_digest). The Host header must name the bound address, the connection's local address,
+  `localhost`, or a name given with `--allow-host` (DNS rebinding sends the attacker's name): others get 421.
+  Optional TLS (`--tls-cert/--tls-key`). Callers are the token id (sha256 of the token, first 12 hex digits).
 
 The token file holds base64 of 32 random bytes, mode 0600; `load_or_create_token` makes one if it is missing and
 refuses a file others can read.
@@ -32,6 +34,7 @@ from forkd.core.audit import token_id
 DEFAULT_PORT = 8889
 OPEN_PATHS = frozenset({"/healthz"})
 TRANSPORT_KEY = "forkd.transport"  # set in the ASGI scope by the TCP listener's wrapper
+PEER_KEY = "forkd.peer_uid"  # set in the ASGI scope by the unix listener's protocol (peer_checked)
 
 
 def parse_bind(bind: str) -> tuple[str, int]:
@@ -85,9 +88,40 @@ def load_or_create_token(path: Path) -> str:
 
 
 def check_bind(host: str, token: str | None) -> None:
-    if token is None and not is_loopback(host):
-        raise InvalidInput(f"refusing to listen on {host} without a token: anyone who reaches it could run code",
-                           hint="pass --token-file PATH (created if missing), or bind to 127.0.0.1")
+    if token is None:
+        raise InvalidInput(f"refusing to listen on TCP {host} without a token: any local user, and any web page "
+                           f"a browser on this host opens, could reach it and run code",
+                           hint="pass --token-file PATH (made 0600 with a fresh token if missing; clients send it "
+                                "as FORKD_TOKEN), e.g. --token-file $FORKD_HOME/api.token")
+
+
+def _host_name(header: str) -> str:
+    """The name part of a Host header, lowercased: 'Example.org:80' -> 'example.org', '[::1]:8889' -> '::1'."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1:].partition("]")[0]
+    if h.count(":") == 1:
+        h = h.partition(":")[0]
+    return h.rstrip(".")
+
+
+def allowed_hosts(bind_host: str, extra: list[str] | tuple[str, ...] = ()) -> frozenset[str]:
+    """The Host names a TCP listener answers: its bound address, `localhost` and loopback literals when it is on
+    loopback, and the operator's `--allow-host` names (the connection's own local address is added per request)."""
+    names = {_host_name(bind_host), "localhost", *(_host_name(n) for n in extra)}
+    if is_loopback(bind_host):
+        names |= {"127.0.0.1", "::1"}
+    return frozenset(n for n in names if n)
+
+
+def host_ok(scope: dict, allowed: frozenset[str]) -> bool:
+    """Does the request's Host header name this daemon (not a DNS-rebound attacker name)?"""
+    values = [v for k, v in scope.get("headers") or () if k.lower() == b"host"]
+    if len(values) != 1:
+        return False
+    name = _host_name(values[0].decode("latin-1"))
+    local = (scope.get("server") or (None,))[0]
+    return bool(name) and (name in allowed or (local is not None and name == _host_name(str(local))))
 
 
 def bearer_ok(header: str | None, token: str) -> bool:
@@ -96,17 +130,45 @@ def bearer_ok(header: str | None, token: str) -> bool:
     return hmac.compare_digest(header[7:].strip().encode(), token.encode())
 
 
+def peer_creds(sock) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of a unix socket's peer (SO_PEERCRED), None when unknown."""
+    if sock is None:
+        return None
+    try:
+        return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (OSError, AttributeError, struct.error):
+        return None
+
+
 def peer_uid(scope: dict) -> int:
-    """The connecting process's uid on the unix socket (SO_PEERCRED), else our own."""
-    transport = scope.get("transport") or (scope.get("extensions") or {}).get("transport")
-    sock = getattr(transport, "get_extra_info", lambda _k: None)("socket") if transport else None
-    if sock is not None:
-        try:
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            return struct.unpack("3i", creds)[1]
-        except OSError:
-            pass
-    return os.getuid()
+    """The connecting process's uid on the unix socket (set by peer_checked), else our own."""
+    uid = scope.get(PEER_KEY)
+    return uid if isinstance(uid, int) else os.getuid()
+
+
+def peer_checked(base: type, on_refused=None) -> type:
+    """A uvicorn HTTP protocol class for the unix listener: a peer that is neither our uid nor root is dropped as
+    it connects (before any request is read); an accepted peer's uid goes into every request's scope."""
+    allowed = {0, os.getuid()}
+
+    class PeerChecked(base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            creds = peer_creds(transport.get_extra_info("socket"))
+            if creds is None or creds[1] not in allowed:
+                transport.abort()
+                if on_refused is not None:
+                    on_refused(f"unix:{creds[1] if creds else 'unknown'}")
+                return
+            inner, uid = self.app, creds[1]
+
+            async def app(scope, receive, send):
+                scope[PEER_KEY] = uid
+                await inner(scope, receive, send)
+
+            self.app = app
+
+    return PeerChecked
 
 
 def actor_of(scope: dict, token: str | None) -> str:

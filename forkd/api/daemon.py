@@ -1,5 +1,7 @@
 """`forkd serve`: the daemon that owns children and runs the reconcile loop, the API on a unix socket (0600), and
-optionally a TCP listener (`--bind HOST:PORT`, bearer token from `--token-file`) and the GitOps directory watch.
+optionally a TCP listener (`--bind HOST:PORT`, bearer token from `--token-file`, required; `--tls-cert/--tls-key`;
+`--allow-host`) and the GitOps directory watch. Both listeners are bound by forkd before uvicorn serves them: the
+unix socket is born 0600 in a private directory (`bind_unix`), the TCP port's errors come before anything starts.
 Mutating API calls and reconciler actions are appended to the hash-chained audit log ($FORKD_HOME/audit.log).
 
 Start-up recovers what a crash left: `writing` snapshots whose writer died are marked failed, half-built
@@ -12,16 +14,22 @@ import logging
 import os
 import shutil
 import signal
+import socket
+import ssl
+import tempfile
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from forkd.api.auth import TagTransport, check_bind, load_or_create_token, parse_bind
+from forkd.api.auth import TagTransport, allowed_hosts, check_bind, load_or_create_token, parse_bind, peer_checked
 from forkd.base.atomic import write_bytes
+from forkd.base.errors import InvalidInput, Unavailable
 from forkd.base.paths import Layout
 from forkd.core.audit import AuditLog
 from forkd.core.runtime import Runtime
@@ -68,12 +76,28 @@ def _recover(rt: Runtime) -> None:
     log.info("adopted %d running children", len(adopted))
 
 
-def _restrict_socket(server: uvicorn.Server, sock: Path) -> None:
-    """uvicorn makes its unix socket 0666; only the daemon's owner may drive it."""
-    while not server.started and not server.should_exit:
-        time.sleep(0.01)
-    if sock.exists():
-        os.chmod(sock, 0o600)
+def bind_unix(path: Path, private_dir: Path) -> socket.socket:
+    """A listening unix socket at `path` that no other user could ever connect to: bound (umask 0177) inside a
+    fresh 0700 directory under `private_dir`, chmod 0600, listening, and only then renamed into place (rename
+    replaces a stale socket atomically). Call it before the daemon starts threads: the umask is per process."""
+    tmpdir = Path(tempfile.mkdtemp(prefix=".sock-", dir=private_dir))
+    tmp = tmpdir / "s"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(tmp))
+        finally:
+            os.umask(old)
+        os.chmod(tmp, 0o600)
+        sock.listen(2048)
+        os.rename(tmp, path)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return sock
 
 
 def _audit_hook(audit: AuditLog):
@@ -82,17 +106,64 @@ def _audit_hook(audit: AuditLog):
     return on_action
 
 
-def _tcp(bind: str | None, token_file: Path | None) -> tuple[str | None, int | None, str | None]:
-    """(host, port, token) of the TCP listener, checked before anything starts: a refused bind leaves no
-    half-started daemon. (None, None, None) without --bind."""
+@dataclass(frozen=True)
+class Tcp:
+    """The TCP listener, checked and bound before anything starts: a refused bind leaves no half-started daemon."""
+
+    sock: socket.socket
+    host: str
+    port: int
+    token: str | None
+    hosts: frozenset[str]
+    tls: tuple[str, str] | None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+
+def _tls(cert: Path | None, key: Path | None) -> tuple[str, str] | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise InvalidInput("TLS needs both --tls-cert and --tls-key", hint="pass both PEM files, or neither")
+    for p in (cert, key):
+        if not Path(p).is_file():
+            raise InvalidInput(f"TLS file {p} does not exist", hint="pass the PEM certificate and its key")
+    if Path(key).stat().st_mode & 0o077:
+        raise InvalidInput(f"TLS key {key} is readable by others",
+                           hint=f"chmod 600 {key} (a Kubernetes secret volume: defaultMode: 0400)")
+    try:  # fail here, not later on the listener's thread
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, OSError) as exc:
+        raise InvalidInput(f"TLS certificate {cert} / key {key} do not load: {exc}",
+                           hint="pass a PEM certificate (chain) and its unencrypted PEM key") from None
+    return str(cert), str(key)
+
+
+def _tcp(bind: str | None, token_file: Path | None, tls_cert: Path | None = None, tls_key: Path | None = None,
+         allow_hosts: tuple[str, ...] = ()) -> Tcp | None:
+    """The bound TCP listener (--bind), None without --bind."""
     if bind is None:
-        return None, None, None
+        if tls_cert or tls_key or allow_hosts:
+            raise InvalidInput("--tls-cert, --tls-key and --allow-host apply to the TCP listener",
+                               hint="add --bind HOST:PORT")
+        return None
     host, port = parse_bind(bind)
-    token = load_or_create_token(token_file) if token_file else None
+    token = load_or_create_token(token_file) if token_file is not None else None
     check_bind(host, token)
-    if token is None:
-        log.warning("TCP %s:%d without a token: every local user can drive this daemon", host, port)
-    return host, port, token
+    tls = _tls(tls_cert, tls_key)
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        raise Unavailable(f"cannot listen on TCP {host}:{port}: {exc.strerror or exc}",
+                          hint="pick a free port or address for --bind") from None
+    return Tcp(sock, host, sock.getsockname()[1], token, allowed_hosts(host, allow_hosts), tls)
 
 
 def _watch(control: Control, watch: Path) -> Observer:
@@ -114,38 +185,41 @@ def _watch(control: Control, watch: Path) -> Observer:
     return observer
 
 
-def _servers(app, sock: Path, host: str | None, port: int | None,
-             token: str | None) -> tuple[uvicorn.Server, uvicorn.Server | None]:
+def _servers(app, usock: socket.socket, tcp: Tcp | None, denials) -> tuple[uvicorn.Server, uvicorn.Server | None]:
     """The unix-socket server (run on the main thread) and the TCP one, started on its own thread (uvicorn
-    installs signal handlers only on the main thread). log_config=None: uvicorn logs through forkd's set-up."""
-    server = uvicorn.Server(uvicorn.Config(app, uds=str(sock), log_level="warning", access_log=False,
-                                           log_config=None))
-    if host is None:
+    installs signal handlers only on the main thread). log_config=None: uvicorn logs through forkd's set-up;
+    ws="none": no websocket upgrades (the Gate refuses websocket scopes too)."""
+    common = {"log_level": "warning", "access_log": False, "log_config": None, "ws": "none"}
+    unix_http = peer_checked(import_from_string(HTTP_PROTOCOLS["auto"]), on_refused=denials.record)
+    server = uvicorn.Server(uvicorn.Config(app, http=unix_http, **common))
+    if tcp is None:
         return server, None
-    tcp = uvicorn.Server(uvicorn.Config(TagTransport(app), host=host, port=port, log_level="warning",
-                                        access_log=False, log_config=None))
-    threading.Thread(target=tcp.run, name="forkd-tcp", daemon=True).start()
-    log.info("API on %s and http://%s:%d (%s)", sock, host, port, "bearer token" if token else "no token")
-    return server, tcp
+    ssl = {"ssl_certfile": tcp.tls[0], "ssl_keyfile": tcp.tls[1]} if tcp.tls else {}
+    tcp_server = uvicorn.Server(uvicorn.Config(TagTransport(app), **common, **ssl))
+    threading.Thread(target=tcp_server.run, kwargs={"sockets": [tcp.sock]}, name="forkd-tcp", daemon=True).start()
+    log.info("API on %s and %s (bearer token)", usock.getsockname(), tcp.url)
+    return server, tcp_server
 
 
 def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind: str | None = None,
-          token_file: Path | None = None) -> None:
+          token_file: Path | None = None, tls_cert: Path | None = None, tls_key: Path | None = None,
+          allow_hosts: tuple[str, ...] = ()) -> None:
     """Run the daemon until SIGTERM/SIGINT (logging is set up by the caller: forkd.base.logs.setup)."""
-    host, port, token = _tcp(bind, token_file)
+    tcp = _tcp(bind, token_file, tls_cert, tls_key, tuple(allow_hosts))
     rt = Runtime(layout)
     _recover(rt)
+    sock = layout.daemon_socket
+    usock = bind_unix(sock, layout.tmp)  # before any thread starts (umask)
     audit = AuditLog(layout.home)
     control = Control(rt, reconciler=Reconciler(rt, on_action=_audit_hook(audit)))
     stop = threading.Event()
     loop = threading.Thread(target=control.reconciler.run_forever, args=(stop, interval), name="forkd-loop",
                             daemon=True)
     observer = _watch(control, watch) if watch is not None else None
-    sock = layout.daemon_socket
-    sock.unlink(missing_ok=True)
     from forkd.api.app import create_app
 
-    server, tcp = _servers(create_app(control, token=token, audit=audit), sock, host, port, token)
+    app = create_app(control, token=tcp.token if tcp else None, audit=audit, hosts=tcp.hosts if tcp else None)
+    server, tcp_server = _servers(app, usock, tcp, app.state.denials)
 
     def shutdown(*_: object) -> None:
         server.should_exit = True
@@ -153,15 +227,15 @@ def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind
     signal.signal(signal.SIGTERM, shutdown)
     write_bytes(layout.daemon_pid, f"{os.getpid()}\n".encode())
     loop.start()
-    threading.Thread(target=_restrict_socket, args=(server, sock), daemon=True).start()
     try:
-        server.run()
+        server.run(sockets=[usock])
     finally:
-        if tcp is not None:
-            tcp.should_exit = True
+        if tcp_server is not None:
+            tcp_server.should_exit = True
         stop.set()
         control.reconciler.wake.set()
         if observer:
             observer.stop()
         sock.unlink(missing_ok=True)
         layout.daemon_pid.unlink(missing_ok=True)
+        app.state.denials.flush()

@@ -72,6 +72,11 @@ class Settings(BaseModel):
     log_level: LogLevel | None = _env(None, "log level: DEBUG, INFO, WARNING, ERROR (default: INFO for the "
                                             "daemon and operator, WARNING for the CLI)")
     log_format: Literal["text", "json"] = _env("text", "log lines as text, or json (one object per line)")
+    # -- the daemon's API over TCP (forkd serve --bind; SECURITY.md section 6)
+    ca: Path | None = _env(None, "CA bundle (PEM) that clients trust for an https FORKD_URL, e.g. the daemon's "
+                                 "self-signed --tls-cert (default: the system's CAs)")
+    audit_denied_interval: float = _env(60.0, "seconds between the audit log's summary lines of refused "
+                                              "unauthenticated requests (each summary carries their count)", gt=0)
 
     @property
     def vmm_runas_per_child(self) -> bool:

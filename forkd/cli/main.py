@@ -303,9 +303,13 @@ def serve(watch: Path | None = typer.Option(None, help="apply this directory on 
                                                             "pruning objects removed from it"),
           interval: float = typer.Option(2.0, help="seconds between reconcile passes when nothing changes"),
           bind: str | None = typer.Option(None, "--bind", help="also serve the API on TCP HOST:PORT (default port "
-                                                               "8889); non-loopback needs --token-file"),
+                                                               "8889); needs --token-file"),
           token_file: Path | None = typer.Option(None, "--token-file", help="bearer token file for TCP (0600; "
-                                                                             "created if missing)")) -> None:
+                                                                             "created if missing)"),
+          tls_cert: Path | None = typer.Option(None, "--tls-cert", help="serve TCP over TLS: PEM certificate"),
+          tls_key: Path | None = typer.Option(None, "--tls-key", help="the PEM key of --tls-cert (0600)"),
+          allow_host: list[str] = typer.Option([], "--allow-host", help="a Host name TCP clients may use besides "
+                                                                        "the bound address (repeatable)")) -> None:
     """Run the daemon: the reconcile loop, the API on $FORKD_HOME/forkd.sock, and the children it owns.
     While it runs, every forkd command on this host goes through it (elsewhere: set FORKD_URL and FORKD_TOKEN)."""
     argv = [sys.executable, "-m", "forkd.api", "serve", "--interval", str(interval)]
@@ -313,6 +317,11 @@ def serve(watch: Path | None = typer.Option(None, help="apply this directory on 
         argv += ["--bind", bind]
     if token_file is not None:
         argv += ["--token-file", str(token_file.resolve())]
+    for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None:
+            argv += [flag, str(path.resolve())]
+    for name in allow_host:
+        argv += ["--allow-host", name]
     if watch is not None:
         if not watch.is_dir():
             raise typer.BadParameter(f"{watch} is not a directory")

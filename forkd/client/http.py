@@ -8,11 +8,13 @@ that cannot be reached is Unavailable (with a hint), a request that takes too lo
 Timeout: never a raw httpx exception.
 
 Where the daemon is (`find_daemon`), first match wins: explicit `url=` / `socket=`, `$FORKD_URL` (TCP, with
-`$FORKD_TOKEN`), the local daemon's unix socket ($FORKD_HOME/forkd.sock, from the Layout).
+`$FORKD_TOKEN`), the local daemon's unix socket ($FORKD_HOME/forkd.sock, from the Layout). An https URL is checked
+against `$FORKD_CA` (a PEM bundle, e.g. the daemon's self-signed `--tls-cert`) when set, else the system's CAs.
 """
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +88,8 @@ class Call:
 
     def kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"json": self.json, "params": self.params, "content": self.content}
+        if self.content is not None:  # the daemon takes only typed bodies (forkd.api.audit.Gate)
+            kw["headers"] = {"Content-Type": "application/octet-stream"}
         if self.timeout is not None:
             kw["timeout"] = self.timeout
         return kw
@@ -110,6 +114,9 @@ def transport_error(exc: httpx.HTTPError, ep: Endpoint, call: Call) -> ForkdErro
         return Timeout(f"{where}: the daemon did not answer in time ({type(exc).__name__})",
                        hint="the operation may still be running on the daemon; check with 'forkd ls' or "
                             "'forkd snapshots', or raise the client timeout")
+    if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return Unavailable(f"the forkd daemon at {ep.where} has a TLS certificate this client does not trust: {exc}",
+                           hint="set FORKD_CA to the PEM file of the daemon's certificate or its CA")
     if isinstance(exc, httpx.TransportError):
         return Unavailable(f"cannot reach the forkd daemon at {ep.where}: {exc or type(exc).__name__}",
                            hint="start it with 'forkd serve' (add --bind HOST:PORT for TCP), or fix or unset "
@@ -140,6 +147,16 @@ def _headers(ep: Endpoint) -> dict[str, str]:
     return {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
 
 
+def tls_verify(ep: Endpoint) -> Any:
+    """What httpx checks an https daemon's certificate against: $FORKD_CA when set, else the system's CAs."""
+    ca = settings().ca
+    if ca is None or ep.socket is not None:
+        return True
+    if not ca.is_file():
+        raise InvalidInput(f"FORKD_CA={str(ca)!r} is not a file", hint="point FORKD_CA at a PEM bundle, or unset it")
+    return ssl.create_default_context(cafile=str(ca))
+
+
 class SyncHttp:
     """Sends Calls synchronously to one Endpoint."""
 
@@ -147,7 +164,7 @@ class SyncHttp:
         self.endpoint = endpoint
         transport = httpx.HTTPTransport(uds=endpoint.socket) if endpoint.socket else None
         self._http = httpx.Client(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
-                                  timeout=timeout)
+                                  timeout=timeout, verify=tls_verify(endpoint))
 
     def _send(self, call: Call) -> Any:
         try:
@@ -167,7 +184,7 @@ class AsyncHttp:
         self.endpoint = endpoint
         transport = httpx.AsyncHTTPTransport(uds=endpoint.socket) if endpoint.socket else None
         self._http = httpx.AsyncClient(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
-                                       timeout=timeout)
+                                       timeout=timeout, verify=tls_verify(endpoint))
 
     async def _send(self, call: Call) -> Any:
         try:
