@@ -26,9 +26,10 @@ from forkd.base.paths import Layout
 from forkd.base.settings import settings
 
 DEFAULT_URL = "http://127.0.0.1:8889"  # upstream's default, for the SDK when no daemon is found
-ERRORS: dict[int, type[ForkdError]] = {400: InvalidInput, 401: InvalidInput, 403: InvalidInput, 404: NotFound,
-                                       408: Timeout, 409: Conflict, 422: InvalidInput, 502: ProtocolViolation,
-                                       503: Unavailable, 504: Timeout}
+ERRORS: dict[int, type[ForkdError]] = {
+    400: InvalidInput, 401: InvalidInput, 403: InvalidInput, 404: NotFound, 408: Timeout, 409: Conflict,
+    415: InvalidInput, 421: InvalidInput, 422: InvalidInput, 502: ProtocolViolation, 503: Unavailable, 504: Timeout,
+}
 
 
 @dataclass(frozen=True)
