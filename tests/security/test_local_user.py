@@ -359,3 +359,36 @@ def test_no_predictable_ram_names_left_on_the_shared_tmpfs(open_home):
     digest = hashlib.sha256(str(open_home.home).encode()).hexdigest()[:10]
     mine = [p for p in glob.glob(str(shm / "forkd-*")) if digest in p]
     assert mine == [str(_tmpfs_dir(open_home))]
+
+
+# -- end to end, real VMs: the VMM still opens everything it needs, per-child users included ------------------
+@pytest.mark.vm
+def test_per_child_vmm_user_restores_from_private_files_and_branches_stay_private(rt, base, fork, monkeypatch):
+    """Snapshot files 0400 in 0700 directories and flat images 0400 in the home's 0700 tmpfs directory: QEMU
+    opens them as root before -runas drops to the child's own uid, so children (and branches of them) work."""
+    from forkd.core.requests import Branch
+
+    monkeypatch.setenv("FORKD_VMM_RUNAS", "per-child")
+    (child,) = fork(1)
+    uid = int(child.runas.split(":")[0])
+    assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in open(f"/proc/{child.pid}/status").read()
+    assert rt.eval(child.id, "6 * 7")["value"] == "42"
+    flat = rt.store.flat_path(base)
+    assert flat.stat().st_mode & 0o777 == 0o400 and flat.parent.stat().st_mode & 0o777 == 0o700
+    assert_denied(flat)  # on the real tmpfs, where every local user can look
+    for name in ("memory.bin", "vmstate"):
+        assert (rt.store.dir(base.tag) / name).stat().st_mode & 0o777 == 0o400
+    try:
+        res = rt.branch(Branch.of(child_id=child.id, tag="sec-branch", mode="full"))
+        assert res.snapshot.status == "ready", res.snapshot.error
+        d = rt.store.dir("sec-branch")
+        assert d.stat().st_mode & 0o777 == 0o700
+        for name in ("memory.bin", "vmstate", "snapshot.json"):
+            assert (d / name).stat().st_mode & 0o777 == 0o400, name
+        (kid,) = fork(1, tag="sec-branch")  # a per-child user restores the branch too
+        assert rt.eval(kid.id, "6 * 7")["value"] == "42"
+        assert_denied(rt.store.flat_path(res.snapshot))
+    finally:
+        rt.kill(all_=False, tag="sec-branch")
+        if (rt.layout.snapshots / "sec-branch").exists():
+            rt.rmi("sec-branch", force=True)
