@@ -123,9 +123,11 @@ def create_private_file(path: Path, mode: int = FILE_MODE) -> int:
 
 
 def check_private_file(path: Path) -> bool:
-    """True if `path` is a regular file (not a link) owned by forkd's user that nobody else may write."""
+    """True if `path` is a regular file (not a symbolic link, no other hard link) owned by forkd's user that
+    nobody else may write."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+            and st.st_nlink == 1)

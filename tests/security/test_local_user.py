@@ -171,6 +171,10 @@ def test_flat_image_is_private_on_tmpfs(open_home):
         st = d.lstat()
         assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700, d
     assert as_nobody(find_ram, [str(shm_dir)]) == ""
+    # hard-link variant: keeping a link to the image (to read it later, or after forkd dropped it) is impossible
+    keep = shm_dir.parent / f"keep-{secrets.token_hex(8)}"
+    assert as_nobody(os.link, str(flat), str(keep)).startswith("PermissionError")
+    assert not keep.exists()
 
 
 def _qemu_maps(path: Path) -> subprocess.Popen:
@@ -213,7 +217,7 @@ def test_parent_scratch_ram_is_created_private_and_unfindable(open_home):
 
 
 # -- directories somebody else made: refused, never written through ----------------------------------------------
-@pytest.mark.parametrize("who", ["nobody", "root-0777", "symlink"])
+@pytest.mark.parametrize("who", ["nobody", "root-0777", "symlink", "symlink-chain"])
 def test_foreign_tmpfs_dir_is_refused_and_never_written_through(open_home, who, tmp_path):
     store = SnapshotStore(open_home)
     _write_snapshot(store, "s1")
@@ -227,9 +231,14 @@ def test_foreign_tmpfs_dir_is_refused_and_never_written_through(open_home, who, 
     elif who == "root-0777":
         shm_dir.mkdir()
         os.chmod(shm_dir, 0o777)
-    else:
+    elif who == "symlink":
         os.chmod(tmp_path, 0o755)
         assert as_nobody(plant, str(shm_dir), str(victim)) == "PLANTED"
+    else:  # a chain: forkd-<hash> -> a link of the attacker's -> root's directory
+        os.chmod(tmp_path, 0o755)
+        hop = shm_dir.parent / f"hop-{secrets.token_hex(8)}"
+        assert as_nobody(plant, str(hop), str(victim)) == "PLANTED"
+        assert as_nobody(plant, str(shm_dir), str(hop)) == "PLANTED"
     with pytest.raises(ForkdError) as ei:
         store.materialize("s1")
     assert str(shm_dir) in str(ei.value) and ei.value.hint
@@ -242,6 +251,9 @@ def test_foreign_tmpfs_dir_is_refused_and_never_written_through(open_home, who, 
         shm_dir.unlink()
     else:
         shutil.rmtree(shm_dir)
+    for hop in shm_dir.parent.glob("hop-*"):
+        if hop.is_symlink() and os.readlink(hop) == str(victim):
+            hop.unlink()
     assert store.materialize("s1").read_bytes() == SECRET  # once removed, forkd makes its own
 
 
