@@ -110,8 +110,17 @@ def make_private_dir(path: Path) -> Path:
     """Create a new private directory at `path` (FileExistsError if anything is there already)."""
     path = Path(path)
     os.mkdir(path, DIR_MODE)
-    os.chmod(path, DIR_MODE, follow_symlinks=False)
+    set_mode(path, DIR_MODE)  # exactly 0700 whatever the umask
     return path
+
+
+def set_mode(path: Path, mode: int) -> None:
+    """chmod `path` without following a symbolic link (OSError ELOOP for one)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def create_private_file(path: Path, mode: int = FILE_MODE) -> int:

@@ -20,7 +20,7 @@ from forkd.base.atomic import fsync_dir, publish, write_json
 from forkd.base.errors import Conflict, NotFound, first_line
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
-from forkd.base.private import UnsafePath, check_private_file, make_private_dir
+from forkd.base.private import UnsafePath, check_private_file, make_private_dir, set_mode
 from forkd.base.procs import is_alive, start_time
 from forkd.store import chain
 from forkd.store.chain import ChainError
@@ -123,10 +123,10 @@ class SnapshotStore:
     def seal_modes(d: Path) -> None:
         """The modes of a finished snapshot directory: the directory 0700, its data files 0400 (links are not
         followed). Packs installing a snapshot directory call it too."""
-        os.chmod(d, 0o700, follow_symlinks=False)
+        set_mode(d, 0o700)
         for f in DATA_FILES:
             if (d / f).is_file() and not (d / f).is_symlink():
-                os.chmod(d / f, SEALED_MODE)
+                set_mode(d / f, SEALED_MODE)
 
     def fail(self, snap: Snapshot, error: str | BaseException) -> Snapshot:
         """Mark `snap` failed (an exception is recorded by its first line) and drop its data files."""
@@ -170,7 +170,7 @@ class SnapshotStore:
         if check_private_file(target):
             return target
         try:
-            os.chmod(image, SEALED_MODE, follow_symlinks=False)
+            set_mode(image, SEALED_MODE)
             os.rename(image, target)  # same filesystem: the scratch file becomes the cached image
         except OSError:  # another filesystem
             with publish(target, mode=SEALED_MODE) as fd:
