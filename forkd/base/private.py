@@ -97,6 +97,9 @@ def ensure_private_dir(path: Path, tighten: bool = True) -> Path:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
         return check_private_dir(path, tighten)
+    except OSError as exc:
+        raise UnsafePath(f"cannot create the private directory {path}: {exc.strerror}",
+                         hint="FORKD_HOME and FORKD_SHM must name writable directories (FORKD_SHM a tmpfs)") from exc
     fd = _open_dir(path)
     try:
         os.fchmod(fd, DIR_MODE)  # exactly 0700 whatever the umask
