@@ -120,11 +120,12 @@ class Layout:
         return ensure_private_dir(flat)
 
     def check_flat_cache(self) -> Path | None:
-        """The flat cache if it exists and is private (UnsafePath if it is not), None when it does not exist."""
+        """The flat cache if it exists and is private (UnsafePath if it is not; an older forkd's 0755 directories
+        are tightened), None when it does not exist."""
         try:
             if self.shm_dir is not None:
-                check_private_dir(self.shm_dir)
-            return check_private_dir(self.flat_cache)
+                check_private_dir(self.shm_dir, tighten=True)
+            return check_private_dir(self.flat_cache, tighten=True)
         except FileNotFoundError:
             return None
 
