@@ -59,8 +59,14 @@ def test_writing_snapshot_is_not_forkable_and_a_dead_writer_marks_it_failed(rt, 
     assert forkd_cli("rmi", "half").returncode == 0
 
 
-def test_qemu_failing_to_start_shows_its_stderr(rt, home, base, monkeypatch):
-    monkeypatch.setenv("FORKD_SHM", "/proc")  # QEMU cannot create its memory file there
+def test_qemu_failing_to_start_shows_its_stderr(rt, home, base, monkeypatch, tmp_path):
+    # the real QEMU, given one more memory backend it cannot create (forkd's own files are private and made by
+    # forkd before QEMU starts, so they no longer make it fail)
+    wrapper = tmp_path / "qemu"
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("qemu-system-x86_64")} "$@" '
+                       '-object memory-backend-file,id=bad,size=1M,mem-path=/proc/forkd-noqemu,share=on\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("FORKD_QEMU", str(wrapper))
     res = forkd_cli("snapshot", "create", "--tag", "noqemu")
     assert res.returncode == 1
     assert "start_vmm" in res.stderr or "QEMU exited" in res.stderr

@@ -25,7 +25,7 @@ def test_snapshot_is_ready_whole_and_read_only(rt, base):
     assert on_disk.memory_bytes == 512 << 20
     assert 0 < on_disk.memory_stored_bytes < on_disk.memory_bytes  # sparse: only what the guest touched
     for name in ("memory.bin", "vmstate", "snapshot.json"):
-        assert stat.S_IMODE((d / name).stat().st_mode) == 0o444, name
+        assert stat.S_IMODE((d / name).stat().st_mode) == 0o400, name  # private: forkd's user only
     assert on_disk.accel in ("tcg", "kvm")
 
 

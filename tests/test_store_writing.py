@@ -60,7 +60,7 @@ def test_sealed_block_commits_ready_read_only_files_with_their_hashes(store):
     assert got.memory_bytes == len(memory) and got.vmstate_bytes == len(b"device state")
     assert got.timings_ms == {"boot": 1.5, "after_seal": 2.0}
     for p in (w.memory, w.vmstate, store.dir("ok") / "snapshot.json"):
-        assert p.stat().st_mode & 0o777 == 0o444, p
+        assert p.stat().st_mode & 0o777 == 0o400, p  # read-only, forkd's user only
     assert store.flat_path(got).read_bytes() == memory  # the scratch image became the cached flat image
 
 

@@ -7,8 +7,10 @@
       cache/debs/                                            downloaded Debian packages
       cache/accel.json                                       accelerator probe results by kernel hash
       cache/overlays/<key>.qcow2                             fresh child overlays, one per snapshot disk
-    $FORKD_SHM (default /dev/shm)/forkd-<hash of FORKD_HOME>/flat/<sha256>.mem
-                                                             flat images children map, materialized once per boot
+    $FORKD_SHM (default /dev/shm)/forkd-<hash of FORKD_HOME>/   this home's private directory on tmpfs (0700)
+      home                                                   which FORKD_HOME it belongs to (for gc)
+      flat/<sha256>.mem                                      flat images children map, materialized once per boot
+      forkd-<name>-<pid>-<random>.mem                        scratch guest RAM of a parent / layer being built
       snapshots/<tag>/{memory.bin, vmstate, snapshot.json}   snapshots (store layer)
       snapshots/<tag>/disk.qcow2                             disk-backed: what the guest wrote (relative backing)
       children/<id>/{child.json, qmp.sock, agent.sock, console.log, qemu.log}   running children (sandbox layer)
@@ -18,16 +20,24 @@
       format.json                                            {"version": N} of this layout (forkd.base.format)
       forkd.sock                                             the daemon's API socket (forkd serve)
       tmp/                                                   half-built things; removed on start-up
+
+Every directory above that forkd creates is private (0700, owned by forkd's user, never a symbolic link:
+forkd.base.private); one that exists with another owner or a group/other-writable mode is refused, and guest
+memory files in them are 0400 (the store sets snapshot file modes).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkd.base.private import check_private_dir, create_private_file, ensure_private_dir
 from forkd.base.settings import settings
+
+MARKER = "home"  # in a home's tmpfs directory: the FORKD_HOME it belongs to
 
 
 def tmpfs() -> Path | None:
@@ -39,12 +49,20 @@ def tmpfs() -> Path | None:
 
 def stale_flat_dirs(shm: Path | None = None) -> list[Path]:
     """Flat-image directories on tmpfs whose FORKD_HOME no longer exists (a store deleted without `forkd rmi`):
-    their memory is RAM nobody can use any more."""
+    their memory is RAM nobody can use any more. Only directories of forkd's own user that nobody else could write
+    into are considered (another user's `forkd-*` is not ours to judge or delete)."""
     shm = shm or settings().shm
     out = []
     for d in sorted(shm.glob("forkd-*")) if shm.is_dir() else []:
         try:
-            home = (d / "home").read_text().strip()
+            st = d.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                continue
+            fd = os.open(d / MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                home = os.read(fd, 4096).decode(errors="replace").strip()
+            finally:
+                os.close(fd)
         except OSError:
             continue  # not ours to judge
         if home and not Path(home).is_dir():
@@ -73,22 +91,59 @@ class Layout:
         return self.cache / "debs"
 
     @property
+    def shm_dir(self) -> Path | None:
+        """This home's private directory on tmpfs (None without a tmpfs): flat images and scratch RAM."""
+        shm = tmpfs()
+        if shm is None:
+            return None
+        return shm / f"forkd-{hashlib.sha256(str(self.home).encode()).hexdigest()[:10]}"
+
+    @property
     def flat_cache(self) -> Path:
         """Flat memory images children map MAP_PRIVATE. On tmpfs when there is one: a child's guest RAM is then
         shmem, which userfaultfd write-protect (live branch) supports and ext4 files are not."""
-        shm = tmpfs()
-        if shm is None:
-            return self.cache / "flat"
-        return shm / f"forkd-{hashlib.sha256(str(self.home).encode()).hexdigest()[:10]}" / "flat"
+        shm_dir = self.shm_dir
+        return self.cache / "flat" if shm_dir is None else shm_dir / "flat"
 
     def make_flat_cache(self) -> Path:
-        """Create the flat cache, marking which FORKD_HOME owns it (so gc can remove those whose home is gone)."""
-        d = self.flat_cache
-        d.mkdir(parents=True, exist_ok=True)
-        marker = d.parent / "home"
-        if not marker.exists():
-            marker.write_text(str(self.home) + "\n")
-        return d
+        """Create (or verify) the flat cache and every directory above it that forkd owns as private directories,
+        marking which FORKD_HOME owns a tmpfs one (so gc can remove those whose home is gone). Raises UnsafePath
+        for one somebody else made: called before every use, so an existing flat image is trusted only inside
+        a directory verified just now."""
+        flat = self.flat_cache
+        shm_dir = self.shm_dir
+        if shm_dir is None:
+            ensure_private_dir(self.cache)
+        else:
+            ensure_private_dir(shm_dir)
+            self._mark(shm_dir / MARKER)
+        return ensure_private_dir(flat)
+
+    def check_flat_cache(self) -> Path | None:
+        """The flat cache if it exists and is private (UnsafePath if it is not; an older forkd's 0755 directories
+        are tightened), None when it does not exist."""
+        try:
+            if self.shm_dir is not None:
+                check_private_dir(self.shm_dir, tighten=True)
+            return check_private_dir(self.flat_cache, tighten=True)
+        except FileNotFoundError:
+            return None
+
+    def _mark(self, marker: Path) -> None:
+        try:
+            fd = create_private_file(marker)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, (str(self.home) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def scratch_dir(self) -> Path:
+        """A private directory for scratch guest RAM: this home's tmpfs directory, else $FORKD_HOME/tmp."""
+        if self.shm_dir is None:
+            return ensure_private_dir(self.tmp)
+        return self.make_flat_cache().parent
 
     @property
     def accel_cache(self) -> Path:
@@ -128,7 +183,6 @@ class Layout:
         from forkd.base.format import open_home
 
         open_home(self.home)  # stamps a new home, migrates an older one, refuses one a newer forkd wrote
-        for d in (self.images, self.debs, self.snapshots, self.children, self.objects, self.tmp):
-            d.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.children, 0o700)
+        for d in (self.images, self.cache, self.debs, self.snapshots, self.children, self.objects, self.tmp):
+            ensure_private_dir(d)  # 0700; an older forkd's 0755 ones are tightened; anyone else's refused
         return self

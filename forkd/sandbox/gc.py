@@ -11,7 +11,8 @@ Policy (decided, and tested in tests/test_gc.py):
     orphaned namespace or cgroup can only be a VMM we put there, so it is killed (found by namespace inode or
     cgroup membership, never by name);
   * stale child directories without a record (sockets, logs) and staging memory files / work directories whose
-    writer pid is gone are deleted.
+    writer pid is gone are deleted (scratch memory: in this home's private tmpfs directory or tmp/; on the shared
+    tmpfs only files of forkd's own user, never another user's).
 A VMM with no record, no namespace and no cgroup (network none on a host without cgroups) cannot be identified
 safely and is left alone.
 """
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forkd.base.paths import Layout, stale_flat_dirs
+from forkd.base.private import UnsafePath, check_private_dir
 from forkd.base.procs import is_alive, kill_and_wait, start_time
 from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
@@ -193,13 +195,24 @@ def _collect_cgroups(home: str, keep: set[str], report: GcReport, dry_run: bool)
         cgroups.prune_empty_homes()
 
 
+def _scratch_dirs(layout: Layout) -> list[Path]:
+    """Where scratch memory files may be: this home's private tmpfs directory and tmp/ (when they are private),
+    and the shared tmpfs itself (where forkd before issue 14 put them; only our own files there are touched)."""
+    out = [settings().shm]
+    for d in (layout.shm_dir, layout.tmp):
+        with contextlib.suppress(FileNotFoundError, UnsafePath):
+            if d is not None:
+                out.append(check_private_dir(d))
+    return out
+
+
 def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float) -> None:
-    shm = settings().shm
-    for d in {shm, layout.tmp}:
+    for d in _scratch_dirs(layout):
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(d) as it:
             for entry in it:
                 m = MEMFILE.match(entry.name)
-                if m and entry.is_file() and not is_alive(int(m.group(1)), None) and _age(Path(entry.path)) > 1.0:
+                if m and entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == \
+                        os.geteuid() and not is_alive(int(m.group(1)), None) and _age(Path(entry.path)) > 1.0:
                     report.memory_files.append(entry.path)
                     if not dry_run:
                         Path(entry.path).unlink(missing_ok=True)

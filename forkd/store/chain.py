@@ -63,7 +63,7 @@ def write_diff(parent_flat: Path, child_flat: Path, dest_dir: Path) -> tuple[int
     pages = array("I")
     pa, ch = os.open(parent_flat, os.O_RDONLY), os.open(child_flat, os.O_RDONLY)
     try:
-        with publish(dest_dir / DATA_FILE) as fd, open(fd, "wb", closefd=False) as data:
+        with publish(dest_dir / DATA_FILE, mode=0o600) as fd, open(fd, "wb", closefd=False) as data:
             for start, end in _merged_extents(pa, ch, size):
                 for off in range(start, end, CHUNK):
                     n = min(CHUNK, end - off)
@@ -78,7 +78,7 @@ def write_diff(parent_flat: Path, child_flat: Path, dest_dir: Path) -> tuple[int
     finally:
         os.close(pa)
         os.close(ch)
-    write_bytes(dest_dir / PAGES_FILE, pages.tobytes())
+    write_bytes(dest_dir / PAGES_FILE, pages.tobytes(), mode=0o600)
     return len(pages), len(pages) * PAGE
 
 

@@ -23,7 +23,7 @@ def copy_sparse_hashed(src: Path, dst: Path) -> tuple[str, int, int]:
     stored = 0
     sfd = os.open(src, os.O_RDONLY)
     try:
-        with publish(dst) as dfd:
+        with publish(dst, mode=0o600) as dfd:
             os.ftruncate(dfd, size)
             pos = 0
             for start, length in data_extents(sfd, size):

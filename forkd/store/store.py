@@ -2,7 +2,9 @@
 
 A snapshot directory is created with a manifest saying `writing` (and the writer's pid and start time)
 before any data file; it becomes `ready` only after every file is written, fsynced and hashed, and its files
-are then made read-only. `recover()` marks `writing` snapshots whose writer is gone as `failed` and drops their
+are then made read-only. Snapshot directories are private (0700) and sealed files 0400: guest RAM and device state
+are readable by forkd's user only. Flat images live in the private flat cache (Layout.make_flat_cache), verified
+before every use. `recover()` marks `writing` snapshots whose writer is gone as `failed` and drops their
 data files, so a crash never leaves a half-written snapshot that looks usable.
 """
 
@@ -18,6 +20,7 @@ from forkd.base.atomic import fsync_dir, publish, rename_into_place, write_json
 from forkd.base.errors import Conflict, NotFound, first_line
 from forkd.base.names import check_tag
 from forkd.base.paths import Layout
+from forkd.base.private import UnsafePath, check_private_file, make_private_dir, set_mode
 from forkd.base.procs import is_alive, start_time
 from forkd.store import chain
 from forkd.store.chain import ChainError
@@ -25,6 +28,8 @@ from forkd.store.snapshot import DISK, MANIFEST, MEMORY, VMSTATE, CorruptManifes
 from forkd.store.writer import SnapshotWriter, writing
 
 DATA_FILES = (MEMORY, VMSTATE, chain.PAGES_FILE, chain.DATA_FILE, DISK)
+SEALED_MODE = 0o400  # a ready snapshot's files and flat images: read-only, forkd's user only
+OPEN_MODE = 0o600  # files being written
 
 
 class SnapshotStore:
@@ -101,20 +106,27 @@ class SnapshotStore:
                 raise Conflict(f"snapshot {snap.tag!r} already exists ({old.status})",
                                hint=f"delete it first with 'forkd rmi {snap.tag}' or pick another tag")
             self._remove_dir(d)
-        d.mkdir(parents=True)
+        make_private_dir(d)  # 0700: nobody else may read the RAM and device state written into it
         snap = snap.with_(status="writing", writer_pid=os.getpid(), writer_started=start_time(os.getpid()))
-        write_json(d / MANIFEST, snap.to_json())
+        write_json(d / MANIFEST, snap.to_json(), mode=OPEN_MODE)
         fsync_dir(self.root)
         return snap
 
     def commit(self, snap: Snapshot) -> Snapshot:
         d = self.dir(snap.tag)
-        for f in DATA_FILES:
-            if (d / f).exists():
-                os.chmod(d / f, 0o444)
+        self.seal_modes(d)
         snap = snap.with_(status="ready", writer_pid=None, writer_started=None, error=None)
-        write_json(d / MANIFEST, snap.to_json(), mode=0o444)
+        write_json(d / MANIFEST, snap.to_json(), mode=SEALED_MODE)
         return snap
+
+    @staticmethod
+    def seal_modes(d: Path) -> None:
+        """The modes of a finished snapshot directory: the directory 0700, its data files 0400 (links are not
+        followed). Packs installing a snapshot directory call it too."""
+        set_mode(d, 0o700)
+        for f in DATA_FILES:
+            if (d / f).is_file() and not (d / f).is_symlink():
+                set_mode(d / f, SEALED_MODE)
 
     def fail(self, snap: Snapshot, error: str | BaseException) -> Snapshot:
         """Mark `snap` failed (an exception is recorded by its first line) and drop its data files."""
@@ -124,7 +136,7 @@ class SnapshotStore:
         for f in DATA_FILES:
             (d / f).unlink(missing_ok=True)
         snap = snap.with_(status="failed", error=error, writer_pid=None, writer_started=None)
-        write_json(d / MANIFEST, snap.to_json())
+        write_json(d / MANIFEST, snap.to_json(), mode=OPEN_MODE)
         return snap
 
     def remove(self, tag: str) -> None:
@@ -139,7 +151,11 @@ class SnapshotStore:
         if gone is not None and gone.memory_sha256:
             still = {s.memory_sha256 for s in self.list() if isinstance(s, Snapshot)}
             if gone.memory_sha256 not in still:
-                self.flat_cache_path(gone.memory_sha256).unlink(missing_ok=True)
+                try:
+                    if self.layout.check_flat_cache() is not None:  # never unlink through a foreign directory
+                        self.flat_cache_path(gone.memory_sha256).unlink(missing_ok=True)
+                except UnsafePath:
+                    pass
 
     def install(self, staged: Path, snap: Snapshot) -> Snapshot:
         """Bring a verified snapshot made elsewhere (an unpacked pack) into the store under `snap.tag`: `staged` (a
@@ -186,15 +202,15 @@ class SnapshotStore:
         """Keep an image just built (a parent's memory file, a layer's scratch copy) as the cached flat image of
         its content: moved when it is on the cache's filesystem, else copied extent by extent. `image` is gone
         or left for the caller to delete afterwards."""
+        self.layout.make_flat_cache()  # verified private (UnsafePath otherwise) before anything goes in
         target = self.flat_cache_path(content_hash)
-        if target.exists():
+        if check_private_file(target):
             return target
-        self.layout.make_flat_cache()
         try:
-            os.chmod(image, 0o444)
+            set_mode(image, SEALED_MODE)
             os.rename(image, target)  # same filesystem: the scratch file becomes the cached image
         except OSError:  # another filesystem
-            with publish(target, mode=0o444) as fd:
+            with publish(target, mode=SEALED_MODE) as fd:
                 chain.copy_extents(image, fd)
         return target
 
@@ -242,14 +258,16 @@ class SnapshotStore:
         return out
 
     def materialize(self, tag: str) -> Path:
-        """The flat image of `tag`, built into the content-addressed cache on first use and verified then."""
+        """The flat image of `tag`, built into the content-addressed cache on first use and verified then. An
+        existing image is used only if the cache directory is private to forkd now and the image is forkd's own
+        regular file (UnsafePath for a directory somebody else made: never a path a VMM would map)."""
         chain_ = self.ancestors(tag)
         head = chain_[-1]
-        target = self.flat_path(head)
-        if target.exists():
-            return target
         self.layout.make_flat_cache()
-        with publish(target, mode=0o444) as fd:
+        target = self.flat_path(head)
+        if check_private_file(target):
+            return target
+        with publish(target, mode=SEALED_MODE) as fd:
             chain.copy_extents(self.dir(chain_[0].tag) / MEMORY, fd)
             for layer in chain_[1:]:
                 if chain.diff_hash(self.dir(layer.tag)) != layer.diff_sha256:

@@ -92,7 +92,7 @@ class SnapshotWriter:
             return {"memory_sha256": known_sha256 or sha256_file(src), "memory_bytes": st.st_size,
                     "memory_stored_bytes": st.st_blocks * 512}
         if known_sha256 is not None:  # content known and verified: copy extents, no re-hash
-            with publish(self.memory) as fd:
+            with publish(self.memory, mode=0o600) as fd:
                 size = chain.copy_extents(src, fd)
                 os.fsync(fd)
                 stored = os.fstat(fd).st_blocks * 512

@@ -9,7 +9,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forkd.base.paths import tmpfs
+from forkd.base.private import create_private_file, ensure_private_dir, make_private_dir
 from forkd.base.steps import Step, run_steps
 from forkd.store.snapshot import Snapshot
 from forkd.store.writer import SnapshotWriter
@@ -75,16 +75,22 @@ class Job:
             self.rt.driver.stop(vm)
 
     def workdir(self, name: str, under: Path | None = None) -> Path:
-        """A private directory (`<name>-<pid>-<hex>`, which gc recognises), removed on unwind."""
-        d = Path(under or self.rt.layout.tmp) / f"{name}-{os.getpid()}-{secrets.token_hex(3)}"
-        d.mkdir(parents=True)
+        """A new private directory (0700, `<name>-<pid>-<random>`, which gc recognises), removed on unwind."""
+        if under is not None:  # a directory the caller chose (e.g. a branch's tmp_dir): the work dir is private
+            base = Path(under)
+            base.mkdir(parents=True, exist_ok=True)
+        else:
+            base = ensure_private_dir(self.rt.layout.tmp)
+        d = make_private_dir(base / f"{name}-{os.getpid()}-{secrets.token_hex(16)}")
         self.stack.callback(shutil.rmtree, d, ignore_errors=True)
         return d
 
     def scratch_memory(self, name: str) -> Path:
-        """A scratch guest-memory file path on tmpfs ($FORKD_SHM, else $FORKD_HOME/tmp), named as gc expects
-        (`forkd-<name>-<pid>-<hex>.mem`), removed on unwind (unless the store adopted it)."""
-        base = tmpfs() or self.rt.layout.tmp
-        path = base / f"forkd-{name}-{os.getpid()}-{secrets.token_hex(3)}.mem"
+        """A new, empty scratch guest-memory file (0600, created O_EXCL|O_NOFOLLOW) in this home's private
+        directory on tmpfs ($FORKD_SHM/forkd-<home hash>/, else $FORKD_HOME/tmp), named as gc expects
+        (`forkd-<name>-<pid>-<random>.mem`), removed on unwind (unless the store adopted it). A VMM opening it
+        by path finds forkd's file, in a directory nobody else can enter."""
+        path = self.rt.layout.scratch_dir() / f"forkd-{name}-{os.getpid()}-{secrets.token_hex(16)}.mem"
+        os.close(create_private_file(path))
         self.stack.callback(path.unlink, missing_ok=True)
         return path
