@@ -99,7 +99,7 @@ def test_unpack_into_an_empty_store_then_fork(packfile, target):
         snap = target.store.get(tag)
         assert snap.status == "ready"
         for f in target.store.dir(tag).iterdir():
-            assert f.stat().st_mode & 0o777 == 0o444, f
+            assert f.stat().st_mode & 0o777 == 0o400, f
     assert os.listdir(target.layout.tmp) == []
     (child,) = target.fork(Spawn.of(tag="pk1", n=1))
     assert target.exec(child.id, ["cat", "/root/p", "/root/parent.txt"])["stdout"] == "packed\nparent\n"
@@ -412,7 +412,7 @@ def test_a_disk_backed_snapshot_unpacks_into_another_home_and_forks(disk_snap, d
     sdisk, rootfs = target.store.disk_path(DISK_TAG), target.image(image.id).disk
     assert vdisk.backing_of(sdisk) == rootfs  # the relative reference resolves inside the new home
     assert rootfs.stat().st_blocks * 512 < rootfs.stat().st_size // 2  # the ext4's holes are kept
-    assert rootfs.stat().st_mode & 0o777 == 0o444 and sdisk.stat().st_mode & 0o777 == 0o444
+    assert rootfs.stat().st_mode & 0o777 == 0o444 and sdisk.stat().st_mode & 0o777 == 0o400
     (child,) = target.fork(Spawn.of(tag=DISK_TAG, n=1))
     assert _sh(target, child.id, "cat /srv/p.txt") == "p\n"
     assert _sh(target, child.id, "echo w > /srv/w.txt && echo x > /root/x.txt && sync && "

@@ -180,7 +180,7 @@ class SnapshotStore:
                            hint=f"delete it first with 'forkd rmi {snap.tag}' or unpack into another FORKD_HOME")
         staging = snap.with_(status="writing", writer_pid=os.getpid(), writer_started=start_time(os.getpid()))
         write_json(staged / MANIFEST, staging.to_json())
-        os.chmod(staged, 0o755)
+        os.chmod(staged, 0o700)  # private from the start; commit() seals the files
         try:
             rename_into_place(staged, d)
         except OSError as exc:
