@@ -95,6 +95,50 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     return argv
 
 
+BUILD_UID_BASE = 0x20000000  # build VMMs: [BUILD_UID_BASE, +2^28); children's (forkd.sandbox.supervisor) start at 2^28
+UNPRIVILEGED_UFFD = Path("/proc/sys/vm/unprivileged_userfaultfd")
+UFFD_HINT = ("QEMU 7.2's background snapshot opens a userfaultfd that handles kernel faults, which Linux allows a "
+             "process without CAP_SYS_PTRACE only with vm.unprivileged_userfaultfd=1: run scripts/setup.sh (or "
+             "`sysctl -w vm.unprivileged_userfaultfd=1`), or branch with --mode full, or keep VMMs as root "
+             "(FORKD_VMM_RUNAS=root, see SECURITY.md)")
+
+
+def build_identity() -> str | None:
+    """The uid:gid a VMM nobody names an identity for (parent boots, layer builds, branch conversions: they run
+    image and layer code too) drops to: a fresh random one per VMM under FORKD_VMM_RUNAS=per-child (the default),
+    None (QEMU stays root) under FORKD_VMM_RUNAS=root. Nothing needs to find it again: the VMM lives one build."""
+    if not settings().vmm_runas_per_child:
+        return None
+    n = BUILD_UID_BASE + (int.from_bytes(os.urandom(4), "big") & 0x0FFFFFFF)
+    return f"{n}:{n}"
+
+
+def vmm_uid(pid: int) -> int | None:
+    """The real uid of process `pid` (its /proc status), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def unprivileged_uffd_problem(pid: int | None) -> tuple[str, str] | None:
+    """Why the unprivileged VMM `pid` cannot open the userfaultfd a live capture needs, or None."""
+    uid = vmm_uid(pid) if pid else None
+    if not uid:  # root (CAP_SYS_PTRACE) or gone: nothing to say here
+        return None
+    try:
+        allowed = UNPRIVILEGED_UFFD.read_text().strip() == "1"
+    except OSError:  # kernels before 5.2 have no sysctl: userfaultfd is open to every user
+        allowed = True
+    if allowed:
+        return None
+    return f"its VMM runs as uid {uid} and vm.unprivileged_userfaultfd is 0", UFFD_HINT
+
+
 def kernel_stub(kernel: Path, dest: Path) -> Path:
     """The real-mode setup part of a bzImage: enough for QEMU to set up the same boot ROM, 30 KB not 14 MB."""
     with open(kernel, "rb") as f:
@@ -183,7 +227,7 @@ class QemuDriver(VmmDriver):
         return capture.ensure_running(self._qmp(vm))
 
     def live_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
-        return capture.live_problem(vm.pid)
+        return capture.live_problem(vm.pid) or unprivileged_uffd_problem(vm.pid)
 
     def open_capture(self, vm: Vm, stream: Path, live: bool) -> Capture:
         return capture.QemuCapture(self._qmp(vm), stream, live)
@@ -193,7 +237,7 @@ class QemuDriver(VmmDriver):
              netns: str | None = None) -> Vm:
         net = " forkd.net=1" if machine.network != "none" else ""
         argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True,
-                         extra_cmdline=net.strip(), netns=netns, disk=machine.disk)
+                         extra_cmdline=net.strip(), netns=netns, runas=build_identity(), disk=machine.disk)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -277,7 +321,8 @@ class QemuDriver(VmmDriver):
         if machine.disk is not None:
             new_overlay(machine.disk, files.disk, self.overlay_templates)
         argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True,
-                         netns=netns, runas=runas, disk=files.disk if machine.disk is not None else None)
+                         netns=netns, runas=runas or build_identity(),  # layer builds name none
+                         disk=files.disk if machine.disk is not None else None)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -330,7 +375,7 @@ class QemuDriver(VmmDriver):
         # -S: the stream comes from a *running* VM, so without it QEMU would start the guest once loaded, and the
         # guest would change `memory` before we save the device state
         argv = qemu_argv(self.binary, machine, memory, files, share=True, incoming=True, sandbox=True,
-                         disk=files.disk if machine.disk is not None else None) + ["-S"]
+                         runas=build_identity(), disk=files.disk if machine.disk is not None else None) + ["-S"]
         fd = os.open(stream, os.O_RDONLY)
         timings: dict[str, float] = {}
         vm: Vm | None = None
