@@ -49,12 +49,14 @@ def tail(path: Path, n: int = 12) -> str:
 
 def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *, share: bool,
               incoming: bool, sandbox: bool, extra_cmdline: str = "", netns: str | None = None,
-              runas: str | None = None, disk: Path | None = None) -> list[str]:
+              runas: str | None = None, disk: Path | None = None, private_net: bool = False) -> list[str]:
     """The QEMU command line. `machine.network` != "none" adds one virtio-net NIC on a tap named TAP_NAME with the
     fixed GUEST_MAC (parent and children must have the same device set and the guest keeps its MAC). The tap
     lives in a network namespace: `netns` (prepared by the caller: forkd.sandbox.netns) or, without one, a fresh
     empty namespace of QEMU's own (`unshare --net`: the NIC exists but has no peer; used for parents and layer
-    builds). `runas` ("uid:gid") makes QEMU drop to that identity once its files, sockets and tap are open.
+    builds). `private_net` puts a VMM without a NIC in an empty namespace too (build VMMs: they run image and layer
+    code, so a compromised one must not reach the host's loopback services; children skip it, ~25 ms each).
+    `runas` ("uid:gid") makes QEMU drop to that identity once its files, sockets and tap are open.
     `disk` (a qcow2 file) is the root disk of a disk-backed image: one virtio-blk device, after the NIC, so
     parents and children have the same devices at the same PCI addresses. Children's overlays are throw-away,
     so their host flushes are skipped (cache=unsafe)."""
@@ -90,7 +92,7 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
         argv += ["-sandbox", SANDBOX_RUNAS if runas else SANDBOX]
     if netns:  # nsenter and unshare exec QEMU in place: the pid and start time are QEMU's own
         argv = [NSENTER, f"--net=/run/netns/{netns}", "--", *argv]
-    elif machine.network != "none":
+    elif machine.network != "none" or private_net:
         argv = [UNSHARE, "--net", "--", *argv]
     return argv
 
@@ -237,7 +239,8 @@ class QemuDriver(VmmDriver):
              netns: str | None = None) -> Vm:
         net = " forkd.net=1" if machine.network != "none" else ""
         argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True,
-                         extra_cmdline=net.strip(), netns=netns, runas=build_identity(), disk=machine.disk)
+                         extra_cmdline=net.strip(), netns=netns, runas=build_identity(), disk=machine.disk,
+                         private_net=True) + ["-S"]  # the guest starts (`cont`) once QEMU dropped root
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -246,8 +249,9 @@ class QemuDriver(VmmDriver):
             vm = self._start(argv, files)
 
         def connect() -> None:
-            vm.qmp = QMPClient(files.qmp, timeout=10)
+            vm.qmp = QMPClient(files.qmp, timeout=10)  # QMP answers from QEMU's main loop: after -runas
             vm.agent = AgentClient(files.agent, connect_timeout=10)
+            vm.qmp.execute("cont")
 
         def agent_ready() -> None:
             deadline = time.monotonic() + timeout
@@ -322,7 +326,7 @@ class QemuDriver(VmmDriver):
             new_overlay(machine.disk, files.disk, self.overlay_templates)
         argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True,
                          netns=netns, runas=runas or build_identity(),  # layer builds name none
-                         disk=files.disk if machine.disk is not None else None)
+                         disk=files.disk if machine.disk is not None else None, private_net=share)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -375,7 +379,8 @@ class QemuDriver(VmmDriver):
         # -S: the stream comes from a *running* VM, so without it QEMU would start the guest once loaded, and the
         # guest would change `memory` before we save the device state
         argv = qemu_argv(self.binary, machine, memory, files, share=True, incoming=True, sandbox=True,
-                         runas=build_identity(), disk=files.disk if machine.disk is not None else None) + ["-S"]
+                         runas=build_identity(), disk=files.disk if machine.disk is not None else None,
+                         private_net=True) + ["-S"]
         fd = os.open(stream, os.O_RDONLY)
         timings: dict[str, float] = {}
         vm: Vm | None = None
