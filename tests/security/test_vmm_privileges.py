@@ -47,6 +47,7 @@ def assert_unprivileged(pid: int) -> int:
     for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
         assert int(st[cap], 16) == 0, f"{cap}: {st[cap]}"
     assert st["Seccomp"].strip() == "2", st["Seccomp"]  # QEMU's -sandbox filter
+    assert st["NoNewPrivs"].strip() == "1"  # and no exec could raise it again (spawn=deny forbids exec anyway)
     return int(uids[0])
 
 
