@@ -105,11 +105,18 @@ UFFD_HINT = ("QEMU 7.2's background snapshot opens a userfaultfd that handles ke
              "(FORKD_VMM_RUNAS=root, see SECURITY.md)")
 
 
-def build_identity() -> str | None:
+def may_drop(machine: Machine) -> bool:
+    """Whether a VMM for `machine` drops root under FORKD_VMM_RUNAS=per-child. Not with a disk: when a migration
+    (save, branch) hands the block devices over, QEMU 7.2 reopens the qcow2 files by path with other flags, which
+    the dropped uid cannot do inside forkd's 0700 directories (the save fails). See SECURITY.md."""
+    return settings().vmm_runas_per_child and machine.disk is None
+
+
+def build_identity(machine: Machine) -> str | None:
     """The uid:gid a VMM nobody names an identity for (parent boots, layer builds, branch conversions: they run
-    image and layer code too) drops to: a fresh random one per VMM under FORKD_VMM_RUNAS=per-child (the default),
-    None (QEMU stays root) under FORKD_VMM_RUNAS=root. Nothing needs to find it again: the VMM lives one build."""
-    if not settings().vmm_runas_per_child:
+    image and layer code too) drops to: a fresh random one per VMM when `may_drop`, else None (QEMU stays root).
+    Nothing needs to find it again: the VMM lives one build."""
+    if not may_drop(machine):
         return None
     n = BUILD_UID_BASE + (int.from_bytes(os.urandom(4), "big") & 0x0FFFFFFF)
     return f"{n}:{n}"
@@ -239,7 +246,7 @@ class QemuDriver(VmmDriver):
              netns: str | None = None) -> Vm:
         net = " forkd.net=1" if machine.network != "none" else ""
         argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True,
-                         extra_cmdline=net.strip(), netns=netns, runas=build_identity(), disk=machine.disk,
+                         extra_cmdline=net.strip(), netns=netns, runas=build_identity(machine), disk=machine.disk,
                          private_net=True) + ["-S"]  # the guest starts (`cont`) once QEMU dropped root
         vm: Vm | None = None
         timings: dict[str, float] = {}
@@ -325,7 +332,7 @@ class QemuDriver(VmmDriver):
         if machine.disk is not None:
             new_overlay(machine.disk, files.disk, self.overlay_templates)
         argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True,
-                         netns=netns, runas=runas or build_identity(),  # layer builds name none
+                         netns=netns, runas=runas or build_identity(machine),  # layer builds name none
                          disk=files.disk if machine.disk is not None else None, private_net=share)
         vm: Vm | None = None
         timings: dict[str, float] = {}
@@ -379,7 +386,7 @@ class QemuDriver(VmmDriver):
         # -S: the stream comes from a *running* VM, so without it QEMU would start the guest once loaded, and the
         # guest would change `memory` before we save the device state
         argv = qemu_argv(self.binary, machine, memory, files, share=True, incoming=True, sandbox=True,
-                         runas=build_identity(), disk=files.disk if machine.disk is not None else None,
+                         runas=build_identity(machine), disk=files.disk if machine.disk is not None else None,
                          private_net=True) + ["-S"]
         fd = os.open(stream, os.O_RDONLY)
         timings: dict[str, float] = {}
