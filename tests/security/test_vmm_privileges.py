@@ -190,3 +190,16 @@ def test_vmm_uid_is_unique_per_child_by_construction():
     uids = {int(i.split(":")[0]) for i in ids}
     assert all(1 << 28 <= u < BUILD_UID_BASE for u in uids)  # never root, never a build VMM's range
     assert len(uids) >= 1990  # 28 random bits per child
+
+
+def test_disk_backed_vmms_are_the_documented_exception(tmp_path):
+    """SECURITY.md: VMMs with a disk keep root (QEMU 7.2 reopens qcow2 files by path when migrating); every other
+    VMM gets an identity of its own."""
+    from forkd.vmm.driver import Machine
+    from forkd.vmm.qemu import build_identity, may_drop
+    plain = Machine(kernel=tmp_path / "k", initrd=tmp_path / "i", memory_mib=256)
+    disk = Machine(kernel=tmp_path / "k", initrd=tmp_path / "i", memory_mib=256, disk=tmp_path / "d.qcow2")
+    assert may_drop(plain) and not may_drop(disk)
+    assert build_identity(disk) is None
+    uid, gid = map(int, build_identity(plain).split(":"))
+    assert uid == gid and BUILD_UID_BASE <= uid < BUILD_UID_BASE + (1 << 28)
