@@ -25,6 +25,19 @@ if [ -n "$missing" ]; then
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
+# Kernel settings forkd's security posture relies on (forkd doctor checks them; SECURITY.md, "VMM privileges"):
+# VMMs drop root by default (FORKD_VMM_RUNAS=per-child), and QEMU 7.2's background snapshot (live branch) then needs
+# userfaultfd without CAP_SYS_PTRACE; symlink and hard-link protection keeps root from following a user's links
+# in shared sticky directories such as /dev/shm.
+echo "setup: kernel settings in /etc/sysctl.d/60-forkd.conf"
+cat > /etc/sysctl.d/60-forkd.conf <<'CONF'
+# forkd (scripts/setup.sh): see SECURITY.md
+vm.unprivileged_userfaultfd = 1
+fs.protected_symlinks = 1
+fs.protected_hardlinks = 1
+CONF
+sysctl -q -p /etc/sysctl.d/60-forkd.conf || echo "setup: warning: could not apply /etc/sysctl.d/60-forkd.conf now" >&2
+
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv

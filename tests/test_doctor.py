@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,8 +19,11 @@ from forkd.core import doctor
 from forkd.core.doctor import Check, run_checks
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import Snapshot
+from tests.conftest import forkd_cli
 
 STATUSES = {"PASS", "WARN", "FAIL"}
+SECURITY = {"security:vmm-uid", "security:seccomp", "security:daemon-socket", "security:store-perms",
+            "security:egress", "security:protected-links", "security:unprivileged-uffd"}
 
 
 @pytest.fixture
@@ -41,7 +47,7 @@ def test_fresh_home_without_image(rt):
     names = [c.name for c in checks]
     assert len(names) == len(set(names))
     assert set(names) == {"qemu", "image", "kernel", "accelerator", "userfaultfd-wp", "store-space", "shm-space",
-                          "cgroup", "netns", "snapshots", "kvm-device", "leftovers", "disk-tools"}
+                          "cgroup", "netns", "snapshots", "kvm-device", "leftovers", "disk-tools", *SECURITY}
     for c in checks:
         assert c.status in STATUSES, c
         assert c.detail and "\n" not in c.detail, c
@@ -142,3 +148,117 @@ def test_an_exploding_check_becomes_a_fail():
 
     c = doctor._guard("x", boom)
     assert c.status == "FAIL" and "kaboom" in c.detail and "\n" not in c.detail and c.fix
+
+
+# -- the security posture ------------------------------------------------------------------------------------------
+def test_posture_section_lists_each_item_in_cli_json(rt, monkeypatch):
+    """`forkd doctor -o json`: one entry per posture item, each PASS or WARN (never FAIL: posture is advice) with a
+    one-line detail and, when WARN, a one-line fix."""
+    monkeypatch.setenv("FORKD_HOME", str(rt.layout.home))
+    monkeypatch.setenv("FORKD_NO_DAEMON", "1")
+    res = forkd_cli("doctor", "-o", "json")
+    got = {c["name"]: c for c in json.loads(res.stdout)}
+    assert SECURITY <= set(got), sorted(got)
+    for name in SECURITY:
+        c = got[name]
+        assert c["status"] in {"PASS", "WARN"} and c["detail"] and "\n" not in c["detail"], c
+        assert (c["fix"] is None) == (c["status"] == "PASS") and "\n" not in (c["fix"] or ""), c
+    assert "FORKD_VMM_RUNAS=" in got["security:vmm-uid"]["detail"]
+    assert "vm.unprivileged_userfaultfd=" in got["security:unprivileged-uffd"]["detail"]
+    assert "fs.protected_symlinks=" in got["security:protected-links"]["detail"]
+
+
+def test_vmm_uid_mode(rt, monkeypatch):
+    monkeypatch.delenv("FORKD_VMM_RUNAS", raising=False)
+    c = doctor.check_vmm_uid(rt)
+    assert c.status == "PASS" and "FORKD_VMM_RUNAS=per-child" in c.detail and "0 running VMMs" in c.detail
+    monkeypatch.setenv("FORKD_VMM_RUNAS", "root")
+    c = doctor.check_vmm_uid(rt)
+    assert c.status == "WARN" and "host root" in c.detail and "FORKD_VMM_RUNAS" in c.fix
+
+
+def test_seccomp_probe_runs_qemu_under_the_filter(rt):
+    c = doctor.check_seccomp(rt)
+    assert c.status == "PASS", c
+    assert "spawn=deny" in c.detail
+
+
+def test_store_permissions(rt):
+    home = rt.layout.home
+    snap = rt.layout.snapshots / "s1"
+    snap.mkdir(parents=True)
+    for d in (home, rt.layout.snapshots, snap, *(p for p in home.iterdir() if p.is_dir())):
+        d.chmod(0o700)
+    c = doctor.check_store_permissions(rt)
+    assert c.status == "PASS", c
+    snap.chmod(0o755)
+    c = doctor.check_store_permissions(rt)
+    assert c.status == "WARN" and f"{snap} (0755)" in c.detail and "go-rwx" in c.fix
+    snap.chmod(0o700)
+    home.chmod(0o750)
+    c = doctor.check_store_permissions(rt)
+    assert c.status == "WARN" and f"{home} (0750)" in c.detail
+
+
+def test_daemon_socket_mode(rt):
+    sock_path = rt.layout.daemon_socket
+    assert doctor.check_daemon_socket(rt).status == "PASS"  # no daemon: nothing to reach
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(sock_path))
+        sock_path.chmod(0o666)
+        rt.layout.home.chmod(0o755)
+        c = doctor.check_daemon_socket(rt)
+        assert c.status == "WARN" and "0666" in c.detail and "other local users" in c.detail and c.fix
+        rt.layout.home.chmod(0o700)  # a private directory is enough
+        c = doctor.check_daemon_socket(rt)
+        assert c.status == "PASS" and "private" in c.detail
+        rt.layout.home.chmod(0o755)
+        sock_path.chmod(0o600)  # and so is a private socket
+        assert doctor.check_daemon_socket(rt).status == "PASS"
+    finally:
+        s.close()
+
+
+EGRESS_PROBE = """
+import json, subprocess, sys
+from forkd.core import doctor
+from forkd.sandbox import netns
+nft = lambda rules: subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+out = [doctor.check_egress()]
+nft("table ip forkd_host { chain legacy_forward { type filter hook forward priority 0; policy accept; }; }")
+out.append(doctor.check_egress())
+nft("delete table ip forkd_host")
+netns.ensure_host()
+out.append(doctor.check_egress())
+print(json.dumps([[c.status, c.detail, c.fix] for c in out]))
+"""
+
+
+def test_egress_table_detection_in_a_private_netns():
+    """In a network namespace of the test's own (nftables tables, links and sysctls are per namespace): no forkd
+    table, an older forkd's permissive table, then the host table forkd itself installs (netns.ensure_host)."""
+    res = subprocess.run(["unshare", "--net", sys.executable, "-c", EGRESS_PROBE], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ))
+    assert res.returncode == 0, res.stderr
+    none, legacy, installed = json.loads(res.stdout)
+    assert none[0] == "WARN" and "not loaded" in none[1] and none[2]
+    assert legacy[0] == "WARN" and "permissive" in legacy[1] and "nft delete table ip forkd_host" in legacy[2]
+    assert installed[0] == "PASS" and "default deny" in installed[1]
+
+
+def test_protected_links_and_unprivileged_uffd_follow_the_sysctls(monkeypatch):
+    c = doctor.check_protected_links()
+    symlinks = Path("/proc/sys/fs/protected_symlinks").read_text().strip()
+    assert f"fs.protected_symlinks={symlinks}" in c.detail
+    assert (c.status == "WARN") == ("=0" in c.detail)
+    if c.status == "WARN":
+        assert "sysctl -w fs.protected_" in c.fix
+    monkeypatch.delenv("FORKD_VMM_RUNAS", raising=False)
+    uffd = Path("/proc/sys/vm/unprivileged_userfaultfd").read_text().strip()
+    c = doctor.check_unprivileged_uffd()
+    assert c.status == ("WARN" if uffd == "0" else "PASS"), c
+    if uffd == "0":
+        assert "live branch fails" in c.detail and "vm.unprivileged_userfaultfd=1" in c.fix
+    monkeypatch.setenv("FORKD_VMM_RUNAS", "root")
+    assert doctor.check_unprivileged_uffd().status == "PASS"

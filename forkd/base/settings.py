@@ -24,6 +24,8 @@ from forkd.base.errors import InvalidInput
 
 PREFIX = "FORKD_"
 LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(str.upper)]
+_RUNAS_ALIASES = {"1": "per-child", "yes": "per-child"}  # the values of the opt-in days still mean per-child
+VmmRunas = Annotated[Literal["per-child", "root"], BeforeValidator(lambda v: _RUNAS_ALIASES.get(v, v))]
 
 
 def _env(default: Any, doc: str, secret: bool = False, **kw: Any) -> Any:
@@ -46,7 +48,9 @@ class Settings(BaseModel):
     accel: Literal["kvm", "tcg"] | None = _env(None, "force the accelerator (kvm or tcg) instead of probing")
     qemu: str = _env("qemu-system-x86_64", "QEMU system emulator binary (name on PATH or a path)")
     qemu_img: str = _env("qemu-img", "qemu-img binary for disk-backed snapshots")
-    vmm_runas: str = _env("", "run each child's VMM as its own unprivileged user: 1, yes or per-child")
+    vmm_runas: VmmRunas = _env("per-child", "who the VMMs run as: per-child (default: each VMM, children and build "
+                                            "VMMs alike, drops to a uid of its own with no capabilities once its "
+                                            "files are open) or root (opt out: QEMU keeps root; see SECURITY.md)")
     max_branches: int = _env(2, "live branches in flight at once per FORKD_HOME", ge=1)
     host_python: str = _env("python3", "host Python that runs pip for `forkd image build --pip`")
     image_roots: str = _env("", "':'-separated directories a spec's image.oci.ref may name an image under, besides "
@@ -80,7 +84,7 @@ class Settings(BaseModel):
 
     @property
     def vmm_runas_per_child(self) -> bool:
-        return self.vmm_runas in ("1", "per-child", "yes")
+        return self.vmm_runas == "per-child"
 
     @property
     def token_value(self) -> str | None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
-from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.registry import ChildRecord, Registry
 from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
+from forkd.vmm.qemu import may_drop
 
 ENTROPY_BYTES = 64
 
@@ -27,19 +27,20 @@ class Supervisor:
     def spawn(self, snapshot: str, machine: Machine, memory: Path, vmstate: Path,
               timeout: float = 30.0, pool: str | None = None, memory_limit_mib: int | None = None,
               allow_unconstrained: bool = False, cpu_weight: int = cgroups.DEFAULT_CPU_WEIGHT,
-              runas: bool | None = None, egress: netns.Egress = "none") -> tuple[ChildRecord, Vm]:
+              egress: netns.Egress = "none") -> tuple[ChildRecord, Vm]:
         """Restore one child, reseed it, and return once its agent answered. Recorded before it runs.
 
         Isolation: `machine.network == "isolated"` runs the VMM in its own network namespace (forkd.sandbox.netns);
         the VMM is placed in its own cgroup (memory limit, CPU weight) before the guest runs, and a VMM that cannot
         be placed is killed and the spawn fails (fail closed) unless `allow_unconstrained`. Every namespace and
-        group is written into the record before it is made, so `gc` can find them after any crash."""
+        group is written into the record before it is made, so `gc` can find them after any crash. Privileges:
+        under FORKD_VMM_RUNAS=per-child (the default) the VMM drops to a uid:gid of its own (runas_identity, kept
+        in the record) with no capabilities once its files, sockets and tap are open (not yet with a disk:
+        forkd.vmm.qemu.may_drop)."""
         t0 = time.perf_counter()
         home = str(self.registry.layout.home)
         hier = cgroups.detect()
-        if runas is None:
-            runas = settings().vmm_runas_per_child
-        rec = self._record(snapshot, machine, pool, memory_limit_mib, home, hier, runas)
+        rec = self._record(snapshot, machine, pool, memory_limit_mib, home, hier, may_drop(machine))
         group: cgroups.ChildCgroup | None = None
         net: netns.ChildNet | None = None
         setup_ms: dict[str, float] = {}

@@ -54,12 +54,14 @@ def tail(path: Path, n: int = 12) -> str:
 
 def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *, share: bool,
               incoming: bool, sandbox: bool, extra_cmdline: str = "", netns: str | None = None,
-              runas: str | None = None, disk: Path | None = None) -> list[str]:
+              runas: str | None = None, disk: Path | None = None, private_net: bool = False) -> list[str]:
     """The QEMU command line. `machine.network` != "none" adds one virtio-net NIC on a tap named TAP_NAME with the
     fixed GUEST_MAC (parent and children must have the same device set and the guest keeps its MAC). The tap
     lives in a network namespace: `netns` (prepared by the caller: forkd.sandbox.netns) or, without one, a fresh
     empty namespace of QEMU's own (`unshare --net`: the NIC exists but has no peer; used for parents and layer
-    builds). `runas` ("uid:gid") makes QEMU drop to that identity once its files, sockets and tap are open.
+    builds). `private_net` puts a VMM without a NIC in an empty namespace too (build VMMs: they run image and layer
+    code, so a compromised one must not reach the host's loopback services; children skip it, ~25 ms each).
+    `runas` ("uid:gid") makes QEMU drop to that identity once its files, sockets and tap are open.
     `disk` (a qcow2 file) is the root disk of a disk-backed image: one virtio-blk device, after the NIC, so
     parents and children have the same devices at the same PCI addresses. Children's overlays are throw-away,
     so their host flushes are skipped (cache=unsafe)."""
@@ -97,7 +99,7 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
         argv += ["-sandbox", SANDBOX_RUNAS if runas else SANDBOX]
     if netns:  # nsenter and unshare exec QEMU in place: the pid and start time are QEMU's own
         argv = [NSENTER, f"--net=/run/netns/{netns}", "--", *argv]
-    elif machine.network != "none":
+    elif machine.network != "none" or private_net:
         argv = [UNSHARE, "--net", "--", *argv]
     return argv
 
@@ -118,6 +120,57 @@ def save_console(qmp: QMPClient | None, console: Path) -> str:
                 old = b""
             console.write_bytes((old + text.encode("utf-8", "replace"))[-CONSOLE_RING:])
     return tail(console)
+
+
+BUILD_UID_BASE = 0x20000000  # build VMMs: [BUILD_UID_BASE, +2^28); children's (forkd.sandbox.supervisor) start at 2^28
+UNPRIVILEGED_UFFD = Path("/proc/sys/vm/unprivileged_userfaultfd")
+UFFD_HINT = ("QEMU 7.2's background snapshot opens a userfaultfd that handles kernel faults, which Linux allows a "
+             "process without CAP_SYS_PTRACE only with vm.unprivileged_userfaultfd=1: run scripts/setup.sh (or "
+             "`sysctl -w vm.unprivileged_userfaultfd=1`), or branch with --mode full, or keep VMMs as root "
+             "(FORKD_VMM_RUNAS=root, see SECURITY.md)")
+
+
+def may_drop(machine: Machine) -> bool:
+    """Whether a VMM for `machine` drops root under FORKD_VMM_RUNAS=per-child. Not with a disk: when a migration
+    (save, branch) hands the block devices over, QEMU 7.2 reopens the qcow2 files by path with other flags, which
+    the dropped uid cannot do inside forkd's 0700 directories (the save fails). See SECURITY.md."""
+    return settings().vmm_runas_per_child and machine.disk is None
+
+
+def build_identity(machine: Machine) -> str | None:
+    """The uid:gid a VMM nobody names an identity for (parent boots, layer builds, branch conversions: they run
+    image and layer code too) drops to: a fresh random one per VMM when `may_drop`, else None (QEMU stays root).
+    Nothing needs to find it again: the VMM lives one build."""
+    if not may_drop(machine):
+        return None
+    n = BUILD_UID_BASE + (int.from_bytes(os.urandom(4), "big") & 0x0FFFFFFF)
+    return f"{n}:{n}"
+
+
+def vmm_uid(pid: int) -> int | None:
+    """The real uid of process `pid` (its /proc status), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def unprivileged_uffd_problem(pid: int | None) -> tuple[str, str] | None:
+    """Why the unprivileged VMM `pid` cannot open the userfaultfd a live capture needs, or None."""
+    uid = vmm_uid(pid) if pid else None
+    if not uid:  # root (CAP_SYS_PTRACE) or gone: nothing to say here
+        return None
+    try:
+        allowed = UNPRIVILEGED_UFFD.read_text().strip() == "1"
+    except OSError:  # kernels before 5.2 have no sysctl: userfaultfd is open to every user
+        allowed = True
+    if allowed:
+        return None
+    return f"its VMM runs as uid {uid} and vm.unprivileged_userfaultfd is 0", UFFD_HINT
 
 
 def kernel_stub(kernel: Path, dest: Path) -> Path:
@@ -209,7 +262,7 @@ class QemuDriver(VmmDriver):
         return capture.ensure_running(self._qmp(vm))
 
     def live_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
-        return capture.live_problem(vm.pid)
+        return capture.live_problem(vm.pid) or unprivileged_uffd_problem(vm.pid)
 
     def open_capture(self, vm: Vm, stream: Path, live: bool) -> Capture:
         return capture.QemuCapture(self._qmp(vm), stream, live)
@@ -219,7 +272,8 @@ class QemuDriver(VmmDriver):
              netns: str | None = None) -> Vm:
         net = " forkd.net=1" if machine.network != "none" else ""
         argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True,
-                         extra_cmdline=net.strip(), netns=netns, disk=machine.disk)
+                         extra_cmdline=net.strip(), netns=netns, runas=build_identity(machine), disk=machine.disk,
+                         private_net=True) + ["-S"]  # the guest starts (`cont`) once QEMU dropped root
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -228,8 +282,9 @@ class QemuDriver(VmmDriver):
             vm = self._start(argv, files)
 
         def connect() -> None:
-            vm.qmp = QMPClient(files.qmp, timeout=10)
+            vm.qmp = QMPClient(files.qmp, timeout=10)  # QMP answers from QEMU's main loop: after -runas
             vm.agent = AgentClient(files.agent, connect_timeout=10)
+            vm.qmp.execute("cont")
 
         def agent_ready() -> None:
             deadline = time.monotonic() + timeout
@@ -306,7 +361,8 @@ class QemuDriver(VmmDriver):
         if machine.disk is not None:
             new_overlay(machine.disk, files.disk, self.overlay_templates)
         argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True,
-                         netns=netns, runas=runas, disk=files.disk if machine.disk is not None else None)
+                         netns=netns, runas=runas or build_identity(machine),  # layer builds name none
+                         disk=files.disk if machine.disk is not None else None, private_net=share)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -359,7 +415,8 @@ class QemuDriver(VmmDriver):
         # -S: the stream comes from a *running* VM, so without it QEMU would start the guest once loaded, and the
         # guest would change `memory` before we save the device state
         argv = qemu_argv(self.binary, machine, memory, files, share=True, incoming=True, sandbox=True,
-                         disk=files.disk if machine.disk is not None else None) + ["-S"]
+                         runas=build_identity(machine), disk=files.disk if machine.disk is not None else None,
+                         private_net=True) + ["-S"]
         fd = os.open(stream, os.O_RDONLY)
         timings: dict[str, float] = {}
         vm: Vm | None = None

@@ -1,0 +1,205 @@
+"""VMM privileges (issue 14, finding 7), with real QEMU: a VMM is the piece of forkd a guest attacks first (TCG and
+the device models parse everything the guest does), so by default every VMM (children, parent boots, layer builds,
+branch conversions) drops to a uid of its own with no capabilities once its files are open, under QEMU's seccomp
+filter. The attacker here is a compromised VMM: what it may open is checked by asking the VMM itself to open files
+(QMP `blockdev-add` of a raw file, which QEMU opens with its own credentials), what it may signal with its uid."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.base.settings import settings
+from forkd.core.branch import branch, wait_background
+from forkd.core.requests import Branch, Spawn
+from forkd.vmm.driver import RunFiles
+from forkd.vmm.qemu import BUILD_UID_BASE
+from tests.conftest import BASE_TAG
+
+pytestmark = pytest.mark.vm
+SETPRIV = "/usr/bin/setpriv"
+
+
+@pytest.fixture(autouse=True)
+def default_runas(monkeypatch):
+    """The defaults under test: nothing in the environment says how VMMs run."""
+    monkeypatch.delenv("FORKD_VMM_RUNAS", raising=False)
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def assert_unprivileged(pid: int) -> int:
+    """The VMM `pid` runs as one non-zero uid/gid, no supplementary root group, no capability, seccomp filter mode;
+    returns its uid."""
+    st = proc_status(pid)
+    uids, gids = st["Uid"].split(), st["Gid"].split()
+    assert len(set(uids)) == 1 and uids[0] != "0", st["Uid"]
+    assert len(set(gids)) == 1 and gids[0] != "0", st["Gid"]
+    assert "0" not in st["Groups"].split(), st["Groups"]
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(st[cap], 16) == 0, f"{cap}: {st[cap]}"
+    assert st["Seccomp"].strip() == "2", st["Seccomp"]  # QEMU's -sandbox filter
+    assert st["NoNewPrivs"].strip() == "1"  # and no exec could raise it again (spawn=deny forbids exec anyway)
+    return int(uids[0])
+
+
+def vmm_opens(rt, child_dir: str, pid: int, started: int, path: Path) -> str | None:
+    """Ask the VMM to open `path` read-only (QMP blockdev-add, a raw file node); None if it could, else QEMU's
+    error. The node is removed again either way."""
+    vm = rt.driver.attach(RunFiles(Path(child_dir)), pid, started)
+    try:
+        rt.driver.connect(vm, timeout=10)
+        node = "probe" + os.urandom(3).hex()
+        try:
+            vm.qmp.execute("blockdev-add", {"driver": "raw", "node-name": node, "read-only": True,
+                                            "file": {"driver": "file", "filename": str(path)}})
+        except ForkdError as exc:
+            return exc.message
+        vm.qmp.execute("blockdev-del", {"node-name": node})
+        return None
+    finally:
+        rt.driver.release(vm)
+
+
+@pytest.fixture
+def secret():
+    """A root-only host file (0600 in a 0700 directory): what no VMM may read."""
+    d = Path(tempfile.mkdtemp(prefix="fksec", dir="/tmp"))
+    f = d / "secret"
+    f.write_bytes(b"root-only\n" * 100)
+    f.chmod(0o600)
+    d.chmod(0o755)  # the directory is searchable: only the file's own mode protects it
+    yield f
+    f.unlink()
+    d.rmdir()
+
+
+def test_child_vmm_runs_as_its_own_uid_without_capabilities(rt, fork):
+    a, b = fork(2)
+    ua, ub = assert_unprivileged(a.pid), assert_unprivileged(b.pid)
+    assert a.runas == f"{ua}:{ua}" and b.runas == f"{ub}:{ub}"  # recorded: gc and doctor see it
+    assert ua != ub  # one uid per child
+    assert rt.eval(a.id, "6 * 7")["value"] == "42" and rt.eval(b.id, "1 + 1")["value"] == "2"
+
+
+def test_child_vmm_cannot_open_root_files_or_a_siblings_run_dir(rt, fork, secret):
+    a, b = fork(2)
+    assert "Permission denied" in (vmm_opens(rt, a.dir, a.pid, a.started, secret) or "it opened")
+    # the sibling's console log and its QEMU log: in a 0700 root directory
+    for f in (Path(b.dir) / "console.log", Path(b.dir) / "qemu.log"):
+        assert f.exists()
+        assert "Permission denied" in (vmm_opens(rt, a.dir, a.pid, a.started, f) or "it opened")
+    # a world-readable file opens: the probe itself works, so the denials above are the VMM's credentials
+    assert vmm_opens(rt, a.dir, a.pid, a.started, Path("/etc/hostname")) is None
+
+
+def test_child_vmm_uid_cannot_signal_or_trace_a_sibling(fork):
+    a, b = fork(2)
+    ua = assert_unprivileged(a.pid)
+    # the sibling's VMM, as the first VMM's credentials (setpriv: same uid/gid, no groups, no capabilities)
+    res = subprocess.run([SETPRIV, f"--reuid={ua}", f"--regid={ua}", "--clear-groups", "--inh-caps=-all",
+                          "--bounding-set=-all", "python3", "-c",
+                          f"import os\ntry:\n os.kill({b.pid}, 0)\nexcept PermissionError:\n print('EPERM')\n"
+                          f"try:\n open('/proc/{b.pid}/mem', 'rb')\nexcept PermissionError:\n print('EACCES')\n"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.stdout.split() == ["EPERM", "EACCES"], (res.stdout, res.stderr)
+    assert os.kill(b.pid, 0) is None  # still alive
+
+
+def test_build_vmms_drop_root_too(rt, base, tmp_path):
+    """Parent boots (and, through the same restore without an identity, layer builds) run image code: their VMMs
+    drop to a fresh uid of their own too."""
+    snap = rt.store.get_ready(BASE_TAG)
+    machine = rt.machine_for(snap)
+    vm = rt.driver.restore(machine, rt.store.materialize(BASE_TAG), rt.store.vmstate_path(BASE_TAG),
+                           RunFiles(tmp_path / "layer"))  # what forkd.core.pipeline.layer does (share=True there)
+    try:
+        assert assert_unprivileged(vm.pid) >= BUILD_UID_BASE
+        assert vm.agent.eval("2 + 2")["value"] == "4"
+    finally:
+        rt.driver.stop(vm)
+    work = tmp_path / "boot"
+    work.mkdir()
+    mem = Path(tempfile.mkdtemp(prefix="fksecb", dir="/dev/shm")) / "boot.mem"
+    try:
+        vm = rt.driver.boot(machine, mem, RunFiles(work))
+        try:
+            assert assert_unprivileged(vm.pid) >= BUILD_UID_BASE
+        finally:
+            rt.driver.stop(vm)
+    finally:
+        mem.unlink(missing_ok=True)
+        mem.parent.rmdir()
+
+
+def test_live_branch_of_a_child_whose_vmm_dropped_root(rt, fork):
+    (c,) = fork(1)
+    assert_unprivileged(c.pid)
+    assert rt.exec_code(c.id, "BRANCHED = 'yes'")["error"] is None
+    allowed = Path("/proc/sys/vm/unprivileged_userfaultfd").read_text().strip() == "1"
+    if not allowed:  # refused before anything is written, saying how to allow it
+        with pytest.raises(Conflict) as info:
+            branch(rt, Branch.of(child_id=c.id, tag="dropped-live", mode="live"))
+        assert "unprivileged_userfaultfd" in info.value.message and "sysctl" in info.value.hint
+        return
+    res = branch(rt, Branch.of(child_id=c.id, tag="dropped-live", mode="live"))
+    try:
+        assert res.snapshot.status == "ready"
+        (g,) = rt.fork(Spawn.of(tag="dropped-live", n=1))
+        try:
+            assert_unprivileged(g.pid)
+            assert rt.eval(g.id, "BRANCHED")["value"] == "'yes'"
+        finally:
+            rt.kill([g.id])
+        assert rt.eval(c.id, "BRANCHED")["value"] == "'yes'"  # the source kept running
+    finally:
+        wait_background(60)
+        rt.rmi("dropped-live")
+
+
+def test_root_is_an_explicit_opt_out(rt, fork, monkeypatch):
+    monkeypatch.setenv("FORKD_VMM_RUNAS", "root")
+    (c,) = fork(1)
+    assert c.runas is None and proc_status(c.pid)["Uid"].split()[0] == "0"
+    assert "-runas" not in open(f"/proc/{c.pid}/cmdline", "rb").read().decode().split("\0")
+
+
+def test_runas_setting_values(monkeypatch):
+    monkeypatch.delenv("FORKD_VMM_RUNAS", raising=False)
+    assert settings().vmm_runas == "per-child" and settings().vmm_runas_per_child
+    for old in ("1", "yes", "per-child"):  # the opt-in values of before still mean per-child
+        monkeypatch.setenv("FORKD_VMM_RUNAS", old)
+        assert settings().vmm_runas == "per-child"
+    monkeypatch.setenv("FORKD_VMM_RUNAS", "nobody")
+    with pytest.raises(InvalidInput) as info:
+        settings()
+    assert "FORKD_VMM_RUNAS" in info.value.message
+
+
+def test_vmm_uid_is_unique_per_child_by_construction():
+    from forkd.sandbox.supervisor import runas_identity
+    ids = {runas_identity("c" + os.urandom(5).hex()) for _ in range(2000)}
+    uids = {int(i.split(":")[0]) for i in ids}
+    assert all(1 << 28 <= u < BUILD_UID_BASE for u in uids)  # never root, never a build VMM's range
+    assert len(uids) >= 1990  # 28 random bits per child
+
+
+def test_disk_backed_vmms_are_the_documented_exception(tmp_path):
+    """SECURITY.md: VMMs with a disk keep root (QEMU 7.2 reopens qcow2 files by path when migrating); every other
+    VMM gets an identity of its own."""
+    from forkd.vmm.driver import Machine
+    from forkd.vmm.qemu import build_identity, may_drop
+    plain = Machine(kernel=tmp_path / "k", initrd=tmp_path / "i", memory_mib=256)
+    disk = Machine(kernel=tmp_path / "k", initrd=tmp_path / "i", memory_mib=256, disk=tmp_path / "d.qcow2")
+    assert may_drop(plain) and not may_drop(disk)
+    assert build_identity(disk) is None
+    uid, gid = map(int, build_identity(plain).split(":"))
+    assert uid == gid and BUILD_UID_BASE <= uid < BUILD_UID_BASE + (1 << 28)
