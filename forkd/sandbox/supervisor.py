@@ -14,7 +14,6 @@ from forkd.sandbox import cgroups, netns
 from forkd.sandbox.registry import ChildRecord, Registry
 from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
-from forkd.vmm.qemu import may_drop
 
 ENTROPY_BYTES = 64
 
@@ -36,11 +35,11 @@ class Supervisor:
         group is written into the record before it is made, so `gc` can find them after any crash. Privileges:
         under FORKD_VMM_RUNAS=per-child (the default) the VMM drops to a uid:gid of its own (runas_identity, kept
         in the record) with no capabilities once its files, sockets and tap are open (not yet with a disk:
-        forkd.vmm.qemu.may_drop)."""
+        the driver's may_drop)."""
         t0 = time.perf_counter()
         home = str(self.registry.layout.home)
         hier = cgroups.detect()
-        rec = self._record(snapshot, machine, pool, memory_limit_mib, home, hier, may_drop(machine))
+        rec = self._record(snapshot, machine, pool, memory_limit_mib, home, hier, self.driver.may_drop(machine))
         group: cgroups.ChildCgroup | None = None
         net: netns.ChildNet | None = None
         setup_ms: dict[str, float] = {}

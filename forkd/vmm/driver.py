@@ -129,6 +129,11 @@ class VmmDriver(ABC):
         flight is cancelled first. True if it had to be resumed. The one "resume if paused"."""
 
     @abstractmethod
+    def may_drop(self, machine: Machine) -> bool:
+        """Whether a VMM for `machine` runs without root under FORKD_VMM_RUNAS=per-child (SECURITY.md section 7):
+        a caller that names a `runas` identity for `restore` asks this first."""
+
+    @abstractmethod
     def live_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
         """Why `vm` cannot be captured live, as (reason, hint), or None if it can. No I/O on the VMM."""
 

@@ -261,6 +261,9 @@ class QemuDriver(VmmDriver):
     def ensure_running(self, vm: Vm) -> bool:
         return capture.ensure_running(self._qmp(vm))
 
+    def may_drop(self, machine: Machine) -> bool:
+        return may_drop(machine)
+
     def live_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
         return capture.live_problem(vm.pid) or unprivileged_uffd_problem(vm.pid)
 
