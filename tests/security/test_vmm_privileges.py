@@ -93,8 +93,11 @@ def test_child_vmm_runs_as_its_own_uid_without_capabilities(rt, fork):
 def test_child_vmm_cannot_open_root_files_or_a_siblings_run_dir(rt, fork, secret):
     a, b = fork(2)
     assert "Permission denied" in (vmm_opens(rt, a.dir, a.pid, a.started, secret) or "it opened")
-    # the sibling's console log and its QEMU log: in a 0700 root directory
-    for f in (Path(b.dir) / "console.log", Path(b.dir) / "qemu.log"):
+    # the sibling's QEMU log, and a world-readable file placed in its run dir: the 0700 root directory keeps both
+    planted = Path(b.dir) / "planted.txt"
+    planted.write_text("readable by all, inside a private directory\n")
+    planted.chmod(0o644)
+    for f in (Path(b.dir) / "qemu.log", planted):
         assert f.exists()
         assert "Permission denied" in (vmm_opens(rt, a.dir, a.pid, a.started, f) or "it opened")
     # a world-readable file opens: the probe itself works, so the denials above are the VMM's credentials
