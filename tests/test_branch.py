@@ -111,7 +111,7 @@ def test_live_branch_of_a_child_writing_memory_is_consistent(srt, sfork):
     d = srt.store.dir("live1")
     for name in ("memory.bin", "vmstate", "snapshot.json"):
         assert (d / name).stat().st_mode & 0o777 == 0o400, name
-    assert not any(p.name.startswith("branch-") for p in srt.layout.tmp.iterdir())  # the stream was deleted
+    assert not any(p.name.startswith("b-") for p in srt.layout.tmp.iterdir())  # the work dir and stream are gone
     kids = sfork(2, tag="live1")
     for k in kids:
         assert _seen(srt, k.id) == ("before", "'before'")

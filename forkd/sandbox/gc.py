@@ -38,7 +38,7 @@ from forkd.sandbox.supervisor import release_isolation
 
 GRACE_SECONDS = 60.0  # objects younger than this with no record may be a spawn in progress
 MEMFILE = re.compile(r"^forkd-.+-(\d+)(?:-[0-9a-f]+)?\.mem$")
-WORKDIR = re.compile(r"^(?:p|l|branch-.+)-(\d+)-[0-9a-f]+$")
+WORKDIR = re.compile(r"^(?:p|l|b|branch-.+)-(\d+)-[0-9a-f]+$")
 
 
 @dataclass

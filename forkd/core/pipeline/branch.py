@@ -212,7 +212,8 @@ class BranchJob(Job):
 
     # -- steps while the source is involved ----------------------------------------------------------
     def stage(self) -> None:
-        self.work = self.workdir(f"branch-{self.req.tag}", under=self.req.tmp_dir)
+        # short name: the conversion's QEMU sockets live below it, and AF_UNIX paths end at 108 bytes
+        self.work = self.workdir("b", under=self.req.tmp_dir)
         if self.req.mode == "live":
             # QEMU 7.2 (measured here): a background snapshot whose stream write fails mid-way (ENOSPC) leaves the
             # source reporting 'running' but no longer answering. So refuse up front unless the whole RAM fits.

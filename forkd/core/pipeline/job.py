@@ -81,7 +81,7 @@ class Job:
             base.mkdir(parents=True, exist_ok=True)
         else:
             base = ensure_private_dir(self.rt.layout.tmp)
-        d = make_private_dir(base / f"{name}-{os.getpid()}-{secrets.token_hex(16)}")
+        d = make_private_dir(base / f"{name}-{os.getpid()}-{secrets.token_hex(4)}")  # unique; the parent is private
         self.stack.callback(shutil.rmtree, d, ignore_errors=True)
         return d
 
