@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from forkd.base.paths import Layout
-from forkd.core import doctor
+from forkd.core import doctor, posture
 from forkd.core.doctor import Check, run_checks
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import Snapshot
@@ -170,15 +170,15 @@ def test_posture_section_lists_each_item_in_cli_json(rt, monkeypatch):
 
 def test_vmm_uid_mode(rt, monkeypatch):
     monkeypatch.delenv("FORKD_VMM_RUNAS", raising=False)
-    c = doctor.check_vmm_uid(rt)
+    c = posture.check_vmm_uid(rt)
     assert c.status == "PASS" and "FORKD_VMM_RUNAS=per-child" in c.detail and "0 running VMMs" in c.detail
     monkeypatch.setenv("FORKD_VMM_RUNAS", "root")
-    c = doctor.check_vmm_uid(rt)
+    c = posture.check_vmm_uid(rt)
     assert c.status == "WARN" and "host root" in c.detail and "FORKD_VMM_RUNAS" in c.fix
 
 
 def test_seccomp_probe_runs_qemu_under_the_filter(rt):
-    c = doctor.check_seccomp(rt)
+    c = posture.check_seccomp(rt)
     assert c.status == "PASS", c
     assert "spawn=deny" in c.detail
 
@@ -189,48 +189,48 @@ def test_store_permissions(rt):
     snap.mkdir(parents=True)
     for d in (home, rt.layout.snapshots, snap, *(p for p in home.iterdir() if p.is_dir())):
         d.chmod(0o700)
-    c = doctor.check_store_permissions(rt)
+    c = posture.check_store_permissions(rt)
     assert c.status == "PASS", c
     snap.chmod(0o755)
-    c = doctor.check_store_permissions(rt)
+    c = posture.check_store_permissions(rt)
     assert c.status == "WARN" and f"{snap} (0755)" in c.detail and "go-rwx" in c.fix
     snap.chmod(0o700)
     home.chmod(0o750)
-    c = doctor.check_store_permissions(rt)
+    c = posture.check_store_permissions(rt)
     assert c.status == "WARN" and f"{home} (0750)" in c.detail
 
 
 def test_daemon_socket_mode(rt):
     sock_path = rt.layout.daemon_socket
-    assert doctor.check_daemon_socket(rt).status == "PASS"  # no daemon: nothing to reach
+    assert posture.check_daemon_socket(rt).status == "PASS"  # no daemon: nothing to reach
     s = socket.socket(socket.AF_UNIX)
     try:
         s.bind(str(sock_path))
         sock_path.chmod(0o666)
         rt.layout.home.chmod(0o755)
-        c = doctor.check_daemon_socket(rt)
+        c = posture.check_daemon_socket(rt)
         assert c.status == "WARN" and "0666" in c.detail and "other local users" in c.detail and c.fix
         rt.layout.home.chmod(0o700)  # a private directory is enough
-        c = doctor.check_daemon_socket(rt)
+        c = posture.check_daemon_socket(rt)
         assert c.status == "PASS" and "private" in c.detail
         rt.layout.home.chmod(0o755)
         sock_path.chmod(0o600)  # and so is a private socket
-        assert doctor.check_daemon_socket(rt).status == "PASS"
+        assert posture.check_daemon_socket(rt).status == "PASS"
     finally:
         s.close()
 
 
 EGRESS_PROBE = """
 import json, subprocess, sys
-from forkd.core import doctor
+from forkd.core import doctor, posture
 from forkd.sandbox import netns
 nft = lambda rules: subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
-out = [doctor.check_egress()]
+out = [posture.check_egress()]
 nft("table ip forkd_host { chain legacy_forward { type filter hook forward priority 0; policy accept; }; }")
-out.append(doctor.check_egress())
+out.append(posture.check_egress())
 nft("delete table ip forkd_host")
 netns.ensure_host()
-out.append(doctor.check_egress())
+out.append(posture.check_egress())
 print(json.dumps([[c.status, c.detail, c.fix] for c in out]))
 """
 
@@ -248,7 +248,7 @@ def test_egress_table_detection_in_a_private_netns():
 
 
 def test_protected_links_and_unprivileged_uffd_follow_the_sysctls(monkeypatch):
-    c = doctor.check_protected_links()
+    c = posture.check_protected_links()
     symlinks = Path("/proc/sys/fs/protected_symlinks").read_text().strip()
     assert f"fs.protected_symlinks={symlinks}" in c.detail
     assert (c.status == "WARN") == ("=0" in c.detail)
@@ -256,9 +256,9 @@ def test_protected_links_and_unprivileged_uffd_follow_the_sysctls(monkeypatch):
         assert "sysctl -w fs.protected_" in c.fix
     monkeypatch.delenv("FORKD_VMM_RUNAS", raising=False)
     uffd = Path("/proc/sys/vm/unprivileged_userfaultfd").read_text().strip()
-    c = doctor.check_unprivileged_uffd()
+    c = posture.check_unprivileged_uffd()
     assert c.status == ("WARN" if uffd == "0" else "PASS"), c
     if uffd == "0":
         assert "live branch fails" in c.detail and "vm.unprivileged_userfaultfd=1" in c.fix
     monkeypatch.setenv("FORKD_VMM_RUNAS", "root")
-    assert doctor.check_unprivileged_uffd().status == "PASS"
+    assert posture.check_unprivileged_uffd().status == "PASS"

@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING
 from forkd.base.errors import ForkdError
 from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
-from forkd.sandbox import netns
 from forkd.store.snapshot import CorruptManifest, Snapshot
-from forkd.vmm.qemu import SANDBOX, find_qemu
+from forkd.vmm.qemu import find_qemu
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -373,158 +372,10 @@ def check_leftovers(rt: Runtime) -> Check:
 
 
 # -- security posture (SECURITY.md): each check named security:<what> ----------------------------------------
-SEC = "security:"
-PROTECTED_LINKS = (Path("/proc/sys/fs/protected_symlinks"), Path("/proc/sys/fs/protected_hardlinks"))
-IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
-SYSCTL_FIX = "scripts/setup.sh sets it (/etc/sysctl.d/60-forkd.conf), or: sysctl -w {}"
-
-
-def _proc_status(pid: int) -> dict[str, str]:
-    """The fields of /proc/<pid>/status ({} once the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-    except OSError:
-        return {}
-
-
-def _running_vmms(rt: Runtime, with_disk: bool = True) -> list[tuple[str, dict[str, str]]]:
-    """(child id, /proc status) of every recorded child whose VMM is alive (`with_disk`: disk-backed ones too)."""
-    out = []
-    for rec in rt.registry.list():
-        if rec.pid and is_alive(rec.pid, rec.started) and (with_disk or not Path(rec.dir, "disk.qcow2").exists()):
-            status = _proc_status(rec.pid)
-            if status:
-                out.append((rec.id, status))
-    return out
-
-
-def check_vmm_uid(rt: Runtime) -> Check:
-    """VMMs drop root (FORKD_VMM_RUNAS) and the running ones did: no uid 0, no effective capability."""
-    mode = settings().vmm_runas
-    vmms, disk = _running_vmms(rt, with_disk=False), len(_running_vmms(rt)) - len(_running_vmms(rt, with_disk=False))
-    priv = [cid for cid, st in vmms if st.get("Uid", "0").split()[0] == "0" or int(st.get("CapEff", "0"), 16)]
-    found = f"FORKD_VMM_RUNAS={mode}; {len(vmms)} running VMMs, {len(priv)} with uid 0 or capabilities"
-    if disk:
-        return Check(SEC + "vmm-uid", WARN, f"{found}; {disk} disk-backed VMMs keep root (QEMU 7.2 reopens disks by "
-                     "path when migrating)", "run untrusted code in initramfs images (no --rootfs disk); SECURITY.md")
-    if mode != "per-child":
-        return Check(SEC + "vmm-uid", WARN, f"{found}: a QEMU bug is host root",
-                     "unset FORKD_VMM_RUNAS (default per-child: each VMM runs as a uid of its own, no capabilities)")
-    if priv:
-        return Check(SEC + "vmm-uid", WARN, f"{found} ({', '.join(priv[:5])}): started before the default changed",
-                     "replace them (forkd kill ID, then fork again); new VMMs drop root")
-    return Check(SEC + "vmm-uid", PASS, found, None)
-
-
-def check_seccomp(rt: Runtime) -> Check:
-    """QEMU installs forkd's -sandbox filter (probed: a QEMU with -M none and the filter, quit over QMP), and every
-    running VMM is in seccomp filter mode (2)."""
-    name = SEC + "seccomp"
-    binary = getattr(rt.driver, "binary", None) or find_qemu()
-    if not binary:
-        return Check(name, WARN, "qemu-system-x86_64 not found: cannot probe -sandbox",
-                     "apt-get install qemu-system-x86")
-    res = run([binary, "-M", "none", "-display", "none", "-nodefaults", "-no-user-config", "-sandbox", SANDBOX,
-               "-qmp", "stdio"], "qemu -sandbox probe", ok=None, timeout=20,
-              input='{"execute":"qmp_capabilities"}\n{"execute":"quit"}\n')
-    if res.returncode != 0:
-        return Check(name, WARN, f"QEMU refused -sandbox (exit {res.returncode}): {_line(res.stderr) or 'no message'}",
-                     "install a QEMU built with seccomp (Debian's qemu-system-x86 is)")
-    vmms = _running_vmms(rt)
-    loose = [cid for cid, st in vmms if st.get("Seccomp", "").strip() != "2"]
-    found = f"QEMU applies -sandbox {SANDBOX.split(',', 1)[1]}; {len(vmms)} running VMMs, {len(loose)} not in " \
-            "seccomp mode 2"
-    if loose:
-        return Check(name, WARN, f"{found} ({', '.join(loose[:5])})", "replace them (forkd kill ID, then fork again)")
-    return Check(name, PASS, found, None)
-
-
-def _mode(path: Path) -> int:
-    return os.lstat(path).st_mode & 0o7777
-
-
-def check_daemon_socket(rt: Runtime) -> Check:
-    """The daemon's socket is reachable only by its owner: the socket or its directory shuts others out."""
-    sock = settings().daemon_socket or rt.layout.daemon_socket
-    if not os.path.lexists(sock):
-        return Check(SEC + "daemon-socket", PASS, f"no daemon socket at {sock} (no daemon running)", None)
-    smode, dmode = _mode(sock), _mode(sock.parent)
-    found = f"{sock} mode {smode:04o}, directory {dmode:04o}"
-    if smode & 0o022 and dmode & 0o011:
-        return Check(SEC + "daemon-socket", WARN, f"{found}: other local users can connect",
-                     f"chmod 0700 {sock.parent}, or restart the daemon (it makes its socket private)")
-    return Check(SEC + "daemon-socket", PASS, f"{found}: private to its owner", None)
-
-
-def _open_dirs(rt: Runtime) -> list[Path]:
-    """FORKD_HOME, its top-level directories and every snapshot directory that group or others can enter, list
-    or write, or that another user owns."""
-    home = rt.layout.home
-    dirs = [home, *sorted(p for p in home.iterdir() if p.is_dir() and not p.is_symlink())] if home.is_dir() else []
-    if rt.layout.snapshots.is_dir():
-        dirs += sorted(p for p in rt.layout.snapshots.iterdir() if p.is_dir() and not p.is_symlink())
-    me = os.geteuid()
-    return [d for d in dirs if _mode(d) & 0o077 or os.lstat(d).st_uid != me]
-
-
-def check_store_permissions(rt: Runtime) -> Check:
-    bad = _open_dirs(rt)
-    home = rt.layout.home
-    if not bad:
-        return Check(SEC + "store-perms", PASS, f"{home}, its directories and snapshots are private (0700, ours)",
-                     None)
-    shown = ", ".join(f"{d} ({_mode(d):04o})" for d in bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
-    return Check(SEC + "store-perms", WARN, f"{len(bad)} store directories open to other users: {shown}",
-                 f"chmod -R go-rwx {home} (guest RAM and snapshots must be private to forkd)")
-
-
-def check_egress() -> Check:
-    """Children's egress: forkd's host table (`inet forkd_host`: traffic from the bridge denied unless a child's
-    policy grants it) is loaded, and an older forkd's permissive table is gone (forkd.sandbox.netns.posture)."""
-    p = netns.posture()
-    found = (f"host table inet {netns.HOST_TABLE} {'loaded' if p['host_table'] else 'not loaded'}; default child "
-             f"egress {p['default_egress']}; net.ipv4.ip_forward={int(bool(p['ip_forward']))}")
-    if p["legacy_table"]:
-        return Check(SEC + "egress", WARN, f"{found}; an older forkd's permissive table ip {netns.HOST_TABLE} is "
-                     "loaded", f"nft delete table ip {netns.HOST_TABLE} (or restart the daemon: it replaces it)")
-    if not p["host_table"]:
-        return Check(SEC + "egress", WARN, found, "start the daemon or fork an isolated child (forkd installs its "
-                     "table); each child's own namespace denies by default either way")
-    return Check(SEC + "egress", PASS, f"{found} (default deny)", None)
-
-
-def check_protected_links() -> Check:
-    values = {p.name: _sysctl(p) for p in PROTECTED_LINKS}
-    found = ", ".join(f"fs.{k}={v}" for k, v in values.items())
-    off = [f"fs.{k}=1" for k, v in values.items() if v == "0"]
-    if off:
-        return Check(SEC + "protected-links", WARN, f"{found}: root follows other users' links in sticky "
-                     "directories (/dev/shm, /tmp)", SYSCTL_FIX.format(" ".join(off)))
-    return Check(SEC + "protected-links", PASS, found, None)
-
-
-def check_unprivileged_uffd() -> Check:
-    """Live branch of a VMM that dropped root needs vm.unprivileged_userfaultfd=1 (QEMU 7.2, no /dev/userfaultfd)."""
-    value = _sysctl(UNPRIVILEGED_UFFD_SYSCTL)
-    found = f"vm.unprivileged_userfaultfd={value}, FORKD_VMM_RUNAS={settings().vmm_runas}"
-    if value == "0" and settings().vmm_runas_per_child:
-        return Check(SEC + "unprivileged-uffd", WARN, f"{found}: live branch fails (VMMs have no CAP_SYS_PTRACE)",
-                     SYSCTL_FIX.format("vm.unprivileged_userfaultfd=1") + "; or branch --mode full")
-    why = "unprivileged VMMs can be branched live" if value != "0" else "VMMs keep root, so they need no sysctl"
-    return Check(SEC + "unprivileged-uffd", PASS, f"{found}: {why}", None)
-
-
-def security_steps(rt: Runtime) -> list[tuple[str, Callable[[], Check]]]:
-    return [(SEC + "vmm-uid", lambda: check_vmm_uid(rt)), (SEC + "seccomp", lambda: check_seccomp(rt)),
-            (SEC + "daemon-socket", lambda: check_daemon_socket(rt)),
-            (SEC + "store-perms", lambda: check_store_permissions(rt)), (SEC + "egress", check_egress),
-            (SEC + "protected-links", check_protected_links), (SEC + "unprivileged-uffd", check_unprivileged_uffd)]
-
-
-# -- all of them -----------------------------------------------------------------------------------------------
 def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s: None) -> list[Check]:
     """Run every host check in order; never raises."""
+    from forkd.core.posture import security_steps  # posture builds on this module's Check
+
     image, image_error = _load_image(rt)
     steps: list[tuple[str, Callable[[], Check]]] = [
         ("qemu", lambda: check_qemu(rt)),
