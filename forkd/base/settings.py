@@ -82,6 +82,30 @@ class Settings(BaseModel):
     audit_denied_interval: float = _env(60.0, "seconds between the audit log's summary lines of refused "
                                               "unauthenticated requests (each summary carries their count)", gt=0)
 
+    # -- rel-mem: add this helper's settings below this line
+
+    # -- rel-state: add this helper's settings below this line
+
+    # -- rel-claims: add this helper's settings below this line
+
+    # -- rel-chaos: add this helper's settings below this line
+
+    # -- rel-boot: add this helper's settings below this line
+
+    # -- agent-proc: add this helper's settings below this line
+
+    # -- agent-files: add this helper's settings below this line
+
+    # -- agent-life: add this helper's settings below this line
+
+    # -- sdk: add this helper's settings below this line
+
+    # -- declarative: add this helper's settings below this line
+
+    # -- platform: add this helper's settings below this line
+
+    # -- density: add this helper's settings below this line
+
     @property
     def vmm_runas_per_child(self) -> bool:
         return self.vmm_runas == "per-child"
