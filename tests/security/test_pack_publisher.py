@@ -235,12 +235,14 @@ def _run_sha(n: int, byte: int = 1) -> str:
 
 
 def _disk_use(d: Path) -> int:
+    """Blocks under d; files and directories removed while it walks (the unpack cleans up) are skipped."""
     total = 0
-    for p in d.rglob("*"):
-        try:
-            total += p.lstat().st_blocks * 512
-        except FileNotFoundError:
-            pass
+    for root, dirs, files in os.walk(d):  # os.walk ignores a directory that vanished under it; rglob raised
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
     return total
 
 
