@@ -79,7 +79,10 @@ def test_qemu_failing_to_start_shows_its_stderr(rt, home, base, monkeypatch, tmp
 def test_guest_never_ready_names_the_console_log(rt, home, base):
     with pytest.raises(ForkdError) as exc:
         rt.create_snapshot(ParentBuild.of(tag="slowboot", boot_timeout=0.3))
-    assert "console.log" in str(exc.value) and "never answered" in str(exc.value)
+    msg = str(exc.value)
+    assert "console.log" in msg and "did not answer within" in msg, msg
+    kept = next(p for p in rt.layout.logs.iterdir() if p.name.startswith("boot-slowboot-"))
+    assert str(kept / "console.log") in msg and (kept / "console.log").is_file()  # named where it is kept
     assert rt.store.get("slowboot").status == "failed"
     assert not rt.store.memory_path("slowboot").exists()
     assert_no_stray_qemu(rt, home)

@@ -111,7 +111,7 @@ def test_rootfs_too_big_for_memory(rt, layers, tmp_path):
     d = _write_layout(tmp_path / "big", [*layers, (gzip.compress(big, compresslevel=1), LAYER_GZ)])
     before = _registered(rt)
     with pytest.raises(InvalidInput, match="too small") as exc:
-        core_images.from_image(rt, str(d), "big-img", memory_mib=512)
+        core_images.from_image(rt, str(d), "big-img", memory_mib=512, rootfs="initramfs")
     assert "--memory-mib" in exc.value.hint
     assert _registered(rt) == before
     assert not any(rt.layout.tmp.glob("oci-*"))  # the half-built rootfs is gone too
@@ -193,6 +193,8 @@ def test_check_fits_messages():
         rootfs.check_fits(3 << 30, 128, "img", "disk")
     assert [rootfs.choose_kind("auto", n) for n in (100 << 20, 3 << 30)] == ["initramfs", "disk"]
     assert rootfs.choose_kind("initramfs", 3 << 30) == "initramfs"
+    # auto also goes to disk when an initramfs would not fit the guest RAM asked for (200 MiB needs > 756 MiB)
+    assert [rootfs.choose_kind("auto", 200 << 20, m) for m in (512, 1024)] == ["disk", "initramfs"]
     with pytest.raises(InvalidInput, match="rootfs 'ext4'"):
         rootfs.check_rootfs_kind("ext4")
 

@@ -17,6 +17,7 @@
       children/<id>/disk.qcow2                               disk-backed: the child's private overlay
       objects/<Kind>/<name>.json                             applied declarative objects + status (reconciler)
       objects/<Kind>/<name>.events.jsonl                     their recent events
+      logs/boot-<tag>-<time>/{qemu.log, console.log}        a failed boot's logs, kept (the newest 20)
       format.json                                            {"version": N} of this layout (forkd.base.format)
       forkd.sock                                             the daemon's API socket (forkd serve)
       tmp/                                                   half-built things; removed on start-up
@@ -160,6 +161,11 @@ class Layout:
     @property
     def objects(self) -> Path:
         return self.home / "objects"
+
+    @property
+    def logs(self) -> Path:
+        """Logs kept after a failure (forkd.core.pipeline.logs): boot-<tag>-<time>/{qemu.log, console.log}."""
+        return self.home / "logs"
 
     @property
     def daemon_socket(self) -> Path:

@@ -27,6 +27,7 @@ from forkd.image.beneath import Tree
 from forkd.image.build import BUSYBOX_PACKAGE, Image
 from forkd.image.rootfs import (
     Progress,
+    TooSmall,
     cached_image,
     check_rootfs_kind,
     find_python,
@@ -162,7 +163,12 @@ def build_debian(layout: Layout, packages: list[str], suite: str = DEFAULT_SUITE
            "versions": versions, "kernel": kdeb.name, "busybox": bdeb.name, "guest": guest_sources_hash(),
            "rootfs": check_rootfs_kind(rootfs)}
     image_id = "deb-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    hit = None if force else cached_image(layout, image_id, memory_mib)
+    try:
+        hit = None if force else cached_image(layout, image_id, memory_mib)
+    except TooSmall:  # built as an initramfs for a larger guest: `auto` now means the disk shape
+        if rootfs != "auto":
+            raise
+        return build_debian(layout, packages, suite, memory_mib, progress, force, rootfs="disk")
     if hit is not None:
         return hit, False
     t0 = time.monotonic()

@@ -39,6 +39,7 @@ from forkd.image.beneath import SETID, Escape, Tree
 from forkd.image.build import BUSYBOX_PACKAGE, Image
 from forkd.image.rootfs import (
     Progress,
+    TooSmall,
     UnsafeImage,
     cached_image,
     check_rootfs_kind,
@@ -433,7 +434,12 @@ def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, p
                        f"{guest_sources_hash()}\npip={json.dumps(sorted(pip))}\nrootfs={check_rootfs_kind(rootfs)}\n"
                        .encode())
     image_id = "oci-" + h.hexdigest()[:16]
-    hit = None if force else cached_image(layout, image_id, memory_mib)
+    try:
+        hit = None if force else cached_image(layout, image_id, memory_mib)
+    except TooSmall:  # built as an initramfs for a larger guest: `auto` now means the disk shape
+        if rootfs != "auto":
+            raise
+        return from_image(layout, ref, memory_mib, pip, progress, force, rootfs="disk")
     if hit is not None:
         return hit, False
     t0 = time.monotonic()

@@ -34,6 +34,7 @@ from forkd.base.settings import settings
 from forkd.image import debs
 from forkd.image.beneath import Tree
 from forkd.image.build import BUSYBOX_PACKAGE, GUEST_DIR, GUEST_SOURCES, Image, take_kernel, write_initramfs
+from forkd.image.pycheck import check_agent_modules
 
 MIB = 1 << 20
 # an initramfs is unpacked into guest RAM at boot; past this only a disk-backed rootfs will do
@@ -134,6 +135,8 @@ def find_python(root: Path) -> GuestPython:
             if resolve_in(root, s, follow_last=True).is_dir():
                 site = s
                 break
+        stdlib = resolve_in(root, f"{prefix}/lib/python{v}", follow_last=True)
+        check_agent_modules(stdlib, "/" + cand, version)
         return GuestPython("/" + cand, version, site)
     raise InvalidInput("no python3 in the image (looked for /" + ", /".join(PYTHON_CANDIDATES) + "): forkd's "
                        "agent runs on the image's own Python (>= 3.8, stdlib only)",
@@ -268,17 +271,23 @@ def check_rootfs_kind(kind: str) -> str:
     return kind
 
 
-def choose_kind(kind: str, rootfs_bytes: int) -> str:
-    """`auto` resolved by size (see the module docstring)."""
+class TooSmall(InvalidInput):
+    """The guest RAM asked for cannot hold this image's rootfs (as an initramfs) or even a disk-backed guest."""
+
+
+def choose_kind(kind: str, rootfs_bytes: int, memory_mib: int | None = None) -> str:
+    """`auto` resolved by size (see the module docstring): `disk` too when an initramfs would not fit
+    `memory_mib` of guest RAM."""
     if kind == "auto":
-        return "disk" if rootfs_bytes > AUTO_DISK_BYTES else "initramfs"
+        fits = memory_mib is None or memory_mib * MIB > 2.5 * rootfs_bytes + 256 * MIB
+        return "disk" if rootfs_bytes > AUTO_DISK_BYTES or not fits else "initramfs"
     return kind
 
 
 def check_fits(rootfs_bytes: int, memory_mib: int | None, what: str, kind: str = "initramfs") -> None:
     if kind == "disk":
         if memory_mib is not None and memory_mib < DISK_MIN_MEMORY_MIB:
-            raise InvalidInput(f"{what}: {memory_mib} MiB of guest RAM is too small even for a disk-backed rootfs",
+            raise TooSmall(f"{what}: {memory_mib} MiB of guest RAM is too small even for a disk-backed rootfs",
                                hint=f"set --memory-mib {DISK_MIN_MEMORY_MIB} or more")
         return
     if rootfs_bytes > INITRAMFS_MAX_BYTES:
@@ -288,7 +297,7 @@ def check_fits(rootfs_bytes: int, memory_mib: int | None, what: str, kind: str =
                                 "disk}} in a ForkParent")
     if memory_mib is not None and memory_mib * MIB <= 2.5 * rootfs_bytes + 256 * MIB:
         need = min_memory_mib(rootfs_bytes)
-        raise InvalidInput(f"{what}: the rootfs unpacks to {rootfs_bytes / MIB:.0f} MiB and an initramfs lives in "
+        raise TooSmall(f"{what}: the rootfs unpacks to {rootfs_bytes / MIB:.0f} MiB and an initramfs lives in "
                            f"guest RAM, so {memory_mib} MiB is too small (needs > 2.5 x rootfs + 256 MiB)",
                            hint=f"set --memory-mib {need} (memoryMiB: {need} in a ForkParent) or more, or build "
                                 "the image disk-backed (--rootfs disk; rootfs: disk in the image spec)")
@@ -337,7 +346,7 @@ def finish(layout: Layout, image_id: str, root: Path, out: Path, meta: dict, mem
     check it fits `memory_mib`, write image.json and move `out` to images/<image_id> atomically (out/vmlinuz is
     written already). Nothing is registered if any step fails."""
     rootfs_bytes = tree_bytes(root)
-    kind = choose_kind(check_rootfs_kind(rootfs), rootfs_bytes)
+    kind = choose_kind(check_rootfs_kind(rootfs), rootfs_bytes, memory_mib)
     check_fits(rootfs_bytes, memory_mib, f"image {meta.get('source', {}).get('ref', image_id)}", kind)
     extra: dict = {"rootfs": kind}
     if kind == "disk":

@@ -22,7 +22,7 @@ from forkd.base.procs import kill_and_wait, start_time
 from forkd.base.settings import settings
 from forkd.base.steps import run_steps
 from forkd.vmm import capture
-from forkd.vmm.agent_client import AgentClient, AgentTimeout
+from forkd.vmm.agent_client import AgentClient, AgentError, AgentTimeout
 from forkd.vmm.disk import new_overlay
 from forkd.vmm.driver import AGENT_PORT, Capture, Machine, RunFiles, Vm, VmmDriver
 from forkd.vmm.qmp import QMPClient
@@ -104,6 +104,38 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     return argv
 
 
+def console_excerpt(console: Path, n: int = 20) -> str:
+    """The part of a console log that says why a guest died: the lines up to the first kernel panic (the
+    agent's own last words are just before it; the panic's backtrace after it says nothing new), else the tail."""
+    try:
+        lines = console.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    panic = next((i for i, line in enumerate(lines) if "Kernel panic" in line), None)
+    end = len(lines) if panic is None else panic + 1
+    return "\n".join(lines[max(0, end - n):end])
+
+
+def _guest_stopped(vm: Vm) -> bool:
+    if isinstance(vm.process, subprocess.Popen) and vm.process.poll() is not None:
+        return True
+    try:
+        return capture.run_state(vm.qmp) in GUEST_STOPPED
+    except (ForkdError, OSError):  # QMP gone: QEMU is exiting
+        return True
+
+
+def _boot_failed(vm: Vm, stopped: bool, timeout: float) -> ForkdError:
+    """The error of a guest that did not come up, with what its console said (drained while QEMU lives)."""
+    files = vm.files
+    what = "the guest stopped while booting" if stopped else f"the guest agent did not answer within {timeout:g}s"
+    save_console(vm.qmp, files.console)
+    return ForkdError(f"{what}; the guest console ({files.console}) says:\n{console_excerpt(files.console)}\n"
+                      f"QEMU log: {files.log}",
+                      hint="a guest that stops while booting usually lacks something its agent needs (see the "
+                           "console above); `forkd doctor` checks the host")
+
+
 def save_console(qmp: QMPClient | None, console: Path) -> str:
     """Drain the guest's console ring (through QMP, while QEMU lives) into `console`, keeping its last
     CONSOLE_RING bytes, and return the file's tail. Best effort: a dead QEMU took its ring with it."""
@@ -113,7 +145,7 @@ def save_console(qmp: QMPClient | None, console: Path) -> str:
                                timeout=5)
         except (ForkdError, OSError):
             text = ""
-        if text:
+        if text or not console.exists():  # an empty console still gets its (empty) file: errors name it
             try:
                 old = console.read_bytes()[-CONSOLE_RING:]
             except OSError:
@@ -279,6 +311,7 @@ class QemuDriver(VmmDriver):
                          private_net=True) + ["-S"]  # the guest starts (`cont`) once QEMU dropped root
         vm: Vm | None = None
         timings: dict[str, float] = {}
+        described: list[bool] = []
 
         def start() -> None:
             nonlocal vm
@@ -296,16 +329,19 @@ class QemuDriver(VmmDriver):
                     vm.agent.ping(timeout=1.0)
                     vm.qmp.execute("set-action", {"shutdown": "poweroff"})  # booted: a poweroff ends QEMU again
                     return
-                except AgentTimeout:
-                    stopped = vm.process.poll() is not None or capture.run_state(vm.qmp) in GUEST_STOPPED
+                except (AgentTimeout, OSError, ForkdError) as exc:  # no answer, or the guest closed its port
+                    if isinstance(exc, AgentError):
+                        raise
+                    stopped = _guest_stopped(vm)
                     if stopped or time.monotonic() > deadline:
-                        what = "the guest stopped during boot" if stopped else "guest agent never answered"
-                        raise ForkdError(f"{what} within {timeout:.0f}s; see the guest console {files.console}:\n"
-                                         f"{save_console(vm.qmp, files.console)}") from None
+                        described.append(True)  # the error names the logs already
+                        raise _boot_failed(vm, stopped, timeout) from None
+                    if not isinstance(exc, AgentTimeout):
+                        time.sleep(0.2)  # the port closed: the guest is stopping, or its agent restarting
 
         try:
             run_steps([("start_vmm", start), ("connect", connect), ("agent_ready", agent_ready)], timings,
-                      "boot", on_error=lambda: self._died(vm) if vm else "")
+                      "boot", on_error=lambda: self._died(vm) if vm and not described else "")
         except BaseException:
             if vm:
                 self.stop(vm)

@@ -11,8 +11,10 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from forkd.base.errors import ForkdError
 from forkd.base.steps import Step
 from forkd.core.pipeline.job import Job, quiet
+from forkd.core.pipeline.logs import keep_logs
 from forkd.core.requests import ParentBuild
 from forkd.core.warmup import warm_up
 from forkd.store.snapshot import Snapshot
@@ -56,7 +58,11 @@ class ParentJob(Job):
                       f"{', disk-backed' if self.image.disk else ''})")
         self.memory = self.scratch_memory(req.tag)
         work = self.workdir("p")
-        self.hold_vm(self.rt.driver.boot(self.machine, self.memory, RunFiles(work), timeout=req.boot_timeout))
+        try:
+            vm = self.rt.driver.boot(self.machine, self.memory, RunFiles(work), timeout=req.boot_timeout)
+        except ForkdError as exc:  # the work dir goes on unwind: the error names the logs where they are kept
+            raise keep_logs(exc, work, self.rt.layout.logs, f"boot-{req.tag}") from exc
+        self.hold_vm(vm)
 
     def warmup(self) -> None:
         warm_up(self.vm.agent, self.req.warm_imports, self.req.warm_exec, self.req.warm_run, self.progress)
