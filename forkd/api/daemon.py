@@ -38,7 +38,7 @@ from forkd.base.locks import Flock, holder_note, try_lock
 from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.private import make_private_dir
-from forkd.core.audit import AuditLog
+from forkd.core.audit import AuditError, AuditLog
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.reconciler.engine import Reconciler
@@ -123,9 +123,26 @@ def bind_unix(path: Path, private_dir: Path) -> socket.socket:
 
 
 def _audit_hook(audit: AuditLog):
+    """Record each reconciler action. Fail-open, by decision (README, SECURITY.md): an append that fails (disk
+    full) does not stop reconciling; it is logged at ERROR and the next append that works first writes a
+    `lost-entries` line naming it (forkd.core.audit), so the log says what it misses."""
     def on_action(action, ok: bool, message: str, ms: float) -> None:
-        audit.append("reconciler", type(action).__name__, action.key, "ok" if ok else "error", ms, message=message)
+        try:
+            audit.append("reconciler", type(action).__name__, action.key, "ok" if ok else "error", ms,
+                         message=message)
+        except AuditError as exc:
+            log.error("%s: not recorded in the audit log: %s", action.key, exc)
     return on_action
+
+
+def _open_audit(home: Path) -> AuditLog:
+    """The audit log, a torn tail a crash left cut off and recorded now (forkd.core.audit)."""
+    audit = AuditLog(home)
+    try:
+        audit.recover()
+    except OSError as exc:
+        log.error("audit log %s: cannot check its tail: %s", audit.path, exc)
+    return audit
 
 
 @dataclass(frozen=True)
@@ -240,7 +257,7 @@ def _serve(rt: Runtime, watch: Path | None, interval: float, tcp: Tcp | None) ->
     _recover(rt)
     sock = layout.daemon_socket
     usock = bind_unix(sock, layout.tmp)  # before any thread starts (umask)
-    audit = AuditLog(layout.home)
+    audit = _open_audit(layout.home)
     control = Control(rt, reconciler=Reconciler(rt, on_action=_audit_hook(audit)))
     stop = threading.Event()
     loop = threading.Thread(target=control.reconciler.run_forever, args=(stop, interval), name="forkd-loop",
