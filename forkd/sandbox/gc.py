@@ -233,11 +233,12 @@ def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float
             if not dry_run:
                 _remove(path)
     for d in [*_scratch_dirs(layout), *([layout.flat_cache] if layout.shm_dir else [])]:
-        shared = d == settings().shm  # the shared tmpfs: only our own user's files, never a directory
+        shared = d == settings().shm  # the shared tmpfs: only our own user's forkd-*.mem files, nothing else
         with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafePath), os.scandir(d) as it:
             for entry in it:
                 m = LEGACY.match(entry.name)
-                if m is None or entry.is_symlink() or (shared and not entry.is_file(follow_symlinks=False)):
+                if m is None or entry.is_symlink() or (shared and not (
+                        entry.is_file(follow_symlinks=False) and m.group(1))):
                     continue
                 st = entry.stat(follow_symlinks=False)
                 pid = int(next(g for g in m.groups() if g))
