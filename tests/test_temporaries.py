@@ -1,7 +1,7 @@
 """Owned temporaries (issue 15, item 5): every temporary names its maker (pid + start time), so start-up recovery
 and `forkd gc` remove exactly the dead makers' ones. Real processes: a `forkd pull` CLI stalled mid-download by a
-local hub, processes killed with -9 in the middle of the store's own atomic write of a flat image on tmpfs; a real
-daemon started over them. No VMs: nothing on these paths boots one."""
+local hub, processes killed with -9 in the middle of the store's own atomic write of a flat image on tmpfs, a real
+daemon started over them (no VMs), and a layer build killed with -9 while its VM runs (real VM)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import pytest
 from forkd.base.owners import Owner, dead_under, is_dead_temporary, owned_name, owned_under, owner_alive, owner_of
 from forkd.base.paths import Layout
 from forkd.base.procs import start_time
+from tests.conftest import BASE_TAG, qemu_pids
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 PACK = "acme/slow/1.0.tar.zst"
@@ -182,3 +183,41 @@ def test_daemon_start_up_keeps_a_live_cli_pull_and_removes_dead_ones(fresh_home,
     finally:
         stop_api_daemon(d)
         kill9(live_pull)
+
+
+LAYER_BUILD = """
+import sys
+from forkd.core.requests import LayerBuild
+from forkd.core.runtime import Runtime
+Runtime().snapshot_diff(LayerBuild.of(tag=sys.argv[1], parent_tag=sys.argv[2], run=("sleep 900",)))
+"""
+
+
+@pytest.mark.vm
+def test_a_layer_build_killed_mid_way_leaves_only_dead_temporaries_and_gc_takes_them(rt, home, base):
+    """The real build path: a layer build (scratch guest RAM on tmpfs, a work directory holding the VMM's sockets)
+    killed with -9 while its guest runs a step; gc removes its temporaries, nothing owned by a dead maker is left."""
+    before = set(qemu_pids(home))
+    proc = subprocess.Popen([sys.executable, "-c", LAYER_BUILD, "tmpkill", BASE_TAG], env=dict(os.environ),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def started() -> bool:  # the VMM restored and its agent answered: the build is in its steps
+            made = made_by(home, proc.pid)
+            return any(p.name.startswith("l-") and (p / "agent.sock").exists() for p in made) and \
+                len(made) >= 2 and set(qemu_pids(home)) - before
+        wait_for(started, "the layer build's VMM", timeout=300)
+        time.sleep(1.0)
+        made = made_by(home, proc.pid)
+        assert any(p.name.startswith("forkd-layer-tmpkill-") and p.suffix == ".mem" for p in made), made
+    finally:
+        kill9(proc)
+    for pid in set(qemu_pids(home)) - before:  # the build's VMM, orphaned by the kill (no record names it)
+        os.kill(pid, signal.SIGKILL)
+    assert set(dead_under(home) + dead_under(rt.layout.shm_dir)) == set(made)
+    res = subprocess.run([sys.executable, "-m", "forkd.cli.main", "gc", "-o", "json"], capture_output=True,
+                         text=True, env=dict(os.environ, FORKD_NO_DAEMON="1"), timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert set(json.loads(res.stdout)["temporaries"]) == {str(p) for p in made}
+    assert not dead_under(home) and not dead_under(rt.layout.shm_dir)
+    assert rt.store.recover() == ["tmpkill"]  # the snapshot it was writing: failed, not left `writing`
+    rt.store.remove("tmpkill")
