@@ -9,11 +9,14 @@
 
 Requests refused before anyone was authenticated (1, 2 and foreign peers on the unix socket) do not get a line
 each, or anybody could grow the log and make the daemon fsync at will: `Denials` counts them and writes one
-summary line per interval (FORKD_AUDIT_DENIED_INTERVAL, first refusal at once) and the rest at shutdown."""
+summary line per interval (FORKD_AUDIT_DENIED_INTERVAL, first refusal at once, before it is answered) and the rest
+at shutdown. An append that fails does not fail the request (fail-open, README): it is logged at ERROR, and the
+audit log names it in a `lost-entries` line at its next append that works (forkd.core.audit)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -22,7 +25,9 @@ from collections import Counter
 from starlette.concurrency import run_in_threadpool
 
 from forkd.api.auth import OPEN_PATHS, TRANSPORT_KEY, actor_of, bearer_ok, host_ok
-from forkd.core.audit import AuditLog
+from forkd.core.audit import AuditError, AuditLog
+
+log = logging.getLogger("forkd.audit")
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 READ_ONLY_POSTS = frozenset({"/v1/diff", "/v1/wait"})
@@ -62,7 +67,10 @@ class Denials:
 
     def write(self, batch: dict | None) -> None:
         if batch and self.audit is not None:
-            self.audit.append("unauthenticated", "refused", f"{batch['count']} requests", "denied", 0.0, **batch)
+            try:  # fail-open (README): the failure is logged and named by the next append that works
+                self.audit.append("unauthenticated", "refused", f"{batch['count']} requests", "denied", 0.0, **batch)
+            except AuditError as exc:
+                log.error("refused requests not recorded in the audit log: %s", exc)
 
     def record(self, reason: str) -> None:
         """Count and, when due, write at once (for callers outside the event loop's request path)."""
@@ -92,8 +100,8 @@ class Gate:
         refused = self._before_auth(scope, path)
         if refused is not None:
             code, title, detail, hint = refused
+            await self._deny(f"{code} {title}", method, code)  # counted (and written when due) before answering
             await _problem(send, code, title, detail, hint)
-            await self._deny(f"{code} {title}", method, code)
             return
         actor = actor_of(scope, self.token)
         status = {"code": 500}
@@ -146,10 +154,13 @@ class Gate:
         if self.audit and method in MUTATING and path not in READ_ONLY_POSTS:
             params = scope.get("path_params") or {}
             target = "/".join(str(v) for v in params.values()) or path
-            await run_in_threadpool(
-                self.audit.append, actor, f"{method} {template}", target,
-                "ok" if code < 400 else "denied" if code in (401, 403) else "error",
-                (time.perf_counter() - t0) * 1000.0, status=code, via=scope.get(TRANSPORT_KEY, "unix"))
+            try:  # fail-open (README): the failure is logged and named by the next append that works
+                await run_in_threadpool(
+                    self.audit.append, actor, f"{method} {template}", target,
+                    "ok" if code < 400 else "denied" if code in (401, 403) else "error",
+                    (time.perf_counter() - t0) * 1000.0, status=code, via=scope.get(TRANSPORT_KEY, "unix"))
+            except AuditError as exc:
+                log.error("%s %s by %s not recorded in the audit log: %s", method, path, actor, exc)
 
 
 def _content_type_problem(scope, method: str, path: str) -> str | None:

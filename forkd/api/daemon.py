@@ -4,8 +4,13 @@ optionally a TCP listener (`--bind HOST:PORT`, bearer token from `--token-file`,
 unix socket is born 0600 in a private directory (`bind_unix`), the TCP port's errors come before anything starts.
 Mutating API calls and reconciler actions are appended to the hash-chained audit log ($FORKD_HOME/audit.log).
 
-Start-up recovers what a crash left: `writing` snapshots whose writer died are marked failed, half-built
-temporary files are removed; running children are simply found in the registry and adopted by the loop.
+One daemon per $FORKD_HOME: it holds an exclusive lock on $FORKD_HOME/daemon.lock (holding its pid) for its
+lifetime, taken before the socket or anything else is touched; a second `forkd serve` exits 4 (Conflict) naming the
+first's pid and leaves its socket alone.
+
+Start-up recovers what a crash left: `writing` snapshots whose writer died are marked failed, temporaries whose
+maker died are removed (only those: each names its maker, forkd.base.owners, so a concurrent CLI's unpack, build
+or branch goes on); running children are simply found in the registry and adopted by the loop.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import shutil
 import signal
 import socket
 import ssl
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +33,12 @@ from watchdog.observers import Observer
 
 from forkd.api.auth import TagTransport, allowed_hosts, check_bind, load_or_create_token, parse_bind, peer_checked
 from forkd.base.atomic import write_bytes
-from forkd.base.errors import InvalidInput, Unavailable
+from forkd.base.errors import Conflict, InvalidInput, Unavailable
+from forkd.base.locks import Flock, holder_note, try_lock
+from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
-from forkd.core.audit import AuditLog
+from forkd.base.private import make_private_dir
+from forkd.core.audit import AuditError, AuditLog
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.reconciler.engine import Reconciler
@@ -59,13 +66,28 @@ class _Debounced(FileSystemEventHandler):
             self.timer.start()
 
 
+LOCK_NAME = "daemon.lock"  # in $FORKD_HOME: held by the one daemon serving it, holds its pid
+
+
+def _lock_home(layout: Layout) -> Flock:
+    """The daemon's lock on its home, held until the process ends; Conflict (exit 4) naming the holder's pid."""
+    path = layout.home / LOCK_NAME
+    lock = try_lock(path)
+    if lock is None:
+        pid = holder_note(path) or "unknown"
+        raise Conflict(f"another forkd daemon (pid {pid}) is serving {layout.home}: its lock {path} is held",
+                       hint=f"use that daemon (FORKD_HOME={layout.home} forkd ... talks to it), stop it "
+                            f"(kill {pid}) first, or serve another FORKD_HOME")
+    lock.note(f"{os.getpid()}\n")
+    return lock
+
+
 def _recover(rt: Runtime) -> None:
     failed = rt.recover()
     if failed:
         log.warning("marked snapshots left writing by a crash as failed: %s", ", ".join(failed))
-    for p in rt.layout.tmp.iterdir():
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    try:  # adopt live recorded children; reap dead ones and orphaned namespaces, veths, cgroups, VMMs
+    try:  # dead makers' temporaries; live recorded children adopted; dead ones and orphaned namespaces, veths,
+        # cgroups, VMMs reaped
         rep = rt.gc()
         if rep["leftovers"]:
             log.warning("gc at start-up removed %d leftovers: %s", rep["leftovers"],
@@ -80,7 +102,7 @@ def bind_unix(path: Path, private_dir: Path) -> socket.socket:
     """A listening unix socket at `path` that no other user could ever connect to: bound (umask 0177) inside a
     fresh 0700 directory under `private_dir`, chmod 0600, listening, and only then renamed into place (rename
     replaces a stale socket atomically). Call it before the daemon starts threads: the umask is per process."""
-    tmpdir = Path(tempfile.mkdtemp(prefix=".sock-", dir=private_dir))
+    tmpdir = make_private_dir(private_dir / owned_name(".sock"))
     tmp = tmpdir / "s"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -101,9 +123,26 @@ def bind_unix(path: Path, private_dir: Path) -> socket.socket:
 
 
 def _audit_hook(audit: AuditLog):
+    """Record each reconciler action. Fail-open, by decision (README, SECURITY.md): an append that fails (disk
+    full) does not stop reconciling; it is logged at ERROR and the next append that works first writes a
+    `lost-entries` line naming it (forkd.core.audit), so the log says what it misses."""
     def on_action(action, ok: bool, message: str, ms: float) -> None:
-        audit.append("reconciler", type(action).__name__, action.key, "ok" if ok else "error", ms, message=message)
+        try:
+            audit.append("reconciler", type(action).__name__, action.key, "ok" if ok else "error", ms,
+                         message=message)
+        except AuditError as exc:
+            log.error("%s: not recorded in the audit log: %s", action.key, exc)
     return on_action
+
+
+def _open_audit(home: Path) -> AuditLog:
+    """The audit log, a torn tail a crash left cut off and recorded now (forkd.core.audit)."""
+    audit = AuditLog(home)
+    try:
+        audit.recover()
+    except OSError as exc:
+        log.error("audit log %s: cannot check its tail: %s", audit.path, exc)
+    return audit
 
 
 @dataclass(frozen=True)
@@ -205,12 +244,20 @@ def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind
           token_file: Path | None = None, tls_cert: Path | None = None, tls_key: Path | None = None,
           allow_hosts: tuple[str, ...] = ()) -> None:
     """Run the daemon until SIGTERM/SIGINT (logging is set up by the caller: forkd.base.logs.setup)."""
-    tcp = _tcp(bind, token_file, tls_cert, tls_key, tuple(allow_hosts))
     rt = Runtime(layout)
+    home_lock = _lock_home(layout)  # before the socket, the port or any recovery: Conflict if a daemon runs
+    try:
+        _serve(rt, watch, interval, _tcp(bind, token_file, tls_cert, tls_key, tuple(allow_hosts)))
+    finally:
+        home_lock.release()
+
+
+def _serve(rt: Runtime, watch: Path | None, interval: float, tcp: Tcp | None) -> None:
+    layout = rt.layout
     _recover(rt)
     sock = layout.daemon_socket
     usock = bind_unix(sock, layout.tmp)  # before any thread starts (umask)
-    audit = AuditLog(layout.home)
+    audit = _open_audit(layout.home)
     control = Control(rt, reconciler=Reconciler(rt, on_action=_audit_hook(audit)))
     stop = threading.Event()
     loop = threading.Thread(target=control.reconciler.run_forever, args=(stop, interval), name="forkd-loop",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from forkd.base.owners import owned_name
 
 
 def fsync_dir(path: Path) -> None:
@@ -38,7 +39,7 @@ def sync_file(path: Path) -> os.stat_result:
 def temp_name(path: Path) -> Path:
     """A temp file name beside `path`, unique per writer (process, thread, call): concurrent writers of one file
     must not share a temp file."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}-{os.urandom(3).hex()}")
+    return path.with_name(owned_name(f".{path.name}.tmp"))  # owned (forkd.base.owners): gc removes a dead one's
 
 
 @contextmanager
@@ -103,7 +104,7 @@ def create_new(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Create `path` holding `data`, all or nothing, only if it does not exist yet (FileExistsError if it does):
     written and fsynced under a temp name, then hard-linked into place, so no reader ever sees it half written."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{threading.get_ident()}-{os.urandom(3).hex()}")
+    tmp = path.with_name(owned_name(f".{path.name}.new"))
     write_bytes(tmp, data, mode)
     try:
         os.link(tmp, path)

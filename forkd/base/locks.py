@@ -4,6 +4,9 @@
 a held Flock or None. A Flock is released by `release()` (idempotent), at the end of a `with` block, or when the
 process dies. Each lock opens its own descriptor, so threads of one process exclude each other as well as
 processes do.
+
+A lock held for a process's lifetime (the daemon's, on its FORKD_HOME) says who holds it: the holder calls
+`Flock.note(text)` (e.g. its pid), a process refused the lock reads it with `holder_note(path)`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ class Flock:
             os.close(self.fd)
             self.fd = None
             raise
+
+    def note(self, text: str) -> None:
+        """Replace the lock file's content by `text` (who holds it); read by `holder_note`."""
+        assert self.fd is not None, "note() on a released lock"
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, text.encode(), 0)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -49,3 +58,15 @@ def try_lock(path: Path, mode: int = 0o600) -> Flock | None:
         return Flock(path, mode, blocking=False)
     except BlockingIOError:
         return None
+
+
+def holder_note(path: Path, limit: int = 256) -> str:
+    """What the holder of the lock on `path` wrote with `Flock.note` ('' when nothing, or no such file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, limit).decode(errors="replace").strip()
+    finally:
+        os.close(fd)

@@ -10,7 +10,7 @@
     $FORKD_SHM (default /dev/shm)/forkd-<hash of FORKD_HOME>/   this home's private directory on tmpfs (0700)
       home                                                   which FORKD_HOME it belongs to (for gc)
       flat/<sha256>.mem                                      flat images children map, materialized once per boot
-      forkd-<name>-<pid>-<random>.mem                        scratch guest RAM of a parent / layer being built
+      forkd-<name>-<pid>@<start>-<random>.mem                scratch guest RAM of a parent / layer being built
       snapshots/<tag>/{memory.bin, vmstate, snapshot.json}   snapshots (store layer)
       snapshots/<tag>/disk.qcow2                             disk-backed: what the guest wrote (relative backing)
       children/<id>/{child.json, qmp.sock, agent.sock, console.log, qemu.log}   running children (sandbox layer)
@@ -20,7 +20,7 @@
       logs/boot-<tag>-<time>/{qemu.log, console.log}        a failed boot's logs, kept (the newest 20)
       format.json                                            {"version": N} of this layout (forkd.base.format)
       forkd.sock                                             the daemon's API socket (forkd serve)
-      tmp/                                                   half-built things; removed on start-up
+      tmp/                                                   half-built things, named by their maker (base.owners)
 
 Every directory above that forkd creates is private (0700, owned by forkd's user, never a symbolic link:
 forkd.base.private); one that exists with another owner or a group/other-writable mode is refused, and guest

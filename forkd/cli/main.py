@@ -207,7 +207,8 @@ def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would 
     """Adopt live children; remove dead ones and orphaned namespaces, veths, taps, cgroups, sockets, memory
     files and VMM processes (identified by recorded pid + start time, or by our naming, never by process name)."""
     rep = backend().gc(dry_run=dry_run, grace=grace)
-    kinds = ("reaped", "processes", "netns", "veths", "leases", "cgroups", "dirs", "memory_files", "overlay_templates")
+    kinds = ("reaped", "processes", "netns", "veths", "leases", "cgroups", "dirs", "memory_files", "temporaries",
+             "overlay_templates")
     emit(rep, output, [("KIND", "left"), ("COUNT", "right"), ("ITEMS", "left")],
          [[k, str(len(rep[k])), " ".join(str(x) for x in rep[k][:6])] for k in ("adopted", *kinds)])
     if output == Fmt.table:

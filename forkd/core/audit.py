@@ -6,6 +6,14 @@ Each line carries `prev`, the sha256 (hex) of the previous line's bytes (without
 end leaves a valid chain, so every append also records (line count, hash of the last line) in `audit.head`, a
 fixed-size record rewritten in place and fsynced: a log shorter than its head, or whose last hash differs, has
 been truncated. (Someone who can rewrite both files can forge both; ship the head elsewhere to anchor it.)
+
+Appends are all or nothing: one write of the whole line under the process lock and an flock, its length checked,
+fsynced; a short or failed write is cut back off and raised (AuditError). A torn tail (bytes after the last newline:
+a write a crash cut short) is never silently accepted nor left to poison the chain: the next append, or the daemon
+at start (`recover`), cuts it off and records the cut as a chain entry (action `recover-torn-tail`: how many bytes,
+their sha256, the line count and the head's count at that moment). `verify` reports each recovery (and says
+TAMPERED if one was made after lines the head recorded had gone). Entries whose append failed are not silently
+dropped either: the next successful append first writes a `lost-entries` entry naming them (up to LOST_KEPT).
 """
 
 from __future__ import annotations
@@ -13,17 +21,29 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from forkd.base.errors import Unavailable
 
 GENESIS = "0" * 64
 LOG_NAME = "audit.log"
 HEAD_NAME = "audit.head"
 _HEAD_SIZE = 96
+RECOVERY = "recover-torn-tail"  # the action of the entry recording a cut torn tail
+LOST = "lost-entries"  # the action of the entry naming appends that failed
+LOST_KEPT = 20  # lost entries named one by one in a `lost-entries` entry (the rest are counted)
+
+log = logging.getLogger("forkd.audit")
+
+
+class AuditError(Unavailable):
+    """An audit line could not be written (disk full, I/O error): nothing of it is left in the log."""
 
 
 def _digest(line: bytes) -> str:
@@ -35,6 +55,13 @@ def token_id(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
+def _entry(actor: str, action: str, target: str, result: str, latency_ms: float, **extra: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"time": round(time.time(), 6), "actor": actor, "action": action, "target": target,
+                             "result": result, "latency_ms": round(float(latency_ms), 3)}
+    entry.update(extra)
+    return entry
+
+
 class AuditLog:
     """Appends hash-chained lines. Thread-safe; an flock keeps other processes' appends from interleaving."""
 
@@ -43,6 +70,17 @@ class AuditLog:
         self.head_path = Path(home) / HEAD_NAME
         self._lock = threading.Lock()
         self._cache: tuple[int, str, int] | None = None  # (file size, last hash, line count) after our append
+        self._lost: list[dict[str, Any]] = []  # the first LOST_KEPT entries whose append failed
+        self._lost_count = 0
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _tail(self, fd: int) -> tuple[str, int]:
         """(hash of the last line, number of lines) as the file is now: from the cache when nobody else
@@ -58,32 +96,118 @@ class AuditLog:
 
     def append(self, actor: str, action: str, target: str, result: str, latency_ms: float,
                **extra: Any) -> dict:
-        entry: dict[str, Any] = {"time": round(time.time(), 6), "actor": actor, "action": action, "target": target,
-                                 "result": result, "latency_ms": round(float(latency_ms), 3)}
-        entry.update(extra)
+        """Append one entry (all of it or nothing: AuditError, and the entry is named by the next append)."""
+        entry = _entry(actor, action, target, result, latency_ms, **extra)
         with self._lock:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                prev, count = self._tail(fd)
-                entry["prev"] = prev
-                line = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
-                os.write(fd, line + b"\n")
-                os.fsync(fd)
-                self._write_head(count + 1, _digest(line))
-                self._cache = (os.fstat(fd).st_size, _digest(line), count + 1)
+                fd = self._open()
+            except OSError as exc:
+                self._note_lost(entry)
+                raise AuditError(f"cannot open the audit log {self.path}: {exc.strerror or exc}",
+                                 hint="make $FORKD_HOME writable (disk full?)") from None
+            try:
+                self._recover_tail(fd)
+                if self._lost_count:
+                    self._write_lost(fd)
+                self._write(fd, entry)
+            except (OSError, AuditError) as exc:
+                self._note_lost(entry)
+                if isinstance(exc, AuditError):
+                    raise
+                raise AuditError(f"cannot append to the audit log {self.path}: {exc.strerror or exc}",
+                                 hint="free space on $FORKD_HOME's filesystem") from None
             finally:
                 os.close(fd)
         return entry
 
+    def recover(self) -> dict | None:
+        """Cut a torn tail off and record the cut (see the module doc); the recovery entry, or None when the log
+        ends with a whole line. The daemon calls it at start; every append does it too."""
+        with self._lock:
+            fd = self._open()
+            try:
+                return self._recover_tail(fd)
+            finally:
+                os.close(fd)
+
+    def _recover_tail(self, fd: int) -> dict | None:
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return None
+        data = os.pread(fd, size, 0)
+        cut = data.rfind(b"\n") + 1
+        torn = data[cut:]
+        os.ftruncate(fd, cut)
+        os.fsync(fd)
+        self._cache = None
+        _, lines = self._tail(fd)
+        entry = _entry("forkd", RECOVERY, LOG_NAME, "recovered", 0.0, torn_bytes=len(torn),
+                       torn_sha256=_digest(torn), offset=cut, lines=lines, head_lines=_head_count(self.head_path))
+        self._write(fd, entry)
+        log.warning("audit log %s ended with a torn line (%d bytes, a write cut short by a crash): cut off and "
+                    "recorded as line %d", self.path, len(torn), lines + 1)
+        return entry
+
+    def _write(self, fd: int, entry: dict[str, Any]) -> None:
+        """One write of the whole line, its length checked, fsynced, then the head; a short write is undone."""
+        prev, count = self._tail(fd)
+        entry["prev"] = prev
+        line = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+        data = line + b"\n"
+        before = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+        except OSError as exc:
+            self._undo(fd, before)
+            raise AuditError(f"cannot append to the audit log {self.path}: {exc.strerror or exc}",
+                             hint="free space on $FORKD_HOME's filesystem") from None
+        if written != len(data):
+            self._undo(fd, before)
+            raise AuditError(f"short write to the audit log {self.path}: {written} of {len(data)} bytes; the "
+                             "partial line was cut off again", hint="free space on $FORKD_HOME's filesystem")
+        os.fsync(fd)
+        try:  # the line is in: a stale head only tolerates it as a line after the recorded ones until next time
+            self._write_head(count + 1, _digest(line))
+        except OSError:
+            log.exception("could not update the audit head %s", self.head_path)
+        self._cache = (before + len(data), _digest(line), count + 1)
+
+    def _undo(self, fd: int, size: int) -> None:
+        self._cache = None
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        except OSError:  # left for the next append (or the daemon's start) to cut and record
+            log.exception("could not cut a partial audit line off %s", self.path)
+
+    def _note_lost(self, entry: dict[str, Any]) -> None:
+        self._lost_count += 1
+        if len(self._lost) < LOST_KEPT:
+            self._lost.append({k: entry.get(k) for k in ("time", "actor", "action", "target", "result")})
+        log.error("audit entry lost (append failed): %s %s %s", entry.get("actor"), entry.get("action"),
+                  entry.get("target"))
+
+    def _write_lost(self, fd: int) -> None:
+        entry = _entry("forkd", LOST, LOG_NAME, "error", 0.0, count=self._lost_count, entries=list(self._lost))
+        self._write(fd, entry)
+        self._lost, self._lost_count = [], 0
+
     def _write_head(self, count: int, last: str) -> None:
         rec = f"{count} {last}".encode().ljust(_HEAD_SIZE - 1) + b"\n"
-        hfd = os.open(self.head_path, os.O_RDWR | os.O_CREAT, 0o600)
+        hfd = os.open(self.head_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            os.pwrite(hfd, rec, 0)
+            if os.pwrite(hfd, rec, 0) != len(rec):
+                raise OSError(f"short write to {self.head_path}")
             os.fsync(hfd)
         finally:
             os.close(hfd)
+
+
+def _head_count(head_path: Path) -> int | None:
+    try:
+        return int(head_path.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -92,16 +216,49 @@ class Verdict:
     lines: int
     bad_line: int | None = None  # 1-based
     reason: str = ""
+    torn: bool = False  # not ok only because a torn tail awaits its recovery (the chain before it is intact)
+    recovered: tuple[int, ...] = field(default=())  # lines recording a cut torn tail
+    lost: int = 0  # entries named by `lost-entries` lines (appends that failed)
 
     def __str__(self) -> str:
         if self.ok:
-            return f"OK: {self.lines} lines, chain intact"
+            text = f"OK: {self.lines} lines, chain intact"
+            if self.recovered:
+                text += (f"; {len(self.recovered)} torn tail(s) cut off after a crash and recorded (line "
+                         f"{', '.join(map(str, self.recovered))})")
+            if self.lost:
+                text += f"; {self.lost} entries could not be written (named in {LOST} lines)"
+            return text
         where = f"line {self.bad_line}: " if self.bad_line else ""
-        return f"TAMPERED: {where}{self.reason}"
+        return f"{'TORN' if self.torn else 'TAMPERED'}: {where}{self.reason}"
+
+
+def _chain(lines: list[bytes]) -> tuple[str, Verdict | None, tuple[int, ...], int]:
+    """(hash of the last line, a failed Verdict or None, recovery lines, lost entries) of whole lines."""
+    prev, recovered, lost = GENESIS, [], 0
+    for i, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            return prev, Verdict(False, len(lines), i, "not valid JSON"), (), 0
+        if not isinstance(entry, dict) or entry.get("prev") != prev:
+            return prev, Verdict(False, len(lines), i, "hash chain broken: `prev` does not match the previous "
+                                                       "line (an edited, inserted or removed line)"), (), 0
+        if entry.get("actor") == "forkd" and entry.get("action") == RECOVERY:
+            head_lines = entry.get("head_lines")
+            if isinstance(head_lines, int) and head_lines > i - 1:
+                return prev, Verdict(False, len(lines), i, f"a torn tail was cut when the log had {i - 1} whole "
+                                                           f"lines but its head recorded {head_lines}: lines had "
+                                                           "been removed before"), (), 0
+            recovered.append(i)
+        if entry.get("actor") == "forkd" and entry.get("action") == LOST and isinstance(entry.get("count"), int):
+            lost += entry["count"]
+        prev = _digest(line)
+    return prev, None, tuple(recovered), lost
 
 
 def verify(home: Path) -> Verdict:
-    """Check the chain of $FORKD_HOME/audit.log and its head record."""
+    """Check the chain of $FORKD_HOME/audit.log and its head record (see the module doc)."""
     path, head_path = Path(home) / LOG_NAME, Path(home) / HEAD_NAME
     try:
         data = path.read_bytes()
@@ -109,35 +266,33 @@ def verify(home: Path) -> Verdict:
         if head_path.exists():
             return Verdict(False, 0, None, f"{path} is missing but {head_path} records appends")
         return Verdict(True, 0)
-    if data and not data.endswith(b"\n"):
-        n = data.count(b"\n") + 1
-        return Verdict(False, n, n, "last line is cut off (no newline)")
-    lines = data.split(b"\n")[:-1] if data else []
-    prev = GENESIS
-    for i, line in enumerate(lines, 1):
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            return Verdict(False, len(lines), i, "not valid JSON")
-        if not isinstance(entry, dict) or entry.get("prev") != prev:
-            return Verdict(False, len(lines), i, "hash chain broken: `prev` does not match the previous line "
-                                                 "(an edited, inserted or removed line)")
-        prev = _digest(line)
+    whole = data[:data.rfind(b"\n") + 1]
+    torn = len(data) - len(whole)
+    lines = whole.split(b"\n")[:-1] if whole else []
+    prev, bad, recovered, lost = _chain(lines)
+    if bad is not None:
+        return bad
     try:
         count_s, last = head_path.read_text().split()[:2]
         count = int(count_s)
     except FileNotFoundError:
+        count, last = 0, GENESIS
         if lines:
             return Verdict(False, len(lines), None, f"{head_path} is missing")
-        return Verdict(True, 0)
     except ValueError:
         return Verdict(False, len(lines), None, f"{head_path} is unreadable")
+    cut = f" (and the last line is cut off: {torn} bytes without a newline)" if torn else ""
     if len(lines) < count:
         return Verdict(False, len(lines), len(lines) + 1 if lines else 1,
-                       f"truncated: the head records {count} lines, the log has {len(lines)}")
+                       f"truncated: the head records {count} lines, the log has {len(lines)}{cut}")
     if len(lines) == count and prev != last:
-        return Verdict(False, len(lines), len(lines), "the last line differs from the one the head recorded")
+        return Verdict(False, len(lines), len(lines), f"the last line differs from the one the head recorded{cut}")
     if len(lines) > count and count and _digest(lines[count - 1]) != last:
         # lines after the head's are tolerated (a crash between the two fsyncs), not a replaced recorded line
-        return Verdict(False, len(lines), count, "the line the head recorded was replaced")
-    return Verdict(True, len(lines))
+        return Verdict(False, len(lines), count, f"the line the head recorded was replaced{cut}")
+    if torn:
+        return Verdict(False, len(lines), len(lines) + 1,
+                       f"the last line is cut off ({torn} bytes without a newline) after every line the head "
+                       "recorded: a write cut short by a crash. The daemon cuts it off and records the cut at "
+                       "its start or next append", torn=True, recovered=recovered, lost=lost)
+    return Verdict(True, len(lines), recovered=recovered, lost=lost)

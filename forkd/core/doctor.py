@@ -364,7 +364,8 @@ def check_leftovers(rt: Runtime) -> Check:
     """What `forkd gc` would remove (a dry run of its scan): orphaned namespaces, veths, cgroups, VMMs, files."""
     rep = rt.gc(dry_run=True)
     kinds = [f"{len(rep[k])} {k.replace('_', ' ')}" for k in ("reaped", "processes", "netns", "veths", "leases",
-                                                               "cgroups", "dirs", "memory_files") if rep[k]]
+                                                               "cgroups", "dirs", "memory_files", "temporaries")
+             if rep[k]]
     adopted = f"{len(rep['adopted'])} live children"
     if not kinds:
         return Check("leftovers", PASS, f"nothing orphaned; {adopted}", None)

@@ -18,7 +18,6 @@ import http.server
 import json
 import os
 import re
-import secrets
 import threading
 import time
 import urllib.error
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from forkd.base.atomic import rename_into_place, write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.locks import file_lock
+from forkd.base.owners import owned_name
 from forkd.base.settings import settings
 from forkd.core.pack import PackError, pack, safe_relpath, unpack
 
@@ -171,7 +171,7 @@ def pull(rt: Runtime, ref_s: str, url: str | None = None, progress: Progress = _
     idx = fetch_index(url)
     version, entry = resolve(idx, ref, url)
     size, want = entry["size"], entry["sha256"]
-    tmp = rt.layout.tmp / f"pull-{os.getpid()}-{secrets.token_hex(4)}.tar.zst"
+    tmp = rt.layout.tmp / owned_name("pull", ".tar.zst")
     try:
         progress(f"downloading {ref.name}@{version} ({size} bytes) from {url}")
         src, _length = _open(url, entry["file"])
@@ -227,7 +227,7 @@ def push(rt: Runtime, tag: str, ref_s: str, url: str | None = None, progress: Pr
         if existing and not force:
             raise Conflict(f"{ref} is already on the hub", hint="push a new version, or pass --force to replace it")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+    tmp = dest.with_name(owned_name(f".{dest.name}.tmp"))
     try:
         res = pack(rt, tag, tmp, progress)
         size = tmp.stat().st_size

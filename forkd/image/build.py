@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,9 @@ from pathlib import Path
 from forkd.base.atomic import rename_into_place, write_bytes, write_json
 from forkd.base.errors import ForkdError, NotFound
 from forkd.base.hashing import sha256_file
+from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
+from forkd.base.private import make_private_dir
 from forkd.base.procs import run
 from forkd.image import debs
 
@@ -192,7 +193,7 @@ def build(layout: Layout, progress: Progress = lambda s: None, force: bool = Fal
         return Image.load(final), False
     t0 = time.monotonic()
     layout.tmp.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"image-{image_id}-", dir=layout.tmp))  # private (0700), a new name
+    work = make_private_dir(layout.tmp / owned_name(f"image-{image_id}"))  # private (0700), a new name
     try:
         out = work / "out"
         out.mkdir(parents=True)

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,7 +27,9 @@ from pathlib import Path
 from forkd.base.atomic import rename_into_place, write_json
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.base.hashing import sha256_file
+from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
+from forkd.base.private import make_private_dir
 from forkd.base.procs import run
 from forkd.base.settings import settings
 from forkd.image import debs
@@ -87,7 +88,7 @@ def workspace(layout: Layout, image_id: str) -> Iterator[tuple[Path, Path, Path]
     private: made by mkdtemp (0700, a new unguessable name, never one that existed), so no other user reaches
     anything the image put in `root` (setuid files, world-writable directories ...) while it is built."""
     layout.tmp.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{image_id}-", dir=layout.tmp))
+    work = make_private_dir(layout.tmp / owned_name(image_id))  # owned (forkd.base.owners)
     try:
         root, out, stage = work / "root", work / "out", work / "stage"
         for d in (root, out, stage):

@@ -10,9 +10,12 @@ Policy (decided, and tested in tests/test_gc.py):
     fkh<id> without a lease, cgroups under this home's forkd/<home-hash>/ subtree. A process inside such an
     orphaned namespace or cgroup can only be a VMM we put there, so it is killed (found by namespace inode or
     cgroup membership, never by name);
-  * stale child directories without a record (sockets, logs) and staging memory files / work directories whose
-    writer pid is gone are deleted (scratch memory: in this home's private tmpfs directory or tmp/; on the shared
-    tmpfs only files of forkd's own user, never another user's).
+  * stale child directories without a record (sockets, logs) are deleted;
+  * temporaries (work and unpack directories, scratch memory, downloads, half-written files and flat images) are
+    deleted exactly when their maker is gone: each carries its maker's pid + start time in its name
+    (forkd.base.owners), so a live process's work is never touched whoever runs gc, and a reused pid is not
+    mistaken for the maker. Names of an older forkd carrying a pid only are judged by that pid (on the shared
+    tmpfs only files of forkd's own user, never another user's). Anything else in tmp/ is left alone.
 A VMM with no record, no namespace and no cgroup (network none on a host without cgroups) cannot be identified
 safely and is left alone.
 """
@@ -28,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forkd.base.owners import dead_under
 from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.base.private import UnsafePath, check_private_dir
 from forkd.base.procs import is_alive, kill_and_wait, start_time
@@ -37,8 +41,9 @@ from forkd.sandbox.registry import RECORD, Registry
 from forkd.sandbox.supervisor import release_isolation
 
 GRACE_SECONDS = 60.0  # objects younger than this with no record may be a spawn in progress
-MEMFILE = re.compile(r"^forkd-.+-(\d+)(?:-[0-9a-f]+)?\.mem$")
-WORKDIR = re.compile(r"^(?:p|l|b|branch-.+)-(\d+)-[0-9a-f]+$")
+# temporaries named by a forkd before owned names (forkd.base.owners): the maker's pid only
+LEGACY = re.compile(r"^(?:forkd-.+-(\d+)(?:-[0-9a-f]+)?\.mem|(?:p|l|b|branch-.+|unpack)-(\d+)-[0-9a-f]+"
+                    r"|pull-(\d+)-[0-9a-f]+\.tar\.zst|rm-.+-(\d+)-\d+|\..+\.(?:tmp|new)-(\d+)-(?:\d+-)?[0-9a-f]+)$")
 
 
 @dataclass
@@ -52,17 +57,18 @@ class GcReport:
     cgroups: list[str] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)  # child directories (sockets, logs) without a record
     memory_files: list[str] = field(default_factory=list)
+    temporaries: list[str] = field(default_factory=list)  # owned temporaries whose maker died (forkd.base.owners)
     flat_dirs: list[str] = field(default_factory=list)  # tmpfs flat images of stores that no longer exist
     dry_run: bool = False
 
     @property
     def leftovers(self) -> int:
         return sum(len(getattr(self, k)) for k in ("reaped", "processes", "netns", "veths", "leases", "cgroups",
-                                                   "dirs", "memory_files", "flat_dirs"))
+                                                   "dirs", "memory_files", "temporaries", "flat_dirs"))
 
     def to_json(self) -> dict:
         d = {k: list(getattr(self, k)) for k in ("adopted", "reaped", "processes", "netns", "veths", "leases",
-                                                 "cgroups", "dirs", "memory_files", "flat_dirs")}
+                                                 "cgroups", "dirs", "memory_files", "temporaries", "flat_dirs")}
         d["dry_run"] = self.dry_run
         d["leftovers"] = self.leftovers
         return d
@@ -206,20 +212,37 @@ def _scratch_dirs(layout: Layout) -> list[Path]:
     return out
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float) -> None:
-    for d in _scratch_dirs(layout):
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(d) as it:
+    """Owned temporaries (forkd.base.owners) whose maker is gone, anywhere forkd makes them: tmp/, the home's
+    tmpfs directory (scratch RAM, half-written flat images), and beside the files of the home (atomic writes);
+    then names of an older forkd that carry a pid only (LEGACY), judged by that pid."""
+    roots = [(layout.home, 3)]  # tmp/ and cache/flat are inside
+    with contextlib.suppress(FileNotFoundError, UnsafePath):
+        if layout.shm_dir is not None:
+            roots.append((check_private_dir(layout.shm_dir), 2))  # flat/ inside
+    for root, depth in roots:
+        for path in dead_under(root, depth):
+            report.temporaries.append(str(path))
+            if not dry_run:
+                _remove(path)
+    for d in [*_scratch_dirs(layout), *([layout.flat_cache] if layout.shm_dir else [])]:
+        shared = d == settings().shm  # the shared tmpfs: only our own user's forkd-*.mem files, nothing else
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafePath), os.scandir(d) as it:
             for entry in it:
-                m = MEMFILE.match(entry.name)
-                if m and entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == \
-                        os.geteuid() and not is_alive(int(m.group(1)), None) and _age(Path(entry.path)) > 1.0:
-                    report.memory_files.append(entry.path)
+                m = LEGACY.match(entry.name)
+                if m is None or entry.is_symlink() or (shared and not (
+                        entry.is_file(follow_symlinks=False) and m.group(1))):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                pid = int(next(g for g in m.groups() if g))
+                if st.st_uid == os.geteuid() and not is_alive(pid, None) and _age(Path(entry.path)) > 1.0:
+                    (report.memory_files if entry.name.endswith(".mem") else report.dirs).append(entry.path)
                     if not dry_run:
-                        Path(entry.path).unlink(missing_ok=True)
-    with contextlib.suppress(FileNotFoundError), os.scandir(layout.tmp) as it:
-        for entry in it:
-            m = WORKDIR.match(entry.name)
-            if m and entry.is_dir() and not is_alive(int(m.group(1)), None):
-                report.dirs.append(entry.path)
-                if not dry_run:
-                    shutil.rmtree(entry.path, ignore_errors=True)
+                        _remove(Path(entry.path))

@@ -6,18 +6,38 @@
         sb.files.write("/root/a.txt", "data")
         print(sb.eval("1 + 1").result)
         snap = sb.branch("step-1")          # a forkable snapshot of this sandbox, now
-    # killed on exit
+    # killed on exit (a kill that fails is raised, or noted on the exception already in flight)
 
 `AsyncSandbox` is the same with `await` (and `async with`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+from forkd.base.errors import NotFound
 from forkd.client import wire
 from forkd.sdk.controller import AsyncController, Controller
+
+log = logging.getLogger("forkd.sdk")
+
+
+def _kill_failed(sandbox_id: str, in_flight: BaseException | None, error: Exception) -> None:
+    """A kill that failed on leaving a `with` block is never swallowed: a sandbox already gone (NotFound) is fine;
+    otherwise the failure is raised when no other exception is in flight, else it becomes a note on the one in
+    flight (and a warning in the log), which propagates unchanged."""
+    if isinstance(error, NotFound):
+        return
+    what = (f"killing sandbox {sandbox_id} on leaving its `with` block failed ({type(error).__name__}: {error}); "
+            f"it may still be running: kill it with Sandbox.connect({sandbox_id!r}).kill() or 'forkd kill "
+            f"{sandbox_id}'")
+    if in_flight is None:
+        error.add_note(what)
+        raise error
+    in_flight.add_note(what)
+    log.warning("%s", what)
 
 
 def _argv(cmd: str | list[str]) -> list[str]:
@@ -102,12 +122,12 @@ class Sandbox:
     def __enter__(self) -> Sandbox:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if self.owned:
             try:
                 self.kill()
-            except Exception:  # noqa: BLE001 - already gone is fine on the way out
-                pass
+            except Exception as error:  # noqa: BLE001 - reported by _kill_failed, never swallowed
+                _kill_failed(self.id, exc, error)
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
@@ -179,9 +199,9 @@ class AsyncSandbox:
     async def __aenter__(self) -> AsyncSandbox:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if self.owned:
             try:
                 await self.kill()
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as error:  # noqa: BLE001 - reported by _kill_failed, never swallowed
+                _kill_failed(self.id, exc, error)

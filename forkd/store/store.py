@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from forkd.base.atomic import fsync_dir, publish, rename_into_place, write_json
 from forkd.base.errors import Conflict, NotFound, first_line
 from forkd.base.names import check_tag
+from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.private import UnsafePath, check_private_file, make_private_dir, set_mode
 from forkd.base.procs import is_alive, start_time
@@ -285,7 +285,7 @@ class SnapshotStore:
 
     def _remove_dir(self, d: Path) -> None:
         # rename first so a crash mid-delete never leaves a partial snapshot under its tag
-        trash = self.layout.tmp / f"rm-{d.name}-{os.getpid()}-{time.monotonic_ns()}"
+        trash = self.layout.tmp / owned_name(f"rm-{d.name}")  # owned: gc finishes a dead remover's job
         os.rename(d, trash)
         shutil.rmtree(trash, ignore_errors=True)
 

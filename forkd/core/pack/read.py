@@ -6,7 +6,6 @@ manifest only."""
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import tarfile
 import time
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from forkd.base.atomic import rename_into_place
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
+from forkd.base.owners import owned_name
 from forkd.core.pack.extract import extract
 from forkd.core.pack.manifest import parse_manifest
 from forkd.core.pack.rules import (
@@ -105,7 +105,7 @@ def unpack(rt: Runtime, path: Path, progress: Progress = quiet) -> dict:
     path = Path(path)
     if not path.is_file():
         raise InvalidInput(f"{path} is not a file")
-    stage = rt.layout.tmp / f"unpack-{os.getpid()}-{secrets.token_hex(4)}"
+    stage = rt.layout.tmp / owned_name("unpack")
     stage.mkdir(mode=0o700)
     try:
         with open(path, "rb") as fh:

@@ -4,8 +4,6 @@ streamed into a .tar.zst beside `out` that replaces it only when complete."""
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import tarfile
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ import zstandard
 from forkd.base.atomic import rename_into_place
 from forkd.base.errors import Conflict, ForkdError
 from forkd.base.names import check_tag
+from forkd.base.owners import owned_name
 from forkd.core.pack.disks import disk_problem, file_hash
 from forkd.core.pack.manifest import build_manifest
 from forkd.core.pack.rules import (
@@ -80,7 +79,7 @@ def _check_unchanged(rt: Runtime, snaps: list[Snapshot], image_ids: list[str], l
 def _write(out: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[dict], progress: Progress,
            level: int) -> None:
     """The manifest `raw`, then every member, as a .tar.zst in a temp file renamed to `out` when complete."""
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+    tmp = out.with_name(owned_name(f".{out.name}.tmp"))
     try:
         with open(tmp, "xb") as fh:
             cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=-1)

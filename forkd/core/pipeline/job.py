@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forkd.base.owners import owned_name
 from forkd.base.private import create_private_file, ensure_private_dir, make_private_dir
 from forkd.base.steps import Step, run_steps
 from forkd.store.snapshot import Snapshot
@@ -75,22 +75,22 @@ class Job:
             self.rt.driver.stop(vm)
 
     def workdir(self, name: str, under: Path | None = None) -> Path:
-        """A new private directory (0700, `<name>-<pid>-<random>`, which gc recognises), removed on unwind."""
+        """A new private directory (0700, owned: forkd.base.owners), removed on unwind."""
         if under is not None:  # a directory the caller chose (e.g. a branch's tmp_dir): the work dir is private
             base = Path(under)
             base.mkdir(parents=True, exist_ok=True)
         else:
             base = ensure_private_dir(self.rt.layout.tmp)
-        d = make_private_dir(base / f"{name}-{os.getpid()}-{secrets.token_hex(4)}")  # unique; the parent is private
+        d = make_private_dir(base / owned_name(name, nbytes=4))  # unique, owned (gc); the parent is private
         self.stack.callback(shutil.rmtree, d, ignore_errors=True)
         return d
 
     def scratch_memory(self, name: str) -> Path:
         """A new, empty scratch guest-memory file (0600, created O_EXCL|O_NOFOLLOW) in this home's private
         directory on tmpfs ($FORKD_SHM/forkd-<home hash>/, else $FORKD_HOME/tmp), named as gc expects
-        (`forkd-<name>-<pid>-<random>.mem`), removed on unwind (unless the store adopted it). A VMM opening it
+        (`forkd-<name>-<pid>@<start>-<random>.mem`), removed on unwind (unless the store adopted it). A VMM opening it
         by path finds forkd's file, in a directory nobody else can enter."""
-        path = self.rt.layout.scratch_dir() / f"forkd-{name}-{os.getpid()}-{secrets.token_hex(16)}.mem"
+        path = self.rt.layout.scratch_dir() / owned_name(f"forkd-{name}", ".mem", nbytes=16)
         os.close(create_private_file(path))
         self.stack.callback(path.unlink, missing_ok=True)
         return path
