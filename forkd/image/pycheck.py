@@ -6,8 +6,9 @@ ModuleNotFoundError kills init), which is slow to reach and hard to read. Debian
 files: each module the agent imports that is written in Python (`json`, `subprocess`, ...) must be in the image's
 standard library as source (`m.py`, `m/__init__.py`), sourceless bytecode (`.pyc`) or, should it be compiled
 there, an extension (`lib-dynload/m.*.so`). Extension modules (`fcntl`, `select`, ...) may be built into the
-image's interpreter and cannot be seen as files: they are not checked, nor are the agent's imports' own imports (the stdlib's internals differ between versions; a module that
-is present but broken still panics at boot, and the boot error then shows the console, forkd.vmm.qemu)."""
+image's interpreter and cannot be seen as files: they are not checked, nor are the agent's imports' own imports
+(the stdlib's internals differ between versions; a module that is present but broken still panics at boot, and
+the boot error then shows the console, forkd.vmm.qemu)."""
 
 from __future__ import annotations
 
