@@ -9,7 +9,6 @@ import threading
 import pytest
 
 from forkd.base.errors import ForkdError
-from tests.conftest import forkd_cli
 
 pytestmark = pytest.mark.vm
 
@@ -92,3 +91,128 @@ def test_start_errors_are_clear(rt, fork):
             a.start([])
         with pytest.raises(ForkdError, match="no process"):
             a.kill_process(999999)
+
+
+def test_guest_caps_processes_and_unread_output(rt, fork):
+    """The agent holds at most MAX_PROCS processes and PROC_BUFFER unread bytes per process (the writer then
+    blocks, as on a full pipe); the host reads at most MAX_READ bytes per reply."""
+    from forkd.vmm.agent_client import MAX_READ
+
+    (c,) = fork(1)
+    with rt.agent(c.id) as a:
+        flood = a.start(cmd="head -c 8000000 /dev/zero; echo end >&2")
+        pids = [a.start(["sleep", "600"]) for _ in range(63)]
+        with pytest.raises(ForkdError, match="64 processes are running"):
+            a.start(["true"])
+        a.kill_process(pids.pop())
+        a.wait(pids[0], timeout=0.1)
+        entry = next(p for p in a.processes() if p["pid"] == flood)
+        assert entry["running"], "the flood blocks once its unread output fills the buffer"
+        got, after = 0, 0
+        while True:
+            out = a.read_output(flood, after, wait=10)
+            assert sum(len(d) for _, d in out.chunks) <= MAX_READ
+            got += sum(len(d) for s, d in out.chunks if s == "stdout")
+            after = out.seq
+            if out.done:
+                break
+        assert got == 8000000 and out.exit_code == 0
+        for pid in pids:
+            a.kill_process(pid)
+
+
+# -- through the daemon: API, SDK, CLI ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def daemon(home, base, tmp_path_factory):
+    from tests.test_api import start_api_daemon, stop_api_daemon
+
+    d = start_api_daemon(home, tmp_path_factory.mktemp("procs"))
+    yield d
+    stop_api_daemon(d)
+
+
+@pytest.fixture
+def sandbox(daemon):
+    from forkd.sdk import Controller, Sandbox
+    from tests.conftest import BASE_TAG
+
+    with Sandbox.create(template=BASE_TAG, controller=Controller(url=daemon.url, token=daemon.token)) as sb:
+        yield sb
+
+
+def test_sdk_run_streams_and_background_handles(sandbox):
+    seen: list[str] = []
+    res = sandbox.commands.run("echo one; sleep 0.2; printf 'two\\377'; echo err >&2; exit 3",
+                               on_stdout=seen.append)
+    assert res.exit_code == 3 and res.stdout_bytes == b"one\ntwo\xff" and res.stderr == "err\n"
+    assert "".join(seen).startswith("one\n")
+    assert sandbox.commands.run("echo $FOO; pwd", envs={"FOO": "bar"}, cwd="/tmp").stdout == "bar\n/tmp\n"
+    assert sandbox.commands.run("cat", stdin="piped").stdout == "piped"
+    lines: list[str] = []
+    h = sandbox.commands.run(["/bin/sh", "-c", "while read l; do echo got:$l; done"], background=True, stdin=True,
+                             on_stdout=lines.append)
+    assert h.pid in [p["pid"] for p in sandbox.commands.list()]
+    h.send_stdin("a\n")
+    h.send_stdin("b\n", eof=True)
+    res = h.wait(60)
+    assert res.exit_code == 0 and res.stdout == "got:a\ngot:b\n" and "".join(lines) == res.stdout
+    h = sandbox.commands.run("sleep 600", background=True)
+    assert h.kill() is True and h.wait(60).exit_code == -9
+    res = sandbox.commands.run("sleep 600", timeout=1)
+    assert res.timed_out is True
+    big = sandbox.commands.run("head -c 300000 /dev/zero", max_output=1000)
+    assert big.truncated is True and len(big.stdout_bytes) == 1000
+
+
+def test_api_caps_output_with_a_flag_and_documents_the_stream(daemon, sandbox):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    body = {"cmd": "head -c 100000 /dev/zero", "max_output": 10}
+    with httpx.stream("POST", f"{daemon.url}/v1/sandboxes/{sandbox.id}/processes", json=body, headers=headers,
+                      timeout=60) as r:
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        evs = [json.loads(line) for line in r.iter_lines() if line]
+    assert evs[0]["type"] == "start" and evs[-1] == {"type": "exit", "exit_code": 0, "truncated": True,
+                                                     "timed_out": False}
+    r = httpx.post(f"{daemon.url}/v1/sandboxes/{sandbox.id}/processes", json={"cmd": "true", "nope": 1},
+                   headers=headers)
+    assert r.status_code == 422 and "nope" in r.text
+    spec = httpx.get(f"{daemon.url}/openapi.json", headers=headers).json()
+    assert "application/x-ndjson" in spec["paths"]["/v1/sandboxes/{id}/processes"]["post"]["responses"]["200"][
+        "content"]
+
+
+def _cli(daemon, tmp_path, *args: str, input: str | None = None):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FORKD_HOME=str(tmp_path), FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token)
+    return subprocess.run([sys.executable, "-m", "forkd.cli.fast", *args], capture_output=True, env=env,
+                          input=input.encode() if input else None, timeout=300)
+
+
+def test_cli_exec_streams_and_keeps_exit_codes_apart(daemon, sandbox, tmp_path):
+    sid = sandbox.id
+    res = _cli(daemon, tmp_path, "exec", "-e", "A=1", "-w", "/tmp", sid, "--", "sh", "-c",
+               "echo $A $(pwd); printf '\\377' >&2; exit 7")
+    assert (res.returncode, res.stdout, res.stderr) == (7, b"1 /tmp\n", b"\xff")
+    res = _cli(daemon, tmp_path, "exec", "-i", sid, "--", "sh", "-c", "tr a-z A-Z", input="hello\n")
+    assert (res.returncode, res.stdout) == (0, b"HELLO\n")
+    res = _cli(daemon, tmp_path, "exec", "-t", sid, "--", "tty")
+    assert res.returncode == 0 and res.stdout.startswith(b"/dev/pts/")
+    assert _cli(daemon, tmp_path, "exec", sid, "--", "/no/such").returncode == 127
+    assert _cli(daemon, tmp_path, "exec", sid, "--", "/etc/passwd").returncode == 126
+    assert _cli(daemon, tmp_path, "exec", sid, "--", "sh", "-c", "kill -TERM $$").returncode == 128 + 15
+    assert _cli(daemon, tmp_path, "exec", "--timeout", "1", sid, "--", "sleep", "60").returncode == 124
+    res = _cli(daemon, tmp_path, "exec", "cnosuchchild", "--", "true")
+    assert res.returncode == 125 and b"no child" in res.stderr
+    assert _cli(daemon, tmp_path, "exec", "--bogus", sid).returncode == 125
+
+
+def test_cli_logs_prints_the_console(daemon, sandbox, tmp_path):
+    sandbox.commands.run("echo forkd-console-marker > /dev/console")
+    res = _cli(daemon, tmp_path, "logs", sandbox.id)
+    assert res.returncode == 0 and b"forkd-console-marker" in res.stdout, res.stderr
+    assert _cli(daemon, tmp_path, "logs", "cnosuchchild").returncode == 3

@@ -70,6 +70,14 @@ class RequestError(Exception):
     """An error that is the caller's fault (bad arguments); reported, never fatal."""
 
 
+class CannotRun(RequestError):
+    """A process that could not be started: its error reply carries the shell's exit code (126 or 127)."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def find_port():
     base = "/sys/class/virtio-ports"
     for _ in range(500):
@@ -355,9 +363,11 @@ class Proc:
             return {"chunks": [[s, n, base64.b64encode(d).decode()] for s, n, d in out], "done": done,
                     "exit_code": self.exit_code if done else None}
 
-    def info(self):
-        return {"pid": self.popen.pid, "argv": self.argv, "tag": self.tag, "started": self.started,
-                "running": self.exit_code is None, "exit_code": self.exit_code, "pty": self.pty}
+    def row(self):
+        """[pid, running, exit_code, started, pty, tag, argv (its first 4 items, 256 characters each)]: a
+        listing of MAX_PROCS rows stays within the host's caps on strings per reply."""
+        return [self.popen.pid, self.exit_code is None, self.exit_code, self.started, self.pty, self.tag,
+                [a[:256] for a in self.argv[:4]]]
 
 
 def _strings(value, what):
@@ -442,9 +452,9 @@ def op_proc_start(args):
     try:
         popen, stdin_fd, pty, streams = _popen(argv, args, env, size)
     except FileNotFoundError as exc:
-        raise RequestError(f"proc_start: {exc.filename or argv[0]}: not found (exit code 127)") from None
+        raise CannotRun(f"{exc.filename or argv[0]}: not found", 127) from None
     except (PermissionError, NotADirectoryError, KeyError, OSError) as exc:
-        raise RequestError(f"proc_start: cannot run {argv[0]}: {exc} (exit code 126)") from None
+        raise CannotRun(f"cannot run {argv[0]}: {exc}", 126) from None
     LIVE_PIDS.add(popen.pid)
     proc = Proc(popen, argv, tag, stdin_fd, pty, streams)
     with PROCS_LOCK:
@@ -512,13 +522,13 @@ def op_proc_wait(args):
     with proc.cond:
         if proc.exit_code is None:
             proc.cond.wait_for(lambda: proc.exit_code is not None, _number(args, "timeout", MAX_WAIT, MAX_WAIT))
-    return proc.info()
+    return {"process": proc.row()}
 
 
 def op_proc_list(args):
     with PROCS_LOCK:
         procs = list(PROCS.values())
-    return {"processes": [p.info() for p in procs]}
+    return {"processes": [p.row() for p in procs]}
 
 
 OPS = {"ping": op_ping, "exec": op_exec, "eval": op_eval, "exec_code": op_exec_code,
@@ -607,6 +617,8 @@ def handle(port, payload, busy=False):
         reply = {"id": rid, "ok": True, "result": fn(args)}
     except RequestError as exc:
         reply = {"id": rid, "ok": False, "error": {"type": "RequestError", "message": str(exc)}}
+        if isinstance(exc, CannotRun):
+            reply["error"]["exit_code"] = exc.exit_code
     except Exception as exc:
         reply = {"id": rid, "ok": False, "error": {"type": type(exc).__name__, "message": str(exc),
                                                    "traceback": traceback.format_exc()}}

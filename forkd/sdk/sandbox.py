@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.client import wire
+from forkd.sdk.commands import ProcessCommands
 from forkd.sdk.controller import AsyncController, Controller
 
 
@@ -54,7 +55,7 @@ class Files:
 class Sandbox:
     def __init__(self, info: wire.SandboxInfo, controller: Controller, owned: bool = True):
         self.info, self.controller, self.owned = info, controller, owned
-        self.commands, self.files = Commands(self), Files(self)
+        self.commands, self.files = ProcessCommands(self), Files(self)  # streaming: forkd/sdk/commands.py
 
     @property
     def id(self) -> str:

@@ -61,13 +61,13 @@ RESULTS: dict[str, dict[str, tuple[type, ...]]] = {
     "proc_write": {"written": (int,)},
     "proc_signal": {"pid": (int,), "sent": (bool,)},
     "proc_kill": {"pid": (int,), "sent": (bool,)},
-    "proc_wait": {"pid": (int,), "running": (bool,), "exit_code": (int, _NONE)},
+    "proc_wait": {"process": (list,)},
     "proc_list": {"processes": (list,)},
 }
 MAX_READ = 1 << 20  # output bytes one proc_read asks for (the agent's own cap); the host checks it
 STREAMS = ("stdout", "stderr")
-PROC_INFO = {"pid": (int,), "running": (bool,), "exit_code": (int, _NONE), "argv": (list,), "tag": (str, _NONE),
-             "started": (int, float), "pty": (bool,)}
+ROW = (("pid", (int,)), ("running", (bool,)), ("exit_code", (int, _NONE)), ("started", (int, float)),
+       ("pty", (bool,)), ("tag", (str, _NONE)), ("argv", (list,)))  # a process row of proc_list / proc_wait
 
 
 @dataclass
@@ -100,16 +100,16 @@ def check_output(res: dict, after: int, max_bytes: int) -> Output:
     return Output(chunks, seq, res["done"], res["exit_code"])
 
 
-def check_info(info: Any) -> dict:
-    if not isinstance(info, dict):
-        raise ValueError("a process entry is not an object")
-    for name, types in PROC_INFO.items():
-        v = info.get(name)
+def check_row(row: Any) -> dict:
+    """A process row, checked, as {pid, running, exit_code, started, pty, tag, argv}; ValueError otherwise."""
+    if not isinstance(row, list) or len(row) != len(ROW):
+        raise ValueError(f"a process row is not a list of {len(ROW)} items")
+    for v, (name, types) in zip(row, ROW, strict=True):
         if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-            raise ValueError(f"a process entry's {name!r} is {type(v).__name__}")
-    if not all(isinstance(a, str) for a in info["argv"]):
-        raise ValueError("a process entry's argv is not a list of strings")
-    return {k: info[k] for k in PROC_INFO}
+            raise ValueError(f"a process row's {name!r} is {type(v).__name__}")
+    if not all(isinstance(a, str) for a in row[-1]):
+        raise ValueError("a process row's argv is not a list of strings")
+    return {name: v for v, (name, _) in zip(row, ROW, strict=True)}
 
 
 class AgentError(ForkdError):
@@ -162,6 +162,8 @@ def check_error(err: Any, where: str) -> None:
         raise ValueError(f"{where} is not an object with string 'type' and 'message'")
     if not isinstance(err.get("traceback"), (str, _NONE)):
         raise ValueError(f"{where}.traceback is not a string")
+    if not isinstance(err.get("exit_code"), (int, _NONE)) or isinstance(err.get("exit_code"), bool):
+        raise ValueError(f"{where}.exit_code is not an integer")
     for k in ("message", "traceback"):
         if isinstance(err.get(k), str) and len(err[k]) > MAX_TEXT:
             err[k] = err[k][:MAX_TEXT] + " [cut by forkd]"
@@ -457,14 +459,15 @@ class AgentClient:
     def wait(self, pid: int, timeout: float = 60.0) -> dict:
         """The process's entry once it has exited, or after `timeout` seconds (at most 60; `running` says)."""
         try:
-            return check_info(self.call("proc_wait", {"pid": pid, "timeout": timeout}, timeout=timeout + 30.0))
+            res = self.call("proc_wait", {"pid": pid, "timeout": timeout}, timeout=timeout + 30.0)
+            return check_row(res["process"])
         except ValueError as exc:
             self._violate(f"sent a misshapen proc_wait reply: {exc}")
 
     def processes(self) -> list[dict]:
         """The processes started by proc_start that the agent still holds (running, or not yet collected)."""
         try:
-            return [check_info(p) for p in self.call("proc_list")["processes"]]
+            return [check_row(p) for p in self.call("proc_list")["processes"]]
         except ValueError as exc:
             self._violate(f"sent a misshapen proc_list reply: {exc}")
 
