@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 EXEC_HELP = __doc__.split("Exit codes", 1)[1].split(":", 1)[1].strip()
-FORKD_FAILED, CANNOT_RUN, NOT_FOUND, TIMED_OUT = 125, 126, 127, 124
+EXEC_FAILED, CANNOT_RUN, NOT_FOUND, TIMED_OUT = 125, 126, 127, 124
 KEEPALIVE = 20.0
 
 
@@ -242,7 +242,7 @@ def _exit_code(ev: dict) -> int:
         return TIMED_OUT
     code = ev.get("exit_code")
     if not isinstance(code, int):
-        return FORKD_FAILED
+        return EXEC_FAILED
     return 128 - code if code < 0 else code
 
 
@@ -328,11 +328,11 @@ def run(argv: list[str]) -> int:
     try:
         args = parser.parse_args(rest)
     except SystemExit as exc:  # argparse printed usage or help
-        return (FORKD_FAILED if verb == "exec" else 2) if exc.code else 0
+        return (EXEC_FAILED if verb == "exec" else 2) if exc.code else 0
     try:
         return run_exec(args) if verb == "exec" else run_logs(args)
     except Failure as exc:
-        return _fail(exc, FORKD_FAILED if verb == "exec" else exc.code)
+        return _fail(exc, EXEC_FAILED if verb == "exec" else exc.code)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a ForkdError from the in-process path
@@ -340,7 +340,7 @@ def run(argv: list[str]) -> int:
 
         if not isinstance(exc, ForkdError):
             raise
-        return _fail(exc, FORKD_FAILED if verb == "exec" else exc.exit_code)
+        return _fail(exc, EXEC_FAILED if verb == "exec" else exc.exit_code)
 
 
 def main() -> None:
