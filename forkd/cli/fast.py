@@ -2,7 +2,9 @@
 standard library (http.client over the daemon's unix socket or TCP) and forkd.base.settings, not typer, rich,
 httpx or the core, so `forkd exec` starts in well under the full CLI's time (bench/agent.py measures it).
 Without a daemon they run in-process (forkd.client.processes.LocalProcesses). `forkd.cli.main` sends these two
-verbs here first; anything this parser does not take goes to the full CLI.
+verbs here first; anything this parser does not take goes to the full CLI. It reads the five FORKD_* variables
+that locate the daemon itself (RAW below; declared in forkd.base.settings), falling back to settings() for any
+value it does not take as is.
 
 Exit codes of `forkd exec` (as docker's): the command's own code; 124 it timed out (--timeout); 125 forkd itself
 failed (no such child, no daemon, bad arguments, the child died); 126 the command cannot be run; 127 it was not
@@ -34,6 +36,33 @@ class Failure(Exception):
         self.message, self.hint, self.code = message, hint, code
 
 
+# -- where the daemon is ----------------------------------------------------------------------------------
+# The five variables that locate the daemon, read here WITHOUT forkd.base.settings (whose pydantic model costs
+# more than the rest of `forkd exec` together). They are declared and documented there like every FORKD_*;
+# here a value is taken only when it is unambiguous (blank = unset, as there), else settings() parses them all.
+RAW = {"url": "FORKD_URL", "token": "FORKD_TOKEN", "home": "FORKD_HOME", "no_daemon": "FORKD_NO_DAEMON",
+       "ca": "FORKD_CA"}
+DEFAULT_HOME = "/var/lib/forkd"  # Settings.home's default
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _light_settings() -> dict | None:
+    env = os.environ
+    vals = {k: v if (v := env.get(name, "")).strip() else None for k, name in RAW.items()}
+    flag = (vals["no_daemon"] or "0").strip().lower()
+    if flag not in _BOOLS or (vals["url"] and not vals["url"].startswith(("http://", "https://"))):
+        return None
+    return dict(vals, no_daemon=_BOOLS[flag], home=vals["home"] or DEFAULT_HOME)
+
+
+def _full_settings() -> dict:
+    from forkd.base.settings import settings
+
+    s = settings()
+    return {"url": s.url, "token": s.token_value, "home": str(s.home), "no_daemon": s.no_daemon,
+            "ca": str(s.ca) if s.ca else None}
+
+
 # -- the daemon over http.client -----------------------------------------------------------------------
 class _UnixConnection:
     """http.client.HTTPConnection over a unix socket."""
@@ -57,18 +86,16 @@ class Daemon:
 
     @classmethod
     def find(cls) -> Daemon | None:
-        from forkd.base.settings import settings
-
-        s = settings()
-        if s.no_daemon:
+        s = _light_settings() or _full_settings()
+        if s["no_daemon"]:
             return None
-        ca = str(s.ca) if s.ca else None
-        if s.url:
-            return cls(s.url.rstrip("/"), None, s.token_value, ca)
-        sock = s.home / "forkd.sock"
-        if not sock.exists():
+        ca = s["ca"]
+        if s["url"]:
+            return cls(s["url"].rstrip("/"), None, s["token"], ca)
+        sock = os.path.join(s["home"], "forkd.sock")
+        if not os.path.exists(sock):
             return None
-        d = cls(None, str(sock), s.token_value, ca)
+        d = cls(None, sock, s["token"], ca)
         try:
             d.request("GET", "/healthz", timeout=2.0)
         except Failure:
