@@ -94,8 +94,9 @@ async def _ndjson(gen: Iterator[dict], limiter: anyio.CapacityLimiter) -> AsyncI
             if ev is None:
                 return
             yield to_line(ev)
-    finally:
-        await anyio.to_thread.run_sync(gen.close, limiter=limiter)
+    finally:  # also when the client went away: release the child's agent connection
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(gen.close, limiter=limiter)
 
 
 async def _stream(gen: Iterator[dict], limiter: anyio.CapacityLimiter) -> StreamingResponse:

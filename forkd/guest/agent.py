@@ -277,6 +277,7 @@ class Proc:
         self.buffered = 0
         self.open_streams = len(streams)
         self.exit_code = None
+        self.dropped = False  # out of the table: its output is read and thrown away
         for name, fd in streams:
             threading.Thread(target=self.feed, args=(name, fd), daemon=True).start()
         threading.Thread(target=self.reap, daemon=True).start()
@@ -291,8 +292,10 @@ class Proc:
                 if not data:
                     return
                 with self.cond:
-                    while self.buffered >= PROC_BUFFER:
+                    while self.buffered >= PROC_BUFFER and not self.dropped:
                         self.cond.wait()
+                    if self.dropped:
+                        continue
                     self.seq += 1
                     self.chunks.append((self.seq, stream, data))
                     self.buffered += len(data)
@@ -431,7 +434,12 @@ def _make_room():
             done = [p for p in PROCS.values() if p.exit_code is not None]
             if not done:
                 return False
-            del PROCS[min(done, key=lambda p: p.started).popen.pid]
+            old = PROCS.pop(min(done, key=lambda p: p.started).popen.pid)
+            with old.cond:
+                old.dropped = True
+                old.chunks.clear()
+                old.buffered = 0
+                old.cond.notify_all()
     return True
 
 
