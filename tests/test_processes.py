@@ -216,3 +216,20 @@ def test_cli_logs_prints_the_console(daemon, sandbox, tmp_path):
     res = _cli(daemon, tmp_path, "logs", sandbox.id)
     assert res.returncode == 0 and b"forkd-console-marker" in res.stdout, res.stderr
     assert _cli(daemon, tmp_path, "logs", "cnosuchchild").returncode == 3
+
+
+def test_the_light_cli_reads_the_daemons_location_as_settings_does(monkeypatch, tmp_path):
+    """forkd/cli/fast.py reads the five variables that locate the daemon without pydantic: the same values."""
+    from forkd.cli import fast
+
+    cases = [{}, {"FORKD_HOME": str(tmp_path)}, {"FORKD_URL": "http://h:1/", "FORKD_TOKEN": "t"},
+             {"FORKD_NO_DAEMON": "1"}, {"FORKD_NO_DAEMON": "off", "FORKD_URL": " "},
+             {"FORKD_CA": str(tmp_path / "ca.pem"), "FORKD_URL": "https://h"}]
+    for env in cases:
+        for name in fast.RAW.values():
+            monkeypatch.delenv(name, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert fast._light_settings() == fast._full_settings(), env
+    monkeypatch.setenv("FORKD_NO_DAEMON", "maybe")
+    assert fast._light_settings() is None  # not taken as is: settings() parses (and refuses) it

@@ -192,6 +192,7 @@ def check_result(op: str, result: Any, max_output: int = MAX_OUTPUT) -> Any:
 
 _POOL: dict[str, AgentClient] = {}  # shared connections of this process, by socket path
 _POOL_LOCK = threading.Lock()
+_MAKING: dict[str, threading.Lock] = {}  # paths whose shared connection is being made
 
 
 class AgentClient:
@@ -225,14 +226,18 @@ class AgentClient:
         """This process's connection to the agent on `path` (made if there is none); `close()` releases it."""
         key = str(path)
         with _POOL_LOCK:
-            client = _POOL.get(key)
-            if client is not None and client.usable:
-                client._refs += 1
-                return client
-        client = cls(path, connect_timeout)
-        with _POOL_LOCK:
-            _POOL[key] = client
-        return client
+            making = _MAKING.setdefault(key, threading.Lock())
+        with making:  # one connection per path: a second would wait behind the first in QEMU
+            with _POOL_LOCK:
+                client = _POOL.get(key)
+                if client is not None and client.usable:
+                    client._refs += 1
+                    return client
+            client = cls(path, connect_timeout)
+            with _POOL_LOCK:
+                _POOL[key] = client
+                _MAKING.pop(key, None)
+            return client
 
     @property
     def usable(self) -> bool:
