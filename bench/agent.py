@@ -101,18 +101,29 @@ def concurrent_streams(c: Controller, ids: list[str], n: int) -> dict:
     """`n` streaming commands over the children, all at once: each one's whole stream, and the wall time."""
     procs = RemoteProcesses(c)
 
-    def one(i: int) -> float:
+    errors: list[str] = []
+
+    def one(i: int) -> float | None:
         t0 = time.perf_counter()
         out = b""
-        for ev in procs.stream(ids[i % len(ids)], cmd=f"echo {i}; sleep 0.1; echo done"):
-            out += ev.get("data", b"") if ev["type"] == "stdout" else b""
-        assert out == f"{i}\ndone\n".encode(), out
+        try:
+            for ev in procs.stream(ids[i % len(ids)], cmd=f"echo {i}; sleep 0.1; echo done"):
+                out += ev.get("data", b"") if ev["type"] == "stdout" else b""
+                if ev["type"] == "error":
+                    errors.append(f"{ev.get('title')}: {ev.get('detail')}")
+        except ForkdError as exc:
+            errors.append(f"{type(exc).__name__}: {exc.message}")
+            return None
+        if out != f"{i}\ndone\n".encode():
+            errors.append(f"command {i}: stdout {out!r}")
+            return None
         return (time.perf_counter() - t0) * 1000
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=n) as pool:
-        lat = list(pool.map(one, range(n)))
-    return {"latency_ms": stats(lat, 99), "wall_s": time.perf_counter() - t0, "n": n, "children": len(ids)}
+        lat = [x for x in pool.map(one, range(n)) if x is not None]
+    return {"latency_ms": stats(lat or [0.0], 99), "wall_s": time.perf_counter() - t0, "n": n,
+            "children": len(ids), "failed": len(errors), "errors": errors[:5]}
 
 
 def start_daemon(home: str) -> tuple[subprocess.Popen, Path]:
@@ -132,18 +143,30 @@ def start_daemon(home: str) -> tuple[subprocess.Popen, Path]:
 
 
 def report(res: dict) -> None:
-    s = res["cli_startup"]
     print("forkd agent benchmark (daemon on its unix socket, TCG, 2 cores)")
+    if "cli_startup" in res:
+        startup(res["cli_startup"])
+    if "first_byte" in res:
+        f = res["first_byte"]
+        print(f"  first streamed byte of python3 -c 'print(1)': p50 {f['first_byte_ms']['p50']:.1f} ms  "
+              f"p90 {f['first_byte_ms']['p90']:.1f} ms; blocking exec p50 {f['exec_blocking_ms']['p50']:.1f} ms "
+              f"({f['ratio']:.2f}x)")
+    if "concurrent_streams" in res:
+        concurrent(res["concurrent_streams"])
+
+
+def startup(s: dict) -> None:
     for k in ("forkd_exec", "full_cli_import", "python_pass"):
         print(f"  {k:<26} p50 {s[k]['p50']:7.1f} ms  p90 {s[k]['p90']:7.1f} ms")
     print(f"  >>> full CLI import / whole light `forkd exec` = {s['full_import_over_exec']:.2f}x")
-    f = res["first_byte"]
-    print(f"  first streamed byte of python3 -c 'print(1)': p50 {f['first_byte_ms']['p50']:.1f} ms  "
-          f"p90 {f['first_byte_ms']['p90']:.1f} ms; blocking exec p50 {f['exec_blocking_ms']['p50']:.1f} ms "
-          f"({f['ratio']:.2f}x)")
-    cc = res["concurrent_streams"]
+
+
+def concurrent(cc: dict) -> None:
     print(f"  {cc['n']} concurrent streaming commands over {cc['children']} children: p50 "
-          f"{cc['latency_ms']['p50']:.1f} ms  p99 {cc['latency_ms']['p99']:.1f} ms  wall {cc['wall_s']:.1f} s")
+          f"{cc['latency_ms']['p50']:.1f} ms  p99 {cc['latency_ms']['p99']:.1f} ms  wall {cc['wall_s']:.1f} s  "
+          f"failed {cc['failed']}")
+    for e in cc["errors"]:
+        print(f"    failed: {e}")
 
 
 def main() -> int:
@@ -151,6 +174,7 @@ def main() -> int:
     ap.add_argument("--home", default=str(settings().home))
     ap.add_argument("--runs", type=int, default=20, help="runs of each sequential measure")
     ap.add_argument("--quick", action="store_true", help="3 runs, 20 concurrent commands over 2 children")
+    ap.add_argument("--only", choices=["cli_startup", "first_byte", "concurrent_streams"], help="run one measure")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
     runs, n, kids = (3, 20, 2) if args.quick else (args.runs, 100, 10)
@@ -167,12 +191,15 @@ def main() -> int:
         c = Controller(socket=Layout(Path(args.home)).daemon_socket, timeout=600)
         log(f"spawning {kids} children")
         ids = [s["id"] for s in c.spawn_sandboxes(TAG, n=kids)]
-        log("CLI start-up")
-        res["cli_startup"] = cli_startup(args.home, ids[0], runs)
-        log("first streamed byte")
-        res["first_byte"] = first_byte(c, ids[0], runs)
-        log(f"{n} concurrent streams")
-        res["concurrent_streams"] = concurrent_streams(c, ids, n)
+        if args.only in (None, "cli_startup"):
+            log("CLI start-up")
+            res["cli_startup"] = cli_startup(args.home, ids[0], runs)
+        if args.only in (None, "first_byte"):
+            log("first streamed byte")
+            res["first_byte"] = first_byte(c, ids[0], runs)
+        if args.only in (None, "concurrent_streams"):
+            log(f"{n} concurrent streams")
+            res["concurrent_streams"] = concurrent_streams(c, ids, n)
     finally:
         for i in ids:
             try:

@@ -233,3 +233,21 @@ def test_the_light_cli_reads_the_daemons_location_as_settings_does(monkeypatch, 
         assert fast._light_settings() == fast._full_settings(), env
     monkeypatch.setenv("FORKD_NO_DAEMON", "maybe")
     assert fast._light_settings() is None  # not taken as is: settings() parses (and refuses) it
+
+
+def test_many_concurrent_streams_on_one_child(rt, fork):
+    """Ten callers stream ten commands of one child at once over the one shared connection."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from forkd.client.processes import LocalProcesses
+
+    (c,) = fork(1)
+    procs = LocalProcesses(rt)
+
+    def one(i: int) -> bytes:
+        return b"".join(ev.get("data", b"") for ev in procs.stream(c.id, cmd=f"echo {i}; sleep 0.5; echo done")
+                        if ev["type"] == "stdout")
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        outs = list(pool.map(one, range(10)))
+    assert outs == [f"{i}\ndone\n".encode() for i in range(10)]

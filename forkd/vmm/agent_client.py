@@ -419,13 +419,13 @@ class AgentClient:
         /dev/null. It runs until it ends or is killed, whoever is connected."""
         args: dict[str, Any] = {"argv": argv, "cmd": cmd, "env": env, "cwd": cwd, "user": user,
                                 "stdin": stdin, "pty": pty, "tag": tag}
-        return self.call("proc_start", {k: v for k, v in args.items() if v is not None})["pid"]
+        return self.call("proc_start", {k: v for k, v in args.items() if v is not None}, timeout=120.0)["pid"]
 
     def read_output(self, pid: int, after: int = 0, wait: float = 30.0) -> Output:
         """Output of `pid` written after chunk `after` (which the agent may then forget), waiting up to `wait`
         seconds for some; `Output.done` once the process ended and everything was read."""
         res = self.call("proc_read", {"pid": pid, "after": after, "wait": wait, "max_bytes": MAX_READ},
-                        timeout=wait + 30.0)
+                        timeout=wait + 120.0)  # a loaded TCG guest may take long to answer: not an error
         try:
             return check_output(res, after, MAX_READ)
         except ValueError as exc:
