@@ -42,7 +42,7 @@ def test_unknown_tag(home):
 
 def test_unknown_child(home):
     res = forkd_cli("exec", "cdeadbeef00", "--", "true")
-    assert res.returncode == 3 and "no child 'cdeadbeef00'" in res.stderr
+    assert res.returncode == 125 and "no child 'cdeadbeef00'" in res.stderr  # exec: forkd's failures are 125
 
 
 def test_writing_snapshot_is_not_forkable_and_a_dead_writer_marks_it_failed(rt, home):

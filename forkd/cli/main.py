@@ -2,8 +2,9 @@
 daemon named by FORKD_URL/FORKD_TOKEN or answering on $FORKD_HOME/forkd.sock, else in-process), and prints.
 
 Exit codes: 0 ok; 1 runtime failure; 2 bad input; 3 not found; 4 conflict / not ready; 5 timed out;
-6 daemon unavailable;
-`exec` exits with the guest command's own exit code (124 when it timed out).
+6 daemon unavailable (every verb but exec).
+`exec` (forkd/cli/fast.py) exits with the guest command's own code, and forkd's own failures move out of its way,
+as docker's: 124 timed out, 125 forkd failed, 126 cannot run, 127 not found, 128+N killed by signal N.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import typer
 from rich.markup import escape
 
 from forkd import __version__
-from forkd.base.errors import ForkdError, InvalidInput
+from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
 from forkd.cli import config, declarative, k8s
 from forkd.cli import images as images_cli
@@ -223,26 +224,27 @@ def ls(output: Fmt = OUTPUT) -> None:
     emit(recs, output, CHILD_COLUMNS, _child_rows(recs))
 
 
-@app.command("exec", context_settings={"allow_interspersed_args": False})
-def exec_(child: str, cmd: list[str] = typer.Argument(None, help="command and arguments (after --)"),
-          timeout: float | None = typer.Option(None, help="seconds before the command is killed"),
-          cwd: str | None = typer.Option(None, help="working directory in the guest"),
-          output: Fmt = OUTPUT) -> None:
-    """Run a command in a child: forkd exec ID -- CMD [ARGS...]. Exits with the command's exit code."""
-    argv = list(cmd or [])
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    if not argv:
-        raise InvalidInput("exec needs a command", hint="forkd exec ID -- CMD [ARGS...]")
-    res = backend().exec(child, argv, cwd=cwd, timeout=timeout)
-    if output != Fmt.table:
-        emit(res, output)
-    else:
-        sys.stdout.write(res["stdout"])
-        sys.stderr.write(res["stderr"])
-        if res.get("truncated"):
-            err.print("[yellow]output truncated[/]")
-    raise typer.Exit(124 if res.get("timed_out") else res["exit_code"])
+RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False,
+            "help_option_names": []}
+
+
+@app.command("exec", context_settings=RAW_ARGS, add_help_option=False)
+def exec_(ctx: typer.Context) -> None:
+    """Run a command in a child, streaming its output: forkd exec [-i] [-t] [-e K=V] [-w DIR] [-u USER]
+    [--timeout S] ID -- CMD [ARGS...]. -i passes stdin, -t runs it on a PTY (`forkd exec -h` for all options).
+    Exits with the command's code; 124 timed out, 125 forkd failed (no such child, no daemon...), 126 cannot
+    run, 127 not found, 128+N killed by signal N."""
+    from forkd.cli import fast
+
+    raise typer.Exit(fast.run(["exec", *ctx.args]))
+
+
+@app.command("logs", context_settings=RAW_ARGS, add_help_option=False)
+def logs(ctx: typer.Context) -> None:
+    """Print a child's console log: forkd logs [-f] ID (-f: keep following it)."""
+    from forkd.cli import fast
+
+    raise typer.Exit(fast.run(["logs", *ctx.args]))
 
 
 @app.command("eval")
@@ -352,6 +354,10 @@ config.register(app)
 
 
 def main() -> None:
+    if sys.argv[1:2] in (["exec"], ["logs"]):  # the light path (forkd/cli/fast.py): no typer parse
+        from forkd.cli import fast
+
+        sys.exit(fast.run(sys.argv[1:]))
     try:
         app()
     except ForkdError as exc:

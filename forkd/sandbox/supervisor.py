@@ -131,7 +131,7 @@ class Supervisor:
         if rec.status != "running":
             raise ForkdError(f"child {rec.id} is {rec.status}",
                              hint=f"remove it with 'forkd kill {rec.id}' and fork a new one")
-        return AgentClient(rec.agent_socket, connect_timeout=timeout)
+        return AgentClient.shared(rec.agent_socket, connect_timeout=timeout)
 
     def ensure_running(self, rec: ChildRecord) -> bool:
         """Resume a child whose VMM was left paused (e.g. a branch whose process died between pause and resume).

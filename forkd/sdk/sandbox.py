@@ -19,6 +19,7 @@ from typing import Any
 
 from forkd.base.errors import NotFound
 from forkd.client import wire
+from forkd.sdk.commands import ProcessCommands
 from forkd.sdk.controller import AsyncController, Controller
 
 log = logging.getLogger("forkd.sdk")
@@ -74,7 +75,7 @@ class Files:
 class Sandbox:
     def __init__(self, info: wire.SandboxInfo, controller: Controller, owned: bool = True):
         self.info, self.controller, self.owned = info, controller, owned
-        self.commands, self.files = Commands(self), Files(self)
+        self.commands, self.files = ProcessCommands(self), Files(self)  # streaming: forkd/sdk/commands.py
 
     @property
     def id(self) -> str:

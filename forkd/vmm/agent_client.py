@@ -21,9 +21,13 @@ import itertools
 import json
 import re
 import secrets
+import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -52,7 +56,60 @@ RESULTS: dict[str, dict[str, tuple[type, ...]]] = {
     "read_file": {"path": (str,), "data": (str,), "truncated": (bool,)},
     "forked": {"child_id": (str, _NONE), "hostname": (str,)},
     "fsfreeze": {},
+    "proc_start": {"pid": (int,)},
+    "proc_read": {"chunks": (list,), "done": (bool,), "exit_code": (int, _NONE)},
+    "proc_write": {"written": (int,)},
+    "proc_signal": {"pid": (int,), "sent": (bool,)},
+    "proc_kill": {"pid": (int,), "sent": (bool,)},
+    "proc_wait": {"process": (list,)},
+    "proc_list": {"processes": (list,)},
 }
+MAX_READ = 1 << 20  # output bytes one proc_read asks for (the agent's own cap); the host checks it
+STREAMS = ("stdout", "stderr")
+ROW = (("pid", (int,)), ("running", (bool,)), ("exit_code", (int, _NONE)), ("started", (int, float)),
+       ("pty", (bool,)), ("tag", (str, _NONE)), ("argv", (list,)))  # a process row of proc_list / proc_wait
+
+
+@dataclass
+class Output:
+    """One proc_read: output chunks in the order the process wrote them, the last sequence number, and whether
+    the process has ended (then exit_code: its code, or -N when a signal N killed it)."""
+    chunks: list[tuple[str, bytes]]
+    seq: int
+    done: bool
+    exit_code: int | None
+
+
+def check_output(res: dict, after: int, max_bytes: int) -> Output:
+    """A proc_read result's chunks, checked: [seq, stream, base64], seqs increasing past `after`, at most
+    `max_bytes` decoded bytes in all; ValueError otherwise."""
+    chunks, seq, total = [], after, 0
+    for c in res["chunks"]:
+        if not (isinstance(c, list) and len(c) == 3 and type(c[0]) is int and c[1] in STREAMS
+                and isinstance(c[2], str)) or c[0] <= seq:
+            raise ValueError("a proc_read chunk is not [increasing seq, 'stdout'|'stderr', base64]")
+        try:
+            data = base64.b64decode(c[2], validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"a proc_read chunk is not base64 ({exc})") from None
+        total += len(data)
+        if total > max_bytes:
+            raise ValueError(f"proc_read returned over {max_bytes} bytes")
+        seq = c[0]
+        chunks.append((c[1], data))
+    return Output(chunks, seq, res["done"], res["exit_code"])
+
+
+def check_row(row: Any) -> dict:
+    """A process row, checked, as {pid, running, exit_code, started, pty, tag, argv}; ValueError otherwise."""
+    if not isinstance(row, list) or len(row) != len(ROW):
+        raise ValueError(f"a process row is not a list of {len(ROW)} items")
+    for v, (name, types) in zip(row, ROW, strict=True):
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise ValueError(f"a process row's {name!r} is {type(v).__name__}")
+    if not all(isinstance(a, str) for a in row[-1]):
+        raise ValueError("a process row's argv is not a list of strings")
+    return {name: v for v, (name, _) in zip(row, ROW, strict=True)}
 
 
 class AgentError(ForkdError):
@@ -105,6 +162,8 @@ def check_error(err: Any, where: str) -> None:
         raise ValueError(f"{where} is not an object with string 'type' and 'message'")
     if not isinstance(err.get("traceback"), (str, _NONE)):
         raise ValueError(f"{where}.traceback is not a string")
+    if not isinstance(err.get("exit_code"), (int, _NONE)) or isinstance(err.get("exit_code"), bool):
+        raise ValueError(f"{where}.exit_code is not an integer")
     for k in ("message", "traceback"):
         if isinstance(err.get(k), str) and len(err[k]) > MAX_TEXT:
             err[k] = err[k][:MAX_TEXT] + " [cut by forkd]"
@@ -131,19 +190,58 @@ def check_result(op: str, result: Any, max_output: int = MAX_OUTPUT) -> Any:
     return result
 
 
+_POOL: dict[str, AgentClient] = {}  # shared connections of this process, by socket path
+_POOL_LOCK = threading.Lock()
+_MAKING: dict[str, threading.Lock] = {}  # paths whose shared connection is being made
+
+
 class AgentClient:
+    """One connection to a child's agent. Several threads may call at once: each sends its request and the one
+    that holds the read turn reads frames for all, handing each reply to the caller whose id it carries (a frame
+    cut by a timeout is resumed by the next reader). QEMU serves one host connection per port at a time, so
+    callers that may overlap in one process (the daemon: a stream and the stdin sent to it) share one through
+    `AgentClient.shared`."""
+
     def __init__(self, path: Path, connect_timeout: float = 10.0, max_frame: int = MAX_FRAME):
         self.path = Path(path)
         self.max_frame = max_frame
         self.sock = connect_unix(self.path, connect_timeout)
         self._head = bytearray()  # bytes received but not yet part of a frame: at most one recv's worth
         self._scratch = bytearray(CHUNK)
-        self._received = 0  # bytes received in the current call (budget: two frames and a chunk)
+        self._partial: list | None = None  # [payload buffer, bytes filled] of a frame a timeout interrupted
+        self._received = 0  # bytes received since the last reply someone waited for (budget: two frames + a chunk)
         self.violation: ProtocolViolation | None = None
+        self._dead: ForkdError | None = None
         # ids unique across connections: a reply to an abandoned request of an earlier connection can
         # still arrive on this one and must not be taken for ours
         self._ids = itertools.count(secrets.randbits(48))
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, dict | None] = {}
+        self._reading = False
+        self._refs = 1
+
+    @classmethod
+    def shared(cls, path: Path, connect_timeout: float = 10.0) -> AgentClient:
+        """This process's connection to the agent on `path` (made if there is none); `close()` releases it."""
+        key = str(path)
+        with _POOL_LOCK:
+            making = _MAKING.setdefault(key, threading.Lock())
+        with making:  # one connection per path: a second would wait behind the first in QEMU
+            with _POOL_LOCK:
+                client = _POOL.get(key)
+                if client is not None and client.usable:
+                    client._refs += 1
+                    return client
+            client = cls(path, connect_timeout)
+            with _POOL_LOCK:
+                _POOL[key] = client
+                _MAKING.pop(key, None)
+            return client
+
+    @property
+    def usable(self) -> bool:
+        return self.violation is None and self._dead is None
 
     def _violate(self, what: str) -> NoReturn:
         """The guest broke the protocol: close the connection for good and say so."""
@@ -152,12 +250,13 @@ class AgentClient:
             hint="code running in the guest can write anything to the agent's port; forkd treats this as the child "
                  "misbehaving and stops it: fork a new child (and keep replies within forkd's caps: "
                  f"{MAX_OUTPUT} characters of output, {MAX_FILE} bytes per read_file)")
-        self.close()
+        self._shutdown()
         raise self.violation
 
     def send_raw(self, payload: bytes) -> None:
         """Send one frame with an arbitrary payload (tests use this to send malformed requests)."""
-        self.sock.sendall(MAGIC + struct.pack(">I", len(payload)) + payload)
+        with self._send_lock:
+            self.sock.sendall(MAGIC + struct.pack(">I", len(payload)) + payload)
 
     def _recv_into(self, view: memoryview, deadline: float) -> int:
         left = deadline - time.monotonic()
@@ -168,8 +267,11 @@ class AgentClient:
             n = self.sock.recv_into(view)
         except TimeoutError:
             raise AgentTimeout(f"guest agent on {self.path} did not answer in time") from None
+        except OSError as exc:
+            n, self._dead = 0, ForkdError(f"guest agent connection {self.path} failed: {exc}")
         if not n:
-            raise ForkdError(f"guest agent connection {self.path} closed (VMM exited?)")
+            self._dead = self._dead or ForkdError(f"guest agent connection {self.path} closed (VMM exited?)")
+            raise self._dead
         self._received += n
         if self._received > 2 * self.max_frame + CHUNK:
             self._violate(f"sent over {2 * self.max_frame} bytes without answering")
@@ -192,31 +294,74 @@ class AgentClient:
             self._head += memoryview(self._scratch)[:k]
 
     def _read_frame(self, deadline: float) -> dict:
-        n = self._frame_length(deadline)
-        buf = bytearray(n)  # the whole payload, allocated once
-        have = min(n, len(self._head))
-        buf[:have] = self._head[:have]
-        del self._head[:have]
+        if self._partial is None:
+            n = self._frame_length(deadline)
+            buf = bytearray(n)  # the whole payload, allocated once
+            have = min(n, len(self._head))
+            buf[:have] = self._head[:have]
+            del self._head[:have]
+            self._partial = [buf, have]
+        buf, have = self._partial
         view = memoryview(buf)
-        while have < n:
+        while have < len(buf):
             have += self._recv_into(view[have:], deadline)
+            self._partial[1] = have
+        self._partial = None
         try:
             return parse_reply(buf)
         except ValueError as exc:
             self._violate(f"sent a malformed reply: {exc}")
 
-    def call_raw(self, op: str, args: dict | None = None, timeout: float = 30.0) -> dict:
-        with self._lock:
-            if self.violation is not None:
-                raise self.violation
-            rid = next(self._ids)
-            self.send_raw(json.dumps({"id": rid, "op": op, "args": args or {}}).encode())
-            deadline = time.monotonic() + timeout
-            self._received = 0
+    def _check(self) -> None:
+        if self.violation is not None:
+            raise self.violation
+        if self._dead is not None:
+            raise self._dead
+
+    def _take_turn(self, rid: int, deadline: float) -> dict | None:
+        """Wait until the reply to `rid` came (returned) or the read turn is free (taken; None)."""
+        with self._cond:
             while True:
+                if self._pending.get(rid) is not None:
+                    return self._pending[rid]
+                self._check()
+                if not self._reading:
+                    self._reading = True
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AgentTimeout(f"guest agent on {self.path} did not answer in time")
+                self._cond.wait(left)
+
+    def _await(self, rid: int, deadline: float) -> dict:
+        while True:
+            if (reply := self._take_turn(rid, deadline)) is not None:
+                return reply
+            try:
                 reply = self._read_frame(deadline)
+            finally:
+                with self._cond:
+                    self._reading = False
+                    self._cond.notify_all()
+            with self._cond:
                 if reply.get("id") == rid:
+                    self._received = 0
                     return reply
+                if reply.get("id") in self._pending:
+                    self._pending[reply["id"]], self._received = reply, 0
+                    self._cond.notify_all()
+
+    def call_raw(self, op: str, args: dict | None = None, timeout: float = 30.0) -> dict:
+        rid = next(self._ids)
+        with self._cond:
+            self._check()
+            self._pending[rid] = None
+        try:
+            self.send_raw(json.dumps({"id": rid, "op": op, "args": args or {}}).encode())
+            return self._await(rid, time.monotonic() + timeout)
+        finally:
+            with self._cond:
+                self._pending.pop(rid, None)
 
     def call(self, op: str, args: dict | None = None, timeout: float = 30.0, max_output: int = MAX_OUTPUT) -> Any:
         reply = self.call_raw(op, args, timeout)
@@ -225,8 +370,7 @@ class AgentClient:
         try:
             return check_result(op, reply["result"], max_output)
         except ValueError as exc:
-            with self._lock:
-                self._violate(f"sent a misshapen reply: {exc}")
+            self._violate(f"sent a misshapen reply: {exc}")
 
     # convenience wrappers -------------------------------------------------------------
     def ping(self, timeout: float = 10.0) -> dict:
@@ -255,21 +399,102 @@ class AgentClient:
         """A guest file's bytes; one over MAX_FILE is refused (InvalidInput), never read whole onto the host."""
         res = self.call("read_file", {"path": path, "max_bytes": MAX_FILE})
         if len(res["data"]) > 4 * (MAX_FILE // 3 + 1):
-            with self._lock:
-                self._violate(f"read_file returned {len(res['data'])} base64 characters for at most {MAX_FILE} bytes")
+            self._violate(f"read_file returned {len(res['data'])} base64 characters for at most {MAX_FILE} bytes")
         try:
             data = base64.b64decode(res["data"], validate=True)
         except (binascii.Error, ValueError) as exc:
-            with self._lock:
-                self._violate(f"read_file returned data that is not base64 ({exc})")
+            self._violate(f"read_file returned data that is not base64 ({exc})")
         if res["truncated"]:
             raise InvalidInput(f"guest file {path} is larger than {MAX_FILE} bytes, the most read_file returns",
                                hint="copy it out in parts (e.g. exec 'split -b 8M FILE FILE.part-' and read each "
                                     "part), or compress it in the guest first")
         return data
 
-    def close(self) -> None:
+    # processes -----------------------------------------------------------------------------
+    def start(self, argv: list[str] | None = None, *, cmd: str | None = None, env: dict | None = None,
+              cwd: str | None = None, user: str | None = None, stdin: bool = False,
+              pty: dict | None = None, tag: str | None = None) -> int:
+        """Start a process in the guest (argv, or `cmd` run by /bin/sh -c) and return its pid at once. Its
+        stdin is a pipe (`stdin=True`), a PTY (`pty={"rows", "cols"}`; stdout carries its output) or
+        /dev/null. It runs until it ends or is killed, whoever is connected."""
+        args: dict[str, Any] = {"argv": argv, "cmd": cmd, "env": env, "cwd": cwd, "user": user,
+                                "stdin": stdin, "pty": pty, "tag": tag}
+        return self.call("proc_start", {k: v for k, v in args.items() if v is not None}, timeout=120.0)["pid"]
+
+    def read_output(self, pid: int, after: int = 0, wait: float = 30.0) -> Output:
+        """Output of `pid` written after chunk `after` (which the agent may then forget), waiting up to `wait`
+        seconds for some; `Output.done` once the process ended and everything was read."""
+        res = self.call("proc_read", {"pid": pid, "after": after, "wait": wait, "max_bytes": MAX_READ},
+                        timeout=wait + 120.0)  # a loaded TCG guest may take long to answer: not an error
         try:
+            return check_output(res, after, MAX_READ)
+        except ValueError as exc:
+            self._violate(f"sent a misshapen proc_read reply: {exc}")
+
+    def stream(self, pid: int, wait: float = 30.0) -> Iterator[tuple[str, bytes]]:
+        """(stream, bytes) as `pid` writes them; returns its exit code (StopIteration.value) when it ends."""
+        after = 0
+        while True:
+            out = self.read_output(pid, after, wait)
+            after = out.seq
+            yield from out.chunks
+            if out.done:
+                return out.exit_code
+
+    def send_stdin(self, pid: int, data: bytes, eof: bool = False) -> int:
+        """Write to the process's stdin (or its PTY), in frames of at most 1 MiB; `eof` closes it (^D on a PTY)."""
+        view = memoryview(data)
+        while True:
+            part, view = view[:1 << 20], view[1 << 20:]
+            self.call("proc_write", {"pid": pid, "data": base64.b64encode(part).decode(), "eof": eof and not view},
+                      timeout=300.0)
+            if not view:
+                return len(data)
+
+    def resize(self, pid: int, rows: int, cols: int) -> None:
+        self.call("proc_resize", {"pid": pid, "rows": rows, "cols": cols})
+
+    def signal(self, pid: int, sig: int | str = "SIGTERM") -> bool:
+        """Signal the process's group; False if it had already ended."""
+        return self.call("proc_signal", {"pid": pid, "signal": sig})["sent"]
+
+    def kill_process(self, pid: int) -> bool:
+        return self.call("proc_kill", {"pid": pid})["sent"]
+
+    def wait(self, pid: int, timeout: float = 60.0) -> dict:
+        """The process's entry once it has exited, or after `timeout` seconds (at most 60; `running` says)."""
+        try:
+            res = self.call("proc_wait", {"pid": pid, "timeout": timeout}, timeout=timeout + 30.0)
+            return check_row(res["process"])
+        except ValueError as exc:
+            self._violate(f"sent a misshapen proc_wait reply: {exc}")
+
+    def processes(self) -> list[dict]:
+        """The processes started by proc_start that the agent still holds (running, or not yet collected)."""
+        try:
+            return [check_row(p) for p in self.call("proc_list")["processes"]]
+        except ValueError as exc:
+            self._violate(f"sent a misshapen proc_list reply: {exc}")
+
+    def close(self) -> None:
+        """Release this handle; the connection closes when its last user releases it."""
+        with _POOL_LOCK:
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            if _POOL.get(str(self.path)) is self:
+                del _POOL[str(self.path)]
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        """Close the connection now, whoever else uses it (they get the violation, or 'closed')."""
+        with _POOL_LOCK:
+            if _POOL.get(str(self.path)) is self:
+                del _POOL[str(self.path)]
+        self._dead = self._dead or ForkdError(f"guest agent connection {self.path} was closed")
+        with suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
+        with self._cond:
+            self._cond.notify_all()
