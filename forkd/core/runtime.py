@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from forkd.base.atomic import write_json
-from forkd.base.errors import Conflict, ForkdError, InvalidInput, ProtocolViolation
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, ProtocolViolation
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
 from forkd.core.pipeline.branch import BranchResult, branch
@@ -20,7 +20,7 @@ from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
 from forkd.image.build import Image, build, default_image
-from forkd.sandbox.registry import ChildRecord, Registry
+from forkd.sandbox.registry import ChildRecord, Claim, Registry, this_process
 from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
@@ -174,13 +174,14 @@ class Runtime:
             return doomed
 
     # -- children ----------------------------------------------------------------------------------
-    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[ChildRecord]:
+    def fork(self, req: Spawn, progress: Progress = _quiet, claim: Claim | None = None) -> list[ChildRecord]:
         """Restore `req.n` children of `req.tag` in parallel; return when every one answered. All or nothing.
 
         `network`: None follows the snapshot (isolated parents have a NIC, so their children always get a network
         namespace each); "isolated" on a parent built without a NIC, or "none" on one with a NIC, is refused.
         `memory_limit_mib` / `cpu_weight` go into each child's cgroup; a child that cannot be placed is not
-        started unless `allow_unconstrained`."""
+        started unless `allow_unconstrained`. `claim`: the children are handed out from birth (a claim that
+        forks on the spot): no pool ever counts them as idle."""
         tag, n, network = req.tag, req.n, req.network
         with self.registry.locked():
             snap = self.store.get_ready(tag)
@@ -203,7 +204,7 @@ class Runtime:
             futures = [workers.submit(sup.spawn, tag, machine, memory, vmstate, req.timeout, req.pool,
                                       memory_limit_mib=req.memory_limit_mib,
                                       allow_unconstrained=req.allow_unconstrained, cpu_weight=req.cpu_weight,
-                                      egress=egress_json(req.egress))
+                                      egress=egress_json(req.egress), claim=claim)
                        for _ in range(n)]
             for fut in as_completed(futures):
                 try:
@@ -227,16 +228,34 @@ class Runtime:
     def claim_children(self, pool: str, n: int, ttl_seconds: int | None = None,
                        prefer_tag: str | None = None) -> list[ChildRecord]:
         """Mark up to `n` idle, running children of `pool` as claimed (those on `prefer_tag` first, oldest first)
-        and return them. Atomic against other claimers (registry lock)."""
-        now = time.time()
+        and return them. Atomic against other claimers and the reconciler's retirements (registry lock); the whole
+        batch is one write of the registry's claims table."""
         with self.registry.locked():
             idle = [r for r in self.registry.list() if r.pool == pool and not r.claimed and r.status == "running"]
             idle.sort(key=lambda r: (r.snapshot != prefer_tag, r.created_at, r.id))
-            out = []
-            for r in idle[:n]:
-                out.append(self.registry.save(r.with_(claimed_at=now,
-                                                      expires_at=now + ttl_seconds if ttl_seconds else None)))
-            return out
+            return self.registry.claim(idle[:n], Claim.now(ttl_seconds))
+
+    def unclaim(self, ids: list[str]) -> None:
+        """Give claimed children back to their pool as idle (a claim that could not be completed)."""
+        with self.registry.locked():
+            self.registry.unclaim(ids)
+
+    def retire(self, child_id: str, still: Callable[[ChildRecord], bool]) -> bool:
+        """Stop a child the reconciler retires, if it still qualifies now: `still(record)` is checked under the
+        registry lock against its current record, so a child claimed since the decision is not retired, and a
+        child another operation is creating or stopping (`busy`) is left alone. It is marked `stopping` before
+        the lock is released (no claim can take it), then stopped. True if it was retired."""
+        with self.registry.locked():
+            try:
+                rec = self.registry.get(child_id)
+            except NotFound:
+                return False
+            if rec.busy or not still(rec):
+                return False
+            pid, started = this_process()
+            rec = self.registry.save(rec.with_(state="stopping", stopper_pid=pid, stopper_started=started))
+        self.supervisor.kill(rec)
+        return True
 
     def recover(self) -> list[str]:
         """After a crash: mark snapshots whose writer died as failed, and resume children a dead process left
@@ -289,7 +308,9 @@ class Runtime:
             return a.ping()
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[tuple[str, bool]]:
-        """Stop children and drop their records: the given ids, all of them, or those of one snapshot."""
+        """Stop children and drop their records: the given ids, all of them, or those of one snapshot. A child
+        another operation is still creating (or stopping) is waited for first: nothing removes a child under
+        its spawner."""
         if all_ or tag:
             recs = [r for r in self.registry.list() if all_ or r.snapshot == tag]
         else:
@@ -297,7 +318,25 @@ class Runtime:
                 raise InvalidInput("name children to kill, or pass --all / --tag")
             recs = [self.registry.get(i) for i in ids]
         sup = self.supervisor
-        return [(r.id, sup.kill(r)) for r in recs]
+        out = []
+        for r in recs:
+            settled = self._settled(r)
+            out.append((r.id, sup.kill(settled) if settled is not None else False))
+        return out
+
+    def _settled(self, rec: ChildRecord) -> ChildRecord | None:
+        """`rec` once no other operation owns it (its spawner finished, its stopper is done: None, gone)."""
+        deadline = time.monotonic() + settings().kill_wait_seconds
+        while rec.busy:
+            if time.monotonic() > deadline:
+                raise Conflict(f"child {rec.id} is still {rec.status} (process {rec.stopper_pid or rec.spawner_pid})",
+                               hint=f"try 'forkd kill {rec.id}' again once 'forkd ls' shows it running")
+            time.sleep(0.05)
+            try:
+                rec = self.registry.get(rec.id)
+            except NotFound:
+                return None
+        return rec
 
     def gc(self, dry_run: bool = False, grace: float | None = None) -> dict:
         """Adopt live recorded children; reap dead ones and every orphaned namespace, veth, tap, lease, cgroup,

@@ -1,4 +1,14 @@
-"""On-disk registry of children: one `child.json` per child directory, written atomically under a lock."""
+"""On-disk registry of children: one `child.json` per child directory, written atomically, plus one claims table.
+
+Who writes what (so no two operations write one file at the same time):
+  * `child.json` is written by the operation that owns the child at that moment: its spawner while it is
+    `starting` (nobody else may kill or remove it then), the reconciler or a user's kill once it is `stopping`;
+  * `.claims.json` (child id -> claimed_at, expires_at) is written only under `locked()`: a claim of n warm
+    children is one read-modify-write of that table (one transaction), not n record writes. A child forked for a
+    claim carries its claim in its own record from birth, so it is never an idle pool member.
+A record's claim is its own fields, else its entry in the table; entries of removed children are dropped at the
+next write of the table.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +16,40 @@ import json
 import os
 import secrets
 import shutil
+import time
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from forkd.base.atomic import write_json
-from forkd.base.errors import InvalidInput, NotFound
+from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.base.locks import file_lock
 from forkd.base.paths import Layout
-from forkd.base.procs import is_alive
+from forkd.base.procs import is_alive, start_time
 
 RECORD = "child.json"
+CLAIMS = ".claims.json"
+CLAIMS_MAX_BYTES = 16 << 20  # ~200,000 claims: far beyond what one host runs
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A hand-out of children: when, and when the claim's ttl ends (None: never)."""
+
+    at: float
+    expires_at: float | None = None
+
+    @classmethod
+    def now(cls, ttl_seconds: float | None = None) -> Claim:
+        t = time.time()
+        return cls(t, t + ttl_seconds if ttl_seconds else None)
+
+
+def this_process() -> tuple[int, int | None]:
+    """(pid, start time) of the calling process: who is acting on a child (spawner, stopper)."""
+    pid = os.getpid()
+    return pid, start_time(pid)
 
 
 @dataclass(frozen=True)
@@ -32,7 +64,7 @@ class ChildRecord:
     driver: str = "qemu"
     pid: int | None = None
     started: int | None = None  # process start time (clock ticks): pid-reuse-proof identity
-    state: str = "starting"  # starting | running | failed
+    state: str = "starting"  # starting | running | stopping | failed
     error: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     pool: str | None = None  # owning pool; None for children forked by hand
@@ -49,6 +81,8 @@ class ChildRecord:
     unconstrained: bool = False  # started without a cgroup because the caller allowed it
     runas: str | None = None  # "uid:gid" the VMM dropped to, if any
     oom: bool = False  # the kernel OOM-killed its VMM (memory limit reached)
+    stopper_pid: int | None = None  # the process stopping it (a 'stopping' child whose stopper died is dead)
+    stopper_started: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -68,15 +102,25 @@ class ChildRecord:
 
     @property
     def status(self) -> str:
-        """What `ls` shows: running, dead (its VMM is gone, or its spawner died mid-start), oom-killed (gone because
-        it went past its memory limit), starting, failed."""
+        """What `ls` shows: running, dead (its VMM is gone, or its spawner died mid-start, or its stopper mid-stop),
+        oom-killed (gone because it went past its memory limit), starting, stopping, failed.
+
+        A `starting` child belongs to its spawner and a `stopping` one to its stopper while that process lives:
+        no other operation kills, claims or removes it."""
         if self.state == "running":
             if self.alive:
                 return "running"
             return "oom-killed" if self.oom_killed else "dead"
         if self.state == "starting" and self.spawner_pid and not is_alive(self.spawner_pid, self.spawner_started):
             return "dead"
+        if self.state == "stopping" and not (self.stopper_pid and is_alive(self.stopper_pid, self.stopper_started)):
+            return "dead"
         return self.state
+
+    @property
+    def busy(self) -> bool:
+        """Another operation (a live spawner or stopper) owns this child right now: leave it alone."""
+        return self.status in ("starting", "stopping")
 
     @property
     def claimed(self) -> bool:
@@ -98,6 +142,7 @@ class Registry:
         self.layout = layout.ensure()
         self.root = layout.children
         self._cache: dict[str, tuple[tuple[int, int], ChildRecord]] = {}
+        self._claims: tuple[tuple[int, int, int], dict[str, Claim]] | None = None
 
     def locked(self) -> AbstractContextManager[None]:
         """Inter-process lock for changes that must not interleave (e.g. rmi vs fork)."""
@@ -106,7 +151,7 @@ class Registry:
     def new_id(self) -> str:
         while True:
             cid = "c" + secrets.token_hex(5)
-            if not (self.root / cid).exists():
+            if not (self.root / cid).exists() and cid not in self.claims():
                 return cid
 
     def path(self, child_id: str) -> Path:
@@ -124,6 +169,10 @@ class Registry:
         return rec
 
     def get(self, child_id: str) -> ChildRecord:
+        return _with_claim(self._read(child_id), self.claims())
+
+    def _read(self, child_id: str) -> ChildRecord:
+        """The record as its file has it (without the claims table)."""
         try:
             raw = json.loads((self.path(child_id) / RECORD).read_text())
         except FileNotFoundError:
@@ -138,6 +187,7 @@ class Registry:
         """Every record. Parsed records are cached and re-read only when their file was replaced (records are
         written by rename, so a new inode means new content): listing is a directory scan plus stats."""
         out, seen = [], set()
+        claims = self.claims()
         with os.scandir(self.root) as it:
             for entry in it:
                 if not entry.is_dir() or entry.name.startswith("."):
@@ -150,14 +200,79 @@ class Registry:
                 hit = self._cache.get(entry.name)
                 if hit is None or hit[0] != (st.st_ino, st.st_mtime_ns):
                     try:
-                        hit = ((st.st_ino, st.st_mtime_ns), self.get(entry.name))
+                        hit = ((st.st_ino, st.st_mtime_ns), self._read(entry.name))
                     except NotFound:
                         continue
                     self._cache[entry.name] = hit
-                out.append(hit[1])
+                out.append(_with_claim(hit[1], claims))
         for gone in set(self._cache) - seen:
             del self._cache[gone]
         return sorted(out, key=lambda r: (r.created_at, r.id))
 
     def remove(self, child_id: str) -> None:
         shutil.rmtree(self.path(child_id), ignore_errors=True)
+
+    # -- claims ------------------------------------------------------------------------------------
+    def claims(self) -> dict[str, Claim]:
+        """The claims table: child id -> its claim (re-read only when the file was replaced)."""
+        path = self.root / CLAIMS
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return {}
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._claims is not None and self._claims[0] == key:
+            return self._claims[1]
+        table = _parse_claims(path, st.st_size)
+        self._claims = (key, table)
+        return table
+
+    def claim(self, recs: list[ChildRecord], claim: Claim) -> list[ChildRecord]:
+        """Record `recs` as claimed: one write of the claims table for the whole batch. Call under `locked()`."""
+        if not recs:
+            return []
+        live = set(os.listdir(self.root))
+        table = {cid: c for cid, c in self.claims().items() if cid in live}  # drop removed children's entries
+        table.update({r.id: claim for r in recs})
+        self._write_claims(table)
+        return [r.with_(claimed_at=claim.at, expires_at=claim.expires_at) for r in recs]
+
+    def unclaim(self, ids: list[str]) -> None:
+        """Give claimed children back to their pool (idle again): a claim that could not be completed, or a
+        benchmark's reset. Call under `locked()`."""
+        gone = set(ids)
+        table = {cid: c for cid, c in self.claims().items() if cid not in gone}
+        self._write_claims(table)
+        for cid in gone:  # children claimed from birth carry the claim in their own record
+            try:
+                rec = self._read(cid)
+            except NotFound:
+                continue
+            if rec.claimed_at is not None:
+                self.save(rec.with_(claimed_at=None, expires_at=None))
+
+    def _write_claims(self, table: dict[str, Claim]) -> None:
+        write_json(self.root / CLAIMS, {"version": 1, "claims": {k: [c.at, c.expires_at] for k, c in table.items()}},
+                   mode=0o600, durable=False)  # not fsynced, as the records (see save)
+
+
+def _with_claim(rec: ChildRecord, claims: dict[str, Claim]) -> ChildRecord:
+    c = claims.get(rec.id) if rec.claimed_at is None else None
+    return rec if c is None else rec.with_(claimed_at=c.at, expires_at=c.expires_at)
+
+
+def _parse_claims(path: Path, size: int) -> dict[str, Claim]:
+    """The table's file, its shape checked (it is ours, in a 0700 directory, but a torn or edited file must not
+    hand a child out twice: refuse it, naming the file)."""
+    hint = (f"stop the daemon, remove {path} (claimed children then count as idle) and restart; "
+            "'forkd kill' the children you no longer use")
+    if size > CLAIMS_MAX_BYTES:
+        raise ForkdError(f"claims table {path} is {size} bytes (more than {CLAIMS_MAX_BYTES})", hint=hint)
+    try:
+        raw = json.loads(path.read_bytes())
+        entries = raw["claims"]
+        return {str(k): Claim(float(v[0]), None if v[1] is None else float(v[1])) for k, v in entries.items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise ForkdError(f"claims table {path} is unreadable: {exc!r}", hint=hint) from exc
