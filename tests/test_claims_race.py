@@ -8,16 +8,24 @@ a claim is claimed from birth, and nothing retires or removes a child another op
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from forkd.base.paths import Layout
+from forkd.base.procs import is_alive, start_time
+from forkd.core.runtime import Runtime
+from forkd.reconciler.actions import RetireChild
+from forkd.reconciler.handlers import Context, retire
+from forkd.reconciler.objects import ObjectStore
+from forkd.sandbox.registry import CLAIMS, RECORD, ChildRecord, Claim, Registry
 from forkd.sdk import Sandbox
 from tests.conftest import forkd_cli
 from tests.test_api import start_api_daemon, stop_api_daemon
-
-pytestmark = pytest.mark.vm
 
 SPEC = """\
 apiVersion: forkd.dev/v1alpha1
@@ -94,6 +102,7 @@ def claimer(sock: str, i: int, results: dict, errors: list) -> None:
             errors.append(f"kill {sb.id} (claim {i}): {exc!r}")
 
 
+@pytest.mark.vm
 def test_concurrent_claims_creates_and_kills_against_one_pool(daemon, rt):
     for rnd in range(ROUNDS):
         results: dict[int, tuple[str, str]] = {}
@@ -115,3 +124,86 @@ def test_concurrent_claims_creates_and_kills_against_one_pool(daemon, rt):
         assert all(cid == host for cid, host in results.values()), results  # each answered as itself
         assert not [r.id for r in pool_children(rt) if r.status == "failed"]
         wait_for(lambda: warm_idle(rt, 4), 300, f"the pool back at 4 warm after round {rnd}")
+
+
+# -- the registry's rules, on records whose "VMM" is a plain process of this test (no VM needed) ----------------
+@pytest.fixture
+def local(tmp_path):
+    """A runtime on an empty home, and a factory of running pool children whose VMM stands in as `sleep`."""
+    rt = Runtime(Layout(tmp_path / "home"))
+    procs: list[subprocess.Popen] = []
+
+    def child(state: str = "running", pool: str = "p", **kw) -> ChildRecord:
+        proc = subprocess.Popen(["sleep", "300"])
+        procs.append(proc)
+        cid = rt.registry.new_id()
+        me = os.getpid()
+        return rt.registry.save(ChildRecord(
+            id=cid, snapshot="s", created_at=time.time(), dir=str(rt.registry.path(cid)), memory_mib=256, vcpus=1,
+            accel="tcg", pid=proc.pid, started=start_time(proc.pid), state=state, pool=pool, spawner_pid=me,
+            spawner_started=start_time(me), **kw))
+
+    yield rt, child
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_batch_claim_is_one_write_of_the_claims_table(local):
+    rt, child = local
+    recs = [child() for _ in range(32)]
+    before = {r.id: os.stat(Path(r.dir) / RECORD).st_ino for r in recs}
+    got = rt.claim_children("p", 32, ttl_seconds=60)
+    assert sorted(r.id for r in got) == sorted(before)
+    assert all(r.claimed and r.expires_at == r.claimed_at + 60 for r in got)
+    # no record was rewritten: the batch is the table alone
+    assert {r.id: os.stat(Path(r.dir) / RECORD).st_ino for r in recs} == before
+    assert (rt.layout.children / CLAIMS).stat().st_mode & 0o777 == 0o600
+    fresh = Registry(rt.layout)  # another process's view
+    assert all(r.claimed for r in fresh.list()) and fresh.get(recs[0].id).claimed
+    assert rt.claim_children("p", 1) == []  # nothing is handed out twice
+    rt.unclaim([r.id for r in got[:2]])
+    assert sorted(r.id for r in rt.claim_children("p", 5)) == sorted(r.id for r in got[:2])
+    rt.kill([recs[0].id])  # a removed child's entry goes at the next write of the table
+    rt.unclaim([recs[1].id])
+    assert recs[0].id not in Registry(rt.layout).claims()
+
+
+def test_a_child_forked_for_a_claim_is_claimed_from_birth(local):
+    rt, child = local
+    rec = child(state="starting", claimed_at=Claim.now(60).at)
+    assert rec.claimed and rt.claim_children("p", 1) == []
+
+
+def test_retire_never_takes_a_busy_or_newly_claimed_child(local):
+    rt, child = local
+    ctx = Context(rt, ObjectStore(rt.layout), {})
+    starting, idle, dead = child(state="starting"), child(), child()
+    os.kill(dead.pid, 9)
+    assert retire(ctx, RetireChild("p", starting.id, "scale-down")) == ""  # its spawner (this process) lives
+    assert rt.registry.get(starting.id).status == "starting" and is_alive(starting.pid, starting.started)
+    [claimed] = rt.claim_children("p", 1)  # claimed after plan() decided to retire it as idle
+    assert claimed.id == idle.id
+    assert retire(ctx, RetireChild("p", idle.id, "scale-down")) == ""
+    assert rt.registry.get(idle.id).claimed and is_alive(idle.pid, idle.started)
+    deadline = time.monotonic() + 10
+    while rt.registry.get(dead.id).status != "dead":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert retire(ctx, RetireChild("p", dead.id, "dead")).startswith("retired")
+    assert dead.id not in [r.id for r in rt.children()]
+
+
+def test_kill_waits_for_a_child_another_operation_is_starting(local):
+    rt, child = local
+    rec = child(state="starting")
+
+    def finish_start() -> None:  # the spawner's last write, a moment later
+        time.sleep(0.5)
+        rt.registry.save(rec.with_(state="running"))
+
+    t = threading.Thread(target=finish_start)
+    t.start()
+    assert rt.kill([rec.id]) == [(rec.id, True)]
+    t.join()
+    assert not (rt.layout.children / rec.id).exists() and not is_alive(rec.pid, rec.started)

@@ -231,8 +231,7 @@ class Registry:
         """Record `recs` as claimed: one write of the claims table for the whole batch. Call under `locked()`."""
         if not recs:
             return []
-        live = set(os.listdir(self.root))
-        table = {cid: c for cid, c in self.claims().items() if cid in live}  # drop removed children's entries
+        table = dict(self.claims())
         table.update({r.id: claim for r in recs})
         self._write_claims(table)
         return [r.with_(claimed_at=claim.at, expires_at=claim.expires_at) for r in recs]
@@ -252,6 +251,8 @@ class Registry:
                 self.save(rec.with_(claimed_at=None, expires_at=None))
 
     def _write_claims(self, table: dict[str, Claim]) -> None:
+        live = set(os.listdir(self.root))
+        table = {cid: c for cid, c in table.items() if cid in live}  # drop removed children's entries
         write_json(self.root / CLAIMS, {"version": 1, "claims": {k: [c.at, c.expires_at] for k, c in table.items()}},
                    mode=0o600, durable=False)  # not fsynced, as the records (see save)
 
