@@ -149,24 +149,41 @@ def local(tmp_path):
         proc.wait()
 
 
-def test_a_batch_claim_is_one_write_of_the_claims_table(local):
+def test_a_batch_claim_is_one_appended_line_of_the_claims_log(local):
     rt, child = local
     recs = [child() for _ in range(32)]
     before = {r.id: os.stat(Path(r.dir) / RECORD).st_ino for r in recs}
     got = rt.claim_children("p", 32, ttl_seconds=60)
     assert sorted(r.id for r in got) == sorted(before)
     assert all(r.claimed and r.expires_at == r.claimed_at + 60 for r in got)
-    # no record was rewritten: the batch is the table alone
+    # no record was rewritten: the batch is one line of the log
     assert {r.id: os.stat(Path(r.dir) / RECORD).st_ino for r in recs} == before
-    assert (rt.layout.children / CLAIMS).stat().st_mode & 0o777 == 0o600
+    log = rt.layout.children / CLAIMS
+    assert len(log.read_bytes().splitlines()) == 1 and log.stat().st_mode & 0o777 == 0o600
     fresh = Registry(rt.layout)  # another process's view
     assert all(r.claimed for r in fresh.list()) and fresh.get(recs[0].id).claimed
     assert rt.claim_children("p", 1) == []  # nothing is handed out twice
     rt.unclaim([r.id for r in got[:2]])
+    assert not any(r.claimed for r in fresh.list() if r.id in {got[0].id, got[1].id})  # read incrementally
     assert sorted(r.id for r in rt.claim_children("p", 5)) == sorted(r.id for r in got[:2])
-    rt.kill([recs[0].id])  # a removed child's entry goes at the next write of the table
-    rt.unclaim([recs[1].id])
-    assert recs[0].id not in Registry(rt.layout).claims()
+    rt.kill([recs[0].id])
+    rt.registry._claims.compact(set(rt.registry._ids()))  # what a log past COMPACT_BYTES gets
+    table = Registry(rt.layout).claims()
+    assert recs[0].id not in table and set(table) == {r.id for r in recs[1:]}
+    assert all(r.claimed for r in fresh.list())  # a rewritten log is read whole again
+
+
+def test_a_torn_last_line_of_the_claims_log_is_cut_off(local):
+    rt, child = local
+    a, b = child(), child()
+    rt.claim_children("p", 1)
+    log = rt.layout.children / CLAIMS
+    with open(log, "ab") as f:  # a claimer died mid-write: its claim never reached its caller
+        f.write(b'{"c":["' + b.id.encode())
+    assert [r.id for r in Registry(rt.layout).list() if r.claimed] == [a.id]  # a half line is not read
+    [got] = rt.claim_children("p", 1)
+    assert got.id == b.id and all(r.claimed for r in Registry(rt.layout).list())
+    assert len(log.read_bytes().splitlines()) == 2
 
 
 def test_a_child_forked_for_a_claim_is_claimed_from_birth(local):

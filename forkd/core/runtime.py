@@ -246,10 +246,7 @@ class Runtime:
         child another operation is creating or stopping (`busy`) is left alone. It is marked `stopping` before
         the lock is released (no claim can take it), then stopped. True if it was retired."""
         with self.registry.locked():
-            try:
-                rec = self.registry.get(child_id)
-            except NotFound:
-                return False
+            rec = self.registry.get(child_id)  # NotFound: gone meanwhile (the reconciler retries, then forgets)
             if rec.busy or not still(rec):
                 return False
             pid, started = this_process()
