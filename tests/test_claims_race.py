@@ -224,3 +224,21 @@ def test_kill_waits_for_a_child_another_operation_is_starting(local):
     assert rt.kill([rec.id]) == [(rec.id, True)]
     t.join()
     assert not (rt.layout.children / rec.id).exists() and not is_alive(rec.pid, rec.started)
+
+
+def test_kill_of_a_child_another_operation_is_stopping_waits_and_leaves_it_to_that_one(local):
+    rt, child = local
+    rec = child()
+    pid, started = os.getpid(), start_time(os.getpid())
+    rt.registry.save(rec.with_(state="stopping", stopper_pid=pid, stopper_started=started))
+    assert rt.registry.get(rec.id).busy and rt.claim_children("p", 1) == []  # no claim takes it either
+
+    def finish_stop() -> None:  # the other operation (e.g. the reconciler retiring it) finishes
+        time.sleep(0.5)
+        rt.supervisor.kill(rec)
+
+    t = threading.Thread(target=finish_stop)
+    t.start()
+    assert rt.kill([rec.id]) == [(rec.id, False)]  # it was not this kill that stopped it
+    t.join()
+    assert not (rt.layout.children / rec.id).exists()

@@ -245,14 +245,37 @@ class Runtime:
         registry lock against its current record, so a child claimed since the decision is not retired, and a
         child another operation is creating or stopping (`busy`) is left alone. It is marked `stopping` before
         the lock is released (no claim can take it), then stopped. True if it was retired."""
-        with self.registry.locked():
-            rec = self.registry.get(child_id)  # NotFound: gone meanwhile (the reconciler retries, then forgets)
-            if rec.busy or not still(rec):
-                return False
-            pid, started = this_process()
-            rec = self.registry.save(rec.with_(state="stopping", stopper_pid=pid, stopper_started=started))
+        rec, owned = self._take(child_id, still)
+        if rec is None or not owned:
+            return False
         self.supervisor.kill(rec)
         return True
+
+    def _take(self, child_id: str, still: Callable[[ChildRecord], bool] | None = None,
+              wait_until: float | None = None) -> tuple[ChildRecord | None, bool]:
+        """Become the operation that stops `child_id`: under the registry lock, once no other operation owns it
+        (waiting until `wait_until`, if given), mark it `stopping` by this process. Returns (that record, True);
+        (the record as it is, False) if it is still busy at the deadline or `still(record)` says no; (None, False)
+        if it went meanwhile (someone else stopped it). NotFound if it was not there at all."""
+        first = True
+        while True:
+            with self.registry.locked():
+                try:
+                    rec = self.registry.get(child_id)
+                except NotFound:
+                    if first:
+                        raise
+                    return None, False
+                if not rec.busy:
+                    if still is not None and not still(rec):
+                        return rec, False
+                    pid, started = this_process()
+                    rec = rec.with_(state="stopping", stopper_pid=pid, stopper_started=started)
+                    return self.registry.save(rec), True
+            if wait_until is None or time.monotonic() >= wait_until:
+                return rec, False
+            first = False
+            time.sleep(0.05)
 
     def recover(self) -> list[str]:
         """After a crash: mark snapshots whose writer died as failed, and resume children a dead process left
@@ -315,25 +338,25 @@ class Runtime:
                 raise InvalidInput("name children to kill, or pass --all / --tag")
             recs = [self.registry.get(i) for i in ids]
         sup = self.supervisor
-        out = []
-        for r in recs:
-            settled = self._settled(r)
-            out.append((r.id, sup.kill(settled) if settled is not None else False))
-        return out
-
-    def _settled(self, rec: ChildRecord) -> ChildRecord | None:
-        """`rec` once no other operation owns it (its spawner finished, its stopper is done: None, gone)."""
         deadline = time.monotonic() + settings().kill_wait_seconds
-        while rec.busy:
-            if time.monotonic() > deadline:
-                raise Conflict(f"child {rec.id} is still {rec.status} (process {rec.stopper_pid or rec.spawner_pid})",
-                               hint=f"try 'forkd kill {rec.id}' again once 'forkd ls' shows it running")
-            time.sleep(0.05)
+        out, busy = [], []
+        for r in recs:
             try:
-                rec = self.registry.get(rec.id)
+                rec, owned = self._take(r.id, wait_until=deadline)
             except NotFound:
-                return None
-        return rec
+                rec, owned = None, False
+            if owned:
+                out.append((r.id, sup.kill(rec)))
+            elif rec is None:  # gone meanwhile: stopped by someone else
+                out.append((r.id, False))
+            else:
+                busy.append(rec)
+        if busy:  # the others are killed; these belong to an operation that has not finished in time
+            raise Conflict(f"{len(busy)} children are still being started or stopped by another process: "
+                           + ", ".join(f"{r.id} ({r.status}, process {r.stopper_pid or r.spawner_pid})"
+                                       for r in busy[:8]),
+                           hint="try 'forkd kill' again once 'forkd ls' shows them running")
+        return out
 
     def gc(self, dry_run: bool = False, grace: float | None = None) -> dict:
         """Adopt live recorded children; reap dead ones and every orphaned namespace, veth, tap, lease, cgroup,
