@@ -9,7 +9,7 @@
    (untimed), and the pool is refilled before the next claim;
 2. hand out 32 children at once from a pool of 32 warm (`Control.claim(pool, 32)`), side by side in one run:
    "before", the hand-out as it was (one atomic record write per child, replayed here by `claim_per_record`),
-   and "now" (one write of the registry's claims table for the batch), alternating, `--rounds` each, p50/p90;
+   and "now" (one appended line of the registry's claims log per batch), alternating, `--rounds` each, p50/p90;
    between rounds the 32 are given back (untimed) and the registry's cache is warm again, as a daemon's is;
    the 32 of the last round are checked to answer a ping;
 3. time until the pool is back at target after claiming 10 (reconcile loop refilling);
@@ -100,7 +100,7 @@ def claim_series(claim, rt: Runtime, control: Control, n: int) -> list[float]:
 
 
 def claim_per_record(control: Control, pool: str, n: int) -> list[ChildRecord]:
-    """The hand-out before the claims table, as Control.claim did it (one atomic record write per child): kept
+    """The hand-out before the claims log, as Control.claim did it (one atomic record write per child): kept
     here only to measure it side by side with today's."""
     rt = control.rt
     obj = control.objects.get("ForkPool", pool).obj
@@ -160,7 +160,7 @@ def print_hand_out(h: dict) -> None:
     verdict = "PASS" if n["p50"] <= 10 else "MISS"
     print(f"  hand out 32 from a pool of 32, {n['runs']} runs each, side by side:")
     print(f"    before (a record write per child)  p50 {b['p50']:7.2f} ms  p90 {b['p90']:7.2f} ms")
-    print(f"    now (one claims-table write)       p50 {n['p50']:7.2f} ms  p90 {n['p90']:7.2f} ms"
+    print(f"    now (one claims-log line)          p50 {n['p50']:7.2f} ms  p90 {n['p90']:7.2f} ms"
           f"   {h['speedup_p50']:.1f}x   target p50 <= 10 ms: {verdict}")
 
 

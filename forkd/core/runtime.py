@@ -229,7 +229,7 @@ class Runtime:
                        prefer_tag: str | None = None) -> list[ChildRecord]:
         """Mark up to `n` idle, running children of `pool` as claimed (those on `prefer_tag` first, oldest first)
         and return them. Atomic against other claimers and the reconciler's retirements (registry lock); the whole
-        batch is one write of the registry's claims table."""
+        batch is one appended line of the registry's claims log."""
         with self.registry.locked():
             idle = [r for r in self.registry.list() if r.pool == pool and not r.claimed and r.status == "running"]
             idle.sort(key=lambda r: (r.snapshot != prefer_tag, r.created_at, r.id))

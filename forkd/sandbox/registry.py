@@ -1,4 +1,4 @@
-"""On-disk registry of children: one `child.json` per child directory, written atomically, plus one claims table.
+"""On-disk registry of children: one `child.json` per child directory, written atomically, plus one claims log.
 
 Who writes what (so no two operations write one file at the same time):
   * `child.json` is written by the operation that owns the child at that moment: its spawner while it is
@@ -156,7 +156,7 @@ class Registry:
         return _with_claim(self._read(child_id), self.claims())
 
     def _read(self, child_id: str) -> ChildRecord:
-        """The record as its file has it (without the claims table)."""
+        """The record as its file has it (without the claims log)."""
         try:
             raw = json.loads((self.path(child_id) / RECORD).read_text())
         except FileNotFoundError:
