@@ -158,7 +158,8 @@ def registry_only(rounds: int, n: int = 32) -> dict:
 def print_hand_out(h: dict) -> None:
     b, n = h["before"], h["now"]
     verdict = "PASS" if n["p50"] <= 10 else "MISS"
-    print(f"  hand out 32 from a pool of 32, {n['runs']} runs each, side by side:")
+    load = ", ".join(f"{x:.0f}" for x in os.getloadavg())
+    print(f"  hand out 32 from a pool of 32, {n['runs']} runs each, side by side (load average {load}):")
     print(f"    before (a record write per child)  p50 {b['p50']:7.2f} ms  p90 {b['p90']:7.2f} ms")
     print(f"    now (one claims-log line)          p50 {n['p50']:7.2f} ms  p90 {n['p90']:7.2f} ms"
           f"   {h['speedup_p50']:.1f}x   target p50 <= 10 ms: {verdict}")
