@@ -23,3 +23,10 @@ def test_plan_bench_meets_its_own_output_contract():
                          timeout=120)
     assert res.returncode == 0, res.stderr
     assert "plan():" in res.stdout and "1000" in res.stdout
+
+
+def test_pool_bench_registry_only_short_mode():
+    res = subprocess.run([sys.executable, str(BENCH / "pool.py"), "--registry-only", "--rounds", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "hand out 32" in res.stdout and "before" in res.stdout and "p90" in res.stdout

@@ -87,6 +87,8 @@ class Settings(BaseModel):
     # -- rel-state: add this helper's settings below this line
 
     # -- rel-claims: add this helper's settings below this line
+    kill_wait_seconds: float = _env(120.0, "seconds `forkd kill` waits for a child another operation is still "
+                                           "starting (or stopping) before it gives up with a conflict", gt=0)
 
     # -- rel-chaos: add this helper's settings below this line
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from forkd.base.atomic import write_json
-from forkd.base.errors import Conflict, ForkdError, InvalidInput, ProtocolViolation
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, ProtocolViolation
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
 from forkd.core.pipeline.branch import BranchResult, branch
@@ -20,7 +20,7 @@ from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
 from forkd.image.build import Image, build, default_image
-from forkd.sandbox.registry import ChildRecord, Registry
+from forkd.sandbox.registry import ChildRecord, Claim, Registry, this_process
 from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
@@ -174,13 +174,14 @@ class Runtime:
             return doomed
 
     # -- children ----------------------------------------------------------------------------------
-    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[ChildRecord]:
+    def fork(self, req: Spawn, progress: Progress = _quiet, claim: Claim | None = None) -> list[ChildRecord]:
         """Restore `req.n` children of `req.tag` in parallel; return when every one answered. All or nothing.
 
         `network`: None follows the snapshot (isolated parents have a NIC, so their children always get a network
         namespace each); "isolated" on a parent built without a NIC, or "none" on one with a NIC, is refused.
         `memory_limit_mib` / `cpu_weight` go into each child's cgroup; a child that cannot be placed is not
-        started unless `allow_unconstrained`."""
+        started unless `allow_unconstrained`. `claim`: the children are handed out from birth (a claim that
+        forks on the spot): no pool ever counts them as idle."""
         tag, n, network = req.tag, req.n, req.network
         with self.registry.locked():
             snap = self.store.get_ready(tag)
@@ -203,7 +204,7 @@ class Runtime:
             futures = [workers.submit(sup.spawn, tag, machine, memory, vmstate, req.timeout, req.pool,
                                       memory_limit_mib=req.memory_limit_mib,
                                       allow_unconstrained=req.allow_unconstrained, cpu_weight=req.cpu_weight,
-                                      egress=egress_json(req.egress))
+                                      egress=egress_json(req.egress), claim=claim)
                        for _ in range(n)]
             for fut in as_completed(futures):
                 try:
@@ -227,16 +228,54 @@ class Runtime:
     def claim_children(self, pool: str, n: int, ttl_seconds: int | None = None,
                        prefer_tag: str | None = None) -> list[ChildRecord]:
         """Mark up to `n` idle, running children of `pool` as claimed (those on `prefer_tag` first, oldest first)
-        and return them. Atomic against other claimers (registry lock)."""
-        now = time.time()
+        and return them. Atomic against other claimers and the reconciler's retirements (registry lock); the whole
+        batch is one appended line of the registry's claims log."""
         with self.registry.locked():
             idle = [r for r in self.registry.list() if r.pool == pool and not r.claimed and r.status == "running"]
             idle.sort(key=lambda r: (r.snapshot != prefer_tag, r.created_at, r.id))
-            out = []
-            for r in idle[:n]:
-                out.append(self.registry.save(r.with_(claimed_at=now,
-                                                      expires_at=now + ttl_seconds if ttl_seconds else None)))
-            return out
+            return self.registry.claim(idle[:n], Claim.now(ttl_seconds))
+
+    def unclaim(self, ids: list[str]) -> None:
+        """Give claimed children back to their pool as idle (a claim that could not be completed)."""
+        with self.registry.locked():
+            self.registry.unclaim(ids)
+
+    def retire(self, child_id: str, still: Callable[[ChildRecord], bool]) -> bool:
+        """Stop a child the reconciler retires, if it still qualifies now: `still(record)` is checked under the
+        registry lock against its current record, so a child claimed since the decision is not retired, and a
+        child another operation is creating or stopping (`busy`) is left alone. It is marked `stopping` before
+        the lock is released (no claim can take it), then stopped. True if it was retired."""
+        rec, owned = self._take(child_id, still)
+        if rec is None or not owned:
+            return False
+        self.supervisor.kill(rec)
+        return True
+
+    def _take(self, child_id: str, still: Callable[[ChildRecord], bool] | None = None,
+              wait_until: float | None = None) -> tuple[ChildRecord | None, bool]:
+        """Become the operation that stops `child_id`: under the registry lock, once no other operation owns it
+        (waiting until `wait_until`, if given), mark it `stopping` by this process. Returns (that record, True);
+        (the record as it is, False) if it is still busy at the deadline or `still(record)` says no; (None, False)
+        if it went meanwhile (someone else stopped it). NotFound if it was not there at all."""
+        first = True
+        while True:
+            with self.registry.locked():
+                try:
+                    rec = self.registry.get(child_id)
+                except NotFound:
+                    if first:
+                        raise
+                    return None, False
+                if not rec.busy:
+                    if still is not None and not still(rec):
+                        return rec, False
+                    pid, started = this_process()
+                    rec = rec.with_(state="stopping", stopper_pid=pid, stopper_started=started)
+                    return self.registry.save(rec), True
+            if wait_until is None or time.monotonic() >= wait_until:
+                return rec, False
+            first = False
+            time.sleep(0.05)
 
     def recover(self) -> list[str]:
         """After a crash: mark snapshots whose writer died as failed, and resume children a dead process left
@@ -289,7 +328,9 @@ class Runtime:
             return a.ping()
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[tuple[str, bool]]:
-        """Stop children and drop their records: the given ids, all of them, or those of one snapshot."""
+        """Stop children and drop their records: the given ids, all of them, or those of one snapshot. A child
+        another operation is still creating (or stopping) is waited for first: nothing removes a child under
+        its spawner."""
         if all_ or tag:
             recs = [r for r in self.registry.list() if all_ or r.snapshot == tag]
         else:
@@ -297,7 +338,25 @@ class Runtime:
                 raise InvalidInput("name children to kill, or pass --all / --tag")
             recs = [self.registry.get(i) for i in ids]
         sup = self.supervisor
-        return [(r.id, sup.kill(r)) for r in recs]
+        deadline = time.monotonic() + settings().kill_wait_seconds
+        out, busy = [], []
+        for r in recs:
+            try:
+                rec, owned = self._take(r.id, wait_until=deadline)
+            except NotFound:
+                rec, owned = None, False
+            if owned:
+                out.append((r.id, sup.kill(rec)))
+            elif rec is None:  # gone meanwhile: stopped by someone else
+                out.append((r.id, False))
+            else:
+                busy.append(rec)
+        if busy:  # the others are killed; these belong to an operation that has not finished in time
+            raise Conflict(f"{len(busy)} children are still being started or stopped by another process: "
+                           + ", ".join(f"{r.id} ({r.status}, process {r.stopper_pid or r.spawner_pid})"
+                                       for r in busy[:8]),
+                           hint="try 'forkd kill' again once 'forkd ls' shows them running")
+        return out
 
     def gc(self, dry_run: bool = False, grace: float | None = None) -> dict:
         """Adopt live recorded children; reap dead ones and every orphaned namespace, veth, tap, lease, cgroup,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from forkd.reconciler.engine import Reconciler
 from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore
 from forkd.reconciler.state import Actual
 from forkd.reconciler.world import parent_tag, resolve
+from forkd.sandbox.registry import Claim
 from forkd.spec.models import MODELS, RESOURCE_NAMES, ForkObject, to_document
 
 if TYPE_CHECKING:
@@ -155,21 +155,27 @@ class Control:
     def claim(self, pool: str, n: int = 1) -> list[ChildRecord]:
         """Hand out `n` warm children of `pool` now; the reconciler refills the pool in the background.
 
-        If fewer than `n` are warm, the rest are forked on the spot from the pool's snapshot (slower)."""
+        If fewer than `n` are warm, the rest are forked on the spot from the pool's snapshot (slower); those are
+        claimed from birth, so the reconciler never sees them as idle. All or nothing: if that fork fails, the
+        warm children taken are given back to the pool."""
         if not 1 <= n <= 1000:
             raise InvalidInput(f"-n {n}: use 1..1000")
         obj = self.objects.get("ForkPool", pool).obj
         target = self._pool_target(pool)
-        got = self.rt.claim_children(pool, n, obj.spec.child.ttlSeconds, prefer_tag=target)
+        ttl = obj.spec.child.ttlSeconds
+        got = self.rt.claim_children(pool, n, ttl, prefer_tag=target)
         if len(got) < n:
             if target is None:
+                if got:
+                    self.rt.unclaim([r.id for r in got])
                 raise Conflict(f"pool {pool!r} has {len(got)} warm children and no ready snapshot to fork more",
                                hint=f"see 'forkd describe pool/{pool}'")
-            extra = self.rt.fork(obj.to_request(target, n - len(got)))
-            now = time.time()
-            ttl = obj.spec.child.ttlSeconds
-            got += [self.rt.registry.save(r.with_(claimed_at=now, expires_at=now + ttl if ttl else None))
-                    for r in extra]
+            try:
+                got += self.rt.fork(obj.to_request(target, n - len(got)), claim=Claim.now(ttl))
+            except BaseException:
+                if got:
+                    self.rt.unclaim([r.id for r in got])
+                raise
         self.reconciler.wake.set()
         return got
 

@@ -7,6 +7,7 @@ TerminalError (the same spec would be refused again); any other failure is retri
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,10 +26,12 @@ from forkd.reconciler.actions import (
     SpawnChildren,
 )
 from forkd.reconciler.objects import ObjectStore
+from forkd.reconciler.world import GONE
 from forkd.spec.models import ImageRef
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
+    from forkd.sandbox.registry import ChildRecord
 
 R = TypeVar("R")
 SPAWN_SAMPLES = 50  # spawn-to-answer times kept per pool for its p50
@@ -101,8 +104,22 @@ def spawn(ctx: Context, a: SpawnChildren) -> str:
     return f"spawned {len(recs)} children of {a.tag}"
 
 
+def still_retirable(rec: ChildRecord, reason: str, now: float) -> bool:
+    """Does the child, as its record is now, still qualify for the retirement plan() decided on an older view?
+    A dead one stays dead; an expired claim stays expired; an idle one (scale-down, rollout, orphaned) must not
+    have been claimed since."""
+    if reason in ("dead", "oom-killed"):
+        return rec.status in GONE
+    if reason == "expired":
+        return rec.claimed and rec.expires_at is not None and rec.expires_at <= now
+    return not rec.claimed
+
+
 def retire(ctx: Context, a: RetireChild) -> str:
-    ctx.rt.kill([a.child])
+    """Retire the child if it still qualifies (checked and marked under the registry lock, see Runtime.retire):
+    never a child claimed meanwhile, nor one another operation is creating or stopping; otherwise no event."""
+    if not ctx.rt.retire(a.child, lambda rec: still_retirable(rec, a.reason, time.time())):
+        return ""
     return f"retired child {a.child} ({a.reason})"
 
 

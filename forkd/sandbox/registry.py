@@ -1,4 +1,13 @@
-"""On-disk registry of children: one `child.json` per child directory, written atomically under a lock."""
+"""On-disk registry of children: one `child.json` per child directory, written atomically, plus one claims log.
+
+Who writes what (so no two operations write one file at the same time):
+  * `child.json` is written by the operation that owns the child at that moment: its spawner while it is
+    `starting` (nobody else may kill or remove it then), the reconciler or a user's kill once it is `stopping`;
+  * the claims log (`.claims.log`, forkd.sandbox.claims) is appended to only under `locked()`: a claim of n warm
+    children is one appended line (one transaction), not n record writes. A child forked for a claim carries its
+    claim in its own record from birth, so it is never an idle pool member.
+A record's claim is its own fields, else its entry in the log; entries of removed children go when it is compacted.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +24,16 @@ from forkd.base.atomic import write_json
 from forkd.base.errors import InvalidInput, NotFound
 from forkd.base.locks import file_lock
 from forkd.base.paths import Layout
-from forkd.base.procs import is_alive
+from forkd.base.procs import is_alive, start_time
+from forkd.sandbox.claims import CLAIMS, Claim, ClaimsLog
+
+__all__ = ["CLAIMS", "RECORD", "ChildRecord", "Claim", "Registry", "this_process"]
 
 RECORD = "child.json"
+def this_process() -> tuple[int, int | None]:
+    """(pid, start time) of the calling process: who is acting on a child (spawner, stopper)."""
+    pid = os.getpid()
+    return pid, start_time(pid)
 
 
 @dataclass(frozen=True)
@@ -32,7 +48,7 @@ class ChildRecord:
     driver: str = "qemu"
     pid: int | None = None
     started: int | None = None  # process start time (clock ticks): pid-reuse-proof identity
-    state: str = "starting"  # starting | running | failed
+    state: str = "starting"  # starting | running | stopping | failed
     error: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     pool: str | None = None  # owning pool; None for children forked by hand
@@ -49,6 +65,8 @@ class ChildRecord:
     unconstrained: bool = False  # started without a cgroup because the caller allowed it
     runas: str | None = None  # "uid:gid" the VMM dropped to, if any
     oom: bool = False  # the kernel OOM-killed its VMM (memory limit reached)
+    stopper_pid: int | None = None  # the process stopping it (a 'stopping' child whose stopper died is dead)
+    stopper_started: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -68,15 +86,25 @@ class ChildRecord:
 
     @property
     def status(self) -> str:
-        """What `ls` shows: running, dead (its VMM is gone, or its spawner died mid-start), oom-killed (gone because
-        it went past its memory limit), starting, failed."""
+        """What `ls` shows: running, dead (its VMM is gone, or its spawner died mid-start, or its stopper mid-stop),
+        oom-killed (gone because it went past its memory limit), starting, stopping, failed.
+
+        A `starting` child belongs to its spawner and a `stopping` one to its stopper while that process lives:
+        no other operation kills, claims or removes it."""
         if self.state == "running":
             if self.alive:
                 return "running"
             return "oom-killed" if self.oom_killed else "dead"
         if self.state == "starting" and self.spawner_pid and not is_alive(self.spawner_pid, self.spawner_started):
             return "dead"
+        if self.state == "stopping" and not (self.stopper_pid and is_alive(self.stopper_pid, self.stopper_started)):
+            return "dead"
         return self.state
+
+    @property
+    def busy(self) -> bool:
+        """Another operation (a live spawner or stopper) owns this child right now: leave it alone."""
+        return self.status in ("starting", "stopping")
 
     @property
     def claimed(self) -> bool:
@@ -98,6 +126,7 @@ class Registry:
         self.layout = layout.ensure()
         self.root = layout.children
         self._cache: dict[str, tuple[tuple[int, int], ChildRecord]] = {}
+        self._claims = ClaimsLog(self.root / CLAIMS)
 
     def locked(self) -> AbstractContextManager[None]:
         """Inter-process lock for changes that must not interleave (e.g. rmi vs fork)."""
@@ -106,7 +135,7 @@ class Registry:
     def new_id(self) -> str:
         while True:
             cid = "c" + secrets.token_hex(5)
-            if not (self.root / cid).exists():
+            if not (self.root / cid).exists() and cid not in self.claims():
                 return cid
 
     def path(self, child_id: str) -> Path:
@@ -124,6 +153,10 @@ class Registry:
         return rec
 
     def get(self, child_id: str) -> ChildRecord:
+        return _with_claim(self._read(child_id), self.claims())
+
+    def _read(self, child_id: str) -> ChildRecord:
+        """The record as its file has it (without the claims log)."""
         try:
             raw = json.loads((self.path(child_id) / RECORD).read_text())
         except FileNotFoundError:
@@ -138,6 +171,7 @@ class Registry:
         """Every record. Parsed records are cached and re-read only when their file was replaced (records are
         written by rename, so a new inode means new content): listing is a directory scan plus stats."""
         out, seen = [], set()
+        claims = self.claims()
         with os.scandir(self.root) as it:
             for entry in it:
                 if not entry.is_dir() or entry.name.startswith("."):
@@ -150,14 +184,57 @@ class Registry:
                 hit = self._cache.get(entry.name)
                 if hit is None or hit[0] != (st.st_ino, st.st_mtime_ns):
                     try:
-                        hit = ((st.st_ino, st.st_mtime_ns), self.get(entry.name))
+                        hit = ((st.st_ino, st.st_mtime_ns), self._read(entry.name))
                     except NotFound:
                         continue
                     self._cache[entry.name] = hit
-                out.append(hit[1])
+                out.append(_with_claim(hit[1], claims))
         for gone in set(self._cache) - seen:
             del self._cache[gone]
         return sorted(out, key=lambda r: (r.created_at, r.id))
 
     def remove(self, child_id: str) -> None:
         shutil.rmtree(self.path(child_id), ignore_errors=True)
+
+    # -- claims ------------------------------------------------------------------------------------
+    def claims(self) -> dict[str, Claim]:
+        """Child id -> its claim, from the claims log (children claimed from birth carry theirs in the record)."""
+        return self._claims.table()
+
+    def claim(self, recs: list[ChildRecord], claim: Claim) -> list[ChildRecord]:
+        """Record `recs` as claimed: one appended line of the claims log for the whole batch. Call under
+        `locked()`."""
+        if not recs:
+            return []
+        self._claims.append({"c": [r.id for r in recs], "at": claim.at, "exp": claim.expires_at}, self._ids)
+        return [_claimed(r, claim) for r in recs]
+
+    def unclaim(self, ids: list[str]) -> None:
+        """Give claimed children back to their pool (idle again): a claim that could not be completed, or a
+        benchmark's reset. Call under `locked()`."""
+        if not ids:
+            return
+        self._claims.append({"u": list(ids)}, self._ids)
+        for cid in ids:  # children claimed from birth carry the claim in their own record
+            try:
+                rec = self._read(cid)
+            except NotFound:
+                continue
+            if rec.claimed_at is not None:
+                self.save(rec.with_(claimed_at=None, expires_at=None))
+
+    def _ids(self) -> list[str]:
+        return [n for n in os.listdir(self.root) if not n.startswith(".")]
+
+
+def _with_claim(rec: ChildRecord, claims: dict[str, Claim]) -> ChildRecord:
+    c = claims.get(rec.id) if rec.claimed_at is None else None
+    return rec if c is None else _claimed(rec, c)
+
+
+def _claimed(rec: ChildRecord, c: Claim) -> ChildRecord:
+    """`rec` with the claim's two fields: a copy of its attributes (dataclasses.replace re-runs __init__ over all
+    30 fields, 10x slower, and a batch claim makes one per child)."""
+    new = object.__new__(ChildRecord)
+    new.__dict__.update(rec.__dict__, claimed_at=c.at, expires_at=c.expires_at)
+    return new

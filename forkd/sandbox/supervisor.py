@@ -11,7 +11,7 @@ from pathlib import Path
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.sandbox import cgroups, netns
-from forkd.sandbox.registry import ChildRecord, Registry
+from forkd.sandbox.registry import ChildRecord, Claim, Registry
 from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
 
@@ -26,7 +26,7 @@ class Supervisor:
     def spawn(self, snapshot: str, machine: Machine, memory: Path, vmstate: Path,
               timeout: float = 30.0, pool: str | None = None, memory_limit_mib: int | None = None,
               allow_unconstrained: bool = False, cpu_weight: int = cgroups.DEFAULT_CPU_WEIGHT,
-              egress: netns.Egress = "none") -> tuple[ChildRecord, Vm]:
+              egress: netns.Egress = "none", claim: Claim | None = None) -> tuple[ChildRecord, Vm]:
         """Restore one child, reseed it, and return once its agent answered. Recorded before it runs.
 
         Isolation: `machine.network == "isolated"` runs the VMM in its own network namespace (forkd.sandbox.netns);
@@ -35,11 +35,13 @@ class Supervisor:
         group is written into the record before it is made, so `gc` can find them after any crash. Privileges:
         under FORKD_VMM_RUNAS=per-child (the default) the VMM drops to a uid:gid of its own (runas_identity, kept
         in the record) with no capabilities once its files, sockets and tap are open (not yet with a disk:
-        the driver's may_drop)."""
+        the driver's may_drop). `claim`: the child is handed out from birth (its first record says so), so a
+        pool never counts it as idle."""
         t0 = time.perf_counter()
         home = str(self.registry.layout.home)
         hier = cgroups.detect()
-        rec = self._record(snapshot, machine, pool, memory_limit_mib, home, hier, self.driver.may_drop(machine))
+        rec = self._record(snapshot, machine, pool, memory_limit_mib, home, hier, self.driver.may_drop(machine),
+                           claim)
         group: cgroups.ChildCgroup | None = None
         net: netns.ChildNet | None = None
         setup_ms: dict[str, float] = {}
@@ -68,7 +70,7 @@ class Supervisor:
         return self._running(rec, vm, setup_ms, t0, t_restored), vm
 
     def _record(self, snapshot: str, machine: Machine, pool: str | None, memory_limit_mib: int | None, home: str,
-                hier: cgroups.Hierarchy | None, runas: bool) -> ChildRecord:
+                hier: cgroups.Hierarchy | None, runas: bool, claim: Claim | None = None) -> ChildRecord:
         """A new child's first record, saved before any of its namespace, group or VMM exists."""
         cid = self.registry.new_id()
         planned_cg = [str(b / cid) for b in hier.base(home)] if hier is not None else None
@@ -77,7 +79,8 @@ class Supervisor:
             vcpus=machine.vcpus, accel=machine.accel, driver=self.driver.name, pool=pool,
             spawner_pid=os.getpid(), spawner_started=start_time(os.getpid()), network=machine.network,
             netns=netns.netns_name(cid) if machine.network != "none" else None, cgroup=planned_cg,
-            memory_limit_mib=memory_limit_mib, runas=runas_identity(cid) if runas else None))
+            memory_limit_mib=memory_limit_mib, runas=runas_identity(cid) if runas else None,
+            claimed_at=claim.at if claim else None, expires_at=claim.expires_at if claim else None))
         return rec.with_(dir=str(self.registry.path(rec.id)))
 
     def _constrain(self, rec: ChildRecord, home: str, hier: cgroups.Hierarchy | None, memory_limit_mib: int | None,
