@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from forkd.operator.crdgen import PRINTER_COLUMNS, crd_name, files, plural
-from forkd.spec.loader import load_paths, load_values
+from forkd.spec.loader import collect_files, load_paths, load_values
 from forkd.spec.models import KINDS, MODELS, ForkParentStatus, ForkPoolStatus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,10 +283,8 @@ def test_structural_checker_catches_what_the_api_server_refuses():
 def example_documents() -> list[tuple[str, dict]]:
     values = load_values([EXAMPLES / "values.yaml"])
     out = []
-    for f in sorted(EXAMPLES.glob("*.yaml")):
-        if f.name == "values.yaml":
-            continue
-        for item in load_paths([f], values=values):  # templated files are rendered with values.yaml
+    for f in collect_files([EXAMPLES]):  # values.yaml is a values file, not objects
+        for item in load_paths([f], values=values if f.name.endswith(".j2") else None):
             out.append((f"{f.name}:{item.line}", item.document))
     return out
 

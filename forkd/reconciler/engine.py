@@ -46,9 +46,15 @@ class Reconciler:
         self.spawn_ms: dict[str, deque[float]] = {}
         self.world: World | None = None  # the last pass's view: what `converged` reports as stuck
         self.wake = threading.Event()
-        self._ctx = Context(rt, self.objects, self.spawn_ms)
+        self._ctx = Context(rt, self.objects, self.spawn_ms, self._claim)
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="forkd-action")
+
+    def _claim(self, pool: str, n: int) -> list:
+        """A ForkClaim's children, through the same claim path `forkd claim` takes."""
+        from forkd.reconciler.control import Control  # control builds reconcilers: imported here, not at the top
+
+        return Control(self.rt, reconciler=self).claim(pool, n)
 
     # -- one pass ----------------------------------------------------------------------------------
     def step(self) -> list[Action]:
@@ -83,7 +89,8 @@ class Reconciler:
 
     def _resolve(self) -> World:
         p50s = tuple((pool, sorted(v)[len(v) // 2]) for pool, v in sorted(self.spawn_ms.items()) if v)
-        actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight), p50s)
+        actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight), p50s,
+                                self.objects)
         return resolve(observe.desired(self.objects), actual)
 
     def _reap_finished(self) -> None:
