@@ -1,8 +1,9 @@
 """The kopf operator's handlers against a real node daemon with real VMs.
 
-No Kubernetes API server can be installed on this machine, so these tests are a stand-in for it (not a real one):
-they call the kopf handler functions directly with resource bodies shaped like the ones kopf passes (apiVersion/kind/metadata with
-namespace, uid, generation/spec/status; a kopf.Patch; a logger) and merge the status patch back into the body
+No Kubernetes API server can be installed on this machine, so these tests are a stand-in for it (not a real
+one): they call the kopf handler functions directly with resource bodies shaped like the ones kopf passes
+(apiVersion/kind/metadata with namespace, uid, generation/spec/status; a kopf.Patch; a logger) and merge the
+status patch back into the body
 the way the API server's status subresource would. Everything below the API server is real: a `forkd serve`
 daemon process on the session's FORKD_HOME, reached over its unix socket (FORKD_DAEMON_SOCKET), builds a real
 parent snapshot and forks real QEMU children. Kubernetes Events are caught where kopf's event API puts them (its
