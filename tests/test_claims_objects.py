@@ -46,6 +46,7 @@ def control(rt):
     c = Control(rt)
     yield c
     for kind, name in (("ForkClaim", "c-ok"), ("ForkClaim", "c-short"), ("ForkClaim", "c-nopool"),
+                       ("ForkClaim", "c-from"), ("ForkClaim", "c-src"), ("ForkBranch", "cbr"),
                        ("ForkPool", "cpool"), ("ForkParent", "cp")):
         try:
             c.delete(kind, name)
@@ -91,6 +92,30 @@ def test_claim_object_claims_lists_and_its_deletion_kills(rt, control):
     control.delete("ForkClaim", "c-ok")
     assert not {r.id for r in rt.children()} & set(ids)  # killed at once
     assert control.objects.claims() == []
+
+
+def test_claim_from_a_branch_forks_from_its_snapshot(rt, control):
+    """`from` a ForkBranch: the children are forked from the branch's snapshot (children of no pool, only the claim
+    retires them); deleting the claim kills them."""
+    control.apply(objs(claim_doc("c-src", count=1)), "claims-test-b")
+    converge(control, [("ForkClaim", "c-src")])
+    [src] = [c.id for c in control.get("ForkClaim", "c-src")[0].status.children]
+    rt.eval(src, "SEEN = 'in the branch'")
+    branch = ("apiVersion: forkd.dev/v1alpha1\nkind: ForkBranch\nmetadata: {name: cbr}\n"
+              f"spec: {{sandbox: {src}, mode: full}}\n")
+    control.apply(objs(branch), "claims-test-b2")
+    converge(control, [("ForkBranch", "cbr")])
+    tag = control.get("ForkBranch", "cbr")[0].status.snapshot
+    control.apply(objs(claim_doc("c-from", count=1).replace("count: 1", "count: 1, from: cbr")), "claims-test-b3")
+    converge(control, [("ForkClaim", "c-from")])
+    [child] = control.get("ForkClaim", "c-from")[0].status.children
+    assert child.snapshot == tag and rt.child(child.id).pool is None and rt.child(child.id).claimed
+    assert rt.eval(child.id, "SEEN")["value"] == "'in the branch'"
+    control.delete("ForkClaim", "c-from")
+    assert child.id not in {r.id for r in rt.children()}
+    for kind, name in (("ForkClaim", "c-src"), ("ForkBranch", "cbr")):
+        control.delete(kind, name)
+    control.reconciler.step()
 
 
 def test_claim_with_a_ttl_expires_and_its_children_go(rt, control):

@@ -352,3 +352,20 @@ def test_objects_build_the_cores_requests(tmp_path):
 def test_parent_fields_follow_the_cores_rules(tmp_path, spec, path, message):
     err = one_error(tmp_path, HEAD + f"kind: ForkParent\nmetadata: {{name: p}}\nspec:\n  {spec}\n")
     assert (err.line, err.path) == (5, path) and err.message.startswith(message)
+
+
+def test_cli_applies_the_examples_directory_dry_run(tmp_path):
+    """`forkd apply -f specs/examples/` loads (client dry run: nothing reaches a backend); a bad flag exits 2."""
+    import os
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parents[1] / "specs" / "examples"
+    env = dict(os.environ, FORKD_HOME=str(tmp_path / "home"), FORKD_NO_DAEMON="1")
+    run = [sys.executable, "-m", "forkd.cli.main", "apply", "-f", str(examples)]
+    res = subprocess.run([*run, "--dry-run", "client"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "ForkPool/tmpl validated" in res.stdout and "ForkClaim/session-42 validated" in res.stdout
+    res = subprocess.run([*run, "--wait", "--timeout", "abc"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2 and "90s, 5m or 1h" in res.stderr
+    assert not (tmp_path / "home" / "objects").exists() or not any((tmp_path / "home" / "objects").rglob("*.json"))
