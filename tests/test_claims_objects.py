@@ -97,10 +97,11 @@ def test_claim_object_claims_lists_and_its_deletion_kills(rt, control):
 def test_claim_from_a_branch_forks_from_its_snapshot(rt, control):
     """`from` a ForkBranch: the children are forked from the branch's snapshot (children of no pool, only the claim
     retires them); deleting the claim kills them."""
+    control.apply(objs(SPEC), "claims-test")  # (already there when the module runs in order)
     control.apply(objs(claim_doc("c-src", count=1)), "claims-test-b")
     converge(control, [("ForkClaim", "c-src")])
     [src] = [c.id for c in control.get("ForkClaim", "c-src")[0].status.children]
-    rt.eval(src, "SEEN = 'in the branch'")
+    rt.eval(src, "globals().__setitem__('SEEN', 'in the branch')")
     branch = ("apiVersion: forkd.dev/v1alpha1\nkind: ForkBranch\nmetadata: {name: cbr}\n"
               f"spec: {{sandbox: {src}, mode: full}}\n")
     control.apply(objs(branch), "claims-test-b2")

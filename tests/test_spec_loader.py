@@ -97,7 +97,7 @@ def test_field_errors_point_at_the_node(tmp_path, field, line, column, path, mes
         (HEAD + "kind: ForkParent\nmetadata: {name: p}\nspec:\n  warmup:\n    imports: [os, 1bad]\n",
          6, 19, "spec.warmup.imports[1]", "Value error, '1bad' is not a module name"),
         (HEAD + "kind: ForkPod\nmetadata: {name: p}\n", 2, 7, "kind",
-         "unknown kind 'ForkPod' (expected one of ForkParent, ForkLayer, ForkPool, ForkBranch)"),
+         "unknown kind 'ForkPod' (expected one of ForkParent, ForkLayer, ForkPool, ForkBranch, ForkClaim)"),
         (HEAD + "metadata: {name: p}\n", 1, 1, "kind", "kind is required"),
         ("apiVersion: v1\nkind: ForkParent\nmetadata: {name: p}\n", 1, 13, "apiVersion",
          "apiVersion must be forkd.dev/v1alpha1"),

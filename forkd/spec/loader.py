@@ -277,7 +277,7 @@ def load_text(text: str, filename: str, values: dict | None = None,
     """Parse and validate one file's text (rendered first when it is a template: `template`, or by default a name
     ending in .j2): the valid objects, and the errors of the invalid ones."""
     rendered = text
-    if is_template(filename, bool(template)) if template is not None else is_template(filename):
+    if template or (template is None and is_template(filename)):
         try:
             rendered = render(text, values or {}, filename)
         except SpecLoadError as e:
