@@ -59,7 +59,7 @@ def control(rt):
     c.reconciler.close()
 
 
-def converge(control, targets=None, timeout=240):
+def converge(control, targets=None, timeout=600):
     ok, problems = control.reconciler.run_until_converged(timeout, targets)
     assert ok, problems
 
@@ -98,6 +98,7 @@ def test_claim_from_a_branch_forks_from_its_snapshot(rt, control):
     """`from` a ForkBranch: the children are forked from the branch's snapshot (children of no pool, only the claim
     retires them); deleting the claim kills them."""
     control.apply(objs(SPEC), "claims-test")  # (already there when the module runs in order)
+    converge(control)
     control.apply(objs(claim_doc("c-src", count=1)), "claims-test-b")
     converge(control, [("ForkClaim", "c-src")])
     [src] = [c.id for c in control.get("ForkClaim", "c-src")[0].status.children]
