@@ -1,0 +1,96 @@
+"""Memory accounting of children with real VMs (issue 15, findings 1-3).
+
+The model: a flat image (the guest RAM children map MAP_PRIVATE) is populated in full when it enters the flat
+cache and charged once to forkd's own `shared` cgroup; a child's cgroup is charged only for what the child itself
+allocates: the guest pages it writes (private copies), its VMM's heap, its page tables. A live branch reads every
+guest page of its source but allocates nothing in the source's group, so it never pushes the source over its
+limit. When a branch fails because its source died, the error says so (`oom-killed`, `dead`) and keeps the
+original failure.
+
+These tests run in a FORKD_HOME of their own under /dev/shm (live branch needs the snapshot on tmpfs, as in
+tests/test_branch.py) and need the memory controller (v1 or v2)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from forkd.base.paths import Layout
+from forkd.core.branch import branch, wait_background
+from forkd.core.requests import Branch, ParentBuild, Spawn
+from forkd.core.runtime import Runtime
+from forkd.sandbox import cgroups
+from tests.conftest import qemu_pids
+
+pytestmark = pytest.mark.vm
+MBASE = "mbase"
+LIMIT = 256  # upstream MCP server's spawn_sandboxes default
+ALLOC_MIB = 96  # what a test guest allocates and writes (fresh guest pages: holes of the flat image)
+
+
+@pytest.fixture(scope="module")
+def mrt(rt, base):
+    """A runtime whose store is on tmpfs, sharing the session's image; one 512 MiB parent."""
+    if cgroups.detect() is None:
+        pytest.skip("no memory cgroup controller here")
+    home = Path(tempfile.mkdtemp(prefix="fkmem", dir="/dev/shm"))
+    layout = Layout(home).ensure()
+    shutil.rmtree(layout.images)
+    shutil.copytree(rt.layout.images, layout.images, symlinks=True)
+    if rt.layout.accel_cache.exists():
+        shutil.copy(rt.layout.accel_cache, layout.accel_cache)
+    r = Runtime(layout)
+    r.create_snapshot(ParentBuild.of(tag=MBASE, memory_mib=512, warm_imports=("decimal",)))
+    yield r
+    wait_background(60)
+    r.kill(all_=True)
+    leaked = qemu_pids(home)
+    for pid in leaked:
+        os.kill(pid, 9)
+    shutil.rmtree(layout.flat_cache.parent, ignore_errors=True)
+    shutil.rmtree(home, ignore_errors=True)
+    assert not leaked, f"QEMU processes leaked: {leaked}"
+
+
+@pytest.fixture
+def mfork(mrt):
+    made: list[str] = []
+
+    def _fork(n=1, tag=MBASE, **kw):
+        recs = mrt.fork(Spawn.of(tag=tag, n=n, **kw))
+        made.extend(r.id for r in recs)
+        return recs
+
+    yield _fork
+    ids = [i for i in made if (mrt.layout.children / i).exists()]
+    if ids:
+        mrt.kill(ids)
+
+
+def shmem_mib(group: cgroups.ChildCgroup) -> float:
+    """tmpfs pages charged to a child's memory group (v1 and v2 memory.stat both name them `shmem`)."""
+    for line in (group.memory_path / "memory.stat").read_text().splitlines():
+        k, _, v = line.partition(" ")
+        if k == "shmem":
+            return int(v) / (1 << 20)
+    raise AssertionError("memory.stat has no shmem line")
+
+
+def test_live_branch_of_a_memory_limited_child_keeps_it_alive(mrt, mfork):
+    """Finding 1: a 256 MiB-limited child of a 512 MiB snapshot, one exec, then a live branch."""
+    (c,) = mfork(1, memory_limit_mib=LIMIT)
+    assert mrt.exec(c.id, ["sh", "-c", "echo hello"])["stdout"].strip() == "hello"
+    res = branch(mrt, Branch.of(child_id=c.id, tag="limited-live", mode="live"))
+    assert res.snapshot.status == "ready"
+    g = cgroups.from_record(c.cgroup)
+    assert g.oom_kills() == 0
+    assert mrt.child(c.id).status == "running"
+    assert mrt.eval(c.id, "6 * 7")["value"] == "42"
+    assert shmem_mib(g) < 8, "the branch's reads were charged to its source"
+    # and the branch is a good snapshot: a child of it answers
+    (b,) = mfork(1, tag="limited-live", memory_limit_mib=LIMIT)
+    assert mrt.exec(b.id, ["sh", "-c", "echo again"])["stdout"].strip() == "again"
