@@ -94,3 +94,33 @@ def test_live_branch_of_a_memory_limited_child_keeps_it_alive(mrt, mfork):
     # and the branch is a good snapshot: a child of it answers
     (b,) = mfork(1, tag="limited-live", memory_limit_mib=LIMIT)
     assert mrt.exec(b.id, ["sh", "-c", "echo again"])["stdout"].strip() == "again"
+
+
+def _write_fresh_memory(rt, cid: str, mib: int) -> None:
+    """The guest allocates and writes `mib` MiB it never touched before (fresh guest pages: holes of the image)."""
+    res = rt.exec_code(cid, f"X = bytearray({mib} << 20)\nfor i in range(0, len(X), 4096):\n    X[i] = 1\n",
+                       timeout=120)
+    assert res.get("error") is None, res
+
+
+def test_shared_guest_ram_is_charged_once_to_forkd_and_children_only_for_what_they_write(mrt, mfork):
+    """Finding 2: the first sibling to touch a hole of the shared image used to pay for it (and fill it for good);
+    now the image is whole and forkd's, and siblings doing the same work are charged the same."""
+    home = str(mrt.layout.home)
+    shared = cgroups.shared_group(home)
+    assert shared is not None and shared.name == cgroups.SHARED
+    assert shared not in cgroups.home_groups(home)  # not a child group: gc leaves it alone
+    flat = mrt.store.materialize(MBASE)
+    flat.unlink()  # rebuilt from the store: every page charged to the shared group, none to a child
+    before = cgroups.shmem_bytes(shared)
+    flat = mrt.store.materialize(MBASE)
+    st = os.stat(flat)
+    assert st.st_blocks * 512 >= st.st_size, "the flat image is still sparse: a child's fault would allocate"
+    assert cgroups.shmem_bytes(shared) - before >= st.st_size
+    a, b = mfork(2, memory_limit_mib=LIMIT)
+    for c in (a, b):
+        _write_fresh_memory(mrt, c.id, ALLOC_MIB)
+    ga, gb = cgroups.from_record(a.cgroup), cgroups.from_record(b.cgroup)
+    assert shmem_mib(ga) < 8 and shmem_mib(gb) < 8, (shmem_mib(ga), shmem_mib(gb))
+    assert os.stat(flat).st_blocks == st.st_blocks  # the shared image did not grow
+    assert mrt.child(a.id).status == mrt.child(b.id).status == "running"
