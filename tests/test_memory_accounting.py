@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from forkd.base.errors import ForkdError
 from forkd.base.paths import Layout
 from forkd.core.branch import branch, wait_background
 from forkd.core.requests import Branch, ParentBuild, Spawn
@@ -124,3 +125,81 @@ def test_shared_guest_ram_is_charged_once_to_forkd_and_children_only_for_what_th
     assert shmem_mib(ga) < 8 and shmem_mib(gb) < 8, (shmem_mib(ga), shmem_mib(gb))
     assert os.stat(flat).st_blocks == st.st_blocks  # the shared image did not grow
     assert mrt.child(a.id).status == mrt.child(b.id).status == "running"
+
+
+def _gone(pid: int) -> None:
+    """Wait until `pid` has exited (a zombie counts: forkd sees it as gone)."""
+    import time
+
+    from forkd.base.procs import start_time
+
+    deadline = time.monotonic() + 30
+    while start_time(pid) is not None:
+        assert time.monotonic() < deadline, f"pid {pid} did not exit"
+        time.sleep(0.05)
+
+
+def _hook_capture(monkeypatch, after: str, then) -> None:
+    """Run `then(vm)` right after the capture's `after` method (the branch's own code continues afterwards)."""
+    from forkd.vmm.qemu import QemuDriver
+
+    orig = QemuDriver.open_capture
+
+    def open_capture(self, vm, stream, live):
+        cap = orig(self, vm, stream, live)
+        inner = getattr(cap, after)
+
+        def hooked(*a, **kw):
+            out = inner(*a, **kw)
+            then(vm)
+            return out
+
+        setattr(cap, after, hooked)
+        return cap
+
+    monkeypatch.setattr(QemuDriver, "open_capture", open_capture)
+
+
+def _assert_source_lost(mrt, exc: BaseException, tag: str, fate: str) -> None:
+    from forkd.core.pipeline.branch import SourceLost
+
+    assert isinstance(exc, SourceLost), f"{type(exc).__name__}: {exc}"
+    assert exc.fate == fate and f"is {fate}" in exc.message
+    assert exc.http_status == 409 and exc.exit_code == 4  # the daemon answers 409 with this message, never 500
+    assert exc.__cause__ is not None and type(exc.__cause__).__name__ in exc.message  # the original is kept
+    snap = mrt.store.get(tag)
+    assert snap.status == "failed" and fate in snap.error
+
+
+def test_source_killed_mid_branch_reports_dead_and_keeps_the_cause(mrt, mfork, monkeypatch):
+    """Finding 3 (the path of finding 1): the source dies right after the capture started, so waiting for it and
+    resuming it both hit a dead QMP socket; the resume's failure must not replace the real one."""
+    (c,) = mfork(1, memory_limit_mib=LIMIT)
+
+    def kill(vm):
+        os.kill(vm.pid, 9)
+        _gone(vm.pid)
+
+    _hook_capture(monkeypatch, "start", kill)
+    with pytest.raises(ForkdError) as ei:
+        branch(mrt, Branch.of(child_id=c.id, tag="killed-live", mode="live"))
+    _assert_source_lost(mrt, ei.value, "killed-live", "dead")
+    assert mrt.child(c.id).status == "dead"
+
+
+def test_source_oom_killed_mid_branch_reports_oom_killed(mrt, mfork, monkeypatch):
+    """Finding 3: the source goes over its own limit (its guest allocates past it) while its stream is being
+    written; the branch says the child was OOM-killed, with the original error."""
+    (c,) = mfork(1, memory_limit_mib=LIMIT)
+
+    def hog(vm):
+        with pytest.raises(ForkdError):
+            mrt.exec_code(c.id, f"X = bytearray({LIMIT + 64} << 20)", timeout=120)
+        _gone(vm.pid)
+
+    _hook_capture(monkeypatch, "wait_resumed", hog)
+    with pytest.raises(ForkdError) as ei:
+        branch(mrt, Branch.of(child_id=c.id, tag="oom-live", mode="live"))
+    _assert_source_lost(mrt, ei.value, "oom-live", "oom-killed")
+    assert mrt.child(c.id).status == "oom-killed"
+    assert f"{LIMIT} MiB" in ei.value.message
