@@ -347,9 +347,12 @@ def populate_shared(home: str, fd: int) -> str:
         return ""
     g = shared_group(home)
     if g is not None:
-        res = subprocess.run([sys.executable, "-I", "-S", "-c", _POPULATE, str(g / "cgroup.procs"), str(fd),
-                              str(size)], pass_fds=(fd,), capture_output=True, text=True, timeout=300)
-        if res.returncode == 0:
-            return str(g)
+        try:
+            res = subprocess.run([sys.executable, "-I", "-S", "-c", _POPULATE, str(g / "cgroup.procs"), str(fd),
+                                  str(size)], pass_fds=(fd,), capture_output=True, text=True, timeout=300)
+            if res.returncode == 0:
+                return str(g)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # allocated here instead (a helper that failed for lack of space fails here the same way)
     os.posix_fallocate(fd, 0, size)
     return ""
