@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from forkd.base.atomic import write_json
@@ -20,6 +21,7 @@ from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
 from forkd.image.build import Image, build, default_image
+from forkd.sandbox import cgroups
 from forkd.sandbox.registry import ChildRecord, Claim, Registry, this_process
 from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
@@ -40,7 +42,7 @@ def _quiet(_: str) -> None:
 class Runtime:
     def __init__(self, layout: Layout | None = None, driver: VmmDriver | None = None):
         self.layout = (layout or Layout.from_env()).ensure()
-        self.store = SnapshotStore(self.layout)
+        self.store = SnapshotStore(self.layout, populate=partial(cgroups.populate_shared, str(self.layout.home)))
         self.registry = Registry(self.layout)
         self._driver = driver
 

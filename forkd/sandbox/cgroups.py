@@ -15,6 +15,15 @@ the spawn) unless the caller explicitly allowed unconstrained children. The VMM 
 before the device state loads and the guest runs: what QEMU allocated in its first milliseconds stays charged to
 the parent group, every page the guest copies afterwards (and TCG's code buffer, filled at run time) is charged to
 the child. With no swap, a child over its limit is OOM-killed inside its own group: only that VMM dies.
+
+Shared guest RAM (the accounting model, issue 15): a page of a tmpfs file is charged to the cgroup of whoever
+allocates it first, and a child's MAP_PRIVATE fault on a *hole* of its flat image allocates that page in the
+shared file. So every flat image is populated in full when it enters the flat cache, by a short helper process
+placed in this home's own group <root>/forkd/<home-hash>/shared (`populate_shared`): the image is charged once,
+there, at its full size, and no child ever allocates a page of it. A child's group is charged only for what the
+child allocates itself: the guest pages it writes (private copies), its VMM's heap, its page tables. So
+`memory_limit_mib` means the same for every child, whatever its siblings did, and a live branch (which reads every
+guest page) adds nothing to its source's group.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +42,19 @@ from forkd.base.settings import settings
 
 PREFIX = "forkd"
 DEFAULT_CPU_WEIGHT = 100
+SHARED = "shared"  # this home's group for shared guest RAM (flat images); child ids start with "c"
+# The populate helper: join the shared group (argv[1]: its cgroup.procs; "" for none), then allocate every page of
+# the inherited descriptor argv[2] up to argv[3] bytes (existing pages stay as they are). Exit 3: not placed.
+_POPULATE = ("import os, sys\n"
+             "procs, fd, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+             "if procs:\n"
+             "    try:\n"
+             "        with open(procs, 'w') as f:\n"
+             "            f.write(str(os.getpid()))\n"
+             "    except OSError as e:\n"
+             "        print(e, file=sys.stderr)\n"
+             "        sys.exit(3)\n"
+             "os.posix_fallocate(fd, 0, size)\n")
 
 
 class CgroupError(ForkdError):
@@ -257,21 +281,78 @@ def prune_empty_homes() -> list[str]:
         except FileNotFoundError:
             continue
         for p in homes:
+            shared = p / SHARED
+            if shared.is_dir() and not procs(shared) and shmem_bytes(shared) == 0:  # it holds no flat image
+                with contextlib.suppress(OSError):
+                    shared.rmdir()
             with contextlib.suppress(OSError):
                 p.rmdir()
                 gone.append(str(p))
     return gone
 
 
+def shmem_bytes(group: Path) -> int:
+    """tmpfs bytes charged to a memory group (memory.stat `shmem`, v1 and v2); -1 if unreadable."""
+    try:
+        for line in (group / "memory.stat").read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == "shmem":
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
 def home_groups(home: str) -> list[Path]:
-    """Every child group under this home's subtree, in every hierarchy."""
+    """Every child group under this home's subtree, in every hierarchy (not the `shared` group of flat images)."""
     h = detect()
     if h is None:
         return []
     out: list[Path] = []
     for base in h.base(home):
         try:
-            out += sorted(p for p in base.iterdir() if p.is_dir())
+            out += sorted(p for p in base.iterdir() if p.is_dir() and p.name != SHARED)
         except FileNotFoundError:
             continue
     return out
+
+
+def shared_group(home: str) -> Path | None:
+    """This home's group for shared guest RAM (made on first use; memory hierarchy only), or None without one."""
+    h = detect()
+    if h is None:
+        return None
+    g = h.base(home)[0] / SHARED
+    try:
+        if h.version == 2:
+            _enable_v2_controllers(h.memory, g.parent, ("memory",))
+        g.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return g
+
+
+def is_populated(fd: int) -> bool:
+    """True if every page of the open file is allocated (a tmpfs file no fault can grow)."""
+    st = os.fstat(fd)
+    return st.st_blocks * 512 >= st.st_size
+
+
+def populate_shared(home: str, fd: int) -> str:
+    """Allocate every page of the open tmpfs file `fd` (a flat image), charged to this home's `shared` group (see
+    the module docstring). Where there is no such group, or the helper cannot join it, the pages are allocated by
+    this process instead: never by a child. Returns the group charged ("" for this process's own)."""
+    size = os.fstat(fd).st_size
+    if is_populated(fd):
+        return ""
+    g = shared_group(home)
+    if g is not None:
+        try:
+            res = subprocess.run([sys.executable, "-I", "-S", "-c", _POPULATE, str(g / "cgroup.procs"), str(fd),
+                                  str(size)], pass_fds=(fd,), capture_output=True, text=True, timeout=300)
+            if res.returncode == 0:
+                return str(g)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # allocated here instead (a helper that failed for lack of space fails here the same way)
+    os.posix_fallocate(fd, 0, size)
+    return ""

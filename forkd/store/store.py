@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -32,10 +33,22 @@ SEALED_MODE = 0o400  # a ready snapshot's files and flat images: read-only, fork
 OPEN_MODE = 0o600  # files being written
 
 
+def populate_here(fd: int) -> object:
+    """Allocate every page of a flat image in this process (the default `SnapshotStore.populate`)."""
+    st = os.fstat(fd)
+    if st.st_blocks * 512 < st.st_size:
+        os.posix_fallocate(fd, 0, st.st_size)
+    return None
+
+
 class SnapshotStore:
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: Layout, populate: Callable[[int], object] = populate_here):
         self.layout = layout.ensure()
         self.root = layout.snapshots
+        # Flat images are populated in full before any child maps them, so no child's fault ever allocates (and is
+        # charged for) a page of the shared image; the runtime charges them to forkd's `shared` cgroup
+        # (forkd.sandbox.cgroups.populate_shared, where the accounting model is described).
+        self.populate = populate
 
     # -- paths -------------------------------------------------------------------------------------
     def dir(self, tag: str) -> Path:
@@ -205,14 +218,35 @@ class SnapshotStore:
         self.layout.make_flat_cache()  # verified private (UnsafePath otherwise) before anything goes in
         target = self.flat_cache_path(content_hash)
         if check_private_file(target):
-            return target
-        try:
+            return self._populated(target)
+        if image.stat().st_dev == self.layout.flat_cache.stat().st_dev:
+            self._populated(image)  # the scratch file becomes the cached image: populated before it is shared
             set_mode(image, SEALED_MODE)
-            os.rename(image, target)  # same filesystem: the scratch file becomes the cached image
-        except OSError:  # another filesystem
+            os.rename(image, target)
+        else:  # another filesystem
             with publish(target, mode=SEALED_MODE) as fd:
+                os.ftruncate(fd, image.stat().st_size)
+                self.populate(fd)
                 chain.copy_extents(image, fd)
         return target
+
+    def _populated(self, image: Path) -> Path:
+        """`image` with every page allocated (see `populate`); an image already whole is not opened for writing."""
+        if (st := os.lstat(image)).st_blocks * 512 >= st.st_size:
+            return image
+        mode = st.st_mode & 0o7777
+        if not mode & 0o200:  # a sealed image: writable by its owner only while the holes are filled
+            set_mode(image, mode | 0o200)
+        try:
+            fd = os.open(image, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                self.populate(fd)
+            finally:
+                os.close(fd)
+        finally:
+            if not mode & 0o200:
+                set_mode(image, mode)
+        return image
 
     def flat_path(self, snap: Snapshot) -> Path:
         """The flat memory image children of `snap` map: a copy of a base's memory file, or a layer's composed
@@ -266,9 +300,12 @@ class SnapshotStore:
         self.layout.make_flat_cache()
         target = self.flat_path(head)
         if check_private_file(target):
-            return target
+            return self._populated(target)
         with publish(target, mode=SEALED_MODE) as fd:
-            chain.copy_extents(self.dir(chain_[0].tag) / MEMORY, fd)
+            root = self.dir(chain_[0].tag) / MEMORY
+            os.ftruncate(fd, root.stat().st_size)
+            self.populate(fd)  # every page allocated (and charged) before any is written: see `populate`
+            chain.copy_extents(root, fd)
             for layer in chain_[1:]:
                 if chain.diff_hash(self.dir(layer.tag)) != layer.diff_sha256:
                     raise ChainError(f"snapshot {tag!r}: layer {layer.tag!r} was altered (its diff files no longer "

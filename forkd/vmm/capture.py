@@ -11,12 +11,20 @@ same instant, by QEMU's own construction (we never arm write-protect ourselves b
 upstream's defect 5). In **stop** mode (`diff`/`full`) the VM is paused first and the same migration runs
 against a stopped VM.
 
+Memory accounting (issue 15): QEMU never writes the stream file itself. It writes into a pipe, and a thread of
+*this* process (`StreamPump`) splices the pipe into the file: the file's pages (tmpfs or page cache, as big as the
+guest's RAM) are charged to forkd, never to the source child's memory group, so a branch cannot push a
+memory-limited source over its limit. (The guest RAM the capture reads is the child's flat image, populated and
+charged to forkd's own group when it was materialized: see forkd.sandbox.cgroups.)
+
 Turning the stream into a snapshot is `QemuDriver.stream_to_snapshot` (forkd.vmm.qemu).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +43,70 @@ LIVE_HINT = ("QEMU's background snapshot write-protects guest RAM with userfault
 
 class CaptureError(ForkdError):
     pass
+
+
+PUMP_CHUNK = 1 << 20
+PUMP_JOIN_SECONDS = 60.0  # after QEMU said `completed` it closes its end of the pipe at once
+
+
+class StreamPump:
+    """Copy everything QEMU writes into a pipe to the stream file, in a thread of this process (see the module
+    docstring). A write that fails (no space left) is remembered and the rest of the pipe is drained, so QEMU
+    always reaches the end of its stream (a QEMU 7.2 background snapshot whose writes fail can hang its source);
+    the caller raises `error` once QEMU is done. Owns `rfd` and a duplicate of the file descriptor."""
+
+    def __init__(self, rfd: int, file_fd: int):
+        self.rfd, self.wfd = rfd, os.dup(file_fd)
+        self.error: OSError | None = None
+        self.copied = 0
+        with_suppressed(lambda: fcntl.fcntl(rfd, fcntl.F_SETPIPE_SZ, PUMP_CHUNK))
+        self.thread = threading.Thread(target=self._run, name="forkd-branch-stream", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self._step():
+                pass
+        finally:
+            os.close(self.rfd)
+            os.close(self.wfd)
+
+    def _step(self) -> bool:
+        """Move one chunk; False at the end of the stream (QEMU closed its end)."""
+        if self.error is not None:
+            return bool(os.read(self.rfd, PUMP_CHUNK))  # draining
+        try:
+            n = os.splice(self.rfd, self.wfd, PUMP_CHUNK)
+        except OSError as exc:
+            if exc.errno not in (22, 95):  # EINVAL, EOPNOTSUPP: this file cannot be spliced into; copy instead
+                self.error = exc
+                return True
+            data = os.read(self.rfd, PUMP_CHUNK)
+            n = len(data)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self.wfd, view):]
+            except OSError as werr:
+                self.error = werr
+        self.copied += n
+        return n > 0
+
+    def join(self, timeout: float = PUMP_JOIN_SECONDS) -> None:
+        """Wait for the end of the stream; raise CaptureError if it did not come or a write failed."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise CaptureError(f"the VMM did not close the branch stream within {timeout:.0f}s of finishing it")
+        if self.error is not None:
+            raise CaptureError(f"writing the branch stream failed: {self.error}",
+                               hint="free space where the stream goes ($FORKD_HOME/tmp or the branch's tmp_dir)")
+
+
+def with_suppressed(fn) -> None:
+    try:
+        fn()
+    except OSError:
+        pass
 
 
 def fs_type(path: Path) -> str:
@@ -130,6 +202,7 @@ class QemuCapture(Capture):
         self.stop_resume_ms: float | None = None  # STOP -> RESUME event timestamps (QEMU's clock), live mode
         self.timings: dict[str, float] = {}
         self.paused_event: dict | None = None  # our own STOP, when the VM was paused before the stream (pause())
+        self.pump: StreamPump | None = None
 
     def pause(self) -> None:
         """Stop the VM before the stream starts (a disk-backed source's disk is copied while it is paused); the
@@ -156,7 +229,17 @@ class QemuCapture(Capture):
             raise
         self.timings["set_caps"] = (time.perf_counter() - t0) * 1000.0
         q.events.clear()
-        q.execute("getfd", {"fdname": STREAM_FD_NAME}, fds=[self.fd])
+        rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.pump = StreamPump(rfd, self.fd)
+        except BaseException:
+            os.close(rfd)
+            os.close(wfd)
+            raise
+        try:  # QEMU writes the pipe; our copy of its end closes, so the pump sees the end when QEMU closes its own
+            q.execute("getfd", {"fdname": STREAM_FD_NAME}, fds=[wfd])
+        finally:
+            os.close(wfd)
         self.t_start = time.perf_counter()
         self.t_wall = time.time()
         q.execute("migrate", {"uri": f"fd:{STREAM_FD_NAME}"})
@@ -191,7 +274,12 @@ class QemuCapture(Capture):
         try:
             self.info = self.qmp.wait_migration(timeout=timeout, poll=0.005)
         except ForkdError as exc:
-            raise CaptureError(f"writing the branch stream failed: {exc.message}") from exc
+            cause: BaseException = exc
+            if self.pump is not None and self.pump.error is not None:
+                cause = self.pump.error  # what went wrong first: our write of the stream
+            raise CaptureError(f"writing the branch stream failed: {cause}") from cause
+        if self.pump is not None:
+            self.pump.join()
         return self.info
 
     def cancel(self) -> None:

@@ -17,6 +17,10 @@ class QMPError(ForkdError):
         self.error = error
 
 
+class QMPDisconnected(ForkdError):
+    """The QMP socket broke (the VMM died or closed it): a typed error, never a bare OSError."""
+
+
 class QMPClient:
     def __init__(self, path: Path, timeout: float = 10.0):
         self.path = Path(path)
@@ -33,7 +37,7 @@ class QMPClient:
         while b"\n" not in self._buf:
             chunk = self.sock.recv(65536)
             if not chunk:
-                raise ForkdError(f"QMP connection {self.path} closed by QEMU")
+                raise QMPDisconnected(f"QMP connection {self.path} closed by QEMU")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         return json.loads(line)
@@ -44,14 +48,21 @@ class QMPClient:
         if arguments:
             msg["arguments"] = arguments
         data = json.dumps(msg).encode() + b"\n"
-        if timeout is not None:
-            self.sock.settimeout(timeout)
-        if fds:
-            socket.send_fds(self.sock, [data], fds)
-        else:
-            self.sock.sendall(data)
+        try:
+            if timeout is not None:
+                self.sock.settimeout(timeout)
+            if fds:
+                socket.send_fds(self.sock, [data], fds)
+            else:
+                self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise QMPDisconnected(f"QMP {command}: connection {self.path} lost ({exc}): the VMM has exited") from exc
         while True:
-            reply = self._read()
+            try:
+                reply = self._read()
+            except ConnectionResetError as exc:
+                raise QMPDisconnected(f"QMP {command}: connection {self.path} lost ({exc}): the VMM has exited") \
+                    from exc
             if "event" in reply:
                 self.events.append(reply)
                 continue

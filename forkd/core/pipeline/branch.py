@@ -26,8 +26,17 @@ SnapshotStore.writing: `writing` until converted, fsynced and hashed, then `read
 where it came from in labels (`forkd.dev/branch-of`, `forkd.dev/branch-source-snapshot`), not in `parent_tag`,
 because it does not depend on its source's files.
 
+Memory: a branch charges nothing to its source's memory group (issue 15): the guest RAM it reads is the source's
+flat image, populated and charged to forkd's `shared` group when it was materialized, and the stream is written
+by a thread of this process, not by the VMM (forkd.vmm.capture.StreamPump). A memory-limited source is never
+pushed over its limit by being branched.
+
 Safety:
-  * the source is resumed on every path (VmmDriver.ensure_running whenever it was running before);
+  * the source is resumed on every path (VmmDriver.ensure_running whenever it was running before); a resume that
+    fails while another failure is on its way out is noted on that failure, never raised in its place;
+  * when the source dies during the branch (OOM-killed, crashed, killed), the branch raises `SourceLost`
+    (Conflict, HTTP 409) naming the child's fate (`oom-killed`, `dead`, `removed`), with the original failure as
+    its cause and in its message; the snapshot is `failed` with the same message;
   * one branch per source at a time: a per-child lock (non-blocking), a second one gets Conflict naming it;
   * at most FORKD_MAX_BRANCHES branches per FORKD_HOME, background conversions included (lock-file slots, so the
     count holds across processes and a killed process frees its slot);
@@ -43,13 +52,15 @@ import os
 import shutil
 import threading
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forkd.base.errors import Conflict, ForkdError
+from forkd.base.errors import Conflict, ForkdError, NotFound, first_line
 from forkd.base.locks import try_lock
+from forkd.base.procs import is_alive
 from forkd.base.settings import settings
 from forkd.base.steps import Step
 from forkd.core.pipeline.job import Job
@@ -69,8 +80,19 @@ _threads: list[threading.Thread] = []
 _threads_lock = threading.Lock()
 
 
+EXIT_WAIT_SECONDS = 5.0  # a VMM whose sockets broke is exiting: how long to wait for it to be gone
+
+
 class BranchError(ForkdError):
     pass
+
+
+class SourceLost(Conflict):
+    """The source child died (or was removed) while it was being branched; `fate` is what `ls` shows for it."""
+
+    def __init__(self, message: str, hint: str | None = None, *, fate: str = "dead", **kw):
+        super().__init__(message, hint, **kw)
+        self.fate = fate
 
 
 @dataclass
@@ -175,10 +197,11 @@ class BranchJob(Job):
         with self.stack:
             self.prepare()
             self.begin()
-            self.run(self.steps())
-            if self.req.wait:
-                self.finish()
-            else:
+            with self.source_fate():
+                self.run(self.steps())
+                if self.req.wait:
+                    self.finish()
+            if not self.req.wait:
                 self.hand_off()
         self.result.snapshot = self.writer.snap
         self.result.returned_ms = (time.perf_counter() - self.t_call) * 1000.0
@@ -199,7 +222,7 @@ class BranchJob(Job):
 
         def background() -> None:
             try:
-                with self.stack:
+                with self.stack, self.source_fate():
                     self.finish()
             finally:
                 self.result.snapshot = self.writer.snap
@@ -209,6 +232,41 @@ class BranchJob(Job):
         with _threads_lock:
             _threads[:] = [x for x in _threads if x.is_alive()] + [t]
         t.start()
+
+    # -- when the source dies under us -----------------------------------------------------------------
+    @contextmanager
+    def source_fate(self) -> Iterator[None]:
+        """A failure while the source is gone becomes SourceLost naming its fate, the failure kept as the cause
+        (inside the writer's block, so the failed snapshot's manifest says it too)."""
+        try:
+            yield
+        except Exception as exc:
+            fate, rec = self._fate(exc)
+            if fate is None:
+                raise
+            cid = self.req.child_id
+            why = (f"its VMM was OOM-killed at its memory limit of {rec.memory_limit_mib} MiB"
+                   if fate == "oom-killed" and rec is not None and rec.memory_limit_mib
+                   else "its VMM was OOM-killed" if fate == "oom-killed"
+                   else "its record was removed" if fate == "removed" else "its VMM exited")
+            raise SourceLost(f"branch {self.req.tag!r} of child {cid} failed: the source child is {fate} ({why}) "
+                             f"[{type(exc).__name__}: {first_line(exc)}]",
+                             hint=f"'forkd kill {cid}' removes it; fork a new child"
+                                  + (" with a higher memory_limit_mib" if fate == "oom-killed" else ""),
+                             fate=fate) from exc
+
+    def _fate(self, exc: BaseException):
+        """(what `ls` shows for the source, its record) if it is no longer running, else (None, record)."""
+        try:
+            rec = self.rt.registry.get(self.req.child_id)
+        except NotFound:
+            return "removed", None
+        if rec.pid and _vmm_lost(exc):  # its sockets broke: it is exiting, give it a moment to be gone
+            deadline = time.monotonic() + EXIT_WAIT_SECONDS
+            while is_alive(rec.pid, rec.started) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        status = rec.status
+        return (None if status == "running" else status), rec
 
     # -- steps while the source is involved ----------------------------------------------------------
     def stage(self) -> None:
@@ -245,9 +303,13 @@ class BranchJob(Job):
                 _copy_disk(self.child_files.disk, self.work / DISK, self.timings)
             cap.start()
             cap.wait_resumed(timeout=60)
-        finally:
-            if self.was_running:  # never leave the source paused, whatever failed
+        except BaseException as exc:
+            self._resume_after(exc)  # never leave the source paused, whatever failed
+            raise
+        else:
+            if self.was_running:
                 self._resume()
+        finally:
             if frozen is not None:
                 _thaw_fs(frozen, self.timings)
         self.timings["resumed"] = (cap.resumed_at - self.t0) * 1000.0
@@ -264,9 +326,11 @@ class BranchJob(Job):
                 _copy_disk(self.child_files.disk, self.work / DISK, self.timings)
             cap.start()
             cap.wait_done(timeout=self.req.timeout)
-        finally:
-            if self.was_running:
-                self._resume()
+        except BaseException as exc:
+            self._resume_after(exc)
+            raise
+        if self.was_running:
+            self._resume()
         self.result.pause_ms = (time.perf_counter() - t_stop) * 1000.0
         self.result.qemu_downtime_ms = cap.downtime_ms
         self.timings["pause"] = self.result.pause_ms
@@ -277,6 +341,16 @@ class BranchJob(Job):
         except ForkdError as exc:
             raise BranchError(f"could not resume the source after the branch: {exc.message}",
                               hint="check it with 'forkd ping'; 'forkd kill' it if it does not answer") from exc
+
+    def _resume_after(self, exc: BaseException) -> None:
+        """Resume the source while `exc` is on its way out: a resume that fails too is noted on `exc`, never
+        raised in its place (the source may be dead: the caller reports its fate)."""
+        if not self.was_running:
+            return
+        try:
+            self._resume()
+        except (ForkdError, OSError) as again:
+            exc.add_note(f"resuming the source failed too: {first_line(again)}")
 
     def _drop_capture(self) -> None:
         """On failure: stop a capture still in flight and put the source's settings back (best effort)."""
@@ -365,6 +439,18 @@ def _copy_disk(disk: Path, dest: Path, timings: dict[str, float]) -> None:
     t = time.perf_counter()
     shutil.copyfile(disk, dest)
     timings["disk_copy"] = (time.perf_counter() - t) * 1000.0
+
+
+def _vmm_lost(exc: BaseException | None) -> bool:
+    """True if `exc` or anything in its chain says a VMM's socket broke (QMP or agent connection lost)."""
+    for _ in range(16):
+        if exc is None:
+            return False
+        if (isinstance(exc, (BrokenPipeError, ConnectionResetError)) or type(exc).__name__ == "QMPDisconnected"
+                or "(VMM exited?)" in str(exc)):  # the driver's QMP client; the agent client's message
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _guarded(fn):
