@@ -122,6 +122,7 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
     _collect_network(home, keep, report, dry_run, grace)
     _collect_cgroups(home, keep, report, dry_run)
     _collect_files(layout, report, dry_run, grace)
+    _collect_build_vmms(layout, report, dry_run)
     for d in stale_flat_dirs():
         report.flat_dirs.append(str(d))
         if not dry_run:
@@ -223,3 +224,25 @@ def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float
                 report.dirs.append(entry.path)
                 if not dry_run:
                     shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _collect_build_vmms(layout: Layout, report: GcReport, dry_run: bool) -> None:
+    """VMMs of builds (a parent's boot, a layer, a branch's helper) whose builder died (kill -9 of the daemon or
+    CLI mid-build): processes of the configured QEMU binary whose command line names a work directory of this
+    home's tmp/ (`<kind>-<owner pid>-<random>`, WORKDIR) whose owner is gone. They have no child record and no
+    cgroup; without this they ran (and held their scratch RAM) forever. A live builder's VMM is left alone."""
+    qemu = os.path.realpath(shutil.which(settings().qemu) or settings().qemu)
+    work = re.compile(re.escape(str(layout.tmp).encode() + b"/") + rb"([^/\0,]+)/")
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) in report.processes:
+            continue
+        try:
+            if os.path.realpath(os.readlink(d / "exe")) != qemu:
+                continue
+            cmdline = (d / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone, or not ours to look at
+        owners = {int(m.group(1)) for w in work.finditer(cmdline)
+                  if (m := WORKDIR.match(w.group(1).decode(errors="replace")))}
+        if owners and not any(is_alive(pid, None) for pid in owners):
+            _kill_unrecorded(int(d.name), report, dry_run)

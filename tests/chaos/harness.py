@@ -94,9 +94,6 @@ class Report:
             lines += [f"      {v[:400]}" for v in vs[:12]]
         ops = ", ".join(f"{op} {k}: {n}" for (op, k), n in sorted(self.outcomes.items()))
         lines.append(f"  operations: {ops}")
-        if self.errors:
-            lines.append(f"  failures while the daemon was up ({len(self.errors)}), first ones:")
-            lines += [f"      {e}" for e in self.errors[:8]]
         if self.leaked_qemu:
             lines.append(f"  QEMU processes killed by hand at the end (leaked): {self.leaked_qemu}")
         return "\n".join(lines)
@@ -141,7 +138,7 @@ class Chaos:
         if self.wait_pools(900.0) is None:
             raise RuntimeError(f"the pools never filled: {self.rig.pools()} {self.rig.daemon_log_tail()}")
         status, body = self.rig.http_get("/v1/objects/ForkParent/cx-p")
-        self.state.parent_tag = body["status"]["snapshot"]
+        self.state.parent_tag = body["items"][0]["status"]["snapshot"]
 
     def wait_pools(self, timeout: float) -> float | None:
         t0 = time.monotonic()
@@ -157,6 +154,7 @@ class Chaos:
     def round(self, n: int) -> Round:
         rng = random.Random(f"{self.cfg.seed}:{n}")
         r = Round(n, load_s=rng.uniform(self.cfg.min_load, self.cfg.max_load))
+        errors_before = len(self.state.errors)
         self.janitor()
         stop = threading.Event()
         workers = [threading.Thread(target=self.load.run, args=(random.Random(f"{self.cfg.seed}:{n}:{w}"), stop))
@@ -183,6 +181,7 @@ class Chaos:
         left = self.wait_pools(self.cfg.recover_timeout)
         r.recover_s = None if left is None else time.monotonic() - t_restart
         r.violations = self.check()
+        r.violations["errors"] = self.state.errors[errors_before:]
         with self.state.lock:  # a lost child is reported once
             self.state.claimed &= {c.id for c in self.rt.registry.list()}
         return r

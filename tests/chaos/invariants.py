@@ -11,6 +11,8 @@ Each check returns a list of violations (one sentence each, naming the file, chi
              without a record; nothing left in $FORKD_HOME/tmp; `forkd gc --dry-run --grace 0` finds nothing
   pools      every pool is back at its target (status.warm == spec.warm, Ready)
   audit      `forkd audit verify` says OK
+  errors     no CLI command failed with exit 1 (an internal error, HTTP 500) while one daemon stayed up for its
+             whole run (conflicts, not-found and unavailable, exits 2-6, are answers, not errors)
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from forkd.store import chain
 from forkd.store.snapshot import DISK, MEMORY, VMSTATE, CorruptManifest, Snapshot
 
 REGISTRY_LOCK = ".lock"  # the registry's lock file (kept)
-CATEGORIES = ("snapshots", "children", "orphans", "pools", "audit")
+CATEGORIES = ("snapshots", "children", "orphans", "pools", "audit", "errors")
 
 
 def home_qemu_pids(home: Path) -> list[int]:

@@ -226,7 +226,7 @@ class Rig:
             shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
         for p in self.home.parent.glob(f"{self.home.name}-*"):
-            if p.is_file():
+            if p.is_file() and p != self.log_path:
                 p.unlink(missing_ok=True)
         return leaked
 

@@ -62,3 +62,7 @@ def test_chaos_audit_log_verifies(chaos):
 
 def test_chaos_home_destroyed_without_leaked_vmm(chaos):
     assert not chaos.leaked_qemu, chaos.summary()
+
+
+def test_chaos_no_internal_errors_while_the_daemon_is_up(chaos):
+    _holds(chaos, "errors")
