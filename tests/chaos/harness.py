@@ -168,10 +168,10 @@ class Chaos:
                 p.kill()
                 r.killed_cli.append(what)
         stop.set()
-        gap = None
+        gap, gap_res = None, []
         if rng.random() < self.cfg.gap_op_p:  # a CLI build runs in-process while the daemon restarts
             r.gap_op = True
-            gap = threading.Thread(target=self.load.layer, args=(rng,))
+            gap = threading.Thread(target=lambda: gap_res.append(self.load.layer(rng, "gap-layer")))
             gap.start()
             time.sleep(rng.uniform(0.5, 3.0))
         r.daemon_up_s = self.rig.start_daemon()
@@ -182,6 +182,11 @@ class Chaos:
         r.recover_s = None if left is None else time.monotonic() - t_restart
         r.violations = self.check()
         r.violations["errors"] = self.state.errors[errors_before:]
+        for res in gap_res:  # nobody killed it: a CLI build must survive a daemon (re)start beside it
+            if res.returncode != 0:
+                last = (res.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
+                r.violations["errors"].append(f"an in-process `forkd snapshot-diff` running while the daemon "
+                                              f"restarted failed (exit {res.returncode}): {last}")
         with self.state.lock:  # a lost child is reported once
             self.state.claimed &= {c.id for c in self.rt.registry.list()}
         return r

@@ -12,7 +12,8 @@ Each check returns a list of violations (one sentence each, naming the file, chi
   pools      every pool is back at its target (status.warm == spec.warm, Ready)
   audit      `forkd audit verify` says OK
   errors     no CLI command failed with exit 1 (an internal error, HTTP 500) while one daemon stayed up for its
-             whole run (conflicts, not-found and unavailable, exits 2-6, are answers, not errors)
+             whole run (conflicts, not-found and unavailable, exits 2-6, are answers, not errors); a CLI layer
+             build started in-process while no daemon answered succeeds though a daemon starts beside it
 """
 
 from __future__ import annotations

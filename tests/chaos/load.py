@@ -109,10 +109,12 @@ class Load:
             tag = self.s.next_tag("br")
             self._made(tag, self._run("branch", "branch", cid, "--tag", tag, "--mode", "live"))
 
-    def layer(self, rng: random.Random) -> None:
+    def layer(self, rng: random.Random, what: str = "layer"):
         tag = self.s.next_tag("ly")
-        self._made(tag, self._run("layer", "snapshot-diff", "--tag", tag, "--from", self.s.parent_tag, "--run",
-                                  f"echo {tag} > /root/layer"))
+        res = self._run(what, "snapshot-diff", "--tag", tag, "--from", self.s.parent_tag, "--run",
+                        f"echo {tag} > /root/layer")
+        self._made(tag, res)
+        return res
 
     def compact(self, rng: random.Random) -> None:
         src = self.s.pick(rng, [t for t in self.s.tags if t.startswith("ly-")])
@@ -139,7 +141,8 @@ class Load:
             for tag in mine[:-KEEP_PER_KIND]:
                 if self._run("rmi", "rmi", tag).returncode in (0, 3):
                     with self.s.lock:
-                        self.s.tags.remove(tag)
+                        if tag in self.s.tags:
+                            self.s.tags.remove(tag)
 
     def burst(self, rng: random.Random, n: int = 4) -> None:
         """Concurrent claims, a create (fork) and kills against one pool, all at once."""
