@@ -66,3 +66,35 @@ def test_gc_kills_the_vmm_of_a_dead_builder_and_spares_a_live_ones(private_home,
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_gc_removes_flat_images_no_snapshot_records(private_home, monkeypatch):
+    """Found by the crash harness (seed 7, round 28): kill -9 of the daemon while a layer / live branch was between
+    keeping its flat image and committing left a 256 MiB flat image on tmpfs that no snapshot records (the
+    snapshot became failed); nothing ever removed it. gc removes such an image once it is older than the grace;
+    an image a snapshot records stays."""
+    import json
+
+    monkeypatch.setenv("FORKD_HOME", str(private_home))
+    layout = Layout(private_home)
+    flat = layout.make_flat_cache()
+    try:
+        owned, unowned, young = "a" * 64, "b" * 64, "c" * 64
+        snap = layout.snapshots / "kept"
+        snap.mkdir(parents=True)
+        (snap / "snapshot.json").write_text(json.dumps({"tag": "kept", "status": "ready", "memory_sha256": owned}))
+        failed = layout.snapshots / "failed-one"
+        failed.mkdir()
+        (failed / "snapshot.json").write_text(json.dumps({"tag": "failed-one", "status": "failed",
+                                                          "memory_sha256": unowned}))
+        for name in (owned, unowned, young):
+            (flat / f"{name}.mem").write_bytes(b"\0" * 4096)
+        old = time.time() - 600
+        for name in (owned, unowned):
+            os.utime(flat / f"{name}.mem", (old, old))
+        rep = Runtime(layout).gc(grace=60.0)
+        assert rep["memory_files"] == [str(flat / f"{unowned}.mem")]
+        assert (flat / f"{owned}.mem").exists() and (flat / f"{young}.mem").exists()
+        assert not (flat / f"{unowned}.mem").exists()
+    finally:
+        shutil.rmtree(flat.parent, ignore_errors=True)
