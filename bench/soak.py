@@ -10,7 +10,8 @@ live branch of it (the branch snapshot is deleted again), then release it (kill)
 Every interval it samples the daemon's RSS, its open fds, the bytes this home holds on tmpfs (flat images, scratch
 RAM) and the leftover count (what `forkd gc --dry-run` would remove, plus entries in $FORKD_HOME/tmp, plus QEMU
 processes of this home without a live record). Each series must stay flat: the script prints each one's
-least-squares slope per minute and its change over the run relative to its first sample.
+least-squares slope per minute over the whole run and over its second half (growth that saturates, such as a
+flat image's holes being filled once, is not a leak), and FLAT or GROWING.
 
 Left out: the first sample is taken after the pool is full and one warm-up cycle ran (start-up allocations are
 not a leak); the client's own memory; children other than the pool's.
@@ -143,13 +144,17 @@ def soak(rig: Rig, minutes: float, interval: float) -> dict:
     out = {"minutes": xs[-1], "interval_s": interval, "cycles": churn.cycles, "branches": churn.branches,
            "failures": churn.failures, "cycle_ms_p50": statistics.median(churn.latency_ms),
            "samples": samples, "slopes_per_min": {k: slope(xs, [s[k] for s in samples]) for k in SERIES}}
+    half = len(samples) // 2  # the second half alone: growth that saturates (a cache filling) is not a leak
+    out["late_slopes_per_min"] = {k: slope(xs[half:], [s[k] for s in samples[half:]]) for k in SERIES}
     out["change"] = {k: samples[-1][k] - samples[0][k] for k in SERIES}
     return out
 
 
 def verdict(res: dict, key: str) -> str:
+    """FLAT when the second half of the run grows by less than 5% of the first sample (or a small absolute
+    amount); leftovers must end at 0."""
     first = res["samples"][0][key]
-    grew = res["slopes_per_min"][key] * res["minutes"]
+    grew = res["late_slopes_per_min"][key] * res["minutes"] / 2
     if key == "leftovers":
         return "FLAT" if res["samples"][-1][key] == 0 and grew <= 0.5 else "GROWING"
     return "FLAT" if grew <= max(0.05 * first, {"rss_mib": 8.0, "fds": 3, "tmpfs_mib": 4.0}[key]) else "GROWING"
@@ -180,8 +185,8 @@ def main() -> int:
           f"{res['failures']} failed; cycle p50 {res['cycle_ms_p50']:.0f} ms; {len(res['samples'])} samples")
     for k in SERIES:
         s = res["samples"]
-        print(f"  {k:10s} first {s[0][k]:9.1f}  last {s[-1][k]:9.1f}  slope {res['slopes_per_min'][k]:+8.2f}/min"
-              f"  {verdict(res, k)}")
+        print(f"  {k:10s} first {s[0][k]:7.1f}  last {s[-1][k]:7.1f}  slope {res['slopes_per_min'][k]:+7.2f}/min"
+              f"  second half {res['late_slopes_per_min'][k]:+7.2f}/min  {verdict(res, k)}")
     if leaked:
         print(f"  QEMU processes left at the end (killed): {leaked}")
     return 0

@@ -94,7 +94,7 @@ class Load:
     def exec_(self, rng: random.Random) -> None:
         cid = self.s.pick(rng, self.s.claimed)
         if cid:
-            self._run("exec", "exec", cid, "--timeout", "60", "--", "sh", "-c", "echo $((6*7)) > /root/x; cat /root/x")
+            self._run("exec", "exec", "--timeout", "60", cid, "--", "sh", "-c", "echo $((6*7)) > /root/x; cat /root/x")
 
     def kill(self, rng: random.Random, cid: str | None = None) -> None:
         cid = cid or self.s.pick(rng, self.s.claimed)
