@@ -33,6 +33,20 @@ class LoadState:
     outcomes: Counter = field(default_factory=Counter)  # (op, "ok" | "exit N")
     errors: list[str] = field(default_factory=list)  # failures while the daemon was alive (samples)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    busy: set[str] = field(default_factory=set)  # claimed children an operation is using right now
+
+    def take(self, rng: random.Random) -> str | None:
+        """A claimed child no other operation is using (so no exec races a kill the load itself sent)."""
+        with self.lock:
+            free = sorted(self.claimed - self.busy)
+            cid = rng.choice(free) if free else None
+            if cid:
+                self.busy.add(cid)
+        return cid
+
+    def give(self, cid: str) -> None:
+        with self.lock:
+            self.busy.discard(cid)
 
     def next_tag(self, prefix: str) -> str:
         with self.lock:
@@ -92,22 +106,31 @@ class Load:
         return ids[0] if ids else None
 
     def exec_(self, rng: random.Random) -> None:
-        cid = self.s.pick(rng, self.s.claimed)
+        cid = self.s.take(rng)
         if cid:
-            self._run("exec", "exec", "--timeout", "60", cid, "--", "sh", "-c", "echo $((6*7)) > /root/x; cat /root/x")
+            try:
+                self._run("exec", "exec", "--timeout", "60", cid, "--", "sh", "-c", "echo $((6*7)) > /root/x")
+            finally:
+                self.s.give(cid)
 
     def kill(self, rng: random.Random, cid: str | None = None) -> None:
-        cid = cid or self.s.pick(rng, self.s.claimed)
+        cid = cid or self.s.take(rng)
         if cid:
             with self.s.lock:
                 self.s.claimed.discard(cid)  # from here on it may legitimately be gone
-            self._run("kill", "kill", cid)
+            try:
+                self._run("kill", "kill", cid)
+            finally:
+                self.s.give(cid)
 
     def branch(self, rng: random.Random) -> None:
-        cid = self.s.pick(rng, self.s.claimed)
+        cid = self.s.take(rng)
         if cid:
             tag = self.s.next_tag("br")
-            self._made(tag, self._run("branch", "branch", cid, "--tag", tag, "--mode", "live"))
+            try:
+                self._made(tag, self._run("branch", "branch", cid, "--tag", tag, "--mode", "live"))
+            finally:
+                self.s.give(cid)
 
     def layer(self, rng: random.Random, what: str = "layer"):
         tag = self.s.next_tag("ly")
@@ -165,7 +188,7 @@ class Load:
                 got.extend(ids)
 
         threads = [threading.Thread(target=one_claim) for _ in range(n - 1)] + [threading.Thread(target=one_fork)]
-        victim = self.s.pick(rng, self.s.claimed)
+        victim = self.s.take(rng)
         if victim:
             threads.append(threading.Thread(target=self.kill, args=(rng, victim)))
         for t in threads:
