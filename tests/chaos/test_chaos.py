@@ -47,6 +47,9 @@ def test_chaos_children_answer_or_are_reaped(chaos):
     _holds(chaos, "children")
 
 
+@pytest.mark.xfail(strict=False, reason="issue 15 item 5 (rel-state): a kill -9 while a layer's memory is copied to "
+                   "tmpfs leaves '.forkd-layer-*.mem.tmp-<pid>-*' that gc never collects (seen with seed 11, full "
+                   "form; the reduced form hits it when a kill lands in that copy). Remove at rel-state's merge.")
 def test_chaos_leaves_no_orphans(chaos):
     _holds(chaos, "orphans")
 
