@@ -30,3 +30,21 @@ def test_pool_bench_registry_only_short_mode():
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "hand out 32" in res.stdout and "before" in res.stdout and "p90" in res.stdout
+
+
+@pytest.mark.vm
+def test_soak_short_mode_samples_every_series(rt):
+    """bench/soak.py --short: a minute of claim/exec/branch/release churn against a real daemon; every series is
+    sampled, a slope printed for each, nothing left over at the end."""
+    import json
+
+    rt.build_image()  # copied into the soak's private home
+    res = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--short", "--image-from", str(rt.layout.home),
+                          "-o", "json"], capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert set(out["slopes_per_min"]) == {"rss_mib", "fds", "tmpfs_mib", "leftovers"}
+    assert out["cycles"] > 1 and out["branches"] >= 1 and len(out["samples"]) >= 3, res.stderr[-3000:]
+    assert out["failures"] == 0, res.stderr[-3000:]
+    assert out["samples"][-1]["leftovers"] == 0, out["samples"][-1]
+    assert out["leaked_qemu_at_end"] == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -287,8 +288,9 @@ class Runtime:
         for rec in self.registry.list():
             try:
                 sup.ensure_running(rec)
-            except ForkdError:
-                pass  # unreachable VMM: `ls` shows it, `kill` cleans it
+            except (ForkdError, OSError) as exc:  # e.g. its QMP too slow to greet: one child must not stop recovery
+                logging.getLogger("forkd.runtime").warning("child %s: could not check it is running after a crash "
+                                                           "(%s: %s)", rec.id, type(exc).__name__, exc)
         return failed
 
     def children(self) -> list[ChildRecord]:

@@ -23,6 +23,7 @@ safely and is left alone.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forkd.base.owners import dead_under
+from forkd.base.owners import dead_under, owner_alive
 from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.base.private import UnsafePath, check_private_dir
 from forkd.base.procs import is_alive, kill_and_wait, start_time
@@ -44,6 +45,9 @@ GRACE_SECONDS = 60.0  # objects younger than this with no record may be a spawn 
 # temporaries named by a forkd before owned names (forkd.base.owners): the maker's pid only
 LEGACY = re.compile(r"^(?:forkd-.+-(\d+)(?:-[0-9a-f]+)?\.mem|(?:p|l|b|branch-.+|unpack)-(\d+)-[0-9a-f]+"
                     r"|pull-(\d+)-[0-9a-f]+\.tar\.zst|rm-.+-(\d+)-\d+|\..+\.(?:tmp|new)-(\d+)-(?:\d+-)?[0-9a-f]+)$")
+FLAT_IMAGE = re.compile(r"^[0-9a-f]{64}\.mem$")
+SNAPSHOT_MANIFEST = "snapshot.json"  # the store's name for it (forkd.store.snapshot.MANIFEST; no import across)
+LEGACY_WORKDIR = re.compile(r"^(?:p|l|b|branch-.+)-(\d+)-[0-9a-f]+$")
 
 
 @dataclass
@@ -128,6 +132,8 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
     _collect_network(home, keep, report, dry_run, grace)
     _collect_cgroups(home, keep, report, dry_run)
     _collect_files(layout, report, dry_run, grace)
+    _collect_build_vmms(layout, report, dry_run)
+    _collect_unowned_flats(layout, report, dry_run, grace)
     for d in stale_flat_dirs():
         report.flat_dirs.append(str(d))
         if not dry_run:
@@ -246,3 +252,76 @@ def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float
                     (report.memory_files if entry.name.endswith(".mem") else report.dirs).append(entry.path)
                     if not dry_run:
                         _remove(Path(entry.path))
+
+
+def _collect_build_vmms(layout: Layout, report: GcReport, dry_run: bool) -> None:
+    """VMMs of builds (a parent's boot, a layer, a branch's helper) whose builder died (kill -9 of the daemon or
+    CLI mid-build): processes of the configured QEMU binary whose command line names a work directory of this
+    home's tmp/ (`an owned name, forkd.base.owners) whose owner is gone. They have no child record and no
+    cgroup; without this they ran (and held their scratch RAM) forever. A live builder's VMM is left alone."""
+    work = re.compile(re.escape(str(layout.tmp).encode() + b"/") + rb"([^/\0,]+)/")
+    for d in _qemu_procs():
+        if int(d.name) in report.processes:
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        alive = [_workdir_owner_alive(w.group(1).decode(errors="replace")) for w in work.finditer(cmdline)]
+        alive = [a for a in alive if a is not None]
+        if alive and not any(alive):
+            _kill_unrecorded(int(d.name), report, dry_run)
+
+
+def _workdir_owner_alive(name: str) -> bool | None:
+    """Whether the maker of a work directory named `name` runs: an owned name (forkd.base.owners), or an older
+    forkd's `<kind>-<pid>-<random>` judged by its pid; None for any other name."""
+    alive = owner_alive(name)
+    if alive is None and (m := LEGACY_WORKDIR.match(name)):
+        alive = is_alive(int(m.group(1)), None)
+    return alive
+
+
+def _qemu_procs() -> list[Path]:
+    """/proc/<pid> of every process running the configured QEMU binary (that we may look at)."""
+    qemu = os.path.realpath(shutil.which(settings().qemu) or settings().qemu)
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.path.realpath(os.readlink(d / "exe")) == qemu:
+                out.append(d)
+        except OSError:
+            continue  # gone, or not ours to look at
+    return out
+
+
+def _owned_flats(layout: Layout) -> set[str]:
+    """Flat image names a snapshot of this home records as its memory content (any status but failed)."""
+    owned = set()
+    for manifest in layout.snapshots.glob(f"*/{SNAPSHOT_MANIFEST}"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            raw = json.loads(manifest.read_text())
+            if raw.get("status") != "failed" and isinstance(raw.get("memory_sha256"), str):
+                owned.add(f"{raw['memory_sha256']}.mem")
+    return owned
+
+
+def _collect_unowned_flats(layout: Layout, report: GcReport, dry_run: bool, grace: float) -> None:
+    """Flat images (RAM on tmpfs) no snapshot records: kept by a build whose writer died between keeping its
+    image and committing (its snapshot is failed), or left by a removed snapshot. The flat cache is a cache (the
+    store materializes an image again when needed), so one older than `grace` that no process maps goes."""
+    with contextlib.suppress(FileNotFoundError, UnsafePath):
+        flat = layout.check_flat_cache()
+        if flat is None:
+            return
+        owned, mapped = _owned_flats(layout), set()
+        for d in _qemu_procs():
+            with contextlib.suppress(OSError):
+                mapped.update(line.split(None, 5)[-1] for line in (d / "maps").read_text().splitlines()
+                              if str(flat) in line)
+        for entry in os.scandir(flat):
+            if FLAT_IMAGE.match(entry.name) and entry.name not in owned and entry.path not in mapped and \
+                    entry.is_file(follow_symlinks=False) and _age(Path(entry.path)) > grace:
+                report.memory_files.append(entry.path)
+                if not dry_run:
+                    Path(entry.path).unlink(missing_ok=True)

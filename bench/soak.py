@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Soak benchmark: a pool under steady churn for N minutes, watched for leaks.
+
+    python3 bench/soak.py [--minutes 10] [--interval 60] [--image-from HOME] [-o json]
+    python3 bench/soak.py --short          # CI: 1 minute, a sample every 10 s
+
+A daemon (`forkd serve`) on a private $FORKD_HOME (the guest image copied from --image-from) runs a pool of 2 warm
+256 MiB children. One client loops, through the daemon's socket: claim a child, exec in it, every third cycle a
+live branch of it (the branch snapshot is deleted again), then release it (kill); the pool refills behind it.
+Every interval it samples the daemon's RSS, its open fds, the bytes this home holds on tmpfs (flat images, scratch
+RAM) and the leftover count (what `forkd gc --dry-run` would remove, plus entries in $FORKD_HOME/tmp, plus QEMU
+processes of this home without a live record). Each series must stay flat: the script prints each one's
+least-squares slope per minute over the whole run and over its second half (growth that saturates, such as a
+flat image's holes being filled once, is not a leak), and FLAT or GROWING.
+
+Left out: the first sample is taken after the pool is full and one warm-up cycle ran (start-up allocations are
+not a leak); the client's own memory; children other than the pool's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from forkd.base.paths import Layout  # noqa: E402
+from forkd.base.settings import settings  # noqa: E402
+from forkd.client.backends import RemoteBackend  # noqa: E402
+from forkd.core.requests import Branch  # noqa: E402
+from forkd.core.runtime import Runtime  # noqa: E402
+from tests.chaos.invariants import home_qemu_pids  # noqa: E402
+from tests.chaos.rig import SPEC, Rig  # noqa: E402
+
+SERIES = ("rss_mib", "fds", "tmpfs_mib", "leftovers")
+
+
+def log(msg: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tmpfs_bytes(layout: Layout) -> int:
+    total = 0
+    shm = layout.shm_dir
+    for root, _dirs, files in os.walk(shm) if shm is not None else ():
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def sample(rig: Rig, rt: Runtime) -> dict[str, float]:
+    pid = rig.daemon_pid()
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    rep = rt.gc(dry_run=True)
+    live = {r.pid for r in rt.registry.list() if r.alive}
+    stray_qemu = [p for p in home_qemu_pids(rt.layout.home) if p not in live]
+    tmp = len(os.listdir(rt.layout.tmp)) if rt.layout.tmp.is_dir() else 0
+    return {"t_min": time.monotonic() / 60, "rss_mib": rss_kib / 1024, "fds": fds,
+            "tmpfs_mib": tmpfs_bytes(rt.layout) / (1 << 20), "leftovers": rep["leftovers"] + tmp + len(stray_qemu),
+            "children": len(rt.registry.list())}
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    return statistics.linear_regression(xs, ys).slope
+
+
+class Churn:
+    def __init__(self, api: RemoteBackend, pool: str):
+        self.api, self.pool = api, pool
+        self.cycles = self.branches = self.failures = 0
+        self.latency_ms: list[float] = []
+
+    def cycle(self) -> None:
+        t0 = time.perf_counter()
+        cid = None
+        try:
+            cid = self.api.claim(self.pool, 1)[0]["id"]
+            self.api.exec(cid, ["sh", "-c", "echo churn > /root/c; cat /root/c"], timeout=60)
+            if self.cycles % 3 == 2:
+                tag = f"soak-br-{self.cycles}"
+                self.api.branch(Branch(child_id=cid, tag=tag, mode="live"))
+                self.api.rmi(tag)
+                self.branches += 1
+        except Exception as exc:  # noqa: BLE001 - counted and reported, the soak goes on
+            self.failures += 1
+            log(f"cycle {self.cycles} failed: {type(exc).__name__}: {exc}")
+        finally:
+            if cid:
+                try:
+                    self.api.kill([cid])
+                except Exception as exc:  # noqa: BLE001
+                    self.failures += 1
+                    log(f"kill {cid} failed: {exc}")
+            self.cycles += 1
+            self.latency_ms.append((time.perf_counter() - t0) * 1000)
+
+
+def wait_warm(rig: Rig, timeout: float = 900.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pools = rig.pools()
+            if pools and all((p.get("status") or {}).get("warm") == p["spec"]["warm"] for p in pools):
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"the pool never filled: {rig.daemon_log_tail()}")
+
+
+def soak(rig: Rig, minutes: float, interval: float) -> dict:
+    rig.start_daemon()
+    res = rig.apply(SPEC.format(warm=2, max_children=6))
+    if res.returncode != 0:
+        raise SystemExit(f"forkd apply failed: {res.stderr}")
+    wait_warm(rig)
+    rt = Runtime(Layout(rig.home))
+    churn = Churn(RemoteBackend(str(rt.layout.daemon_socket)), "cx-a")
+    churn.cycle()  # warm-up, not sampled
+    samples = [sample(rig, rt)]
+    end = time.monotonic() + minutes * 60
+    next_at = time.monotonic() + interval
+    while time.monotonic() < end:
+        churn.cycle()
+        if time.monotonic() >= next_at:
+            samples.append(sample(rig, rt))
+            log(f"sample {len(samples)}: " + ", ".join(f"{k} {samples[-1][k]:.1f}" for k in SERIES))
+            next_at += interval
+    samples.append(sample(rig, rt))
+    t0 = samples[0]["t_min"]
+    xs = [s["t_min"] - t0 for s in samples]
+    out = {"minutes": xs[-1], "interval_s": interval, "cycles": churn.cycles, "branches": churn.branches,
+           "failures": churn.failures, "cycle_ms_p50": statistics.median(churn.latency_ms),
+           "samples": samples, "slopes_per_min": {k: slope(xs, [s[k] for s in samples]) for k in SERIES}}
+    half = len(samples) // 2  # the second half alone: growth that saturates (a cache filling) is not a leak
+    out["late_slopes_per_min"] = {k: slope(xs[half:], [s[k] for s in samples[half:]]) for k in SERIES}
+    out["change"] = {k: samples[-1][k] - samples[0][k] for k in SERIES}
+    return out
+
+
+def verdict(res: dict, key: str) -> str:
+    """FLAT when the second half of the run grows by less than 5% of the first sample (or a small absolute
+    amount); leftovers must end at 0."""
+    first = res["samples"][0][key]
+    grew = res["late_slopes_per_min"][key] * res["minutes"] / 2
+    if key == "leftovers":
+        return "FLAT" if res["samples"][-1][key] == 0 and grew <= 0.5 else "GROWING"
+    return "FLAT" if grew <= max(0.05 * first, {"rss_mib": 8.0, "fds": 3, "tmpfs_mib": 4.0}[key]) else "GROWING"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--interval", type=float, default=60.0, help="seconds between samples")
+    ap.add_argument("--short", action="store_true", help="1 minute, a sample every 10 s (CI)")
+    ap.add_argument("--image-from", type=Path, default=settings().home,
+                    help="copy the guest image from this home (default: $FORKD_HOME)")
+    ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    args = ap.parse_args()
+    if args.short:
+        args.minutes, args.interval = 1.0, 10.0
+    rig = Rig.create(image_from=args.image_from)
+    try:
+        res = soak(rig, args.minutes, args.interval)
+    finally:
+        leaked = rig.destroy()
+    res["leaked_qemu_at_end"] = leaked
+    if args.output == "json":
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"forkd soak: {res['minutes']:.1f} min of churn on a pool of 2 warm 256 MiB children (TCG, 2 cores): "
+          f"{res['cycles']} claim/exec/release cycles ({res['branches']} with a live branch), "
+          f"{res['failures']} failed; cycle p50 {res['cycle_ms_p50']:.0f} ms; {len(res['samples'])} samples")
+    for k in SERIES:
+        s = res["samples"]
+        print(f"  {k:10s} first {s[0][k]:7.1f}  last {s[-1][k]:7.1f}  slope {res['slopes_per_min'][k]:+7.2f}/min"
+              f"  second half {res['late_slopes_per_min'][k]:+7.2f}/min  {verdict(res, k)}")
+    if leaked:
+        print(f"  QEMU processes left at the end (killed): {leaked}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
