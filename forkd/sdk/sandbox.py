@@ -18,6 +18,7 @@ from typing import Any
 
 from forkd.client import wire
 from forkd.sdk.controller import AsyncController, Controller
+from forkd.sdk.files import AsyncFilesystem, Filesystem
 
 
 def _argv(cmd: str | list[str]) -> list[str]:
@@ -39,22 +40,10 @@ class Commands:
         return self._sb.controller.exec_command(self._sb.id, _argv(cmd), timeout, cwd=cwd, env=envs, stdin=stdin)
 
 
-class Files:
-    def __init__(self, sb: Sandbox):
-        self._sb = sb
-
-    def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
-        return self._sb.controller.write_file(self._sb.id, path, data, mode)
-
-    def read(self, path: str, format: str = "text") -> str | bytes:
-        data = self._sb.controller.read_file(self._sb.id, path)
-        return data if format == "bytes" else data.decode()
-
-
 class Sandbox:
     def __init__(self, info: wire.SandboxInfo, controller: Controller, owned: bool = True):
         self.info, self.controller, self.owned = info, controller, owned
-        self.commands, self.files = Commands(self), Files(self)
+        self.commands, self.files = Commands(self), Filesystem(self)
 
     @property
     def id(self) -> str:
@@ -123,22 +112,10 @@ class AsyncCommands:
                                                       stdin=stdin)
 
 
-class AsyncFiles:
-    def __init__(self, sb: AsyncSandbox):
-        self._sb = sb
-
-    async def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
-        return await self._sb.controller.write_file(self._sb.id, path, data, mode)
-
-    async def read(self, path: str, format: str = "text") -> str | bytes:
-        data = await self._sb.controller.read_file(self._sb.id, path)
-        return data if format == "bytes" else data.decode()
-
-
 class AsyncSandbox:
     def __init__(self, info: wire.SandboxInfo, controller: AsyncController, owned: bool = True):
         self.info, self.controller, self.owned = info, controller, owned
-        self.commands, self.files = AsyncCommands(self), AsyncFiles(self)
+        self.commands, self.files = AsyncCommands(self), AsyncFilesystem(self)
 
     @property
     def id(self) -> str:
