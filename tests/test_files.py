@@ -13,7 +13,6 @@ import tarfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from forkd.base.errors import Conflict, InvalidInput, NotFound
@@ -236,7 +235,8 @@ def test_cp_in_process(rt, fork, tmp_path):
 
 
 def test_files_routes_in_openapi(daemon):
-    spec = httpx.get(f"{daemon.url}/openapi.json").json()
+    with daemon.tcp() as h:
+        spec = h.get("/openapi.json").json()
     paths = spec["paths"]
     for p in ("content", "list", "stat", "exists", "rename", "mkdir", "chmod", "archive", "watch"):
         assert f"/v1/sandboxes/{{id}}/files/{p}" in paths, p

@@ -242,8 +242,8 @@ OPS = {"ping": op_ping, "exec": op_exec, "eval": op_eval, "exec_code": op_exec_c
 # Every op is one request and one reply, independent of the transport.
 
 FS_CHUNK_MAX = 4 << 20  # bytes of one read/write chunk
-FS_LIST_MAX = 256  # entries of one list page
-FS_EVENTS_MAX = 256  # events of one watch poll
+FS_LIST_MAX = 200  # entries of one list page (2 strings each: the host parses at most 512 strings a reply)
+FS_EVENTS_MAX = 200  # events of one watch poll (2 strings each)
 FS_QUEUE_MAX = 8192  # events a watch keeps between polls (more: the oldest are dropped, `overflow` says so)
 FS_WALK_MAX = 20000  # entries a polling watch compares
 FS_STREAMS = {}

@@ -27,9 +27,9 @@ from forkd.vmm.agent_client import AgentClient
 
 CHUNK = 1 << 20  # default bytes per read/write request
 MAX_CHUNK = 4 << 20  # the most a chunk may be (the agent's FS_CHUNK_MAX)
-LIST_PAGE = 256  # entries per list page (the agent's FS_LIST_MAX)
+LIST_PAGE = 200  # entries per list page (the agent's FS_LIST_MAX; 2 strings each, agent_client.MAX_STRINGS)
 MAX_ENTRIES = 100_000  # entries one list() returns, all pages and depths together
-MAX_EVENTS = 256  # events per watch poll
+MAX_EVENTS = 200  # events per watch poll (the agent's FS_EVENTS_MAX)
 MAX_NAME = 255  # bytes of one name
 MAX_PATH = 4096  # bytes of a path the guest reports (a symlink's target)
 TYPES = frozenset({"file", "dir", "symlink", "other"})
