@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -129,7 +130,9 @@ def measure(rt: Runtime, h: httpx.Client, cid: str, size: int, runs: int) -> dic
         u, d = direct_runs(rt, cid, size)
         res["direct upload"].append(u)
         res["direct download"].append(d)
+        log(f"direct: upload {u:.1f} MiB/s, download {d:.1f} MiB/s")
         u, d = api_runs(h, cid, size)
+        log(f"api: upload {u:.1f} MiB/s, download {d:.1f} MiB/s")
         res["api upload"].append(u)
         res["api download"].append(d)
     return res
@@ -159,6 +162,7 @@ def main() -> int:
     ap.add_argument("--short", action="store_true", help="CI: 4 MiB, one run")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still kills the child and the daemon
     size_mib, runs = (4, 1) if args.short else (args.size_mib, args.runs)
     memory = 768 + size_mib if size_mib > 64 else 512  # the file lives in guest RAM (one copy at a time)
     tag = f"bench-files-{memory}"
