@@ -12,7 +12,8 @@ so the ratio api/direct is what the API layer costs. Prints MiB/s p50/p90 per pa
 
 What the figures leave out: the data is a repeated 1 MiB random block made in memory (no host disk reads or
 writes), the guest keeps the file in RAM (its root is an initramfs, so the guest has --size-mib + 512 MiB of
-memory), downloads are counted but not hashed, and the child is forked before timing starts.
+memory), downloads are counted but not hashed, and the child is forked and warmed up (1 MiB each way on both paths)
+before timing starts.
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def api_runs(h: httpx.Client, cid: str, size: int) -> tuple[float, float]:
 
 def measure(rt: Runtime, h: httpx.Client, cid: str, size: int, runs: int) -> dict[str, list[float]]:
     res: dict[str, list[float]] = {"direct upload": [], "direct download": [], "api upload": [], "api download": []}
+    log("warming up both paths (1 MiB each way, not timed): a fresh child's first calls translate code")
+    direct_runs(rt, cid, MIB)
+    api_runs(h, cid, MIB)
     for i in range(runs):
         log(f"run {i + 1}/{runs}: {size // MIB} MiB each way, direct then api")
         u, d = direct_runs(rt, cid, size)
