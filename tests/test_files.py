@@ -242,3 +242,16 @@ def test_files_routes_in_openapi(daemon):
         assert f"/v1/sandboxes/{{id}}/files/{p}" in paths, p
     assert "application/x-ndjson" in paths["/v1/sandboxes/{id}/files/watch"]["get"]["responses"]["200"]["content"]
     assert "application/octet-stream" in paths["/v1/sandboxes/{id}/files/content"]["put"]["requestBody"]["content"]
+
+
+def test_raw_uploads_refuse_cors_simple_types(daemon):
+    """The streamed uploads take octet-stream (or untyped) bodies only: a web page's text/plain never reaches them."""
+    with daemon.tcp() as h:
+        for sub in ("content", "archive"):
+            url = f"/v1/sandboxes/cnope/files/{sub}"
+            for ctype, code in (("text/plain", 415), ("application/x-www-form-urlencoded", 415),
+                                ("application/octet-stream", 404), (None, 404)):
+                headers = {"Content-Type": ctype} if ctype else {}
+                assert h.put(url, params={"path": "/x"}, content=b"x", headers=headers).status_code == code, ctype
+        r = h.post("/v1/sandboxes/cnope/files/mkdir", content=b'{"path": "/x"}', headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415
