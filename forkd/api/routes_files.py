@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Annotated
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 
 from forkd.client import files_wire as fw
@@ -21,6 +23,8 @@ from forkd.core import files as core_files
 from forkd.reconciler.control import Control
 
 TAGS = ["files"]
+SandboxId = Annotated[str, PathParam(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                     description="a sandbox id")]
 PATH = Query(..., min_length=1, max_length=4096, pattern=r"^/[^\x00]*$", description="an absolute path in the guest")
 BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 TAR = {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}
@@ -42,41 +46,41 @@ def _entry(e) -> fw.EntryInfo:
 
 def _metadata_routes(r: APIRouter, rt) -> None:
     @r.get("/v1/sandboxes/{id}/files/list", tags=TAGS)
-    def list_files(id: str, path: str = PATH, depth: int = Query(1, ge=1, le=32)) -> fw.EntryList:
+    def list_files(id: SandboxId, path: str = PATH, depth: int = Query(1, ge=1, le=32)) -> fw.EntryList:
         """The entries under a directory, `depth` levels down (symlinks are listed, not followed)."""
         with core_files.open_files(rt, id, path) as f:
             return fw.EntryList(entries=[_entry(e) for e in f.list(path, depth)])
 
     @r.get("/v1/sandboxes/{id}/files/stat", tags=TAGS)
-    def stat(id: str, path: str = PATH) -> fw.EntryInfo:
+    def stat(id: SandboxId, path: str = PATH) -> fw.EntryInfo:
         with core_files.open_files(rt, id, path) as f:
             return _entry(f.stat(path))
 
     @r.get("/v1/sandboxes/{id}/files/exists", tags=TAGS)
-    def exists(id: str, path: str = PATH) -> fw.Exists:
+    def exists(id: SandboxId, path: str = PATH) -> fw.Exists:
         with core_files.open_files(rt, id, path) as f:
             return fw.Exists(path=path, exists=f.exists(path))
 
     @r.delete("/v1/sandboxes/{id}/files", status_code=204, tags=TAGS)
-    def remove(id: str, path: str = PATH, recursive: bool = False) -> Response:
+    def remove(id: SandboxId, path: str = PATH, recursive: bool = False) -> Response:
         """Remove a file, symlink or empty directory (a non-empty one: `recursive`; 409 without)."""
         with core_files.open_files(rt, id, path) as f:
             f.remove(path, recursive)
         return Response(status_code=204)
 
     @r.post("/v1/sandboxes/{id}/files/rename", tags=TAGS)
-    def rename(id: str, req: fw.RenameRequest) -> fw.PathResult:
+    def rename(id: SandboxId, req: fw.RenameRequest) -> fw.PathResult:
         with core_files.open_files(rt, id, req.src) as f:
             f.rename(req.src, req.dst)
         return fw.PathResult(path=req.dst)
 
     @r.post("/v1/sandboxes/{id}/files/mkdir", tags=TAGS)
-    def mkdir(id: str, req: fw.MakeDirRequest) -> fw.MadeDir:
+    def mkdir(id: SandboxId, req: fw.MakeDirRequest) -> fw.MadeDir:
         with core_files.open_files(rt, id, req.path) as f:
             return fw.MadeDir(path=req.path, created=f.mkdir(req.path, req.parents, req.mode))
 
     @r.post("/v1/sandboxes/{id}/files/chmod", tags=TAGS)
-    def chmod(id: str, req: fw.ChmodRequest) -> fw.PathResult:
+    def chmod(id: SandboxId, req: fw.ChmodRequest) -> fw.PathResult:
         with core_files.open_files(rt, id, req.path) as f:
             f.chmod(req.path, req.mode)
         return fw.PathResult(path=req.path)
@@ -97,13 +101,13 @@ def _body_chunks(request: Request) -> Iterator[bytes]:
 def _content_routes(r: APIRouter, rt) -> None:
     @r.get("/v1/sandboxes/{id}/files/content", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": BINARY, "description": "the file's bytes, streamed"}})
-    def download(id: str, path: str = PATH) -> StreamingResponse:
+    def download(id: SandboxId, path: str = PATH) -> StreamingResponse:
         """A guest file of any size, streamed (chunked) as the guest reads it."""
         return StreamingResponse(core_files.stream(rt, id, path, lambda f: f.read(path)),
                                  media_type="application/octet-stream")
 
     @r.put("/v1/sandboxes/{id}/files/content", tags=TAGS, openapi_extra=RAW_BODY)
-    async def upload(id: str, request: Request, path: str = PATH, mode: int = Query(0o644, ge=0, le=0o7777),
+    async def upload(id: SandboxId, request: Request, path: str = PATH, mode: int = Query(0o644, ge=0, le=0o7777),
                      mkdir: bool = Query(True, description="create missing parent directories")) -> fw.Written:
         """The body (application/octet-stream, any size) becomes the guest file `path`, streamed to the guest
         chunk by chunk; it appears whole (renamed over `path`) once the last chunk is written."""
@@ -114,14 +118,14 @@ def _content_routes(r: APIRouter, rt) -> None:
 
     @r.get("/v1/sandboxes/{id}/files/archive", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": TAR, "description": "a tar stream of the file or directory"}})
-    def archive(id: str, path: str = PATH) -> StreamingResponse:
+    def archive(id: SandboxId, path: str = PATH) -> StreamingResponse:
         """A tar stream of a guest file or directory (its top entry named by the path's last component). It is
         made by the guest: extract it as untrusted input (`forkd cp` does)."""
         return StreamingResponse(core_files.stream(rt, id, path, lambda f: f.tar_read(path)),
                                  media_type="application/x-tar")
 
     @r.put("/v1/sandboxes/{id}/files/archive", tags=TAGS, openapi_extra=RAW_BODY)
-    async def extract(id: str, request: Request, path: str = PATH) -> fw.Written:
+    async def extract(id: SandboxId, request: Request, path: str = PATH) -> fw.Written:
         """Extract the body (a tar stream) into the guest directory `path` (created if missing)."""
         def write() -> int:
             with core_files.open_files(rt, id, path) as f:
@@ -132,7 +136,7 @@ def _content_routes(r: APIRouter, rt) -> None:
 def _watch_route(r: APIRouter, rt) -> None:
     @r.get("/v1/sandboxes/{id}/files/watch", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": NDJSON, "description": "one WatchEvent per line"}})
-    def watch(id: str, path: str = PATH, recursive: bool = False,
+    def watch(id: SandboxId, path: str = PATH, recursive: bool = False,
               timeout: float = Query(3600, gt=0, le=86400, description="seconds until the stream ends")) \
             -> StreamingResponse:
         """Events under a guest directory as NDJSON lines (WatchEvent), until `timeout` or the client leaves.
