@@ -22,6 +22,7 @@ from starlette.routing import Match
 from forkd import __version__
 from forkd.api.audit import Denials, Gate
 from forkd.api.metrics import Metrics
+from forkd.api.routes_files import build_files_router
 from forkd.api.routes_forkd import build_forkd_router
 from forkd.api.routes_process import build_process_router
 from forkd.api.routes_v1 import build_router
@@ -181,6 +182,7 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
     app.include_router(build_router(control, metrics))
     app.include_router(build_forkd_router(LocalBackend(control)))
     app.include_router(build_process_router(control.rt))
+    app.include_router(build_files_router(control))
 
     @app.post("/v1/apply")
     def apply(req: ApplyRequest) -> dict:

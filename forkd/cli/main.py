@@ -20,7 +20,7 @@ from rich.markup import escape
 from forkd import __version__
 from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
-from forkd.cli import config, declarative, k8s
+from forkd.cli import config, cp, declarative, k8s
 from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
 from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
@@ -351,6 +351,7 @@ images_cli.register(app)
 branch_cli.register(app, snapshot_app)
 k8s.register(app)
 config.register(app)
+cp.register(app)
 
 
 def main() -> None:

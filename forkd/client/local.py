@@ -111,6 +111,12 @@ class LocalBackend:
     def eval(self, child: str, code: str, timeout: float = 60.0) -> dict[str, Any]:
         return self.rt.eval(child, code, timeout=timeout)
 
+    def files(self, child: str):
+        """The files of a child (forkd.client.files.LocalFiles: list, stat, read/write streams, tar, watch)."""
+        from forkd.client.files import LocalFiles
+
+        return LocalFiles(self.rt, child)
+
     def ping(self, child: str) -> dict[str, Any]:
         return self.rt.ping(child)
 

@@ -131,6 +131,12 @@ class RemoteBackend:
         res = self.api.eval_code(child, code, timeout)
         return {"value": res.result, "error": res.error, "stdout": res.stdout}
 
+    def files(self, child: str):
+        """The files of a child through the daemon (forkd.client.files_remote.RemoteFiles)."""
+        from forkd.client.files_remote import RemoteFiles
+
+        return RemoteFiles(self.api, child)
+
     def ping(self, child: str) -> dict[str, Any]:
         return self.api.ping_sandbox(child).model_dump(mode="json")
 

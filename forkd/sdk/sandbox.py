@@ -21,6 +21,7 @@ from forkd.base.errors import NotFound
 from forkd.client import wire
 from forkd.sdk.commands import ProcessCommands
 from forkd.sdk.controller import AsyncController, Controller
+from forkd.sdk.files import AsyncFilesystem, Filesystem
 
 log = logging.getLogger("forkd.sdk")
 
@@ -60,22 +61,10 @@ class Commands:
         return self._sb.controller.exec_command(self._sb.id, _argv(cmd), timeout, cwd=cwd, env=envs, stdin=stdin)
 
 
-class Files:
-    def __init__(self, sb: Sandbox):
-        self._sb = sb
-
-    def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
-        return self._sb.controller.write_file(self._sb.id, path, data, mode)
-
-    def read(self, path: str, format: str = "text") -> str | bytes:
-        data = self._sb.controller.read_file(self._sb.id, path)
-        return data if format == "bytes" else data.decode()
-
-
 class Sandbox:
     def __init__(self, info: wire.SandboxInfo, controller: Controller, owned: bool = True):
         self.info, self.controller, self.owned = info, controller, owned
-        self.commands, self.files = ProcessCommands(self), Files(self)  # streaming: forkd/sdk/commands.py
+        self.commands, self.files = ProcessCommands(self), Filesystem(self)  # forkd/sdk/commands.py, files.py
 
     @property
     def id(self) -> str:
@@ -144,22 +133,10 @@ class AsyncCommands:
                                                       stdin=stdin)
 
 
-class AsyncFiles:
-    def __init__(self, sb: AsyncSandbox):
-        self._sb = sb
-
-    async def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
-        return await self._sb.controller.write_file(self._sb.id, path, data, mode)
-
-    async def read(self, path: str, format: str = "text") -> str | bytes:
-        data = await self._sb.controller.read_file(self._sb.id, path)
-        return data if format == "bytes" else data.decode()
-
-
 class AsyncSandbox:
     def __init__(self, info: wire.SandboxInfo, controller: AsyncController, owned: bool = True):
         self.info, self.controller, self.owned = info, controller, owned
-        self.commands, self.files = AsyncCommands(self), AsyncFiles(self)
+        self.commands, self.files = AsyncCommands(self), AsyncFilesystem(self)
 
     @property
     def id(self) -> str:

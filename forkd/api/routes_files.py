@@ -1,0 +1,155 @@
+"""Files in a sandbox (issue 16): list, stat, exists, remove, rename, mkdir, chmod; streamed download and upload of
+any size (chunked response; the request body goes to the guest chunk by chunk, never buffered whole); tar streams
+of files and directories (`forkd cp`); and a watch of a directory streamed as NDJSON.
+
+Every path is a path in the guest: these routes never read or write a path of the daemon's host. The work is done
+by forkd.core.files over the child's agent (forkd.vmm.agent_files checks what the guest answers)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from fastapi import APIRouter, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import StreamingResponse
+
+from forkd.client import files_wire as fw
+from forkd.core import files as core_files
+from forkd.reconciler.control import Control
+
+TAGS = ["files"]
+SandboxId = Annotated[str, PathParam(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                     description="a sandbox id")]
+PATH = Query(..., min_length=1, max_length=4096, pattern=r"^/[^\x00]*$", description="an absolute path in the guest")
+BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+TAR = {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}
+NDJSON = {"application/x-ndjson": {"schema": fw.WatchEvent.model_json_schema()}}
+RAW_BODY = {"requestBody": {"required": True, "content": BINARY}}
+
+
+def build_files_router(control: Control) -> APIRouter:
+    r = APIRouter()
+    _metadata_routes(r, control.rt)
+    _content_routes(r, control.rt)
+    _watch_route(r, control.rt)
+    return r
+
+
+def _entry(e) -> fw.EntryInfo:
+    return fw.EntryInfo(**e.to_dict())
+
+
+def _metadata_routes(r: APIRouter, rt) -> None:
+    @r.get("/v1/sandboxes/{id}/files/list", tags=TAGS)
+    def list_files(id: SandboxId, path: str = PATH, depth: int = Query(1, ge=1, le=32)) -> fw.EntryList:
+        """The entries under a directory, `depth` levels down (symlinks are listed, not followed)."""
+        with core_files.open_files(rt, id, path) as f:
+            return fw.EntryList(entries=[_entry(e) for e in f.list(path, depth)])
+
+    @r.get("/v1/sandboxes/{id}/files/stat", tags=TAGS)
+    def stat(id: SandboxId, path: str = PATH) -> fw.EntryInfo:
+        with core_files.open_files(rt, id, path) as f:
+            return _entry(f.stat(path))
+
+    @r.get("/v1/sandboxes/{id}/files/exists", tags=TAGS)
+    def exists(id: SandboxId, path: str = PATH) -> fw.Exists:
+        with core_files.open_files(rt, id, path) as f:
+            return fw.Exists(path=path, exists=f.exists(path))
+
+    @r.delete("/v1/sandboxes/{id}/files", status_code=204, tags=TAGS)
+    def remove(id: SandboxId, path: str = PATH, recursive: bool = False) -> Response:
+        """Remove a file, symlink or empty directory (a non-empty one: `recursive`; 409 without)."""
+        with core_files.open_files(rt, id, path) as f:
+            f.remove(path, recursive)
+        return Response(status_code=204)
+
+    @r.post("/v1/sandboxes/{id}/files/rename", tags=TAGS)
+    def rename(id: SandboxId, req: fw.RenameRequest) -> fw.PathResult:
+        with core_files.open_files(rt, id, req.src) as f:
+            f.rename(req.src, req.dst)
+        return fw.PathResult(path=req.dst)
+
+    @r.post("/v1/sandboxes/{id}/files/mkdir", tags=TAGS)
+    def mkdir(id: SandboxId, req: fw.MakeDirRequest) -> fw.MadeDir:
+        with core_files.open_files(rt, id, req.path) as f:
+            return fw.MadeDir(path=req.path, created=f.mkdir(req.path, req.parents, req.mode))
+
+    @r.post("/v1/sandboxes/{id}/files/chmod", tags=TAGS)
+    def chmod(id: SandboxId, req: fw.ChmodRequest) -> fw.PathResult:
+        with core_files.open_files(rt, id, req.path) as f:
+            f.chmod(req.path, req.mode)
+        return fw.PathResult(path=req.path)
+
+
+def _body_chunks(request: Request) -> Iterator[bytes]:
+    """The request body as it arrives, for a worker thread (anyio.to_thread): never held whole."""
+    body: AsyncIterator[bytes] = request.stream()
+    while True:
+        try:
+            chunk = anyio.from_thread.run(body.__anext__)
+        except StopAsyncIteration:
+            return
+        if chunk:
+            yield chunk
+
+
+def _content_routes(r: APIRouter, rt) -> None:
+    @r.get("/v1/sandboxes/{id}/files/content", tags=TAGS, response_class=StreamingResponse,
+           responses={200: {"content": BINARY, "description": "the file's bytes, streamed"}})
+    def download(id: SandboxId, path: str = PATH) -> StreamingResponse:
+        """A guest file of any size, streamed (chunked) as the guest reads it."""
+        return StreamingResponse(core_files.stream(rt, id, path, lambda f: f.read(path)),
+                                 media_type="application/octet-stream")
+
+    @r.put("/v1/sandboxes/{id}/files/content", tags=TAGS, openapi_extra=RAW_BODY)
+    async def upload(id: SandboxId, request: Request, path: str = PATH, mode: int = Query(0o644, ge=0, le=0o7777),
+                     mkdir: bool = Query(True, description="create missing parent directories")) -> fw.Written:
+        """The body (application/octet-stream, any size) becomes the guest file `path`, streamed to the guest
+        chunk by chunk; it appears whole (renamed over `path`) once the last chunk is written."""
+        def write() -> int:
+            with core_files.open_files(rt, id, path) as f:
+                return f.write(path, _body_chunks(request), mode, mkdir)
+        return fw.Written(path=path, bytes=await anyio.to_thread.run_sync(write))
+
+    @r.get("/v1/sandboxes/{id}/files/archive", tags=TAGS, response_class=StreamingResponse,
+           responses={200: {"content": TAR, "description": "a tar stream of the file or directory"}})
+    def archive(id: SandboxId, path: str = PATH) -> StreamingResponse:
+        """A tar stream of a guest file or directory (its top entry named by the path's last component). It is
+        made by the guest: extract it as untrusted input (`forkd cp` does)."""
+        return StreamingResponse(core_files.stream(rt, id, path, lambda f: f.tar_read(path)),
+                                 media_type="application/x-tar")
+
+    @r.put("/v1/sandboxes/{id}/files/archive", tags=TAGS, openapi_extra=RAW_BODY)
+    async def extract(id: SandboxId, request: Request, path: str = PATH) -> fw.Written:
+        """Extract the body (a tar stream) into the guest directory `path` (created if missing)."""
+        def write() -> int:
+            with core_files.open_files(rt, id, path) as f:
+                return f.tar_write(path, _body_chunks(request))
+        return fw.Written(path=path, bytes=await anyio.to_thread.run_sync(write))
+
+
+def _watch_route(r: APIRouter, rt) -> None:
+    @r.get("/v1/sandboxes/{id}/files/watch", tags=TAGS, response_class=StreamingResponse,
+           responses={200: {"content": NDJSON, "description": "one WatchEvent per line"}})
+    def watch(id: SandboxId, path: str = PATH, recursive: bool = False,
+              timeout: float = Query(3600, gt=0, le=86400, description="seconds until the stream ends")) \
+            -> StreamingResponse:
+        """Events under a guest directory as NDJSON lines (WatchEvent), until `timeout` or the client leaves.
+        The first line is {"type": "started", "kind": "inotify"|"poll"}."""
+        events = core_files.watch(rt, id, path, recursive, duration=timeout)
+        first = next(events)  # a missing directory is a 404 now, not a broken stream
+        return StreamingResponse(_ndjson(first, events), media_type="application/x-ndjson")
+
+
+def _ndjson(first: dict, events: Iterator[dict]) -> Iterator[bytes]:
+    try:
+        yield (json.dumps(first) + "\n").encode()
+        for ev in events:
+            yield (json.dumps(ev) + "\n").encode()
+    finally:
+        events.close()
