@@ -155,11 +155,13 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="512,1536", help="guest sizes in MiB, comma-separated (default 512,1536)")
     ap.add_argument("--reps", type=int, default=5, help="branches per mode and size (default 5)")
+    ap.add_argument("--modes", help=f"comma-separated subset of {', '.join(MODES)} (default: all)")
     ap.add_argument("--poll-ab", action="store_true",
                     help=f"also run {POLLED!r}: live with the old 0.5 ms query-migrate polling, interleaved")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
-    modes = (*MODES, POLLED) if args.poll_ab else MODES
+    modes = tuple(args.modes.split(",")) if args.modes else MODES
+    modes = (*modes, POLLED) if args.poll_ab else modes
     rt = Runtime()
     kind = fs_type(rt.layout.snapshots)
     if kind not in ("tmpfs", "hugetlbfs"):
@@ -180,9 +182,9 @@ def main() -> None:
                   f"{fmt(r['host_pause_ms']['p50']):>9}/{fmt(r['host_pause_ms']['p90']):<9} "
                   f"{fmt(r['guest_gap_ms']['p50']):>8}/{fmt(r['guest_gap_ms']['p90']):<9} "
                   f"{fmt(r['baseline_gap_ms']['p50']):>13} {fmt(r['ready_ms']['p50']):>10}")
-        live = m["live"]["host_pause_ms"]["p50"]
-        ratios = ", ".join(f"{mode} {m[mode]['host_pause_ms']['p50'] / live:.0f}x" for mode in ("diff", "full")
-                           if live)
+        live = m["live"]["host_pause_ms"]["p50"] if "live" in m else None
+        ratios = ", ".join(f"{mode} {m[mode]['host_pause_ms']['p50'] / live:.1f}x" for mode in (*MODES, POLLED)
+                           if live and mode in m and mode != "live")
         nw = size["nowait_return_ms"]
         print(f"      live pause vs stop-the-world pause (p50): {ratios}; --no-wait returns p50 {fmt(nw['p50'])} ms, "
               f"p90 {fmt(nw['p90'])} ms")
