@@ -246,7 +246,9 @@ class BranchJob(Job):
             cap.start()
             cap.wait_resumed(timeout=60)
         finally:
-            if self.was_running:  # never leave the source paused, whatever failed
+            # never leave the source paused, whatever failed; QEMU's RESUME event after our STOP already says it
+            # runs, so the usual check (a QMP round trip before the call returns) is skipped then
+            if self.was_running and cap.stop_resume_ms is None:
                 self._resume()
             if frozen is not None:
                 _thaw_fs(frozen, self.timings)
