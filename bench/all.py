@@ -125,7 +125,8 @@ def plot(report: dict, out: Path) -> list[str]:
         ax.grid(alpha=0.3)
         written.append(save(fig, out / "fanout-timeline.png"))
     if density:
-        pts = [*density["levels"], density["final"]]
+        # the final window (longer, at full N) stands for the last level it repeats
+        pts = [p for p in density["levels"] if p["n"] != density["final"]["n"]] + [density["final"]]
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([p["n"] for p in pts], [p["mem_per_child_mib"] for p in pts], "o-", label="MemAvailable drop / N")
         ax.plot([p["n"] for p in pts], [p["pss_per_child_mib"] for p in pts], "s-", label="summed Pss / N")
