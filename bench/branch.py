@@ -29,6 +29,7 @@ import time
 from forkd.core.branch import branch, wait_background
 from forkd.core.requests import Branch, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
+from forkd.vmm import capture
 from forkd.vmm.capture import fs_type
 
 PROBE = ("import threading, time\n"
@@ -44,6 +45,9 @@ PROBE = ("import threading, time\n"
          "        last = now\n"
          "threading.Thread(target=_probe, daemon=True).start()\n")
 MODES = ("live", "diff", "full")
+POLLED = "live-polled"  # --poll-ab: live with the pre-issue-18 wait (query-migrate every 0.5 ms) instead of events
+RETURN_STEPS = ("prepare", "stage", "connect", "set_caps", "migrate_cmd", "stop_event_after_migrate", "resumed",
+                "pause", "capture")
 
 
 def progress(msg: str) -> None:
@@ -80,45 +84,62 @@ def ensure_snapshot(rt: Runtime, mib: int) -> str:
     return tag
 
 
-def bench_size(rt: Runtime, mib: int, reps: int) -> dict:
+def branch_as(rt: Runtime, mode: str, req: Branch):
+    """One branch; mode POLLED is live with capture.EVENT_POLL at 0.5 ms (how wait_resumed polled before)."""
+    if mode != POLLED:
+        return branch(rt, req)
+    saved, capture.EVENT_POLL = capture.EVENT_POLL, 0.0005
+    try:
+        return branch(rt, req.model_copy(update={"mode": "live"}))
+    finally:
+        capture.EVENT_POLL = saved
+
+
+def bench_size(rt: Runtime, mib: int, reps: int, modes: tuple[str, ...] = MODES) -> dict:
     tag = ensure_snapshot(rt, mib)
     (src,) = rt.fork(Spawn.of(tag=tag, n=1))
     out: dict = {"memory_mib": mib, "modes": {}}
     try:
         rt.exec_code(src.id, PROBE)
         time.sleep(1.0)
-        for mode in MODES:
-            rows: dict[str, list] = {k: [] for k in ("qemu_downtime_ms", "host_pause_ms", "guest_gap_ms", "ready_ms",
-                                                     "baseline_gap_ms")}
-            for i in range(reps):
+        keys = ("qemu_downtime_ms", "host_pause_ms", "guest_gap_ms", "ready_ms", "baseline_gap_ms")
+        rows = {mode: {k: [] for k in keys} for mode in modes}
+        for i in range(reps):  # modes interleaved: load from other users of the host hits them alike
+            for mode in modes:
+                r = rows[mode]
                 btag = f"bench-br-{mib}-{mode}-{i}"
                 g0 = guest_now(rt, src.id)
-                res = branch(rt, Branch.of(child_id=src.id, tag=btag, mode=mode, wait=True))
+                res = branch_as(rt, mode, Branch.of(child_id=src.id, tag=btag, mode=mode.split("-")[0], wait=True))
                 g1 = guest_now(rt, src.id)
-                rows["guest_gap_ms"].append(largest_gap(rt, src.id, g0, g1))
-                rows["qemu_downtime_ms"].append(res.qemu_downtime_ms)
-                rows["host_pause_ms"].append(res.timings_ms.get("pause"))
-                rows["ready_ms"].append(res.returned_ms)
+                r["guest_gap_ms"].append(largest_gap(rt, src.id, g0, g1))
+                r["qemu_downtime_ms"].append(res.qemu_downtime_ms)
+                r["host_pause_ms"].append(res.timings_ms.get("pause"))
+                r["ready_ms"].append(res.returned_ms)
                 # noise floor: the same probe over an equally long quiet window
                 b0 = guest_now(rt, src.id)
                 time.sleep(max(0.0, g1 - g0))
-                rows["baseline_gap_ms"].append(largest_gap(rt, src.id, b0, guest_now(rt, src.id)))
+                r["baseline_gap_ms"].append(largest_gap(rt, src.id, b0, guest_now(rt, src.id)))
                 assert res.snapshot.status == "ready", res.snapshot.error
                 rt.store.remove(btag)
                 progress(f"{mib} MiB {mode} #{i + 1}: downtime {res.qemu_downtime_ms} ms, pause "
-                         f"{rows['host_pause_ms'][-1]:.1f} ms, guest gap {rows['guest_gap_ms'][-1]:.1f} ms, "
+                         f"{r['host_pause_ms'][-1]:.1f} ms, guest gap {r['guest_gap_ms'][-1]:.1f} ms, "
                          f"ready {res.returned_ms:.0f} ms")
-            out["modes"][mode] = {k: {"p50": pct(v, 50), "p90": pct(v, 90), "samples": v} for k, v in rows.items()}
-        returns = []
+        for mode in modes:
+            out["modes"][mode] = {k: {"p50": pct(v, 50), "p90": pct(v, 90), "samples": v}
+                                  for k, v in rows[mode].items()}
+        returns, steps = [], []
         for i in range(reps):
             btag = f"bench-br-{mib}-nowait-{i}"
             res = branch(rt, Branch.of(child_id=src.id, tag=btag, mode="live", wait=False))
             returns.append(res.returned_ms)
+            steps.append(dict(res.timings_ms))  # copied now: the background conversion adds to it
             res.thread.join(600)
             assert rt.store.get(btag).status == "ready", rt.store.get(btag).error
             rt.store.remove(btag)
             progress(f"{mib} MiB live --no-wait #{i + 1}: returned in {res.returned_ms:.1f} ms")
-        out["nowait_return_ms"] = {"p50": pct(returns, 50), "p90": pct(returns, 90), "samples": returns}
+        out["nowait_return_ms"] = {"p50": pct(returns, 50), "p90": pct(returns, 90), "samples": returns,
+                                   "steps_p50_ms": {k: pct([s[k] for s in steps if k in s], 50)
+                                                    for k in sorted({k for s in steps for k in s})}}
     finally:
         wait_background(600)
         rt.kill([src.id])
@@ -134,13 +155,18 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="512,1536", help="guest sizes in MiB, comma-separated (default 512,1536)")
     ap.add_argument("--reps", type=int, default=5, help="branches per mode and size (default 5)")
+    ap.add_argument("--modes", help=f"comma-separated subset of {', '.join(MODES)} (default: all)")
+    ap.add_argument("--poll-ab", action="store_true",
+                    help=f"also run {POLLED!r}: live with the old 0.5 ms query-migrate polling, interleaved")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
+    modes = tuple(args.modes.split(",")) if args.modes else MODES
+    modes = (*modes, POLLED) if args.poll_ab else modes
     rt = Runtime()
     kind = fs_type(rt.layout.snapshots)
     if kind not in ("tmpfs", "hugetlbfs"):
         progress(f"warning: FORKD_HOME snapshots are on {kind}: live mode needs tmpfs and will be refused")
-    results = {"home_fs": kind, "sizes": [bench_size(rt, int(s), args.reps) for s in args.sizes.split(",")]}
+    results = {"home_fs": kind, "sizes": [bench_size(rt, int(s), args.reps, modes) for s in args.sizes.split(",")]}
     if args.output == "json":
         print(json.dumps(results, indent=2))
         return
@@ -149,19 +175,21 @@ def main() -> None:
           f"{'guest gap p50/p90':>18} {'quiet gap p50':>13} {'ready p50':>10}")
     for size in results["sizes"]:
         m = size["modes"]
-        for mode in MODES:
+        for mode in m:
             r = m[mode]
             print(f"{size['memory_mib']:>5} {mode:<5} "
                   f"{fmt(r['qemu_downtime_ms']['p50']):>10}/{fmt(r['qemu_downtime_ms']['p90']):<11} "
                   f"{fmt(r['host_pause_ms']['p50']):>9}/{fmt(r['host_pause_ms']['p90']):<9} "
                   f"{fmt(r['guest_gap_ms']['p50']):>8}/{fmt(r['guest_gap_ms']['p90']):<9} "
                   f"{fmt(r['baseline_gap_ms']['p50']):>13} {fmt(r['ready_ms']['p50']):>10}")
-        live = m["live"]["host_pause_ms"]["p50"]
-        ratios = ", ".join(f"{mode} {m[mode]['host_pause_ms']['p50'] / live:.0f}x" for mode in ("diff", "full")
-                           if live)
+        live = m["live"]["host_pause_ms"]["p50"] if "live" in m else None
+        ratios = ", ".join(f"{mode} {m[mode]['host_pause_ms']['p50'] / live:.1f}x" for mode in (*MODES, POLLED)
+                           if live and mode in m and mode != "live")
         nw = size["nowait_return_ms"]
         print(f"      live pause vs stop-the-world pause (p50): {ratios}; --no-wait returns p50 {fmt(nw['p50'])} ms, "
               f"p90 {fmt(nw['p90'])} ms")
+        print("      --no-wait steps p50 (ms): " + ", ".join(f"{k} {fmt(v)}" for k, v in nw["steps_p50_ms"].items()
+                                                         if k in RETURN_STEPS))
     print("note: under TCG the guest clock stops while the VM is stopped, so the guest probe cannot see a "
           "stop-the-world pause; host pause is the honest figure for diff/full.")
 

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import platform
+import resource
 import secrets
 import shutil
 import signal
@@ -65,6 +66,21 @@ def summary(xs: list[float]) -> dict:
         return {"n": 0}
     return {"n": len(xs), "p50": statistics.median(xs), "p90": nearest_rank(xs, 90), "min": min(xs),
             "max": max(xs), "samples": [round(x, 3) for x in xs]}
+
+
+def cpu_ms(pid: int) -> float:
+    """utime + stime of process `pid` (all its threads) so far, in ms (10 ms resolution at 100 Hz)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def self_cpu_ms() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return (ru.ru_utime + ru.ru_stime) * 1000.0
 
 
 def med(xs: list[float]) -> float | None:
@@ -181,15 +197,17 @@ def run(args: argparse.Namespace) -> dict:
         progress(f"snapshot {TAG!r} {'reused' if reused else 'created'}")
 
         # 2. sequential forks until an eval over a fresh connection answered
-        totals, steps, after_ready = [], [], []
+        totals, steps, after_ready, cpu = [], [], [], []
         for i in range(args.forks):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), self_cpu_ms()
             (rec,) = rt.fork(Spawn.of(tag=TAG, n=1))
             made.add(rec.id)
-            t_fork = time.perf_counter()
+            t_fork, c_fork, q_fork = time.perf_counter(), self_cpu_ms(), cpu_ms(rec.pid)
             with rt.agent(rec.id) as a:
                 res = a.eval(FORK_EXPR)
             t1 = time.perf_counter()
+            cpu.append({"vmm_until_forked": q_fork, "vmm_first_eval": cpu_ms(rec.pid) - q_fork,
+                        "forkd_fork_call": c_fork - c0, "forkd_connect_eval": self_cpu_ms() - c_fork})
             rt.kill([rec.id])
             made.discard(rec.id)
             if res["error"] or res["value"] != FORK_EXPECT:
@@ -206,6 +224,11 @@ def run(args: argparse.Namespace) -> dict:
                                                                                        strict=True)])
         bd["connect_and_eval"] = med(after_ready)
         result["fork"]["breakdown_p50_ms"] = bd
+        # CPU per child by phase (means: /proc ticks are 10 ms): the floor of fan-out on this many cores
+        result["cpu_per_child_ms"] = {k: statistics.fmean(c[k] for c in cpu) for k in cpu[0]}
+        total_cpu = sum(result["cpu_per_child_ms"].values())
+        result["cpu_per_child_ms"]["total"] = total_cpu
+        result["cpu_floor_children_per_s"] = nproc * 1000.0 / total_cpu if total_cpu else None
 
         # 3. ratio
         result["ratio_x"] = result["cold"]["p50"] / result["fork"]["p50"]
@@ -297,6 +320,11 @@ def table(r: dict) -> str:
     lines.append("       p50 steps: " + ", ".join(f"{k} {bd[k]:.1f}" for k in STEPS if bd.get(k) is not None))
     lines.append(f"       p50 after ready: fork() overhead {bd['fork_call_overhead']:.1f}, "
                  f"connect+eval {bd['connect_and_eval']:.1f}")
+    cp = r["cpu_per_child_ms"]
+    lines.append(f"       CPU per child (mean ms): QEMU until forked {cp['vmm_until_forked']:.0f}, QEMU first eval "
+                 f"{cp['vmm_first_eval']:.0f}, forkd fork() {cp['forkd_fork_call']:.0f}, forkd connect+eval "
+                 f"{cp['forkd_connect_eval']:.0f} = {cp['total']:.0f} -> at most "
+                 f"{r['cpu_floor_children_per_s']:.1f} children/s on {m['nproc']} cores")
     lines.append("")
     ratio = r["ratio_x"]
     lines.append(f"  >>> 3. RATIO cold p50 / fork p50 = {ratio:.1f}x   (target >= {TARGET_RATIO:.0f}x: "

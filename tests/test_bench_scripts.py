@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from forkd.base.paths import Layout
+from forkd.core.runtime import Runtime
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -48,3 +52,32 @@ def test_soak_short_mode_samples_every_series(rt):
     assert out["failures"] == 0, res.stderr[-3000:]
     assert out["samples"][-1]["leftovers"] == 0, out["samples"][-1]
     assert out["leaked_qemu_at_end"] == []
+
+
+def test_bench_all_short_writes_one_report_and_the_plots(home, tmp_path):
+    """bench/all.py --short with the benchmarks behind the plots (fork, density) on real VMs: one JSON report with
+    each benchmark's parsed result, and the three PNGs. Checks that they run, not how fast."""
+    res = subprocess.run([sys.executable, str(BENCH / "all.py"), "--short", "--only", "plan,fork,density",
+                          "--home", str(home), "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert {n: r["exit_code"] for n, r in report["benchmarks"].items()} == {"plan": 0, "fork": 0, "density": 0}
+    density = report["benchmarks"]["density"]["result"]
+    assert density["final"]["n"] == 8 and len(density["levels"]) == 2
+    assert density["final"]["exec_ms"]["n"] == 10 and density["limits"]["measured_up_to_n"] == 8
+    assert report["benchmarks"]["fork"]["result"]["fanout"]["n"] == 8
+    for png in ("fork-latency-cdf.png", "fanout-timeline.png", "memory-per-child.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    assert not [c for c in Runtime(Layout(home)).children() if c.snapshot.startswith(("bench-density", "bench-fork"))]
+
+
+def test_density_short_mode(home):
+    """bench/density.py --short: 4 children in batches of 2, the JSON report's shape; its children are stopped."""
+    res = subprocess.run([sys.executable, str(BENCH / "density.py"), "--short", "--home", str(home), "-o", "json"],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert [p["n"] for p in r["levels"]] == [2, 4] and r["final"]["n"] == 4
+    for p in [*r["levels"], r["final"]]:
+        assert p["pss_sum_mib"] > 0 and p["exec_ms"]["n"] >= 3
+    assert r["limits"]["n_memory_runs_out"] > 4

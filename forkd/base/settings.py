@@ -107,6 +107,18 @@ class Settings(BaseModel):
     # -- platform: add this helper's settings below this line
 
     # -- density: add this helper's settings below this line
+    tcg_tb_mib: int = _env(32, "TCG translation buffer per VMM in MiB (QEMU -accel tcg,tb-size=N): the code cache "
+                               "each child fills as it runs; a child only touches what it translates", ge=1, le=2048)
+    vmm_malloc_arena_max: int = _env(1, "glibc MALLOC_ARENA_MAX for VMM processes (0: glibc's default of 8 per "
+                                        "core); one arena keeps less freed heap per QEMU thread (~1.5 MiB a child, "
+                                        "bench/density.py --compare)", ge=0, le=64)
+    guest_cmdline: str = _env("console=ttyS0 quiet panic=-1 nowatchdog nmi_watchdog=0 tsc=reliable clocksource=tsc "
+                              "sysctl.vm.stat_interval=3600 sysctl.vm.dirty_writeback_centisecs=0 "
+                              "sysctl.vm.compaction_proactiveness=0 sysctl.kernel.hung_task_timeout_secs=0 "
+                              "workqueue.power_efficient=1 psi=0",
+                              "guest kernel command line of parents booted from now on (children restore their "
+                              "parent's running kernel and never read it); the default turns off the guest's "
+                              "periodic wake-ups, each of which costs an idle child TCG time")
 
     @property
     def vmm_runas_per_child(self) -> bool:

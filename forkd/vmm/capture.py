@@ -35,6 +35,7 @@ from forkd.vmm.qmp import QMPClient
 STREAM_FD_NAME = "branch"
 IN_FLIGHT = ("setup", "active", "pre-switchover", "device", "wait-unplug", "cancelling")
 RESUMABLE = ("paused", "postmigrate", "finish-migrate")
+EVENT_POLL = 0.05  # s: wait_resumed asks query-migrate only when no event came for this long
 
 LIVE_HINT = ("QEMU's background snapshot write-protects guest RAM with userfaultfd, which Linux supports for "
              "anonymous, shmem (tmpfs) and hugetlbfs memory only; this child maps its snapshot's memory file from a "
@@ -247,10 +248,11 @@ class QemuCapture(Capture):
 
     def wait_resumed(self, timeout: float = 60.0) -> None:
         """Live mode: return as soon as the source runs again (QEMU's STOP then RESUME events after migrate),
-        i.e. device state is captured and RAM is write-protected; RAM keeps streaming in QEMU's thread."""
+        i.e. device state is captured and RAM is write-protected; RAM keeps streaming in QEMU's thread.
+        Waits on the QMP socket for the events; `query-migrate` only when none came for EVENT_POLL s (each
+        query takes QEMU's main-loop lock, which the pause itself needs: polling every 0.5 ms lengthened it)."""
         deadline = time.monotonic() + timeout
         while True:
-            info = self.qmp.execute("query-migrate") or {}
             stop = [e for e in self.qmp.events if e.get("event") == "STOP"]
             stop = [self.paused_event] if self.paused_event else stop
             resume = [e for e in self.qmp.events if e.get("event") == "RESUME"]
@@ -259,6 +261,9 @@ class QemuCapture(Capture):
                 self.timings["stop_event_after_migrate"] = (_event_time(stop[0]) - self.t_wall) * 1000.0
                 self.stop_resume_ms = (_event_time(resume[-1]) - _event_time(stop[0])) * 1000.0
                 return
+            if self.qmp.next_event(min(EVENT_POLL, max(0.0, deadline - time.monotonic()))) is not None:
+                continue
+            info = self.qmp.execute("query-migrate") or {}
             status = info.get("status")
             if status in ("failed", "cancelled"):
                 raise CaptureError(f"migration to the stream {status}: {info.get('error-desc', 'no reason given')}")
@@ -268,7 +273,6 @@ class QemuCapture(Capture):
             if time.monotonic() > deadline:
                 raise CaptureError(f"the source did not resume within {timeout:.0f}s of the branch start "
                                   f"(migration status {status})")
-            time.sleep(0.0005)
 
     def wait_done(self, timeout: float = 600.0) -> dict:
         try:

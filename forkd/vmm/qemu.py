@@ -65,14 +65,14 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     `disk` (a qcow2 file) is the root disk of a disk-backed image: one virtio-blk device, after the NIC, so
     parents and children have the same devices at the same PCI addresses. Children's overlays are throw-away,
     so their host flushes are skipped (cache=unsafe)."""
-    accel = "tcg,tb-size=32" if machine.accel == "tcg" else machine.accel
+    accel = f"tcg,tb-size={settings().tcg_tb_mib}" if machine.accel == "tcg" else machine.accel
     mem = f"{machine.memory_mib}M"
     argv = [
         binary, "-name", f"forkd,process=forkd-{files.dir.name}",
         "-M", "q35,memory-backend=ram", "-accel", accel, "-m", mem, "-smp", str(machine.vcpus),
         "-object", f"memory-backend-file,id=ram,size={mem},mem-path={mem_path},share={'on' if share else 'off'}",
         "-kernel", str(machine.kernel), "-initrd", str(machine.initrd),
-        "-append", (machine.cmdline + " " + extra_cmdline).strip(),
+        "-append", (guest_cmdline(machine) + " " + extra_cmdline).strip(),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         "-chardev", f"ringbuf,id={CONSOLE_DEV},size={CONSOLE_RING}", "-serial", f"chardev:{CONSOLE_DEV}",
         "-qmp", f"unix:{files.qmp},server=on,wait=off",
@@ -134,6 +134,22 @@ def _boot_failed(vm: Vm, stopped: bool, timeout: float) -> ForkdError:
                       f"QEMU log: {files.log}",
                       hint="a guest that stops while booting usually lacks something its agent needs (see the "
                            "console above); `forkd doctor` checks the host")
+
+
+def guest_cmdline(machine: Machine) -> str:
+    """The kernel command line a parent boots with: the machine's own when a caller set one, else
+    FORKD_GUEST_CMDLINE (whose default turns off the guest's idle wake-ups: the soft-lockup watchdog, and the
+    clocksource watchdog that reads the emulated HPET; measured by bench/density.py --compare)."""
+    return machine.cmdline if machine.cmdline != Machine.cmdline else settings().guest_cmdline
+
+
+def vmm_env() -> dict[str, str]:
+    """The environment of a VMM process: ours, plus MALLOC_ARENA_MAX when FORKD_VMM_MALLOC_ARENA_MAX is set."""
+    env = dict(os.environ)
+    arenas = settings().vmm_malloc_arena_max
+    if arenas:
+        env["MALLOC_ARENA_MAX"] = str(arenas)
+    return env
 
 
 def save_console(qmp: QMPClient | None, console: Path) -> str:
@@ -242,7 +258,7 @@ class QemuDriver(VmmDriver):
             f.unlink(missing_ok=True)
         with open(files.log, "wb") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, pass_fds=pass_fds, close_fds=True)
+                                    start_new_session=True, pass_fds=pass_fds, close_fds=True, env=vmm_env())
         started = start_time(proc.pid)
         if started is None:
             proc.wait()

@@ -70,6 +70,22 @@ class QMPClient:
                 raise QMPError(command, reply["error"])
             return reply.get("return")
 
+    def next_event(self, timeout: float) -> dict | None:
+        """Block up to `timeout` s for the next event QEMU sends (kept in `events` too); None if none came.
+        For waiting on an event without polling QEMU with commands (each one takes QEMU's main-loop lock)."""
+        old = self.sock.gettimeout()
+        self.sock.settimeout(max(timeout, 0.0001))
+        try:
+            msg = self._read()  # a timeout keeps any partial line in the buffer
+        except TimeoutError:
+            return None
+        finally:
+            self.sock.settimeout(old)
+        if "event" not in msg:
+            raise ForkdError(f"unexpected QMP message with no command outstanding on {self.path}: {msg}")
+        self.events.append(msg)
+        return msg
+
     def wait_migration(self, timeout: float = 120.0, poll: float = 0.002) -> dict:
         """Poll query-migrate until completed; raise on failure or timeout."""
         deadline = time.monotonic() + timeout

@@ -307,7 +307,9 @@ class BranchJob(Job):
             self._resume_after(exc)  # never leave the source paused, whatever failed
             raise
         else:
-            if self.was_running:
+            # QEMU's RESUME event after our STOP already says the source runs: the usual check (a QMP round trip
+            # before the call returns) is skipped then
+            if self.was_running and cap.stop_resume_ms is None:
                 self._resume()
         finally:
             if frozen is not None:
