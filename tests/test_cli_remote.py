@@ -134,7 +134,7 @@ def test_verbs_act_on_the_daemons_children_and_snapshots(daemon, rt, elsewhere):
 def test_fork_goes_to_the_daemon(daemon, rt, elsewhere):
     """`forkd fork` through FORKD_URL: the children are the daemon's (its registry), none in this home."""
     env = remote_env(daemon, elsewhere)
-    out = json.loads(ok(env, "fork", "--tag", BASE_TAG, "-n", "2", "-o", "json"))
+    out = json.loads(ok(env, "fork", "--tag", BASE_TAG, "--count", "2", "-o", "json"))
     ids = [c["id"] for c in out["children"]]
     try:
         assert len(ids) == 2 and set(ids) <= {r.id for r in rt.children() if r.status == "running"}

@@ -143,7 +143,8 @@ def test_checked_in_crds_match_the_models():
     want = files()
     have = {p.name: p.read_text() for p in sorted(CRD_DIR.glob("*.yaml"))}
     stale = sorted(n for n in set(want) | set(have) if want.get(n) != have.get(n))
-    assert not stale, f"crds/ is out of date with forkd/spec/models.py ({', '.join(stale)}): run `forkd crds -o crds`"
+    assert not stale, (f"crds/ is out of date with forkd/spec/models.py ({', '.join(stale)}): "
+                       "run `forkd crds --output-dir crds`")
 
 
 def test_forkd_crds_command_writes_the_same_files(tmp_path):
@@ -392,7 +393,7 @@ def test_checked_in_schemas_match_the_models_and_examples_validate(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     made = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
-    assert made == {p.name: p.read_text() for p in SCHEMA_DIR.glob("*.json")}, "run `forkd schema -o schemas`"
+    assert made == {p.name: p.read_text() for p in SCHEMA_DIR.glob("*.json")}, "run `forkd schema --output-dir schemas`"
     assert set(made) == set(schemas()) and "forkd.json" in made
     any_kind = jsonschema.Draft202012Validator(yaml.safe_load(made["forkd.json"]))
     jsonschema.Draft202012Validator.check_schema(any_kind.schema)

@@ -91,7 +91,7 @@ def test_daemon_watch_claim_and_restart(rt, home, tmp_path):
 
         # claim through the daemon: handed out at once, pool refills in the background
         (watch / "pool.yaml").write_text(POOL.format(warm=3))
-        res = forkd_cli("claim", "dpool", "-n", "2", "-o", "json", check=True)
+        res = forkd_cli("claim", "dpool", "--count", "2", "-o", "json", check=True)
         claimed = [c["id"] for c in json.loads(res.stdout)["children"]]
         assert len(claimed) == 2
         wait_for(lambda: len(idle(rt)) == 3, what="pool refilled to 3")

@@ -33,7 +33,7 @@ def test_invalid_tag_is_refused_with_the_rule(home):
 
 
 def test_unknown_tag(home):
-    res = forkd_cli("fork", "--tag", "no-such-tag", "-n", "1")
+    res = forkd_cli("fork", "--tag", "no-such-tag", "--count", "1")
     assert res.returncode == 3
     assert "no snapshot tagged 'no-such-tag'" in res.stderr
     assert forkd_cli("snapshot-info", "no-such-tag").returncode == 3

@@ -60,7 +60,7 @@ def layer(rt, base):
 @pytest.fixture(scope="module")
 def packfile(rt, layer, tmp_path_factory):
     out = tmp_path_factory.mktemp("packs") / "pk1.tar.zst"
-    res = forkd_cli("pack", "--tag", layer, "-o", str(out), "--json", check=True)
+    res = forkd_cli("pack", "--tag", layer, "--output-file", str(out), "-o", "json", check=True)
     assert json.loads(res.stdout)["chain"] == [BASE_TAG, layer]
     return out
 

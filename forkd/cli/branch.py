@@ -7,6 +7,7 @@ from enum import StrEnum
 
 import typer
 
+from forkd.cli.options import complete_children
 from forkd.cli.output import Fmt, emit, err, ms, out
 from forkd.client import Branch, backend
 
@@ -48,7 +49,8 @@ def snapshot_from_sandbox(ctx: typer.Context,
     branch_cmd(from_sandbox, tag, chosen, no_wait, output)
 
 
-def branch_cmd(child: str = typer.Argument(..., help="id of the running child to snapshot"),
+def branch_cmd(child: str = typer.Argument(..., help="id of the running child to snapshot",
+                                          autocompletion=complete_children),
                tag: str = typer.Option(..., "--tag", "-t", help="name of the new snapshot"),
                mode: Mode = typer.Option(Mode.live, "--mode", help="live: the child keeps running (QEMU background "
                                          "snapshot); diff/full: paused while its RAM is saved"),

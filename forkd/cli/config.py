@@ -30,7 +30,17 @@ def _cell(v: object) -> str:
     return "-" if v is None or v == "" else str(v)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from forkd import __version__
+
+        typer.echo(f"forkd {__version__}")
+        raise typer.Exit(0)
+
+
 def global_options(
+        version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                     help="print forkd's version and exit"),
         log_level: str | None = typer.Option(None, "--log-level", help="DEBUG, INFO, WARNING (the default), ERROR; "
                                                                         "or $FORKD_LOG_LEVEL"),
         log_format: str | None = typer.Option(None, "--log-format", help="text or json (one object per line); or "

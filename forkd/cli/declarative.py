@@ -14,10 +14,11 @@ import typer
 import yaml
 
 from forkd.base.atomic import write_bytes
+from forkd.cli.options import OLD_COUNT, complete_pools, count, count_option, format_or_old_path, timeout_option
 from forkd.cli.output import Fmt, emit, err, out
 from forkd.client import LocalBackend, applyset_id, backend, parse_ref, resolve_kind
 from forkd.spec.loader import build_values, load_paths
-from forkd.spec.models import duration_seconds, to_document
+from forkd.spec.models import to_document
 from forkd.spec.schema import explain as explain_path
 from forkd.spec.schema import schemas
 
@@ -32,15 +33,6 @@ TEMPLATE = typer.Option(False, "--template", help="render every file with jinja2
 NO_DAEMON_WARNING = ("no forkd daemon answers: the objects are stored, but nothing reconciles them until one runs. "
                      "Start one with 'forkd serve' (or 'forkd serve --watch DIR'), or pass --wait to reconcile in "
                      "this process until they are Ready.")
-
-
-def _duration(text: str) -> str:
-    """Checked while the command line is parsed, before anything is read or applied (exit 2)."""
-    try:
-        duration_seconds(text) if text[-1:].isalpha() else float(text)
-    except ValueError:
-        raise typer.BadParameter(f"{text!r}: use e.g. 90s, 5m or 1h") from None
-    return text
 
 
 class DryRun(StrEnum):
@@ -92,8 +84,7 @@ def apply(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str]
                                                  "that these files no longer contain"),
           applyset: str | None = typer.Option(None, help="apply set name (default: derived from -f paths)"),
           wait: bool = typer.Option(False, help="wait until every applied object is Ready"),
-          timeout: str = typer.Option("5m", callback=_duration,
-                                      help="with --wait: give up after this long (e.g. 90s, 5m)"),
+          timeout: str = timeout_option("5m", "with --wait: give up after this long"),
           output: ApplyOut = typer.Option(ApplyOut.text, "-o", "--output")) -> None:
     """Create or update objects from YAML. Any invalid document, or flag, means nothing is applied (exit 2).
 
@@ -121,20 +112,12 @@ def apply(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str]
         err.print(f"[yellow]warning:[/] {NO_DAEMON_WARNING}")
     if wait and dry_run == DryRun.none:
         targets = [(o.kind, o.metadata.name) for o, _ in objs]
-        ok, problems = b.wait(targets, _seconds(timeout), progress=lambda s: err.print(f"[dim]{s}[/]"))
+        ok, problems = b.wait(targets, timeout, progress=lambda s: err.print(f"[dim]{s}[/]"))
         for p in problems:
             err.print(f"[red]not ready:[/] {p}")
         if not ok:
             raise typer.Exit(1)
         err.print("all objects Ready")
-
-
-def _seconds(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
-    except (ValueError, IndexError):
-        raise typer.BadParameter(f"{text!r}: use e.g. 90s, 5m or 1h") from None
 
 
 def diff(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str] = SETS,
@@ -207,11 +190,16 @@ def get(resource: str = typer.Argument(..., help="parents | layers | pools | bra
     emit(docs, Fmt.table, _columns(kind, wide), [_row(kind, d, wide) for d in docs])
 
 
-def schema(output_dir: Path | None = typer.Option(None, "-o", "--output-dir", help="write one JSON Schema per kind "
-                                                   "and forkd.json (any kind) here; default: print forkd.json")
+def schema(output_dir: Path | None = typer.Option(None, "--output-dir", help="write one JSON Schema per kind "
+                                                   "and forkd.json (any kind) here; default: print forkd.json"),
+           output: str | None = typer.Option(None, "-o", "--output", help="output format: json (the default)")
            ) -> None:
     """JSON Schemas of the spec objects, for editors: put `# yaml-language-server: $schema=PATH/forkd.json` at the
     top of a spec file (the YAML language server, VS Code's YAML extension, ...)."""
+    fmt, old_path = format_or_old_path(output, "--output-dir")
+    if fmt not in (None, Fmt.json):
+        raise typer.BadParameter("JSON Schemas are printed as JSON", param_hint="-o")
+    output_dir = output_dir or (Path(old_path) if old_path else None)
     files = schemas()
     if output_dir is None:
         sys.stdout.write(json.dumps(files["forkd.json"], indent=2) + "\n")
@@ -290,11 +278,12 @@ def delete(ref: str | None = typer.Argument(None, help="KIND/NAME"),
         out.print(f"{kind}/{name} deleted")
 
 
-def claim(pool: str, n: int = typer.Option(1, "-n", help="how many children"),
+def claim(pool: str = typer.Argument(..., help="the ForkPool", autocompletion=complete_pools),
+          n: int = count_option(1, "how many children"), n_old: int | None = OLD_COUNT,
           output: Fmt = typer.Option(Fmt.table, "-o", "--output")) -> None:
     """Hand out N warm children of a pool at once; the pool refills in the background."""
     t0 = time.perf_counter()
-    recs = backend().claim(pool, n)
+    recs = backend().claim(pool, count(n, n_old))
     took = (time.perf_counter() - t0) * 1000.0
     data = [{"id": r["id"], "pool": pool, "snapshot": r["snapshot"], "agent_socket": r["agent_socket"],
              "expires_at": r.get("expires_at")} for r in recs]

@@ -208,7 +208,7 @@ def _procs() -> Any:
 
 
 # -- forkd exec --------------------------------------------------------------------------------------------
-def exec_parser() -> argparse.ArgumentParser:
+def exec_parser(with_cmd: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="forkd exec", description="Run a command in a child and stream its output: "
                                 "forkd exec [-i] [-t] [-e K=V] [-w DIR] ID -- CMD [ARGS...]",
                                 epilog="exit codes: " + EXEC_HELP)
@@ -217,10 +217,32 @@ def exec_parser() -> argparse.ArgumentParser:
     p.add_argument("-e", "--env", action="append", default=[], metavar="K=V", help="set a variable (repeatable)")
     p.add_argument("-w", "--workdir", "--cwd", dest="cwd", metavar="DIR", help="working directory in the guest")
     p.add_argument("-u", "--user", help="run as this guest user (name or uid)")
-    p.add_argument("--timeout", type=float, help="seconds before the command is killed (exit 124)")
+    p.add_argument("--timeout", type=_duration, metavar="DURATION",
+                   help="how long before the command is killed (exit 124): 90 (seconds), 90s, 5m, 1h30m")
     p.add_argument("child", metavar="ID")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
+    if with_cmd:
+        p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
     return p
+
+
+def _duration(text: str) -> float:
+    from forkd.base.durations import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_exec(rest: list[str]) -> argparse.Namespace:
+    """Options go anywhere before `--` (before or after the ID); without `--`, the first word after the ID starts
+    the command (docker's rule), so `forkd exec ID --timeout 5 -- CMD` and `forkd exec --timeout 5 ID CMD` agree."""
+    if "--" not in rest:
+        return exec_parser().parse_args(rest)
+    i = rest.index("--")
+    args = exec_parser(with_cmd=False).parse_args(rest[:i])
+    args.cmd = rest[i + 1:]
+    return args
 
 
 def _env(pairs: list[str]) -> dict[str, str] | None:
@@ -351,9 +373,8 @@ def _fail(exc: Exception, code: int) -> int:
 def run(argv: list[str]) -> int:
     """`forkd exec ...` / `forkd logs ...` (argv starts with the verb); returns the exit code."""
     verb, rest = argv[0], argv[1:]
-    parser = exec_parser() if verb == "exec" else logs_parser()
     try:
-        args = parser.parse_args(rest)
+        args = parse_exec(rest) if verb == "exec" else logs_parser().parse_args(rest)
     except SystemExit as exc:  # argparse printed usage or help
         return (EXEC_FAILED if verb == "exec" else 2) if exc.code else 0
     try:

@@ -9,16 +9,24 @@ from pathlib import Path
 
 import typer
 
+from forkd.cli.options import format_or_old_path
+from forkd.cli.output import Fmt
+
 
 def register(app: typer.Typer) -> None:
     app.command()(crds)
     app.command()(operator)
 
 
-def crds(output_dir: Path | None = typer.Option(None, "-o", "--output-dir",
-                                                 help="write one file per CRD here (default: print to stdout)")
+def crds(output_dir: Path | None = typer.Option(None, "--output-dir",
+                                                 help="write one file per CRD here (default: print to stdout)"),
+         output: str | None = typer.Option(None, "-o", "--output", help="output format: yaml (the default)")
          ) -> None:
     """Generate the CustomResourceDefinitions (forkd.dev/v1alpha1) from the spec models."""
+    fmt, old_path = format_or_old_path(output, "--output-dir")
+    if fmt not in (None, Fmt.yaml):
+        raise typer.BadParameter("CRDs are printed as YAML", param_hint="-o")
+    output_dir = output_dir or (Path(old_path) if old_path else None)
     argv = [sys.executable, "-m", "forkd.operator", "crds"]
     if output_dir is not None:
         argv += ["-o", str(output_dir)]

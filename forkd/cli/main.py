@@ -23,6 +23,16 @@ from forkd.cli import branch as branch_cli
 from forkd.cli import config, cp, declarative, k8s
 from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
+from forkd.cli.options import (
+    CHILD,
+    OLD_COUNT,
+    SNAPSHOT,
+    complete_snapshots,
+    count,
+    count_option,
+    old_spelling,
+    timeout_option,
+)
 from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
 from forkd.client import Compaction, LayerBuild, ParentBuild, Spawn, backend
 
@@ -31,7 +41,7 @@ app = typer.Typer(
          "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd). Commands go to the daemon named "
          "by $FORKD_URL (+ $FORKD_TOKEN), else to the one answering on $FORKD_HOME/forkd.sock, else run in-process "
          "(FORKD_NO_DAEMON=1 forces that).",
-    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]})
 image_app = typer.Typer(help="Guest images (kernel + initramfs with Python and the forkd agent).",
                         no_args_is_help=True)
@@ -123,7 +133,7 @@ def snapshots(output: Fmt = OUTPUT) -> None:
 
 
 @app.command("snapshot-info")
-def snapshot_info(tag: str, output: Fmt = OUTPUT) -> None:
+def snapshot_info(tag: str = SNAPSHOT, output: Fmt = OUTPUT) -> None:
     """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
     info = backend().snapshot_info(tag)
     keys = ["tag", "status", "error", "path", "depth", "ancestors", "dependents", "materialized", "chain_error",
@@ -134,12 +144,15 @@ def snapshot_info(tag: str, output: Fmt = OUTPUT) -> None:
 
 
 @app.command()
-def rmi(tag: str,
-        force: bool = typer.Option(False, "--force", "-f", help="delete even while children of it run (they keep "
-                                                                 "running) or layers depend on it"),
+def rmi(tag: str = SNAPSHOT,
+        force: bool = typer.Option(False, "--force", help="delete even while children of it run (they keep "
+                                                          "running) or layers depend on it"),
+        force_old: bool = typer.Option(False, "-f", hidden=True, help="old spelling of --force"),
         cascade: bool = typer.Option(False, "--cascade", help="also delete the layers built on it")) -> None:
     """Delete a snapshot. Refused while children of it run or layers depend on it (409-style exit 4)."""
-    for t in backend().rmi(tag, force=force, cascade=cascade):
+    if force_old:
+        old_spelling("rmi -f", "rmi --force")
+    for t in backend().rmi(tag, force=force or force_old, cascade=cascade):
         out.print(f"deleted {t}")
 
 
@@ -181,9 +194,10 @@ CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("POO
 
 
 @app.command()
-def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from"),
-         n: int = typer.Option(1, "-n", help="number of children (1..1000)"),
-         timeout: float = typer.Option(60.0, help="seconds to wait for each child to answer"),
+def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from", autocompletion=complete_snapshots),
+         n: int = count_option(1, "number of children (1..1000)"),
+         n_old: int | None = OLD_COUNT,
+         timeout: str = timeout_option("60s", "how long to wait for each child to answer"),
          per_child_netns: bool = typer.Option(False, "--per-child-netns",
                                               help="require network isolation (the snapshot must have a NIC)"),
          memory_limit_mib: int | None = typer.Option(None, "--memory-limit-mib", help="cgroup memory limit"),
@@ -192,7 +206,7 @@ def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from
          output: Fmt = OUTPUT) -> None:
     """Fork N children of a snapshot; returns when every child answered. Children outlive this command."""
     t0 = time.perf_counter()
-    req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
+    req = Spawn.of(tag=tag, n=count(n, n_old), timeout=timeout, network="isolated" if per_child_netns else None,
                    memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained)
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
@@ -248,8 +262,9 @@ def logs(ctx: typer.Context) -> None:
 
 
 @app.command("eval")
-def eval_(child: str, code: str, output: Fmt = OUTPUT,
-          timeout: float = typer.Option(60.0, help="seconds to wait for the answer")) -> None:
+def eval_(child: str = CHILD, code: str = typer.Argument(..., help="Python expression or statements"),
+          output: Fmt = OUTPUT,
+          timeout: str = timeout_option("60s", "how long to wait for the answer")) -> None:
     """Evaluate a Python expression in the child's warm interpreter and print its repr."""
     res = backend().eval(child, code, timeout=timeout)
     if output != Fmt.table:
@@ -265,7 +280,7 @@ def eval_(child: str, code: str, output: Fmt = OUTPUT,
 
 
 @app.command()
-def ping(child: str) -> None:
+def ping(child: str = CHILD) -> None:
     """Check that a child's agent answers."""
     t0 = time.perf_counter()
     backend().ping(child)
@@ -284,14 +299,15 @@ def kill(ids: list[str] = typer.Argument(None, help="child ids"),
 @app.command()
 def quickstart(spec: Path = typer.Option(Path("specs/examples/pool.yaml"), "-f", "--filename",
                                          help="spec with a parent and a pool"),
-               n: int = typer.Option(4, "-n", help="children to claim"),
+               n: int = count_option(4, "children to claim"),
+               n_old: int | None = OLD_COUNT,
                keep: bool = typer.Option(False, help="leave the claimed children running"),
                output: Fmt = OUTPUT) -> None:
     """The whole tour: apply a parent + pool spec, wait until the pool is warm, claim N children, and run an
     eval and an exec in each."""
     from forkd.client.quickstart import run_quickstart
 
-    result = run_quickstart(backend(), spec, n, keep, progress=Progress(quiet=output != Fmt.table))
+    result = run_quickstart(backend(), spec, count(n, n_old), keep, progress=Progress(quiet=output != Fmt.table))
     emit(result, output, [("CHILD", "left"), ("EVAL ms", "right"), ("EVAL", "left"), ("EXEC ms", "right"),
                           ("EXEC stdout", "left")],
          [[c["id"], ms(c["eval_ms"]), c["eval"], ms(c["exec_ms"]), c["exec_stdout"]] for c in result["children"]])

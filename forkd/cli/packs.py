@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from forkd.cli.options import format_or_old_path, old_spelling
 from forkd.cli.output import Fmt, Progress, emit, err, out, size
 from forkd.client import backend, hub_server
 
@@ -61,13 +62,22 @@ COLUMNS = [("HEAD", "left"), ("CHAIN", "left"), ("IMAGE", "left"), ("INSTALLED",
 
 
 def pack_cmd(tag: str = typer.Option(..., "--tag", "-t", help="chain head to pack (with every ancestor)"),
-             output_file: Path = typer.Option(..., "-o", "--output", help="pack file to write (F.tar.zst)"),
+             output_file: Path | None = typer.Option(None, "--output-file", help="pack file to write (F.tar.zst)"),
              level: int = typer.Option(3, "--level", help="zstandard level (1-19)"),
-             json_: bool = typer.Option(False, "--json", help="print the result as JSON")) -> None:
+             output: str | None = typer.Option(None, "-o", "--output", help="output format: table, json or yaml"),
+             json_: bool = typer.Option(False, "--json", hidden=True, help="old spelling of -o json")) -> None:
     """Bundle a snapshot, its ancestors and its guest image into one verified .tar.zst."""
-    res = backend().pack(tag, str(output_file.resolve()), level=level, progress=Progress(json_))
+    fmt, old_path = format_or_old_path(output, "--output-file")
     if json_:
-        emit(res, Fmt.json)
+        old_spelling("--json", "-o json")
+        fmt = Fmt.json
+    fmt = fmt or Fmt.table
+    path = output_file or (Path(old_path) if old_path else None)
+    if path is None:
+        raise typer.BadParameter("name the pack file to write", param_hint="--output-file")
+    res = backend().pack(tag, str(path.resolve()), level=level, progress=Progress(fmt != Fmt.table))
+    if fmt != Fmt.table:
+        emit(res, fmt)
     else:
         out.print(f"packed {' -> '.join(res['chain'])} + image {res['image_id']} into {res['path']}: "
                   f"{size(res['pack_bytes'])} ({size(res['logical_bytes'])} logical) in {res['seconds']:.1f} s")

@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, model_serializer, model_validator
 
+from forkd.base.durations import PATTERN as DURATION_PATTERN
+from forkd.base.durations import parse_duration
 from forkd.base.names import NAME_PATTERN
 from forkd.core import requests as rq
 from forkd.core.requests import (
@@ -291,15 +293,12 @@ class ForkBranch(Strict):
 
 
 # -- ForkClaim --------------------------------------------------------------------------------------
-DURATION_RE = re.compile(r"^([0-9]+(\.[0-9]+)?)(s|m|h)$")
+DURATION_RE = re.compile(DURATION_PATTERN)  # one format everywhere: forkd.base.durations
 
 
 def duration_seconds(text: str) -> float:
-    """"90s", "5m", "1.5h" -> seconds. Raises ValueError."""
-    m = DURATION_RE.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not a duration: use e.g. 90s, 5m or 1h")
-    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(3)]
+    """"90s", "5m", "1h30m", "90" -> seconds (forkd.base.durations). Raises ValueError."""
+    return parse_duration(text)
 
 
 def rfc3339_seconds(text: str) -> float:

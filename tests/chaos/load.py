@@ -149,7 +149,7 @@ class Load:
         src = self.s.pick(rng, [t for t in self.s.tags if t.startswith(("cp-", "br-"))])
         if src:
             path = self.rig.home.parent / f"{self.rig.home.name}-{src}.tar.zst"
-            if self._run("pack", "pack", "--tag", src, "-o", str(path), "--level", "1").returncode == 0:
+            if self._run("pack", "pack", "--tag", src, "--output-file", str(path), "--level", "1").returncode == 0:
                 self._run("unpack", "unpack", str(path))
             path.unlink(missing_ok=True)
 
@@ -177,7 +177,7 @@ class Load:
                 got.append(cid)
 
         def one_fork() -> None:
-            res = self._run("fork", "fork", "--tag", self.s.parent_tag, "-n", "1", "-o", "json")
+            res = self._run("fork", "fork", "--tag", self.s.parent_tag, "--count", "1", "-o", "json")
             if res.returncode == 0:
                 try:
                     ids = [c["id"] for c in json.loads(res.stdout)["children"]]

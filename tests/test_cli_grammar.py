@@ -1,0 +1,94 @@
+"""One CLI grammar (issue 17, deliverable 10): the same flag means the same thing in every command, durations
+have one format, `--version`, shell completion, and the old spellings still work (with a warning). No VMs: each
+command here fails fast (nothing to fork, claim or delete in an empty home) after its flags were parsed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from forkd.base.durations import parse_duration
+from forkd.cli import fast
+from forkd.cli.options import complete_children, complete_pools, complete_snapshots
+
+
+def _forkd(home, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, FORKD_HOME=str(home), FORKD_NO_DAEMON="1")
+    return subprocess.run([sys.executable, "-m", "forkd.cli.main", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("1.5", 1.5), ("500ms", 0.5), ("90s", 90), ("5m", 300),
+                                               ("1h30m", 5400), ("2d", 172800)])
+def test_one_duration_format(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5 m", "5x", "-1", "m", "1m-2s"])
+def test_bad_durations_name_the_format(text):
+    with pytest.raises(ValueError, match="90s, 5m"):
+        parse_duration(text)
+
+
+def test_version_flag(tmp_path):
+    res = _forkd(tmp_path, "--version")
+    assert res.returncode == 0 and res.stdout.startswith("forkd "), res
+
+
+def test_a_bad_duration_exits_2_before_anything_runs(tmp_path):
+    res = _forkd(tmp_path, "fork", "--tag", "nosuch", "--timeout", "5x")
+    assert res.returncode == 2 and "not a duration" in res.stderr, res
+
+
+def test_count_and_its_old_spelling(tmp_path):
+    new = _forkd(tmp_path, "claim", "nosuch", "--count", "2")
+    old = _forkd(tmp_path, "claim", "nosuch", "-n", "2")
+    assert new.returncode == old.returncode == 3, (new, old)  # parsed, then: no such pool
+    assert "old spelling" not in new.stderr
+    assert "`-n N` is the old spelling of `--count N`" in old.stderr.replace("\n", " "), old.stderr
+
+
+def test_rmi_force_short_flag_is_an_old_spelling(tmp_path):
+    res = _forkd(tmp_path, "rmi", "-f", "nosuch")
+    assert res.returncode == 3 and "--force" in res.stderr, res
+    assert "-f" not in _forkd(tmp_path, "rmi", "--help").stdout.split("--force")[0].split("Options")[-1]
+
+
+def test_output_is_a_format_everywhere_and_old_paths_still_work(tmp_path):
+    out = tmp_path / "crds"
+    res = _forkd(tmp_path, "crds", "-o", str(out))  # the old spelling: a directory
+    assert res.returncode == 0 and "--output-dir" in res.stderr, res
+    assert sorted(p.name for p in out.iterdir())
+    assert _forkd(tmp_path, "crds", "-o", "json").returncode == 2  # a format it does not print
+    res = _forkd(tmp_path, "schema", "--output-dir", str(tmp_path / "s"))
+    assert res.returncode == 0 and (tmp_path / "s" / "forkd.json").is_file(), res
+    res = _forkd(tmp_path, "pack", "--tag", "nosuch")
+    assert res.returncode == 2 and "--output-file" in res.stderr, res
+
+
+@pytest.mark.parametrize(("argv", "child", "timeout", "cmd"), [
+    (["ID", "--", "echo", "hi"], "ID", None, ["echo", "hi"]),
+    (["ID", "--timeout", "5", "--", "echo"], "ID", 5.0, ["echo"]),  # options after the id, before --
+    (["--timeout", "1m", "-e", "A=1", "ID", "--", "sh", "-c", "x --y"], "ID", 60.0, ["sh", "-c", "x --y"]),
+    (["-w", "/tmp", "ID", "ls", "-l"], "ID", None, ["ls", "-l"]),  # docker's rule without --
+])
+def test_exec_options_go_anywhere_before_the_command(argv, child, timeout, cmd):
+    args = fast.parse_exec(argv)
+    assert (args.child, args.timeout) == (child, timeout)
+    assert (args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd) == cmd
+
+
+def test_completion_never_fails_and_finds_nothing_in_an_empty_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORKD_HOME", str(tmp_path / "empty"))
+    monkeypatch.setenv("FORKD_NO_DAEMON", "1")
+    assert complete_children("") == [] and complete_snapshots("x") == [] and complete_pools("") == []
+    monkeypatch.setenv("FORKD_HOME", "/proc/nonexistent-forkd-home")  # not even creatable: still a list
+    assert complete_children("") == []
+
+
+def test_completion_script_is_offered(tmp_path):
+    res = _forkd(tmp_path, "--show-completion", "bash")
+    assert res.returncode == 0 and "complete" in res.stdout, res
