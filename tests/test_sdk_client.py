@@ -12,13 +12,10 @@ import sys
 import threading
 
 import pytest
+from forkd_client import AsyncSandbox, Client, NotFound, Retry, Sandbox, Unavailable, compat  # sdk/python
 
 from tests.conftest import BASE_TAG, WARM_GLOBAL
 from tests.test_api import free_port, start_api_daemon, stop_api_daemon
-
-forkd_client = pytest.importorskip("forkd_client", reason="pip install -e sdk/python (scripts/setup.sh --dev)")
-from forkd_client import AsyncSandbox, Client, NotFound, Retry, Sandbox, Unavailable  # noqa: E402
-from forkd_client import compat  # noqa: E402
 
 
 def test_import_loads_neither_the_runtime_nor_yaml_nor_zstandard():

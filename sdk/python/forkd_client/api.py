@@ -57,7 +57,8 @@ class ApiCalls:
 
     # -- sandboxes (upstream names) ------------------------------------------------------------------
     def spawn_sandboxes(self, snapshot_tag: str, n: int = 1, per_child_netns: bool = False,
-                        memory_limit_mib: int | None = None, labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
+                        memory_limit_mib: int | None = None,
+                        labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
         """Fork `n` children of a snapshot. `labels` (metadata) are sent only when given."""
         body: dict[str, Any] = {"snapshot_tag": snapshot_tag, "n": n, "per_child_netns": per_child_netns}
         if memory_limit_mib is not None:
