@@ -108,7 +108,12 @@ def test_async_sandbox(daemon):
     async def go():
         async with await AsyncSandbox.create(template=BASE_TAG, envs={"A": "1"}, url=daemon.url,
                                              token=daemon.token) as sb:
-            assert (await sb.commands.run("echo $A")).stdout == "1\n"
+            seen: list[str] = []
+            res = await sb.commands.run("echo $A; exit 4", on_stdout=seen.append)
+            assert (res.stdout, res.exit_code, seen) == ("1\n", 4, ["1\n"])
+            h = await sb.commands.run(["cat"], background=True, stdin=True)
+            await h.send_stdin("piped", eof=True)
+            assert (await h.wait(120)).stdout_bytes == b"piped"
             assert (await sb.eval("2 * 21")).result == "42"
             assert sb.id in [i.id for i in await AsyncSandbox.list(controller=sb.controller)]
             return sb.id

@@ -20,6 +20,7 @@ from typing import Any
 from forkd_client import models as wire
 from forkd_client.api import AsyncClient as AsyncController
 from forkd_client.api import Client as Controller
+from forkd_client.async_commands import AsyncProcessCommands
 from forkd_client.commands import ProcessCommands
 from forkd_client.errors import NotFound
 
@@ -157,17 +158,6 @@ class Sandbox:
         return f"Sandbox(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
 
 
-class AsyncCommands:
-    def __init__(self, sb: AsyncSandbox):
-        self._sb = sb
-
-    async def run(self, cmd: str | list[str], timeout: float = 60, cwd: str | None = None,
-                  envs: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
-        env = {**self._sb.envs, **(envs or {})} or None
-        return await self._sb.controller.exec_command(self._sb.id, _argv(cmd), timeout, cwd=cwd, env=env,
-                                                      stdin=stdin)
-
-
 class AsyncFiles:
     def __init__(self, sb: AsyncSandbox):
         self._sb = sb
@@ -184,7 +174,7 @@ class AsyncSandbox:
     def __init__(self, info: wire.SandboxInfo, controller: AsyncController, owned: bool = True,
                  envs: dict[str, str] | None = None):
         self.info, self.controller, self.owned, self.envs = info, controller, owned, dict(envs or {})
-        self.commands, self.files = AsyncCommands(self), AsyncFiles(self)
+        self.commands, self.files = AsyncProcessCommands(self), AsyncFiles(self)  # streaming too
 
     @property
     def metadata(self) -> Labels:
