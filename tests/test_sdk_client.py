@@ -146,3 +146,31 @@ def test_upstream_client_code_runs_unchanged(daemon, monkeypatch):
         assert sb.commands.run("echo hi").stdout == "hi\n"
         with pytest.raises(RuntimeError):
             sb.eval("1 / 0")
+
+
+# fields the client reads before every daemon serves them (labels: from the lifetimes/labels work on the API)
+AHEAD = {"SandboxInfo": {"labels"}}
+
+
+def test_the_client_models_match_the_daemons_openapi():
+    """Every field forkd_client's answer models declare is in the daemon's schema of the same name, so the
+    Python client cannot drift from the API (the TypeScript types are generated from the same document)."""
+    import importlib.util
+
+    from forkd_client import models
+
+    from tests.test_sdk import REPO
+
+    path = REPO / "sdk" / "typescript" / "scripts" / "openapi_types.py"
+    spec = importlib.util.spec_from_file_location("openapi_types", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    schemas = gen.spec_in_process()["components"]["schemas"]
+    checked = 0
+    for name in ("SnapshotInfo", "SnapshotDetail", "SandboxInfo", "ExecResult", "EvalResult", "PingResult",
+                 "FileWritten"):
+        have = set(schemas[name]["properties"])
+        missing = set(getattr(models, name).model_fields) - have - AHEAD.get(name, set())
+        assert not missing, f"{name}: forkd_client declares {sorted(missing)}, the daemon's schema has not"
+        checked += 1
+    assert checked == 7
