@@ -174,3 +174,20 @@ def test_the_client_models_match_the_daemons_openapi():
         assert not missing, f"{name}: forkd_client declares {sorted(missing)}, the daemon's schema has not"
         checked += 1
     assert checked == 7
+
+
+def test_a_stream_to_an_unreachable_daemon_is_unavailable_after_retries(tmp_path):
+    """Streamed commands (sync and async) get the same retries and the same error as plain requests."""
+    from forkd_client import AsyncClient, SandboxInfo
+
+    info = SandboxInfo(id="c-none", snapshot_tag="t", status="running")
+    sock = tmp_path / "no.sock"  # nothing listens there
+    sb = Sandbox(info, Client(socket=sock, retry=Retry(attempts=2, first_wait=0.01)), owned=False)
+    with pytest.raises(Unavailable, match=r"2 attempt\(s\)"):
+        sb.commands.run("true")
+
+    async def go():
+        asb = AsyncSandbox(info, AsyncClient(socket=sock, retry=Retry(attempts=2, first_wait=0.01)), owned=False)
+        await asb.commands.run("true")
+    with pytest.raises(Unavailable, match=r"2 attempt\(s\)"):
+        asyncio.run(go())

@@ -67,21 +67,28 @@ class AsyncProcessCommands:
         return await self._sb.controller._send(Call(method, self._path(tail), **kw))
 
     async def _events(self, method: str, path: str, **kw: Any) -> AsyncIterator[dict]:
-        http = self._sb.controller
-        try:
-            async with http._http.stream(method, path, timeout=httpx.Timeout(60.0, read=KEEPALIVE * 3), **kw) as r:
-                if r.status_code >= 400:
-                    await r.aread()
-                    try:
-                        body = r.json()
-                    except ValueError:
-                        body = r.text
-                    raise api_error(r.status_code, body, str(r.request.url))
-                async for line in r.aiter_lines():
-                    if line.strip():
-                        yield from_line(line)
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, http.endpoint, method, path) from exc
+        """The stream's events; a stream that could not connect is opened again as forkd_client.http.Retry says."""
+        http, attempt = self._sb.controller, 0
+        while True:
+            try:
+                async with http._http.stream(method, path, timeout=httpx.Timeout(60.0, read=KEEPALIVE * 3),
+                                             **kw) as r:
+                    if r.status_code >= 400:
+                        await r.aread()
+                        try:
+                            body = r.json()
+                        except ValueError:
+                            body = r.text
+                        raise api_error(r.status_code, body, str(r.request.url))
+                    async for line in r.aiter_lines():
+                        if line.strip():
+                            yield from_line(line)
+                    return
+            except httpx.HTTPError as exc:  # a connect error comes before any event: nothing is sent twice
+                if not http.retry.again(attempt, method, exc, None):
+                    raise transport_error(exc, http.endpoint, method, path, attempt + 1) from exc
+            await asyncio.sleep(http.retry.wait(attempt))
+            attempt += 1
 
     async def _handle(self, events: AsyncIterator[dict], c: _Collector) -> AsyncCommandHandle:
         first = await anext(events)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,20 +46,28 @@ class RemoteProcesses:
         return base + (f"/{pid}" if pid is not None else "") + tail
 
     def _lines(self, method: str, path: str, **kw: Any) -> Iterator[Event]:
-        try:
-            with self.http._http.stream(method, path, timeout=httpx.Timeout(60.0, read=KEEPALIVE * 3), **kw) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    try:
-                        body = r.json()
-                    except ValueError:
-                        body = r.text
-                    raise api_error(r.status_code, body, str(r.request.url))
-                for line in r.iter_lines():
-                    if line.strip():
-                        yield from_line(line)
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, self.http.endpoint, method, path) from exc
+        """The stream's events; a stream that could not connect is opened again as forkd_client.http.Retry says."""
+        attempt = 0
+        while True:
+            try:
+                with self.http._http.stream(method, path, timeout=httpx.Timeout(60.0, read=KEEPALIVE * 3),
+                                            **kw) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        try:
+                            body = r.json()
+                        except ValueError:
+                            body = r.text
+                        raise api_error(r.status_code, body, str(r.request.url))
+                    for line in r.iter_lines():
+                        if line.strip():
+                            yield from_line(line)
+                    return
+            except httpx.HTTPError as exc:  # a connect error comes before any event: nothing is sent twice
+                if not self.http.retry.again(attempt, method, exc, None):
+                    raise transport_error(exc, self.http.endpoint, method, path, attempt + 1) from exc
+            time.sleep(self.http.retry.wait(attempt))
+            attempt += 1
 
     def stream(self, child: str, argv: list[str] | None = None, *, cmd: str | None = None, env: dict | None = None,
                cwd: str | None = None, user: str | None = None, stdin: bool = False, pty: dict | None = None,
