@@ -29,7 +29,7 @@ def daemon(home, base, tmp_path_factory):
 
 
 def test_controller_round_trip_with_branch(daemon, rt):
-    ctrl = Controller(url=daemon.url, token=daemon.token)
+    ctrl = Controller(base_url=daemon.url, token=daemon.token)  # upstream's keyword (a TypeError before)
     assert BASE_TAG in [s.tag for s in ctrl.list_snapshots()]
     [sb] = ctrl.spawn_sandboxes(BASE_TAG, n=1)
     made = [sb.id]

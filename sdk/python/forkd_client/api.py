@@ -147,8 +147,10 @@ class Client(ApiCalls, SyncHttp):
     """Synchronous client: `Client()` finds the daemon (see forkd_client.http)."""
 
     def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
-                 timeout: float = 600.0, *, at: Endpoint | None = None, retry: Retry | None = None):
-        SyncHttp.__init__(self, at or endpoint(url, token, socket), timeout, retry)
+                 timeout: float = 600.0, *, at: Endpoint | None = None, retry: Retry | None = None,
+                 base_url: str | None = None):
+        """`base_url` is upstream's name for `url`."""
+        SyncHttp.__init__(self, at or endpoint(url or base_url, token, socket), timeout, retry)
         self.base_url, self.socket, self.token = self.endpoint.base_url, self.endpoint.socket, self.endpoint.token
 
     def __enter__(self) -> Client:
@@ -162,8 +164,9 @@ class AsyncClient(ApiCalls, AsyncHttp):
     """The same methods as Client, as coroutines."""
 
     def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
-                 timeout: float = 600.0, *, at: Endpoint | None = None, retry: Retry | None = None):
-        AsyncHttp.__init__(self, at or endpoint(url, token, socket), timeout, retry)
+                 timeout: float = 600.0, *, at: Endpoint | None = None, retry: Retry | None = None,
+                 base_url: str | None = None):
+        AsyncHttp.__init__(self, at or endpoint(url or base_url, token, socket), timeout, retry)
         self.base_url, self.socket, self.token = self.endpoint.base_url, self.endpoint.socket, self.endpoint.token
 
     async def __aenter__(self) -> AsyncClient:
