@@ -44,6 +44,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "setup: installing forkd${extra} into .venv"
 .venv/bin/pip install -q --disable-pip-version-check -e ".${extra}"
+if [ -n "${extra}" ]; then  # --dev: the light Python client too (sdk/python: forkd-client, import forkd_client)
+  .venv/bin/pip install -q --disable-pip-version-check -e sdk/python
+fi
 
 echo "setup: building the default guest image (cached after the first time)"
 .venv/bin/forkd image build

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def daemon(home, base, tmp_path_factory):
 
 
 def test_controller_round_trip_with_branch(daemon, rt):
-    ctrl = Controller(url=daemon.url, token=daemon.token)
+    ctrl = Controller(base_url=daemon.url, token=daemon.token)  # upstream's keyword (a TypeError before)
     assert BASE_TAG in [s.tag for s in ctrl.list_snapshots()]
     [sb] = ctrl.spawn_sandboxes(BASE_TAG, n=1)
     made = [sb.id]
@@ -126,8 +127,16 @@ def forkd_cli_argv() -> list[str]:
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_typescript_sdk(daemon):
-    env = dict(os.environ, FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token, FORKD_TEST_SNAPSHOT=BASE_TAG)
+    env = dict(os.environ, FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token, FORKD_TEST_SNAPSHOT=BASE_TAG,
+               FORKD_SOCKET=str(daemon.sock))
     res = subprocess.run(["node", "--test", "test/"], cwd=REPO / "sdk" / "typescript", env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert "# fail 0" in res.stdout and "# skipped 0" in res.stdout and "# pass 3" in res.stdout
+    assert "# fail 0" in res.stdout and "# skipped 0" in res.stdout and "# pass 5" in res.stdout
+
+
+def test_typescript_types_match_the_daemons_openapi():
+    """sdk/typescript/src/wire.d.ts is generated from /openapi.json: regenerate it and diff (no daemon needed)."""
+    res = subprocess.run([sys.executable, str(REPO / "sdk" / "typescript" / "scripts" / "openapi_types.py"), "--check"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr

@@ -13,13 +13,31 @@ was not reached), `e.body` the parsed problem+json, `e.detail` its message, `e.h
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from forkd.base.errors import ForkdError
-from forkd.client.api import AsyncClient as AsyncController
-from forkd.client.api import Client as Controller
+from forkd.client.api import AsyncClient, Client
+from forkd.client.http import Endpoint
 
 ControllerError = ForkdError
+
+
+class Controller(Client):
+    """forkd.client.api.Client, also taking upstream's `base_url=` (a TCP URL) for `url=`."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
+                 timeout: float = 600.0, *, at: Endpoint | None = None, base_url: str | None = None):
+        super().__init__(url or base_url, token, socket, timeout, at=at)
+
+
+class AsyncController(AsyncClient):
+    """forkd.client.api.AsyncClient, also taking upstream's `base_url=`."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
+                 timeout: float = 600.0, *, at: Endpoint | None = None, base_url: str | None = None):
+        super().__init__(url or base_url, token, socket, timeout, at=at)
+
 __all__ = ["AsyncController", "Controller", "ControllerError", "dumps"]
 
 

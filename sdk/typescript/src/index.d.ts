@@ -1,96 +1,161 @@
-export interface SnapshotInfo {
-  tag: string;
-  status: "writing" | "ready" | "failed";
-  dir?: string | null;
-  created_at_unix: number;
-  parent_tag?: string | null;
-  branched_from?: string | null;
-  memory_mib: number;
-  memory_bytes: number;
-  memory_stored_bytes: number;
-  error?: string | null;
-  labels: Record<string, string>;
-  [extra: string]: unknown;
-}
-export interface SnapshotDetail extends SnapshotInfo {
-  depth: number | null;
-  ancestors: string[];
-  dependents: string[];
-  children: string[];
-  logical_bytes: number;
-  stored_bytes: number;
-}
-export interface BranchResult extends SnapshotInfo {
-  mode: "full" | "diff" | "live";
-  pause_ms: number | null;
-  returned_ms: number;
-}
-export interface SandboxInfo {
-  id: string;
-  snapshot_tag: string;
-  status: string;
-  netns?: string | null;
-  guest_addr?: string | null;
-  created_at_unix: number;
-  pid?: number | null;
-  memory_limit_mib?: number | null;
-  pool?: string | null;
-  claimed: boolean;
-  ready_ms?: number | null;
-  [extra: string]: unknown;
-}
-export interface ExecResult { stdout: string; stderr: string; exit_code: number; timed_out?: boolean }
-export interface EvalResult { result: string | null; error: { type: string; message: string; traceback?: string } | null; exit_code: number; stdout: string }
-export interface PingResult { pong: boolean; [extra: string]: unknown }
-export interface ControllerOptions { baseUrl?: string; token?: string; timeoutMs?: number; fetch?: typeof fetch }
+// Types of the forkd SDK. The API's shapes come from ./wire.d.ts, generated from the daemon's /openapi.json
+// (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
+import type { EvalResult, ExecResult, FileWritten, PingResult, SandboxInfo, SnapshotDetail, SnapshotInfo }
+  from "./wire.js";
+export type * from "./wire.js";
 
-export class ControllerError extends Error {
-  readonly status: number;
-  readonly body: unknown;
-  readonly url: string;
-  readonly detail: string;
+/** POST /v1/sandboxes/{id}/branch: the new snapshot, and how the branch went. */
+export type BranchResult = SnapshotInfo & { mode?: "full" | "diff" | "live"; pauseMs?: number | null;
+  returnedMs?: number };
+
+export class ForkdError extends Error {
+  status?: number;
+  body?: unknown;
+  url?: string;
+  hint?: string;
+  detail: string;
+}
+export class InvalidInput extends ForkdError {}
+export class NotFound extends ForkdError {}
+export class Conflict extends ForkdError {}
+export class Timeout extends ForkdError {}
+export class Unavailable extends ForkdError {}
+export class ProtocolViolation extends ForkdError {}
+export const ControllerError: typeof ForkdError;
+
+export interface ControllerOptions {
+  /** TCP, e.g. http://127.0.0.1:8889 (default: $FORKD_URL, else the local unix socket, else that URL). */
+  baseUrl?: string;
+  /** The daemon's unix socket (default $FORKD_DAEMON_SOCKET or $FORKD_HOME/forkd.sock when it exists). */
+  socketPath?: string;
+  token?: string;
+  timeoutMs?: number;
+  /** Extra attempts after a connect error (any method) or a 503 (GET, HEAD, PUT, DELETE only). Default 3. */
+  retries?: number;
+}
+export function findDaemon(opts?: ControllerOptions): { baseUrl?: string; socketPath?: string; token?: string };
+export function toWire<T>(v: T): unknown;
+export function fromWire<T>(v: unknown): T;
+
+export type ProcessEvent =
+  | { type: "start"; pid: number | null }
+  | { type: "stdout" | "stderr"; data: Uint8Array }
+  | { type: "keepalive" }
+  | { type: "exit"; exitCode: number; truncated: boolean; timedOut: boolean }
+  | { type: "error"; title?: string; detail?: string; hint?: string };
+
+export interface StartProcess {
+  argv?: string[]; cmd?: string; env?: Record<string, string>; cwd?: string; user?: string; stdin?: boolean;
+  pty?: { rows: number; cols: number }; tag?: string; maxOutput?: number; timeoutSecs?: number;
 }
 
 export class Controller {
   constructor(opts?: ControllerOptions);
-  readonly baseUrl: string;
+  readonly baseUrl?: string;
+  readonly socketPath?: string;
+  readonly where: string;
   healthz(): Promise<{ ok: boolean }>;
-  version(): Promise<{ version: string; api: string }>;
+  version(): Promise<Record<string, unknown>>;
   listSnapshots(): Promise<SnapshotInfo[]>;
   getSnapshot(tag: string): Promise<SnapshotInfo>;
   snapshotInfo(tag: string): Promise<SnapshotDetail>;
-  createSnapshot(options: { tag: string; memory_mib?: number; vcpus?: number; warm_imports?: string[]; warm_run?: string[]; from_tag?: string }): Promise<SnapshotInfo>;
-  deleteSnapshot(tag: string, options?: { cascade?: boolean; force?: boolean }): Promise<void>;
+  createSnapshot(options: { tag: string; memoryMib?: number; vcpus?: number; warmImports?: string[];
+    warmRun?: string[]; warmExec?: string[]; fromTag?: string }): Promise<SnapshotInfo>;
+  deleteSnapshot(tag: string, opts?: { cascade?: boolean; force?: boolean }): Promise<void>;
   compactSnapshot(tag: string, to: string): Promise<SnapshotInfo>;
-  spawnSandboxes(options: { snapshotTag: string; n?: number; perChildNetns?: boolean; memoryLimitMib?: number }): Promise<SandboxInfo[]>;
+  spawnSandboxes(opts: { snapshotTag: string; n?: number; perChildNetns?: boolean; memoryLimitMib?: number;
+    labels?: Record<string, string> }): Promise<SandboxInfo[]>;
   listSandboxes(): Promise<SandboxInfo[]>;
   getSandbox(id: string): Promise<SandboxInfo>;
   killSandbox(id: string): Promise<void>;
-  branchSandbox(id: string, options?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean; diff?: boolean }): Promise<BranchResult>;
-  execCommand(id: string, args: string[], options?: { timeoutSecs?: number; cwd?: string; env?: Record<string, string> }): Promise<ExecResult>;
-  evalCode(id: string, code: string, options?: { mode?: "eval" | "exec"; timeoutSecs?: number }): Promise<EvalResult>;
+  branchSandbox(id: string, opts?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }):
+    Promise<BranchResult>;
+  execCommand(id: string, args: string[], opts?: { timeoutSecs?: number; cwd?: string;
+    env?: Record<string, string>; stdin?: string }): Promise<ExecResult>;
+  evalCode(id: string, code: string, opts?: { mode?: "eval" | "exec"; timeoutSecs?: number }): Promise<EvalResult>;
   pingSandbox(id: string): Promise<PingResult>;
   readFile(id: string, path: string): Promise<Uint8Array>;
-  writeFile(id: string, path: string, data: string | Uint8Array): Promise<{ path: string; bytes: number }>;
+  writeFile(id: string, path: string, data: string | Uint8Array, opts?: { mode?: number }): Promise<FileWritten>;
+  startProcess(id: string, opts: StartProcess): AsyncGenerator<ProcessEvent>;
+  attachProcess(id: string, pid: number): AsyncGenerator<ProcessEvent>;
+  listProcesses(id: string): Promise<Array<Record<string, unknown>>>;
+  sendStdin(id: string, pid: number, data: string | Uint8Array, opts?: { eof?: boolean }): Promise<void>;
+  killProcess(id: string, pid: number): Promise<boolean>;
+  signalProcess(id: string, pid: number, signal?: string | number): Promise<boolean>;
   claim(pool: string, n?: number): Promise<SandboxInfo[]>;
-  apply(docs: object[], options?: { applyset?: string; prune?: boolean; manager?: string; force?: boolean }): Promise<object[]>;
-  listPools(): Promise<object[]>;
-  getPool(name: string): Promise<object>;
+  apply(docs: object[], opts?: { applyset?: string; prune?: boolean; manager?: string; force?: boolean }):
+    Promise<Array<Record<string, unknown>>>;
+  listPools(): Promise<Array<Record<string, unknown>>>;
+  getPool(name: string): Promise<Record<string, unknown>>;
   deletePool(name: string): Promise<void>;
+  request<T = unknown>(method: string, path: string, body?: unknown,
+    opts?: { query?: Record<string, string>; raw?: boolean }): Promise<T>;
+  stream(method: string, path: string, body?: unknown): AsyncGenerator<ProcessEvent>;
 }
 
-export class Sandbox {
+export interface CommandResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  stdoutBytes: Uint8Array;
+  stderrBytes: Uint8Array;
+  truncated: boolean;
+  timedOut: boolean;
+  /** Set when the stream broke before the command's exit. */
+  error: string | null;
+}
+export interface RunOptions {
+  background?: boolean;
+  envs?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+  onStdout?: (text: string) => void;
+  onStderr?: (text: string) => void;
+  /** Kill the command after this many seconds (null: never). Default 60. */
+  timeoutSecs?: number | null;
+  /** Data sent then closed, or true to keep stdin open for sendStdin. */
+  stdin?: string | Uint8Array | boolean;
+}
+export class CommandHandle {
+  readonly pid: number | null;
+  wait(): Promise<CommandResult>;
+  kill(): Promise<boolean>;
+  signal(sig?: string | number): Promise<boolean>;
+  sendStdin(data: string | Uint8Array, opts?: { eof?: boolean }): Promise<void>;
+}
+
+export interface SandboxOptions extends ControllerOptions { controller?: Controller; envs?: Record<string, string> }
+
+export class Sandbox implements AsyncDisposable {
   readonly info: SandboxInfo;
   readonly controller: Controller;
+  /** Made by create (killed by `await using`), not by connect. */
+  readonly owned: boolean;
+  readonly envs: Record<string, string>;
   readonly id: string;
   readonly sandboxId: string;
-  commands: { run(cmd: string | string[], options?: { timeoutSecs?: number; cwd?: string; envs?: Record<string, string> }): Promise<ExecResult> };
-  files: { write(path: string, data: string | Uint8Array): Promise<{ path: string; bytes: number }>; read(path: string, options?: { format?: "text" | "bytes" }): Promise<string | Uint8Array> };
-  static create(options: ({ template: string; pool?: undefined } | { pool: string; template?: undefined }) & ControllerOptions & { controller?: Controller }): Promise<Sandbox>;
-  static connect(id: string, options?: ControllerOptions & { controller?: Controller }): Promise<Sandbox>;
-  eval(code: string, options?: { timeoutSecs?: number }): Promise<EvalResult>;
-  runCode(code: string, options?: { timeoutSecs?: number }): Promise<EvalResult>;
+  readonly metadata: Record<string, string>;
+  commands: {
+    run(cmd: string | string[], opts: RunOptions & { background: true }): Promise<CommandHandle>;
+    run(cmd: string | string[], opts?: RunOptions): Promise<CommandResult>;
+    list(): Promise<Array<Record<string, unknown>>>;
+    kill(pid: number): Promise<boolean>;
+    sendStdin(pid: number, data: string | Uint8Array, opts?: { eof?: boolean }): Promise<void>;
+  };
+  files: {
+    write(path: string, data: string | Uint8Array, opts?: { mode?: number }): Promise<FileWritten>;
+    read(path: string, opts?: { format?: "text" }): Promise<string>;
+    read(path: string, opts: { format: "bytes" }): Promise<Uint8Array>;
+  };
+  static create(opts: SandboxOptions & { template?: string; pool?: string; metadata?: Record<string, string> }):
+    Promise<Sandbox>;
+  static connect(id: string, opts?: SandboxOptions): Promise<Sandbox>;
+  static list(opts?: ControllerOptions & { controller?: Controller; metadata?: Record<string, string> }):
+    Promise<SandboxInfo[]>;
+  eval(code: string, opts?: { timeoutSecs?: number }): Promise<EvalResult>;
+  runCode(code: string, opts?: { timeoutSecs?: number }): Promise<EvalResult>;
   ping(): Promise<PingResult>;
-  branch(options?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }): Promise<BranchResult>;
+  branch(opts?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }): Promise<BranchResult>;
   kill(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
 }

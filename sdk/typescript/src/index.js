@@ -1,31 +1,76 @@
-// forkd TypeScript/JavaScript SDK: plain ESM, no dependencies beyond the global fetch (Node >= 18).
-// Types: ./index.d.ts. Method names follow upstream forkd's TypeScript SDK.
+// forkd TypeScript/JavaScript SDK: plain ESM for Node >= 18, no dependencies (node:http over the daemon's unix
+// socket or TCP). Types: ./index.d.ts, with the API's shapes generated from /openapi.json in ./wire.d.ts.
+// One casing: camelCase in JavaScript, snake_case on the wire (mapped here both ways; the keys of free-form maps
+// such as labels and env are left as they are).
+import fs from "node:fs";
+import http from "node:http";
+import https from "node:https";
+import path from "node:path";
+import { createInterface } from "node:readline";
 
-/** A non-2xx answer: `status`, `body` (problem+json), `detail`. */
-export class ControllerError extends Error {
-  constructor(status, body, url) {
-    const detail = body && typeof body === "object" ? body.detail ?? body.error : String(body);
-    super(`controller ${url}: HTTP ${status}: ${detail}`);
-    this.name = "ControllerError";
-    this.status = status;
-    this.body = body;
-    this.url = url;
-    this.detail = detail;
+/** Every failure: `status` (HTTP code; undefined when the daemon was not reached), `body`, `detail`, `hint`. */
+export class ForkdError extends Error {
+  constructor(message, { status, body, url, hint } = {}) {
+    super(hint ? `${message}\n  hint: ${hint}` : message);
+    this.name = new.target.name;
+    Object.assign(this, { status, body, url, hint, detail: message });
   }
 }
+export class InvalidInput extends ForkdError {}
+export class NotFound extends ForkdError {}
+export class Conflict extends ForkdError {}
+export class Timeout extends ForkdError {}
+export class Unavailable extends ForkdError {}
+export class ProtocolViolation extends ForkdError {}
+export const ControllerError = ForkdError; // the older name of the base class
+
+const KINDS = { 400: InvalidInput, 401: InvalidInput, 403: InvalidInput, 404: NotFound, 408: Timeout, 409: Conflict,
+  415: InvalidInput, 421: InvalidInput, 422: InvalidInput, 502: ProtocolViolation, 503: Unavailable, 504: Timeout };
+const IDEMPOTENT = new Set(["GET", "HEAD", "PUT", "DELETE"]);
+const CONNECT_ERRORS = new Set(["ECONNREFUSED", "ENOENT", "EAI_AGAIN", "ECONNRESET", "EPIPE"]);
+const OPAQUE = new Set(["labels", "env", "envs", "metadata", "document", "body"]); // keys kept as the user wrote them
 
 const env = (k) => (typeof process !== "undefined" ? process.env[k] : undefined);
 const seg = (s) => encodeURIComponent(s);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+const camel = (k) => k.replace(/_([a-z0-9])/g, (_, c) => c.toUpperCase());
+const snake = (k) => k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+function mapKeys(v, f) {
+  if (Array.isArray(v)) return v.map((x) => mapKeys(x, f));
+  if (!v || typeof v !== "object" || v instanceof Uint8Array) return v;
+  return Object.fromEntries(Object.entries(v).map(([k, x]) => [f(k), OPAQUE.has(k) ? x : mapKeys(x, f)]));
+}
+export const toWire = (v) => mapKeys(v, snake);
+export const fromWire = (v) => mapKeys(v, camel);
+
+function apiError(status, body, url) {
+  let detail = body && typeof body === "object" ? body.detail ?? body.error ?? JSON.stringify(body) : String(body);
+  if (Array.isArray(detail)) detail = detail.map((d) => `${(d.loc ?? []).join(".")}: ${d.msg}`).join("; ");
+  const Kind = KINDS[status] ?? ForkdError;
+  return new Kind(String(detail || `HTTP ${status}`), { status, body, url, hint: body?.hint });
+}
+
+/** Where the daemon is: socketPath / baseUrl options, $FORKD_URL, the local socket, else http://127.0.0.1:8889. */
+export function findDaemon(opts = {}) {
+  const token = opts.token ?? env("FORKD_TOKEN") ?? undefined;
+  if (opts.baseUrl) return { baseUrl: opts.baseUrl.replace(/\/+$/, ""), token };
+  if (opts.socketPath) return { socketPath: opts.socketPath, token };
+  if (env("FORKD_URL")) return { baseUrl: env("FORKD_URL").replace(/\/+$/, ""), token };
+  const sock = env("FORKD_DAEMON_SOCKET") ?? path.join(env("FORKD_HOME") ?? "/var/lib/forkd", "forkd.sock");
+  if (fs.existsSync(sock)) return { socketPath: sock, token };
+  return { baseUrl: "http://127.0.0.1:8889", token };
+}
 
 export class Controller {
-  /** @param {{baseUrl?: string, token?: string, timeoutMs?: number, fetch?: typeof fetch}} [opts] */
+  /** @param {{baseUrl?: string, socketPath?: string, token?: string, timeoutMs?: number, retries?: number}} [opts] */
   constructor(opts = {}) {
-    this.baseUrl = (opts.baseUrl ?? env("FORKD_URL") ?? "http://127.0.0.1:8889").replace(/\/+$/, "");
-    this.token = opts.token ?? env("FORKD_TOKEN") ?? undefined;
+    Object.assign(this, findDaemon(opts));
     this.timeoutMs = opts.timeoutMs ?? 600_000;
-    this.fetchImpl = opts.fetch ?? globalThis.fetch;
-    if (typeof this.fetchImpl !== "function") throw new Error("Controller: no fetch; pass opts.fetch");
+    this.retries = opts.retries ?? 3; // extra attempts after a connect error (any method) or a 503 (idempotent)
   }
+
+  get where() { return this.socketPath ?? this.baseUrl; }
 
   // -- status
   healthz() { return this.request("GET", "/healthz"); }
@@ -37,51 +82,55 @@ export class Controller {
   snapshotInfo(tag) { return this.request("GET", `/v1/snapshots/${seg(tag)}/info`); }
   createSnapshot(options) { return this.request("POST", "/v1/snapshots", options); }
   async deleteSnapshot(tag, { cascade = false, force = false } = {}) {
-    const q = new URLSearchParams();
-    if (cascade) q.set("cascade", "true");
-    if (force) q.set("force", "true");
-    const qs = q.toString();
-    await this.request("DELETE", `/v1/snapshots/${seg(tag)}${qs ? `?${qs}` : ""}`);
+    const query = {};
+    if (cascade) query.cascade = "true";
+    if (force) query.force = "true";
+    await this.request("DELETE", `/v1/snapshots/${seg(tag)}`, undefined, { query });
   }
   compactSnapshot(tag, to) { return this.request("POST", `/v1/snapshots/${seg(tag)}/compact`, { to }); }
 
   // -- sandboxes
-  spawnSandboxes({ snapshotTag, n = 1, perChildNetns = false, memoryLimitMib } = {}) {
-    const body = { snapshot_tag: snapshotTag, n, per_child_netns: perChildNetns };
-    if (memoryLimitMib !== undefined) body.memory_limit_mib = memoryLimitMib;
-    return this.request("POST", "/v1/sandboxes", body);
+  spawnSandboxes({ snapshotTag, n = 1, perChildNetns = false, memoryLimitMib, labels } = {}) {
+    return this.request("POST", "/v1/sandboxes", { snapshotTag, n, perChildNetns, memoryLimitMib, labels });
   }
   listSandboxes() { return this.request("GET", "/v1/sandboxes"); }
   getSandbox(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}`); }
   async killSandbox(id) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}`); }
-  branchSandbox(id, { tag, mode = "live", wait = true, diff } = {}) {
-    const body = { mode: diff ? "diff" : mode, wait };
-    if (tag !== undefined) body.tag = tag;
-    return this.request("POST", `/v1/sandboxes/${seg(id)}/branch`, body);
+  branchSandbox(id, { tag, mode = "live", wait = true } = {}) {
+    return this.request("POST", `/v1/sandboxes/${seg(id)}/branch`, { tag, mode, wait });
   }
-  execCommand(id, args, { timeoutSecs = 30, cwd, env: e } = {}) {
-    const body = { args, timeout_secs: timeoutSecs };
-    if (cwd !== undefined) body.cwd = cwd;
-    if (e !== undefined) body.env = e;
-    return this.request("POST", `/v1/sandboxes/${seg(id)}/exec`, body);
+  execCommand(id, args, { timeoutSecs = 30, cwd, env: e, stdin } = {}) {
+    return this.request("POST", `/v1/sandboxes/${seg(id)}/exec`, { args, timeoutSecs, cwd, env: e, stdin });
   }
   evalCode(id, code, { mode = "eval", timeoutSecs = 60 } = {}) {
-    return this.request("POST", `/v1/sandboxes/${seg(id)}/eval`, { code, mode, timeout_secs: timeoutSecs });
+    return this.request("POST", `/v1/sandboxes/${seg(id)}/eval`, { code, mode, timeoutSecs });
   }
   pingSandbox(id) { return this.request("POST", `/v1/sandboxes/${seg(id)}/ping`); }
-  async readFile(id, path) {
-    const buf = await this.request("GET", `/v1/sandboxes/${seg(id)}/files?path=${seg(path)}`, undefined, true);
-    return new Uint8Array(buf);
-  }
-  writeFile(id, path, data) {
+  readFile(id, p) { return this.request("GET", `/v1/sandboxes/${seg(id)}/files`, undefined, { query: { path: p }, raw: true }); }
+  writeFile(id, p, data, { mode = 0o644 } = {}) {
     const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
-    return this.request("PUT", `/v1/sandboxes/${seg(id)}/files?path=${seg(path)}`, bytes);
+    return this.request("PUT", `/v1/sandboxes/${seg(id)}/files`, bytes, { query: { path: p, mode: String(mode) } });
+  }
+
+  // -- processes (streamed as NDJSON events; `data` is a Uint8Array here)
+  startProcess(id, { argv, cmd, env: e, cwd, user, stdin = false, pty, tag, maxOutput, timeoutSecs } = {}) {
+    const body = { argv, cmd, env: e, cwd, user, stdin: stdin || undefined, pty, tag, maxOutput, timeoutSecs };
+    return this.stream("POST", `/v1/sandboxes/${seg(id)}/processes`, body);
+  }
+  attachProcess(id, pid) { return this.stream("GET", `/v1/sandboxes/${seg(id)}/processes/${pid}/output`); }
+  listProcesses(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}/processes`); }
+  async sendStdin(id, pid, data, { eof = false } = {}) {
+    const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    await this.request("POST", `/v1/sandboxes/${seg(id)}/processes/${pid}/stdin`,
+      { data: Buffer.from(bytes).toString("base64"), eof });
+  }
+  async killProcess(id, pid) { return (await this.request("DELETE", `/v1/sandboxes/${seg(id)}/processes/${pid}`)).sent; }
+  async signalProcess(id, pid, signal = "SIGTERM") {
+    return (await this.request("POST", `/v1/sandboxes/${seg(id)}/processes/${pid}/signal`, { signal })).sent;
   }
 
   // -- forkd's own
-  async claim(pool, n = 1) {
-    return (await this.request("POST", `/v1/pools/${seg(pool)}/claim`, { n })).sandboxes;
-  }
+  async claim(pool, n = 1) { return (await this.request("POST", `/v1/pools/${seg(pool)}/claim`, { n })).sandboxes; }
   async apply(docs, { applyset = "sdk", prune = false, manager = "sdk", force = false } = {}) {
     const items = docs.map((d) => ({ document: d, source: "sdk-ts" }));
     return (await this.request("POST", "/v1/apply", { items, applyset, prune, manager, force })).changes;
@@ -90,8 +139,48 @@ export class Controller {
   getPool(name) { return this.request("GET", `/v1/pools/${seg(name)}`); }
   async deletePool(name) { await this.request("DELETE", `/v1/pools/${seg(name)}`); }
 
-  async request(method, path, body, raw = false) {
-    const url = `${this.baseUrl}${path}`;
+  /** One request with retries; resolves to the camelCased JSON (or the bytes when `raw`). */
+  async request(method, p, body, { query, raw = false } = {}) {
+    const resp = await this.#send(method, p, body, query);
+    const buf = await collect(resp);
+    if (resp.statusCode >= 400) throw apiError(resp.statusCode, parse(buf), this.#url(p));
+    if (raw) return new Uint8Array(buf);
+    return buf.length ? fromWire(JSON.parse(buf.toString("utf8"))) : null;
+  }
+
+  /** A streamed request: an async iterator of camelCased NDJSON events. */
+  async *stream(method, p, body) {
+    const resp = await this.#send(method, p, body, undefined, true);
+    if (resp.statusCode >= 400) throw apiError(resp.statusCode, parse(await collect(resp)), this.#url(p));
+    for await (const line of createInterface({ input: resp, crlfDelay: Infinity })) {
+      if (!line.trim()) continue;
+      const ev = fromWire(JSON.parse(line));
+      if (typeof ev.data === "string") ev.data = new Uint8Array(Buffer.from(ev.data, "base64"));
+      yield ev;
+    }
+  }
+
+  #url(p) { return `${this.baseUrl ?? `unix:${this.socketPath}`}${p}`; }
+
+  async #send(method, p, body, query, streaming = false) {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const resp = await this.#once(method, p, body, query, streaming);
+        if (resp.statusCode !== 503 || !IDEMPOTENT.has(method) || attempt >= this.retries) return resp;
+        resp.resume();
+      } catch (err) {
+        if (!CONNECT_ERRORS.has(err.code) || attempt >= this.retries) {
+          if (err instanceof ForkdError) throw err;
+          throw new Unavailable(`cannot reach the forkd daemon at ${this.where} (${attempt + 1} attempt(s)): ${err.message}`,
+            { url: this.#url(p), hint: "start it with 'forkd serve', or pass baseUrl/socketPath or set FORKD_URL" });
+        }
+      }
+      await sleep(Math.min(4000, 250 * 2 ** attempt) * (0.8 + 0.4 * Math.random()));
+    }
+  }
+
+  #once(method, p, body, query, streaming) {
+    const qs = query && Object.keys(query).length ? `?${new URLSearchParams(query)}` : "";
     const headers = {};
     let payload;
     if (body instanceof Uint8Array) {
@@ -99,42 +188,89 @@ export class Controller {
       payload = body;
     } else if (body !== undefined) {
       headers["content-type"] = "application/json";
-      payload = JSON.stringify(body);
+      payload = JSON.stringify(toWire(dropUndefined(body)));
     }
     if (this.token) headers.authorization = `Bearer ${this.token}`;
-    const ctl = new AbortController();
-    const timer = setTimeout(() => ctl.abort(), this.timeoutMs);
-    try {
-      const resp = await this.fetchImpl(url, { method, headers, body: payload, signal: ctl.signal });
-      if (!resp.ok) {
-        const text = await resp.text();
-        let parsed;
-        try { parsed = text ? JSON.parse(text) : {}; } catch { parsed = text; }
-        throw new ControllerError(resp.status, parsed, url);
-      }
-      if (raw) return await resp.arrayBuffer();
-      const text = await resp.text();
-      return text ? JSON.parse(text) : null;
-    } finally {
-      clearTimeout(timer);
-    }
+    const target = this.socketPath ? { socketPath: this.socketPath, host: "forkd", path: p + qs } : (() => {
+      const u = new URL(this.baseUrl + p + qs);
+      return { protocol: u.protocol, hostname: u.hostname, port: u.port, path: u.pathname + u.search };
+    })();
+    const lib = target.protocol === "https:" ? https : http;
+    return new Promise((resolve, reject) => {
+      const req = lib.request({ ...target, method, headers }, resolve);
+      req.on("error", reject);
+      req.setTimeout(streaming ? 0 : this.timeoutMs, () =>
+        req.destroy(new Timeout(`${method} ${this.where}${p}: the daemon did not answer in ${this.timeoutMs} ms`)));
+      req.end(payload);
+    });
   }
 }
 
-/** E2B-style sandbox: `await Sandbox.create({template})` or `{pool}`. */
+function dropUndefined(o) {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined));
+}
+async function collect(stream) {
+  const parts = [];
+  for await (const c of stream) parts.push(c);
+  return Buffer.concat(parts);
+}
+function parse(buf) {
+  const text = buf.toString("utf8");
+  try { return text ? JSON.parse(text) : {}; } catch { return text; }
+}
+
+/** A started command: `pid`, `wait()` for its result, `kill()`, `sendStdin()`. */
+export class CommandHandle {
+  constructor(sb, events, first, { onStdout, onStderr } = {}) {
+    Object.assign(this, { sandbox: sb, pid: first.pid ?? null });
+    const dec = { stdout: new TextDecoder(), stderr: new TextDecoder() };
+    const out = { stdout: [], stderr: [] };
+    this.done = (async () => {
+      for await (const ev of events) {
+        if (ev.type === "stdout" || ev.type === "stderr") {
+          out[ev.type].push(ev.data);
+          const text = dec[ev.type].decode(ev.data, { stream: true });
+          const cb = ev.type === "stdout" ? onStdout : onStderr;
+          if (cb && text) cb(text);
+        } else if (ev.type === "exit" || ev.type === "error") {
+          return result(out, ev);
+        }
+      }
+      return result(out, { type: "error", detail: "the stream ended early" });
+    })();
+  }
+  wait() { return this.done; }
+  kill() { return this.sandbox.controller.killProcess(this.sandbox.id, this.pid); }
+  signal(sig) { return this.sandbox.controller.signalProcess(this.sandbox.id, this.pid, sig); }
+  sendStdin(data, opts) { return this.sandbox.controller.sendStdin(this.sandbox.id, this.pid, data, opts); }
+}
+
+function result(out, ev) {
+  const join = (xs) => Buffer.concat(xs.map((x) => Buffer.from(x)));
+  const stdoutBytes = new Uint8Array(join(out.stdout));
+  const stderrBytes = new Uint8Array(join(out.stderr));
+  return {
+    exitCode: typeof ev.exitCode === "number" ? ev.exitCode : -1,
+    stdout: new TextDecoder().decode(stdoutBytes), stderr: new TextDecoder().decode(stderrBytes),
+    stdoutBytes, stderrBytes, truncated: Boolean(ev.truncated), timedOut: Boolean(ev.timedOut),
+    error: ev.type === "exit" ? null : (ev.detail ?? "the stream ended early"),
+  };
+}
+
+/** E2B-style sandbox: `await Sandbox.create({template})` or `{pool}`; `await using` kills only what create made. */
 export class Sandbox {
-  constructor(info, controller) {
-    this.info = info;
-    this.controller = controller;
+  constructor(info, controller, { owned = true, envs = {} } = {}) {
+    Object.assign(this, { info, controller, owned, envs });
     this.commands = {
-      run: (cmd, { timeoutSecs = 60, cwd, envs } = {}) =>
-        controller.execCommand(this.id, typeof cmd === "string" ? ["/bin/sh", "-c", cmd] : cmd,
-          { timeoutSecs, cwd, env: envs }),
+      run: (cmd, opts = {}) => this.#run(cmd, opts),
+      list: () => controller.listProcesses(this.id),
+      kill: (pid) => controller.killProcess(this.id, pid),
+      sendStdin: (pid, data, opts) => controller.sendStdin(this.id, pid, data, opts),
     };
     this.files = {
-      write: (path, data) => controller.writeFile(this.id, path, data),
-      read: async (path, { format = "text" } = {}) => {
-        const bytes = await controller.readFile(this.id, path);
+      write: (p, data, opts) => controller.writeFile(this.id, p, data, opts),
+      read: async (p, { format = "text" } = {}) => {
+        const bytes = await controller.readFile(this.id, p);
         return format === "bytes" ? bytes : new TextDecoder().decode(bytes);
       },
     };
@@ -142,19 +278,45 @@ export class Sandbox {
 
   get id() { return this.info.id; }
   get sandboxId() { return this.info.id; }
+  get metadata() { return { ...(this.info.labels ?? {}) }; }
 
-  static async create({ template, pool, controller, ...opts } = {}) {
+  /** Run `cmd` (a string through /bin/sh -c, an array as argv), its output streamed to onStdout/onStderr. */
+  async #run(cmd, { background = false, envs, cwd, user, onStdout, onStderr, timeoutSecs = 60, stdin } = {}) {
+    const argv = Array.isArray(cmd) ? cmd : undefined;
+    const env = { ...this.envs, ...(envs ?? {}) };
+    const events = this.controller.startProcess(this.id, {
+      argv, cmd: argv ? undefined : cmd, env: Object.keys(env).length ? env : undefined, cwd, user,
+      stdin: stdin !== undefined && stdin !== false, timeoutSecs: timeoutSecs ?? undefined,
+    });
+    const first = (await events.next()).value ?? {};
+    const handle = new CommandHandle(this, events, first, { onStdout, onStderr });
+    if ((typeof stdin === "string" || stdin instanceof Uint8Array) && handle.pid !== null) {
+      await handle.sendStdin(stdin, { eof: true });
+    }
+    return background ? handle : handle.wait();
+  }
+
+  static async create({ template, pool, envs, metadata, controller, ...opts } = {}) {
     if ((template === undefined) === (pool === undefined)) {
       throw new Error("Sandbox.create needs exactly one of template (a snapshot tag) or pool");
     }
     const ctrl = controller ?? new Controller(opts);
-    const [info] = pool !== undefined ? await ctrl.claim(pool, 1) : await ctrl.spawnSandboxes({ snapshotTag: template });
-    return new Sandbox(info, ctrl);
+    const [info] = pool !== undefined ? await ctrl.claim(pool, 1)
+      : await ctrl.spawnSandboxes({ snapshotTag: template, labels: metadata });
+    return new Sandbox(info, ctrl, { owned: true, envs });
   }
 
-  static async connect(id, { controller, ...opts } = {}) {
+  /** Attach to a running sandbox: `await using` / dispose never kills it. */
+  static async connect(id, { controller, envs, ...opts } = {}) {
     const ctrl = controller ?? new Controller(opts);
-    return new Sandbox(await ctrl.getSandbox(id), ctrl);
+    return new Sandbox(await ctrl.getSandbox(id), ctrl, { owned: false, envs });
+  }
+
+  /** The daemon's running sandboxes, those whose labels include every `metadata` pair when given. */
+  static async list({ metadata, controller, ...opts } = {}) {
+    const ctrl = controller ?? new Controller(opts);
+    const want = Object.entries(metadata ?? {});
+    return (await ctrl.listSandboxes()).filter((s) => want.every(([k, v]) => (s.labels ?? {})[k] === v));
   }
 
   eval(code, opts) { return this.controller.evalCode(this.id, code, opts); }
@@ -162,5 +324,8 @@ export class Sandbox {
   ping() { return this.controller.pingSandbox(this.id); }
   branch(opts) { return this.controller.branchSandbox(this.id, opts); }
   kill() { return this.controller.killSandbox(this.id); }
-  async [Symbol.asyncDispose]() { try { await this.kill(); } catch { /* already gone */ } }
+  async [Symbol.asyncDispose]() {
+    if (!this.owned) return;
+    try { await this.kill(); } catch (e) { if (!(e instanceof NotFound)) throw e; }
+  }
 }

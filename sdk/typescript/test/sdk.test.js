@@ -1,10 +1,30 @@
-// Runs against a real daemon: FORKD_URL, FORKD_TOKEN and FORKD_TEST_SNAPSHOT are set by tests/test_sdk.py.
+// Runs against a real daemon: FORKD_URL, FORKD_TOKEN, FORKD_SOCKET and FORKD_TEST_SNAPSHOT are set by
+// tests/test_sdk.py (real VMs).
 import assert from "node:assert/strict";
+import net from "node:net";
 import { test } from "node:test";
-import { Controller, ControllerError, Sandbox } from "../src/index.js";
+import { Controller, ControllerError, NotFound, Sandbox, Unavailable, fromWire, toWire } from "../src/index.js";
 
 const TAG = process.env.FORKD_TEST_SNAPSHOT;
+const SOCK = process.env.FORKD_SOCKET;
 const skip = !process.env.FORKD_URL || !TAG ? "needs FORKD_URL and FORKD_TEST_SNAPSHOT (run via tests/test_sdk.py)" : false;
+
+test("one casing: camelCase here, snake_case on the wire, free-form maps untouched", () => {
+  assert.deepEqual(toWire({ snapshotTag: "t", env: { MY_VAR: "1" }, labels: { team_a: "x" } }),
+    { snapshot_tag: "t", env: { MY_VAR: "1" }, labels: { team_a: "x" } });
+  assert.deepEqual(fromWire({ exit_code: 0, timed_out: false, labels: { a_b: "c" } }),
+    { exitCode: 0, timedOut: false, labels: { a_b: "c" } });
+});
+
+test("an unreachable daemon is Unavailable after the retries", async () => {
+  const srv = net.createServer().listen(0, "127.0.0.1");
+  await new Promise((r) => srv.once("listening", r));
+  const port = srv.address().port;
+  srv.close();
+  const c = new Controller({ baseUrl: `http://127.0.0.1:${port}`, retries: 1 });
+  await assert.rejects(c.listSandboxes(), (e) => e instanceof Unavailable && e.status === undefined &&
+    /2 attempt/.test(e.message));
+});
 
 test("token is required over TCP", { skip }, async () => {
   const anon = new Controller({ token: "" });
@@ -16,11 +36,12 @@ test("controller: spawn, exec, eval, branch, spawn from the branch, kill", { ski
   const ctrl = new Controller();
   assert.ok((await ctrl.listSnapshots()).some((s) => s.tag === TAG && s.status === "ready"));
   const [sb] = await ctrl.spawnSandboxes({ snapshotTag: TAG, n: 1 });
+  assert.equal(sb.snapshotTag, TAG);
   const made = [sb.id];
   try {
     const ex = await ctrl.execCommand(sb.id, ["sh", "-c", "echo ts > /root/ts.txt; cat /root/ts.txt"]);
     assert.equal(ex.stdout, "ts\n");
-    assert.equal(ex.exit_code, 0);
+    assert.equal(ex.exitCode, 0);
     assert.equal((await ctrl.evalCode(sb.id, "6 * 7")).result, "42");
     assert.equal((await ctrl.pingSandbox(sb.id)).pong, true);
     const br = await ctrl.branchSandbox(sb.id, { tag: "ts-branch", mode: "live", wait: false });
@@ -31,28 +52,40 @@ test("controller: spawn, exec, eval, branch, spawn from the branch, kill", { ski
       snap = await ctrl.getSnapshot("ts-branch");
     }
     assert.equal(snap.status, "ready");
-    assert.equal(snap.branched_from, sb.id);
+    assert.equal(snap.branchedFrom, sb.id);
     const [g] = await ctrl.spawnSandboxes({ snapshotTag: "ts-branch" });
     made.push(g.id);
     assert.equal((await ctrl.execCommand(g.id, ["cat", "/root/ts.txt"])).stdout, "ts\n");
     await ctrl.killSandbox(g.id);
-    await assert.rejects(ctrl.getSandbox(g.id), (e) => e.status === 404 && e.body.status === 404);
+    await assert.rejects(ctrl.getSandbox(g.id), (e) => e instanceof NotFound && e.status === 404);
   } finally {
     for (const id of made) await ctrl.killSandbox(id).catch(() => {});
     await ctrl.deleteSnapshot("ts-branch").catch(() => {});
   }
 });
 
-test("Sandbox: commands, files, eval, kill", { skip }, async () => {
-  const sb = await Sandbox.create({ template: TAG });
+test("Sandbox over the unix socket: streaming commands, envs, files, eval; connect never kills", { skip }, async () => {
+  const sb = await Sandbox.create({ template: TAG, socketPath: SOCK, envs: { WHO: "ts" } });
   try {
-    const r = await sb.commands.run("echo $((2+3))");
-    assert.equal(r.stdout, "5\n");
+    assert.equal(sb.controller.socketPath, SOCK);
+    const seen = [];
+    const r = await sb.commands.run("echo $WHO; echo err >&2; exit 3", { onStdout: (t) => seen.push(t) });
+    assert.deepEqual([r.stdout, r.stderr, r.exitCode, seen.join("")], ["ts\n", "err\n", 3, "ts\n"]);
+    const h = await sb.commands.run(["sleep", "600"], { background: true });
+    assert.ok(h.pid);
+    assert.equal(await h.kill(), true);
+    assert.notEqual((await h.wait()).exitCode, 0);
     await sb.files.write("/root/hello.txt", "hello from ts");
     assert.equal(await sb.files.read("/root/hello.txt"), "hello from ts");
     assert.equal((await sb.eval("WARM_GLOBAL")).result, "'set at warm-up'");
-    await assert.rejects(sb.files.read("/no/such"), (e) => e.status === 404);
+    await assert.rejects(sb.files.read("/no/such"), (e) => e instanceof NotFound);
+    assert.ok((await Sandbox.list({ socketPath: SOCK })).some((s) => s.id === sb.id));
+    const again = await Sandbox.connect(sb.id); // over TCP (FORKD_URL)
+    assert.equal(again.owned, false);
+    await again[Symbol.asyncDispose](); // what `await using` calls: must not kill a sandbox it only connected to
+    assert.equal((await sb.ping()).pong, true);
   } finally {
-    await sb.kill();
+    await sb[Symbol.asyncDispose]();
   }
+  await assert.rejects(new Controller({ socketPath: SOCK }).getSandbox(sb.id), (e) => e instanceof NotFound);
 });

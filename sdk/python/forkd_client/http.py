@@ -1,0 +1,202 @@
+"""Where the daemon is, how one request is sent (with retries), and how an answer becomes a result or an error.
+
+Where, first match wins: `url=` / `socket=` arguments, `$FORKD_URL` (TCP, with `$FORKD_TOKEN`), the local daemon's
+unix socket (`$FORKD_DAEMON_SOCKET`, else `$FORKD_HOME/forkd.sock`, `$FORKD_HOME` defaulting to /var/lib/forkd),
+else upstream's default http://127.0.0.1:8889. An https URL is checked against `$FORKD_CA` when set.
+
+Retries (`Retry`): a request that could not connect (the daemon is restarting, or not up yet) is sent again, whatever
+its method, since it never reached the daemon; a 503 answer is retried only for idempotent methods (GET, HEAD,
+PUT, DELETE), since a POST may have done part of its work. Waits grow 0.25 s, 0.5 s, 1 s... (at most `max_wait`),
+with jitter, `attempts` times in all (default 4). Then the error is raised: `Unavailable` naming the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from forkd_client.errors import ForkdError, InvalidInput, Timeout, Unavailable, api_error
+
+DEFAULT_URL = "http://127.0.0.1:8889"
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A daemon: `base_url` over TCP, or `socket` (a unix socket path; base_url is then a dummy host)."""
+
+    base_url: str
+    socket: str | None = None
+    token: str | None = None
+
+    @property
+    def where(self) -> str:
+        return self.socket or self.base_url
+
+
+@dataclass(frozen=True)
+class Retry:
+    attempts: int = 4
+    first_wait: float = 0.25
+    max_wait: float = 4.0
+
+    def wait(self, attempt: int) -> float:
+        return min(self.max_wait, self.first_wait * 2 ** attempt) * random.uniform(0.8, 1.2)
+
+    def again(self, attempt: int, method: str, exc: BaseException | None, status: int | None) -> bool:
+        if attempt + 1 >= self.attempts:
+            return False
+        if exc is not None:
+            return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) and "CERTIFICATE" not in str(exc)
+        return status == 503 and method.upper() in IDEMPOTENT
+
+
+def local_socket() -> Path:
+    explicit = os.environ.get("FORKD_DAEMON_SOCKET")
+    return Path(explicit) if explicit else Path(os.environ.get("FORKD_HOME") or "/var/lib/forkd") / "forkd.sock"
+
+
+def find_daemon(url: str | None = None, socket: str | os.PathLike | None = None,
+                token: str | None = None) -> Endpoint:
+    token = token if token is not None else (os.environ.get("FORKD_TOKEN") or None)
+    if url:
+        return Endpoint(url.rstrip("/"), None, token)
+    if socket:
+        return Endpoint("http://forkd", str(socket), token)
+    if os.environ.get("FORKD_URL"):
+        return Endpoint(os.environ["FORKD_URL"].rstrip("/"), None, token)
+    sock = local_socket()
+    if sock.exists():
+        return Endpoint("http://forkd", str(sock), token)
+    return Endpoint(DEFAULT_URL, None, token)
+
+
+class Call:
+    """One request; `parse` turns the JSON answer into the result (None: the JSON itself); `raw`: the bytes."""
+
+    __slots__ = ("method", "path", "json", "params", "content", "parse", "raw", "timeout")
+
+    def __init__(self, method: str, path: str, json: Any = None, params: dict | None = None,
+                 content: bytes | None = None, parse: Any = None, raw: bool = False, timeout: float | None = None):
+        self.method, self.path, self.json, self.params = method, path, json, params
+        self.content, self.parse, self.raw, self.timeout = content, parse, raw, timeout
+
+    def kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"json": self.json, "params": self.params, "content": self.content}
+        if self.content is not None:
+            kw["headers"] = {"Content-Type": "application/octet-stream"}
+        if self.timeout is not None:
+            kw["timeout"] = self.timeout
+        return kw
+
+
+def quote(segment: str) -> str:
+    """Percent-encode one path segment."""
+    return httpx.URL(f"/{segment}").raw_path.decode()[1:]
+
+
+def transport_error(exc: httpx.HTTPError, ep: Endpoint, method: str, path: str, tries: int = 1) -> ForkdError:
+    where = f"{method} {ep.where}{path}"
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return Timeout(f"{where}: the daemon did not answer in time ({type(exc).__name__})",
+                       hint="the operation may still be running on the daemon; check, or pass a longer timeout")
+    if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return Unavailable(f"the forkd daemon at {ep.where} has a TLS certificate this client does not trust: {exc}",
+                           hint="set FORKD_CA to the PEM file of the daemon's certificate or its CA")
+    if isinstance(exc, httpx.TransportError):
+        return Unavailable(f"cannot reach the forkd daemon at {ep.where} ({tries} attempt(s)): "
+                           f"{exc or type(exc).__name__}",
+                           hint="start it with 'forkd serve' (add --bind HOST:PORT for TCP), or pass url=/socket= "
+                                "or set FORKD_URL to where it listens")
+    return ForkdError(f"{where} failed: {exc}")
+
+
+def answer(call: Call, r: httpx.Response) -> Any:
+    if r.status_code >= 400:
+        try:
+            body = r.json()
+        except ValueError:
+            body = r.text
+        raise api_error(r.status_code, body, str(r.request.url))
+    if call.raw:
+        return r.content
+    if not r.content:
+        return None
+    data = r.json()
+    return data if call.parse is None else call.parse(data)
+
+
+def _headers(ep: Endpoint) -> dict[str, str]:
+    return {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
+
+
+def tls_verify(ep: Endpoint) -> Any:
+    ca = os.environ.get("FORKD_CA")
+    if not ca or ep.socket is not None:
+        return True
+    if not Path(ca).is_file():
+        raise InvalidInput(f"FORKD_CA={ca!r} is not a file", hint="point FORKD_CA at a PEM bundle, or unset it")
+    return ssl.create_default_context(cafile=ca)
+
+
+class SyncHttp:
+    """Sends Calls synchronously to one Endpoint, retrying as `retry` says."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float = 600.0, retry: Retry | None = None):
+        self.endpoint, self.retry = endpoint, retry or Retry()
+        transport = httpx.HTTPTransport(uds=endpoint.socket) if endpoint.socket else None
+        self._http = httpx.Client(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
+                                  timeout=timeout, verify=tls_verify(endpoint))
+
+    def _send(self, call: Call) -> Any:
+        attempt = 0
+        while True:
+            try:
+                r = self._http.request(call.method, call.path, **call.kwargs())
+            except httpx.HTTPError as exc:
+                if not self.retry.again(attempt, call.method, exc, None):
+                    raise transport_error(exc, self.endpoint, call.method, call.path, attempt + 1) from exc
+            else:
+                if not self.retry.again(attempt, call.method, None, r.status_code):
+                    return answer(call, r)
+            time.sleep(self.retry.wait(attempt))
+            attempt += 1
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class AsyncHttp:
+    """Sends Calls as coroutines to one Endpoint, retrying as `retry` says."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float = 600.0, retry: Retry | None = None):
+        self.endpoint, self.retry = endpoint, retry or Retry()
+        transport = httpx.AsyncHTTPTransport(uds=endpoint.socket) if endpoint.socket else None
+        self._http = httpx.AsyncClient(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
+                                       timeout=timeout, verify=tls_verify(endpoint))
+
+    async def _send(self, call: Call) -> Any:
+        import asyncio
+
+        attempt = 0
+        while True:
+            try:
+                r = await self._http.request(call.method, call.path, **call.kwargs())
+            except httpx.HTTPError as exc:
+                if not self.retry.again(attempt, call.method, exc, None):
+                    raise transport_error(exc, self.endpoint, call.method, call.path, attempt + 1) from exc
+            else:
+                if not self.retry.again(attempt, call.method, None, r.status_code):
+                    return answer(call, r)
+            await asyncio.sleep(self.retry.wait(attempt))
+            attempt += 1
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

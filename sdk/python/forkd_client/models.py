@@ -1,0 +1,86 @@
+"""The JSON answers of the daemon's /v1 API as pydantic models (field names are the wire's; unknown fields are
+kept, so a newer daemon never breaks this client). They allow dict access too (`sb["id"]`), like upstream's dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+class SnapshotInfo(Wire):
+    tag: str
+    status: str
+    dir: str | None = None
+    created_at_unix: int = 0
+    parent_tag: str | None = None
+    branched_from: str | None = None
+    memory_mib: int = 0
+    vcpus: int = 1
+    error: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SnapshotDetail(SnapshotInfo):
+    depth: int | None = None
+    ancestors: list[str] = Field(default_factory=list)
+    dependents: list[str] = Field(default_factory=list)
+    children: list[str] = Field(default_factory=list)
+
+
+class SandboxInfo(Wire):
+    id: str
+    snapshot_tag: str
+    status: str
+    netns: str | None = None
+    guest_addr: str | None = None
+    created_at_unix: int = 0
+    pid: int | None = None
+    memory_limit_mib: int | None = None
+    memory_mib: int = 0
+    pool: str | None = None
+    expires_at_unix: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ExecResult(Wire):
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool = False
+    truncated: bool = False
+
+
+class EvalResult(Wire):
+    result: str | None  # repr of the value
+    error: dict[str, Any] | None = None
+    exit_code: int = 0
+    stdout: str = ""
+
+
+class PingResult(Wire):
+    pong: bool = True
+
+
+class BranchResult(SnapshotInfo):
+    mode: str = "live"
+    pause_ms: float | None = None
+    returned_ms: float = 0.0
+
+
+class FileWritten(Wire):
+    path: str
+    bytes: int

@@ -1,0 +1,235 @@
+"""E2B-style sandboxes over the daemon API: `Sandbox.create(template=...)` forks one child of a snapshot,
+`Sandbox.create(pool=...)` claims a warm one.
+
+    with Sandbox.create(template="base") as sb:
+        print(sb.commands.run("echo hi").stdout)
+        sb.files.write("/root/a.txt", "data")
+        print(sb.eval("1 + 1").result)
+        snap = sb.branch("step-1")          # a forkable snapshot of this sandbox, now
+    # killed on exit (a kill that fails is raised, or noted on the exception already in flight)
+
+`AsyncSandbox` is the same with `await` (and `async with`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from forkd_client import models as wire
+from forkd_client.api import AsyncClient as AsyncController
+from forkd_client.api import Client as Controller
+from forkd_client.async_commands import AsyncProcessCommands
+from forkd_client.commands import ProcessCommands
+from forkd_client.errors import NotFound
+
+log = logging.getLogger("forkd_client")
+Labels = dict[str, str]
+
+
+def _kill_failed(sandbox_id: str, in_flight: BaseException | None, error: Exception) -> None:
+    """A kill that failed on leaving a `with` block is never swallowed: a sandbox already gone (NotFound) is fine;
+    otherwise the failure is raised when no other exception is in flight, else it becomes a note on the one in
+    flight (and a warning in the log), which propagates unchanged."""
+    if isinstance(error, NotFound):
+        return
+    what = (f"killing sandbox {sandbox_id} on leaving its `with` block failed ({type(error).__name__}: {error}); "
+            f"it may still be running: kill it with Sandbox.connect({sandbox_id!r}).kill() or 'forkd kill "
+            f"{sandbox_id}'")
+    if in_flight is None:
+        error.add_note(what)
+        raise error
+    in_flight.add_note(what)
+    log.warning("%s", what)
+
+
+def _argv(cmd: str | list[str]) -> list[str]:
+    return ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+
+
+def _matching(infos: list[wire.SandboxInfo], metadata: Labels | None) -> list[wire.SandboxInfo]:
+    want = (metadata or {}).items()
+    return [i for i in infos if all(i.labels.get(k) == v for k, v in want)]
+
+
+def _pick(template: str | None, pool: str | None) -> None:
+    if (template is None) == (pool is None):
+        raise ValueError("Sandbox.create needs exactly one of template= (a snapshot tag) or pool= (a pool name)")
+
+
+class Commands:
+    def __init__(self, sb: Sandbox):
+        self._sb = sb
+
+    def run(self, cmd: str | list[str], timeout: float = 60, cwd: str | None = None,
+            envs: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
+        """Run a command (a string goes through /bin/sh -c) in a fresh guest process: {stdout, stderr, exit_code}."""
+        env = {**self._sb.envs, **(envs or {})} or None
+        return self._sb.controller.exec_command(self._sb.id, _argv(cmd), timeout, cwd=cwd, env=env, stdin=stdin)
+
+
+class Files:
+    def __init__(self, sb: Sandbox):
+        self._sb = sb
+
+    def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
+        return self._sb.controller.write_file(self._sb.id, path, data, mode)
+
+    def read(self, path: str, format: str = "text") -> str | bytes:
+        data = self._sb.controller.read_file(self._sb.id, path)
+        return data if format == "bytes" else data.decode()
+
+
+class Sandbox:
+    def __init__(self, info: wire.SandboxInfo, controller: Controller, owned: bool = True,
+                 envs: dict[str, str] | None = None):
+        self.info, self.controller, self.owned, self.envs = info, controller, owned, dict(envs or {})
+        self.commands, self.files = ProcessCommands(self), Files(self)  # streaming: forkd_client/commands.py
+
+    @property
+    def metadata(self) -> Labels:
+        return dict(self.info.labels)
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    sandbox_id = id
+
+    @classmethod
+    def create(cls, template: str | None = None, pool: str | None = None, *, envs: dict[str, str] | None = None,
+               metadata: Labels | None = None, controller: Controller | None = None, url: str | None = None,
+               token: str | None = None, socket: str | Path | None = None) -> Sandbox:
+        """Fork a child of snapshot `template`, or claim one of `pool`. `envs`: set in every command it runs
+        (a call's own envs win). `metadata`: the sandbox's labels (`Sandbox.list(metadata=...)` filters on them)."""
+        _pick(template, pool)
+        ctrl = controller or Controller(url=url, token=token, socket=socket)
+        info = ctrl.claim(pool, 1)[0] if pool else ctrl.spawn_sandboxes(template, 1, labels=metadata)[0]
+        return cls(info, ctrl, envs=envs)
+
+    @classmethod
+    def list(cls, metadata: Labels | None = None, *, controller: Controller | None = None, url: str | None = None,
+             token: str | None = None, socket: str | Path | None = None) -> list[wire.SandboxInfo]:
+        """The daemon's running sandboxes, those whose labels include every `metadata` pair when given."""
+        ctrl = controller or Controller(url=url, token=token, socket=socket)
+        return _matching(ctrl.list_sandboxes(), metadata)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, controller: Controller | None = None, url: str | None = None,
+                token: str | None = None, socket: str | Path | None = None) -> Sandbox:
+        """Attach to a running sandbox; leaving a `with` block does not kill it."""
+        ctrl = controller or Controller(url=url, token=token, socket=socket)
+        return cls(ctrl.get_sandbox(sandbox_id), ctrl, owned=False)
+
+    def eval(self, code: str, timeout: float = 60) -> wire.EvalResult:
+        """Evaluate an expression in the warm interpreter (PID 1's agent): `.result` is its repr."""
+        return self.controller.eval_code(self.id, code, timeout)
+
+    def run_code(self, code: str, timeout: float = 300) -> wire.EvalResult:
+        """Execute statements in the warm interpreter (state persists between calls)."""
+        return self.controller.eval_code(self.id, code, timeout, mode="exec")
+
+    def ping(self) -> wire.PingResult:
+        return self.controller.ping_sandbox(self.id)
+
+    def branch(self, tag: str | None = None, mode: str = "live", wait: bool = True) -> wire.BranchResult:
+        """Snapshot this running sandbox as `tag`; spawn from it with Sandbox.create(template=tag)."""
+        return self.controller.branch_sandbox(self.id, tag, mode, wait)
+
+    def get_info(self) -> wire.SandboxInfo:
+        self.info = self.controller.get_sandbox(self.id)
+        return self.info
+
+    def kill(self) -> None:
+        self.controller.kill_sandbox(self.id)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.owned:
+            try:
+                self.kill()
+            except Exception as error:  # noqa: BLE001 - reported by _kill_failed, never swallowed
+                _kill_failed(self.id, exc, error)
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
+
+
+class AsyncFiles:
+    def __init__(self, sb: AsyncSandbox):
+        self._sb = sb
+
+    async def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
+        return await self._sb.controller.write_file(self._sb.id, path, data, mode)
+
+    async def read(self, path: str, format: str = "text") -> str | bytes:
+        data = await self._sb.controller.read_file(self._sb.id, path)
+        return data if format == "bytes" else data.decode()
+
+
+class AsyncSandbox:
+    def __init__(self, info: wire.SandboxInfo, controller: AsyncController, owned: bool = True,
+                 envs: dict[str, str] | None = None):
+        self.info, self.controller, self.owned, self.envs = info, controller, owned, dict(envs or {})
+        self.commands, self.files = AsyncProcessCommands(self), AsyncFiles(self)  # streaming too
+
+    @property
+    def metadata(self) -> Labels:
+        return dict(self.info.labels)
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    sandbox_id = id
+
+    @classmethod
+    async def create(cls, template: str | None = None, pool: str | None = None, *,
+                     envs: dict[str, str] | None = None, metadata: Labels | None = None,
+                     controller: AsyncController | None = None, url: str | None = None, token: str | None = None,
+                     socket: str | Path | None = None) -> AsyncSandbox:
+        _pick(template, pool)
+        ctrl = controller or AsyncController(url=url, token=token, socket=socket)
+        infos = await (ctrl.claim(pool, 1) if pool else ctrl.spawn_sandboxes(template, 1, labels=metadata))
+        return cls(infos[0], ctrl, envs=envs)
+
+    @classmethod
+    async def list(cls, metadata: Labels | None = None, *, controller: AsyncController | None = None,
+                   url: str | None = None, token: str | None = None,
+                   socket: str | Path | None = None) -> list[wire.SandboxInfo]:
+        ctrl = controller or AsyncController(url=url, token=token, socket=socket)
+        return _matching(await ctrl.list_sandboxes(), metadata)
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, *, controller: AsyncController | None = None, url: str | None = None,
+                      token: str | None = None, socket: str | Path | None = None) -> AsyncSandbox:
+        ctrl = controller or AsyncController(url=url, token=token, socket=socket)
+        return cls(await ctrl.get_sandbox(sandbox_id), ctrl, owned=False)
+
+    async def eval(self, code: str, timeout: float = 60) -> wire.EvalResult:
+        return await self.controller.eval_code(self.id, code, timeout)
+
+    async def run_code(self, code: str, timeout: float = 300) -> wire.EvalResult:
+        return await self.controller.eval_code(self.id, code, timeout, mode="exec")
+
+    async def ping(self) -> wire.PingResult:
+        return await self.controller.ping_sandbox(self.id)
+
+    async def branch(self, tag: str | None = None, mode: str = "live", wait: bool = True) -> wire.BranchResult:
+        return await self.controller.branch_sandbox(self.id, tag, mode, wait)
+
+    async def kill(self) -> None:
+        await self.controller.kill_sandbox(self.id)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.owned:
+            try:
+                await self.kill()
+            except Exception as error:  # noqa: BLE001 - reported by _kill_failed, never swallowed
+                _kill_failed(self.id, exc, error)

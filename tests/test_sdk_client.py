@@ -1,0 +1,193 @@
+"""forkd-client (sdk/python), the light Python client: it imports neither the runtime nor yaml nor zstandard; an
+unreachable daemon is Unavailable after bounded retries (503 retried for idempotent requests only); and, against a
+real daemon with real VMs, sandboxes (create/list/connect, envs, streaming and background commands, files, eval,
+typed errors), the async client, and upstream's client surface (forkd_client.compat) unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import subprocess
+import sys
+import threading
+
+import pytest
+from forkd_client import AsyncSandbox, Client, NotFound, Retry, Sandbox, Unavailable, compat  # sdk/python
+
+from tests.conftest import BASE_TAG, WARM_GLOBAL
+from tests.test_api import free_port, start_api_daemon, stop_api_daemon
+
+
+def test_import_loads_neither_the_runtime_nor_yaml_nor_zstandard():
+    """What `import forkd_client` adds to what httpx and pydantic (its only dependencies) load themselves."""
+    code = ("import sys, httpx, pydantic; before = set(sys.modules); import forkd_client, forkd_client.compat; "
+            "new = set(sys.modules) - before; "
+            "print(sorted(m for m in new if m.split('.')[0] in ('yaml', 'zstandard', 'forkd')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    meta = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.requires('forkd-client'))"],
+                          capture_output=True, text=True, timeout=60)
+    assert sorted(r.split(">")[0] for r in eval(meta.stdout)) == ["httpx", "pydantic"]
+
+
+def test_an_unreachable_daemon_is_unavailable_after_retries():
+    port = free_port()  # nothing listens there
+    with pytest.raises(Unavailable) as e:
+        Client(url=f"http://127.0.0.1:{port}", retry=Retry(attempts=3, first_wait=0.01)).list_sandboxes()
+    assert e.value.status is None and "3 attempt(s)" in str(e.value) and e.value.hint
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """Answers 503 to the first two requests of each method, then 200."""
+
+    seen: dict[str, int] = {}
+
+    def _answer(self) -> None:
+        n = self.seen[self.command] = self.seen.get(self.command, 0) + 1
+        body = b'{"detail": "draining", "hint": "retry"}' if n <= 2 else b"[]"
+        self.send_response(503 if n <= 2 else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_503_is_retried_for_idempotent_requests_only():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        c = Client(url=f"http://127.0.0.1:{srv.server_port}", retry=Retry(attempts=4, first_wait=0.01))
+        assert c.list_sandboxes() == []  # GET: two 503s, then the answer
+        assert _Flaky.seen["GET"] == 3
+        with pytest.raises(Unavailable) as e:  # POST: may have done part of its work, so never sent again
+            c.spawn_sandboxes("x")
+        assert _Flaky.seen["POST"] == 1 and e.value.status == 503 and e.value.detail == "draining"
+    finally:
+        srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def daemon(home, base, tmp_path_factory):
+    d = start_api_daemon(home, tmp_path_factory.mktemp("sdkclient"))
+    yield d
+    stop_api_daemon(d)
+
+
+@pytest.mark.vm
+def test_sandbox_streams_lists_connects_and_raises_typed_errors(daemon):
+    sock = str(daemon.home / "forkd.sock")
+    seen: list[str] = []
+    with Sandbox.create(template=BASE_TAG, envs={"WHO": "sdk"}, socket=sock) as sb:
+        res = sb.commands.run("echo $WHO; echo err >&2; exit 3", on_stdout=seen.append)
+        assert (res.stdout, res.stderr, res.exit_code, "".join(seen)) == ("sdk\n", "err\n", 3, "sdk\n")
+        assert sb.commands.run("echo $WHO", envs={"WHO": "call"}).stdout == "call\n"
+        h = sb.commands.run("sleep 600", background=True)
+        assert h.pid and h.kill() and h.wait(120).exit_code != 0
+        sb.files.write("/root/c.txt", b"\x00\xffbytes")
+        assert sb.files.read("/root/c.txt", format="bytes") == b"\x00\xffbytes"
+        assert sb.eval("WARM_GLOBAL").result == repr(WARM_GLOBAL)
+        assert sb.id in [i.id for i in Sandbox.list(socket=sock)]
+        assert sb.id not in [i.id for i in Sandbox.list({"owner": "nobody"}, socket=sock)]
+        with Sandbox.connect(sb.id, url=daemon.url, token=daemon.token) as again:  # over TCP this time
+            assert again.commands.run(["cat", "/root/c.txt"]).stdout_bytes == b"\x00\xffbytes"
+        assert sb.ping().pong  # leaving connect's `with` did not kill it
+        sid = sb.id
+    with pytest.raises(NotFound) as e:
+        Client(socket=sock).get_sandbox(sid)
+    assert e.value.status == 404
+
+
+@pytest.mark.vm
+def test_async_sandbox(daemon):
+    async def go():
+        async with await AsyncSandbox.create(template=BASE_TAG, envs={"A": "1"}, url=daemon.url,
+                                             token=daemon.token) as sb:
+            seen: list[str] = []
+            res = await sb.commands.run("echo $A; exit 4", on_stdout=seen.append)
+            assert (res.stdout, res.exit_code, seen) == ("1\n", 4, ["1\n"])
+            h = await sb.commands.run(["cat"], background=True, stdin=True)
+            await h.send_stdin("piped", eof=True)
+            assert (await h.wait(120)).stdout_bytes == b"piped"
+            assert (await sb.eval("2 * 21")).result == "42"
+            assert sb.id in [i.id for i in await AsyncSandbox.list(controller=sb.controller)]
+            return sb.id
+    sid = asyncio.run(go())
+    with pytest.raises(NotFound):
+        Client(url=daemon.url, token=daemon.token).get_sandbox(sid)
+
+
+@pytest.mark.vm
+def test_upstream_client_code_runs_unchanged(daemon, monkeypatch):
+    """Upstream's README flow: Controller(base_url=...) with dicts, Sandbox(tag=...) whose eval returns the value."""
+    monkeypatch.setenv("FORKD_TOKEN", daemon.token)
+    c = compat.Controller(base_url=daemon.url)
+    assert BASE_TAG in [s["tag"] for s in c.list_snapshots()]
+    children = c.spawn_sandboxes(BASE_TAG, n=1)
+    assert isinstance(children[0], dict)
+    sb_id = children[0]["id"]
+    try:
+        assert c.exec_command(sb_id, ["echo", "up"])["stdout"] == "up\n"
+        assert c.eval_code(sb_id, "1 + 1")["result"] == "2"
+        assert c.ping_sandbox(sb_id)["pong"]
+    finally:
+        c.kill_sandbox(sb_id)
+    with pytest.raises(compat.ControllerError) as e:
+        c.get_sandbox(sb_id)
+    assert e.value.status == 404
+    monkeypatch.setenv("FORKD_URL", daemon.url)
+    with compat.Sandbox(tag=BASE_TAG) as sb:
+        assert sb.eval("1 + 1") == "2"
+        assert sb.commands.run("echo hi").stdout == "hi\n"
+        with pytest.raises(RuntimeError):
+            sb.eval("1 / 0")
+
+
+# fields the client reads before every daemon serves them (labels: from the lifetimes/labels work on the API)
+AHEAD = {"SandboxInfo": {"labels"}}
+
+
+def test_the_client_models_match_the_daemons_openapi():
+    """Every field forkd_client's answer models declare is in the daemon's schema of the same name, so the
+    Python client cannot drift from the API (the TypeScript types are generated from the same document)."""
+    import importlib.util
+
+    from forkd_client import models
+
+    from tests.test_sdk import REPO
+
+    path = REPO / "sdk" / "typescript" / "scripts" / "openapi_types.py"
+    spec = importlib.util.spec_from_file_location("openapi_types", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    schemas = gen.spec_in_process()["components"]["schemas"]
+    checked = 0
+    for name in ("SnapshotInfo", "SnapshotDetail", "SandboxInfo", "ExecResult", "EvalResult", "PingResult",
+                 "FileWritten"):
+        have = set(schemas[name]["properties"])
+        missing = set(getattr(models, name).model_fields) - have - AHEAD.get(name, set())
+        assert not missing, f"{name}: forkd_client declares {sorted(missing)}, the daemon's schema has not"
+        checked += 1
+    assert checked == 7
+
+
+def test_a_stream_to_an_unreachable_daemon_is_unavailable_after_retries(tmp_path):
+    """Streamed commands (sync and async) get the same retries and the same error as plain requests."""
+    from forkd_client import AsyncClient, SandboxInfo
+
+    info = SandboxInfo(id="c-none", snapshot_tag="t", status="running")
+    sock = tmp_path / "no.sock"  # nothing listens there
+    sb = Sandbox(info, Client(socket=sock, retry=Retry(attempts=2, first_wait=0.01)), owned=False)
+    with pytest.raises(Unavailable, match=r"2 attempt\(s\)"):
+        sb.commands.run("true")
+
+    async def go():
+        asb = AsyncSandbox(info, AsyncClient(socket=sock, retry=Retry(attempts=2, first_wait=0.01)), owned=False)
+        await asb.commands.run("true")
+    with pytest.raises(Unavailable, match=r"2 attempt\(s\)"):
+        asyncio.run(go())
