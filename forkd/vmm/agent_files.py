@@ -78,8 +78,7 @@ class AgentFiles:
         self.client, self.timeout = client, timeout
 
     def _bad(self, what: str) -> Any:
-        with self.client._lock:
-            self.client._violate(what)
+        self.client._violate(what)  # closes the (shared) connection for good and raises ProtocolViolation
 
     def _call(self, op: str, args: dict, fields: dict[str, tuple[type, ...]]) -> dict:
         res = self.client.call(op, args, timeout=self.timeout)

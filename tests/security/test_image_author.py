@@ -20,7 +20,7 @@ import pytest
 from forkd.base.errors import InvalidInput
 from forkd.base.paths import Layout
 from forkd.core import images as core_images
-from forkd.image import debs, oci, rootfs
+from forkd.image import debs, oci, pycheck, rootfs
 from forkd.image.build import BUSYBOX_PACKAGE
 from tests.oci_images import LAYER_TAR, _write_layout
 
@@ -217,6 +217,12 @@ def _nobody_finds_setuid_root(home: Path) -> list[str]:
     return [f"{p} (euid {r or '?'})" for p, r in zip(found, ran, strict=True)]
 
 
+def _stdlib_stubs(stdlib: str) -> list[tuple]:
+    """Empty files named as the modules forkd's agent imports (forkd.image.pycheck reads names, runs nothing)."""
+    mods = [m for m in pycheck.agent_modules() if pycheck._files_only(m)]
+    return [(stdlib + "/", "dir", None, 0o755)] + [(f"{stdlib}/{m}.py", "file", b"", 0o644) for m in mods]
+
+
 def _hostile_image(tmp_path: Path, victims: dict[str, Path]) -> Path:
     site = "usr/lib/python3/dist-packages"
     layer = _tar([("usr/", "dir", None, 0o755), ("usr/bin/", "dir", None, 0o755),
@@ -224,6 +230,7 @@ def _hostile_image(tmp_path: Path, victims: dict[str, Path]) -> Path:
                   ("usr/bin/python3", "sym", "python3.11", 0o777),
                   ("usr/bin/suidprobe", "file", Path("/usr/bin/id").read_bytes(), 0o4755, 0),
                   ("usr/lib/", "dir", None, 0o755), ("usr/lib/python3/", "dir", None, 0o755),
+                  *_stdlib_stubs("usr/lib/python3.11"),  # passes the build's check of the agent's modules
                   (site + "/", "dir", None, 0o755), (site + "/forkd-pip.pth", "sym", str(victims["pth"]), 0o777),
                   ("lib/", "dir", None, 0o755), ("lib/modules/", "dir", None, 0o755),
                   ("lib/modules/forkd/", "dir", None, 0o755),
