@@ -16,8 +16,10 @@ from typing import Any
 
 from fastapi import APIRouter, Body
 
+from forkd.base.settings import settings
 from forkd.client import wire
 from forkd.client.local import LocalBackend
+from forkd.core import lifetimes
 from forkd.core.requests import Compaction, LayerBuild, ParentBuild, Spawn
 
 
@@ -73,7 +75,13 @@ def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
 
     @r.post("/v1/children", status_code=201)
     def fork(req: Spawn) -> dict[str, Any]:
-        return {"children": b.fork(req)}
+        """`forkd fork` through the daemon: hand-made children live FORKD_SANDBOX_TIMEOUT (pool children: none)."""
+        out = b.fork(req)
+        ttl = settings().sandbox_timeout
+        if ttl and req.pool is None:
+            recs = {r.id: r for r in lifetimes.stamp(b.rt, [c["id"] for c in out], ttl)}
+            out = [dict(c, expires_at=recs[c["id"]].expires_at) for c in out]
+        return {"children": out}
 
     @r.post("/v1/children/kill")
     def kill(req: wire.KillRequest) -> dict[str, Any]:

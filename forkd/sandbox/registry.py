@@ -49,6 +49,7 @@ class ChildRecord:
     unconstrained: bool = False  # started without a cgroup because the caller allowed it
     runas: str | None = None  # "uid:gid" the VMM dropped to, if any
     oom: bool = False  # the kernel OOM-killed its VMM (memory limit reached)
+    labels: dict[str, str] = field(default_factory=dict)  # user metadata (set at create, filterable in list)
 
     @property
     def alive(self) -> bool:
