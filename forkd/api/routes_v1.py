@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.base.settings import settings
 from forkd.client import wire
-from forkd.core import lifetimes
+from forkd.core import forking, lifetimes
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.reconciler.control import Control, resolve_kind
 from forkd.spec.models import MODELS, to_document
@@ -126,21 +126,10 @@ def build_router(control: Control, metrics) -> APIRouter:
         """N running sandboxes that continue from this instant: a live branch of `id` (which keeps running) and
         `n` children of it. The branch snapshot is removed with the last of them unless `keep` or `tag`."""
         req = req or wire.ForkRequest()
-        from forkd.core.branch import branch as do_branch
-
-        tag = req.tag or f"fork-{id}-{int(time.time() * 1000)}"
-        auto = {} if (req.tag or req.keep) else {lifetimes.AUTO: "fork"}
-        res = do_branch(rt, Branch.of(child_id=id, tag=tag, mode="live", wait=True, labels=auto))
+        res, recs = forking.fork(rt, id, req.n, tag=req.tag, keep=req.keep, lifetime=_lifetime(req.lifetime_secs),
+                                 labels=req.labels, timeout=req.timeout_secs)
         if res.pause_ms is not None:
             metrics.branch_pause_seconds.labels("live").observe(res.pause_ms / 1000.0)
-        try:
-            recs = rt.fork(Spawn.of(tag=tag, n=req.n, timeout=req.timeout_secs))
-        except ForkdError:
-            if auto:
-                lifetimes.release(rt, tag)
-            raise
-        labels = {**req.labels, "forkd.dev/fork-of": id}
-        recs = lifetimes.stamp(rt, [x.id for x in recs], _lifetime(req.lifetime_secs), labels)
         return [wire.sandbox_info(rec) for rec in recs]
 
     @r.post("/v1/sandboxes/{id}/ping", tags=["sandboxes"])

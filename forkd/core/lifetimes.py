@@ -58,20 +58,21 @@ def set_timeout(rt: Any, child_id: str, seconds: float) -> Any:
     return stamp(rt, [child_id], seconds)[0]
 
 
-def parse_selector(items: list[str] | None) -> dict[str, str]:
-    """`["k=v", ...]` (query `?label=k=v`, CLI `-l k=v`) -> {k: v}; a bare `k` matches any value (None)."""
-    out: dict[str, Any] = {}
+def parse_selector(items: list[str] | None) -> list[tuple[str, str | None]]:
+    """`["k=v", ...]` (query `?label=k=v`, CLI `-l k=v`) -> [(k, v)]; a bare `k` matches any value (None).
+    Every term must hold (AND)."""
+    out: list[tuple[str, str | None]] = []
     for item in items or []:
         k, sep, v = item.partition("=")
         if not k:
             raise InvalidInput(f"label selector {item!r}: expected key=value", hint="e.g. ?label=team=search")
-        out[k] = v if sep else None
+        out.append((k, v if sep else None))
     return out
 
 
-def matches(labels: dict[str, str] | None, selector: dict[str, Any]) -> bool:
+def matches(labels: dict[str, str] | None, selector: list[tuple[str, str | None]]) -> bool:
     labels = labels or {}
-    return all(k in labels and (v is None or labels[k] == v) for k, v in selector.items())
+    return all(k in labels and (v is None or labels[k] == v) for k, v in selector)
 
 
 def _expired(rt: Any, now: float) -> list:
