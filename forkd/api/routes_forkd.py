@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 
 from forkd.base.settings import settings
 from forkd.client import wire
@@ -70,8 +70,14 @@ def _snapshot_routes(r: APIRouter, b: LocalBackend) -> None:
 
 def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
     @r.get("/v1/children")
-    def children() -> list[dict[str, Any]]:
-        return b.children()
+    def children(label: list[str] | None = Query(None, description="k=v or k; repeat to AND")) -> list[dict]:
+        return b.children(label)
+
+    @r.post("/v1/children/{id}/fork", status_code=201)
+    def fork_from(id: str, req: wire.ForkFromRequest) -> list[dict[str, Any]]:
+        """`forkd fork --from-sandbox ID`: children continuing from this instant of ID."""
+        return b.fork_from(id, req.n, tag=req.tag, keep=req.keep,
+                           lifetime=req.lifetime or settings().sandbox_timeout or None)
 
     @r.post("/v1/children", status_code=201)
     def fork(req: Spawn) -> dict[str, Any]:
@@ -85,7 +91,11 @@ def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
 
     @r.post("/v1/children/kill")
     def kill(req: wire.KillRequest) -> dict[str, Any]:
-        return {"killed": b.kill(req.ids, all_=req.all, tag=req.tag)}
+        tags = {c.snapshot for c in b.rt.children() if req.all or c.id in req.ids or c.snapshot == req.tag}
+        killed = b.kill(req.ids, all_=req.all, tag=req.tag)
+        for tag in tags:  # the snapshot of a fork(n) goes with the last of its children
+            lifetimes.release_fork_of(b.rt, tag)
+        return {"killed": killed}
 
     @r.post("/v1/gc")
     def gc(req: wire.GcRequest | None = Body(None)) -> dict[str, Any]:

@@ -180,7 +180,12 @@ CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("POO
 
 
 @app.command()
-def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from"),
+def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to fork from (with --from-sandbox: "
+                                      "name the branch snapshot, which is then kept)"),
+         from_sandbox: str | None = typer.Option(None, "--from-sandbox", help="fork this running child as it is "
+                                                 "now: a live branch of it, then N children of that"),
+         keep: bool = typer.Option(False, "--keep", help="with --from-sandbox: keep the branch snapshot after the "
+                                   "last of its children is killed"),
          n: int = typer.Option(1, "-n", help="number of children (1..1000)"),
          timeout: float = typer.Option(60.0, help="seconds to wait for each child to answer"),
          per_child_netns: bool = typer.Option(False, "--per-child-netns",
@@ -189,8 +194,16 @@ def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from
          allow_unconstrained: bool = typer.Option(False, "--allow-unconstrained",
                                                   help="start children even where no cgroup can constrain them"),
          output: Fmt = OUTPUT) -> None:
-    """Fork N children of a snapshot; returns when every child answered. Children outlive this command."""
+    """Fork N children of a snapshot (--tag), or of a running child as it is now (--from-sandbox ID); returns when
+    every child answered. Children outlive this command; through the daemon they live FORKD_SANDBOX_TIMEOUT."""
     t0 = time.perf_counter()
+    if tag is None and from_sandbox is None:
+        err.print("[red]error:[/] name a snapshot (--tag T) or a running child (--from-sandbox ID)")
+        raise typer.Exit(2)
+    if from_sandbox:
+        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep)
+        emit({"children": recs}, output, CHILD_COLUMNS, _child_rows(recs))
+        return
     req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
                    memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained)
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
@@ -217,9 +230,11 @@ def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would 
 
 
 @app.command("ls")
-def ls(output: Fmt = OUTPUT) -> None:
+def ls(label: list[str] | None = typer.Option(None, "--label", "-l", help="only children with label k=v (or "
+                                              "key k); repeat to AND them"),
+       output: Fmt = OUTPUT) -> None:
     """List children (running, dead = its VMM is gone, failed)."""
-    recs = backend().children()
+    recs = backend().children(label) if label else backend().children()
     emit(recs, output, CHILD_COLUMNS, _child_rows(recs))
 
 

@@ -121,6 +121,15 @@ class ForkRequest(Strict):
     timeout_secs: float = Field(60.0, gt=0, le=600)
 
 
+class ForkFromRequest(Strict):
+    """forkd's own route for `forkd fork --from-sandbox` (answers child views)."""
+
+    n: int = Field(1, ge=1, le=1000)
+    tag: str | None = Field(None, min_length=1, max_length=63)
+    keep: bool = False
+    lifetime: float | None = Field(None, gt=0, le=30 * 86400)
+
+
 class SandboxInfo(Wire):
     id: str
     snapshot_tag: str
