@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -73,11 +75,16 @@ def test_default_timeout_and_set_timeout(daemon):
     try:
         first = sb.info.expires_at_unix
         assert first is not None and first - sb.info.created_at_unix >= 800  # FORKD_SANDBOX_TIMEOUT=900
-        sb.set_timeout(2)
+        sb.set_timeout(5)
         assert sb.info.expires_at_unix < first
         sb.set_timeout(600)  # keepalive: pushed out again before the short one ran out
-        time.sleep(4)  # past the 2 s it had before the keepalive, several sweeps
+        time.sleep(7)  # past the 5 s it had before the keepalive, several sweeps
         assert sb.get_info().status == "running"
+        before = sb.info.expires_at_unix
+        run = subprocess.run([sys.executable, "-m", "forkd.cli.main", "set-timeout", sb.id, "1200", "-o", "json"],
+                             env=daemon.env(), capture_output=True, text=True, timeout=120)  # keepalive (CLI)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["expires_at"] > before
         assert sb.ping().pong
     finally:
         sb.kill()

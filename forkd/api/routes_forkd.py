@@ -73,6 +73,10 @@ def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
     def children(label: list[str] | None = Query(None, description="k=v or k; repeat to AND")) -> list[dict]:
         return b.children(label)
 
+    @r.post("/v1/children/{id}/timeout")
+    def set_timeout(id: str, req: wire.TimeoutRequest) -> dict[str, Any]:
+        return b.set_timeout(id, req.timeout_secs)
+
     @r.post("/v1/children/{id}/fork", status_code=201)
     def fork_from(id: str, req: wire.ForkFromRequest) -> list[dict[str, Any]]:
         """`forkd fork --from-sandbox ID`: children continuing from this instant of ID."""

@@ -213,6 +213,16 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
 
 
+@app.command("set-timeout")
+def set_timeout(child: str = typer.Argument(..., help="id of a running child"),
+                seconds: float = typer.Argument(..., help="it now expires this many seconds from now"),
+                output: Fmt = OUTPUT) -> None:
+    """Keepalive: a child made through the daemon expires SECONDS from now (the daemon kills it then)."""
+    rec = backend().set_timeout(child, seconds)
+    emit(rec, output, [("ID", "left"), ("EXPIRES AT", "left")],
+         [[rec["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["expires_at"]))]])
+
+
 @app.command("gc")
 def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would be removed, remove nothing"),
        grace: float = typer.Option(60.0, help="seconds an unrecorded object may be a spawn still in progress"),

@@ -104,6 +104,12 @@ class LocalBackend:
         sel = parse_selector(labels)
         return [child_view(r) for r in self.rt.children() if matches(r.labels, sel)]
 
+    def set_timeout(self, child: str, seconds: float) -> dict[str, Any]:
+        """Keepalive: `child` now expires `seconds` from now (enforced by a running daemon's sweeper)."""
+        from forkd.core.lifetimes import set_timeout
+
+        return child_view(set_timeout(self.rt, child, seconds))
+
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
                   lifetime: float | None = None) -> list[dict[str, Any]]:
         """`n` children continuing from this instant of `child` (forkd.core.forking)."""
