@@ -68,7 +68,7 @@ def _snapshot_routes(r: APIRouter, b: LocalBackend) -> None:
         return b.from_image(**req.model_dump())
 
 
-def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
+def _child_routes(r: APIRouter, b: LocalBackend) -> None:
     @r.get("/v1/children")
     def children(label: list[str] | None = Query(None, description="k=v or k; repeat to AND")) -> list[dict]:
         return b.children(label)
@@ -92,6 +92,10 @@ def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
             recs = {r.id: r for r in lifetimes.stamp(b.rt, [c["id"] for c in out], ttl)}
             out = [dict(c, expires_at=recs[c["id"]].expires_at) for c in out]
         return {"children": out}
+
+
+def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
+    _child_routes(r, b)
 
     @r.post("/v1/children/kill")
     def kill(req: wire.KillRequest) -> dict[str, Any]:
