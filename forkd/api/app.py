@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -77,11 +77,15 @@ def document_problems(app: FastAPI) -> None:
 
 
 class Item(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # unknown fields: 422 naming them
+
     document: dict[str, Any]
     source: str | None = None
 
 
 class ApplyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # unknown fields: 422 naming them
+
     items: list[Item]
     applyset: str
     prune: bool = False
@@ -91,10 +95,14 @@ class ApplyRequest(BaseModel):
 
 
 class DiffRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # unknown fields: 422 naming them
+
     items: list[Item]
 
 
 class WaitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # unknown fields: 422 naming them
+
     targets: list[tuple[str, str]]
     timeout: float = Field(300, gt=0, le=3600)
 

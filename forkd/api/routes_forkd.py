@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 
+from forkd.base.settings import settings
 from forkd.client import wire
 from forkd.client.local import LocalBackend
+from forkd.core import lifetimes
 from forkd.core.requests import Compaction, LayerBuild, ParentBuild, Spawn
 
 
@@ -66,18 +68,42 @@ def _snapshot_routes(r: APIRouter, b: LocalBackend) -> None:
         return b.from_image(**req.model_dump())
 
 
-def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
+def _child_routes(r: APIRouter, b: LocalBackend) -> None:
     @r.get("/v1/children")
-    def children() -> list[dict[str, Any]]:
-        return b.children()
+    def children(label: list[str] | None = Query(None, description="k=v or k; repeat to AND")) -> list[dict]:
+        return b.children(label)
+
+    @r.post("/v1/children/{id}/timeout")
+    def set_timeout(id: str, req: wire.TimeoutRequest) -> dict[str, Any]:
+        return b.set_timeout(id, req.timeout_secs)
+
+    @r.post("/v1/children/{id}/fork", status_code=201)
+    def fork_from(id: str, req: wire.ForkFromRequest) -> list[dict[str, Any]]:
+        """`forkd fork --from-sandbox ID`: children continuing from this instant of ID."""
+        return b.fork_from(id, req.n, tag=req.tag, keep=req.keep,
+                           lifetime=req.lifetime or settings().sandbox_timeout or None)
 
     @r.post("/v1/children", status_code=201)
     def fork(req: Spawn) -> dict[str, Any]:
-        return {"children": b.fork(req)}
+        """`forkd fork` through the daemon: hand-made children live FORKD_SANDBOX_TIMEOUT (pool children: none)."""
+        out = b.fork(req)
+        ttl = settings().sandbox_timeout
+        if ttl and req.pool is None:
+            recs = {r.id: r for r in lifetimes.stamp(b.rt, [c["id"] for c in out], ttl)}
+            out = [dict(c, expires_at=recs[c["id"]].expires_at) for c in out]
+        return {"children": out}
+
+
+def _child_and_host_routes(r: APIRouter, b: LocalBackend) -> None:
+    _child_routes(r, b)
 
     @r.post("/v1/children/kill")
     def kill(req: wire.KillRequest) -> dict[str, Any]:
-        return {"killed": b.kill(req.ids, all_=req.all, tag=req.tag)}
+        tags = {c.snapshot for c in b.rt.children() if req.all or c.id in req.ids or c.snapshot == req.tag}
+        killed = b.kill(req.ids, all_=req.all, tag=req.tag)
+        for tag in tags:  # the snapshot of a fork(n) goes with the last of its children
+            lifetimes.release_fork_of(b.rt, tag)
+        return {"killed": killed}
 
     @r.post("/v1/gc")
     def gc(req: wire.GcRequest | None = Body(None)) -> dict[str, Any]:

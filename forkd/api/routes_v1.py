@@ -11,7 +11,9 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
+from forkd.base.settings import settings
 from forkd.client import wire
+from forkd.core import forking, lifetimes
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.reconciler.control import Control, resolve_kind
 from forkd.spec.models import MODELS, to_document
@@ -41,14 +43,18 @@ def build_router(control: Control, metrics) -> APIRouter:
 
     @r.post("/v1/snapshots", status_code=201, tags=["snapshots"])
     def create_snapshot(req: wire.CreateSnapshotRequest) -> wire.SnapshotInfo:
-        """Boot a parent, warm it and snapshot it (blocks until ready); with `from_tag`, build a diff layer."""
+        """Boot a parent, warm it and snapshot it (blocks until ready); with `from_tag`, build a diff layer.
+        Upstream's `kernel`, `rootfs`, `tap` and `rw: false` are refused (422, with the reason); `boot_wait_secs`
+        is the parent's boot timeout; `rw: true` is what every forkd child has (a private writable disk)."""
+        _refuse_upstream_build(req)
         if req.from_tag:
             snap = rt.snapshot_diff(LayerBuild.of(tag=req.tag, parent_tag=req.from_tag, run=tuple(req.warm_run),
                                     imports=tuple(req.warm_imports), code=tuple(req.warm_exec), labels=req.labels))
         else:
+            extra = {"boot_timeout": req.boot_wait_secs} if req.boot_wait_secs else {}
             snap = rt.create_snapshot(ParentBuild.of(tag=req.tag, memory_mib=req.memory_mib, vcpus=req.vcpus,
                                       warm_imports=tuple(req.warm_imports), warm_run=tuple(req.warm_run),
-                                      warm_exec=tuple(req.warm_exec), labels=req.labels))
+                                      warm_exec=tuple(req.warm_exec), labels=req.labels, **extra))
         return wire.snapshot_info(snap, str(rt.store.dir(snap.tag)))
 
     @r.get("/v1/snapshots/{tag}", tags=["snapshots"])
@@ -77,12 +83,17 @@ def build_router(control: Control, metrics) -> APIRouter:
 
     # -- sandboxes -----------------------------------------------------------------------------------
     @r.get("/v1/sandboxes", tags=["sandboxes"])
-    def list_sandboxes() -> list[wire.SandboxInfo]:
-        return [wire.sandbox_info(c) for c in rt.children()]
+    def list_sandboxes(label: list[str] | None = Query(None, description="k=v (or k): only sandboxes with that "
+                                                                           "label; repeat to AND them")
+                       ) -> list[wire.SandboxInfo]:
+        sel = lifetimes.parse_selector(label)
+        return [wire.sandbox_info(c) for c in rt.children() if lifetimes.matches(c.labels, sel)]
 
     @r.post("/v1/sandboxes", status_code=201, tags=["sandboxes"])
     def spawn(req: wire.SpawnRequest) -> list[wire.SandboxInfo]:
-        """Fork `n` children of a ready snapshot; returns when every one answered (409: snapshot not ready)."""
+        """Fork `n` children of a ready snapshot; returns when every one answered (409: snapshot not ready).
+        Each lives `lifetime_secs` (default FORKD_SANDBOX_TIMEOUT) unless extended; `prewarm` is honoured
+        (always: spawn returns once each guest answered); `live_fork` is a no-op (every child can branch live)."""
         # per_child_netns: true needs a parent built with a NIC (network isolated); children of such a parent are
         # always isolated. memory_limit_mib: a per-child cgroup, placement fails closed.
         t0 = time.perf_counter()
@@ -92,7 +103,8 @@ def build_router(control: Control, metrics) -> APIRouter:
         for rec in recs:
             if "ready" in rec.timings_ms:
                 metrics.spawn_seconds.observe(rec.timings_ms["ready"] / 1000.0)
-        return [wire.sandbox_info(rt.child(rec.id)) for rec in recs]
+        recs = lifetimes.stamp(rt, [x.id for x in recs], _lifetime(req.lifetime_secs), req.labels)
+        return [wire.sandbox_info(rec) for rec in recs]
 
     @r.get("/v1/sandboxes/{id}", tags=["sandboxes"])
     def get_sandbox(id: str) -> wire.SandboxInfo:
@@ -100,8 +112,26 @@ def build_router(control: Control, metrics) -> APIRouter:
 
     @r.delete("/v1/sandboxes/{id}", status_code=204, tags=["sandboxes"])
     def kill_sandbox(id: str) -> Response:
+        tag = rt.child(id).snapshot
         rt.kill([id])
+        lifetimes.release_fork_of(rt, tag)  # the snapshot of fork(n) goes with the last of its children
         return Response(status_code=204)
+
+    @r.post("/v1/sandboxes/{id}/timeout", tags=["sandboxes"])
+    def set_timeout(id: str, req: wire.TimeoutRequest) -> wire.SandboxInfo:
+        """Keepalive: the sandbox now expires `timeout_secs` from now (E2B's set_timeout)."""
+        return wire.sandbox_info(lifetimes.set_timeout(rt, id, req.timeout_secs))
+
+    @r.post("/v1/sandboxes/{id}/fork", status_code=201, tags=["sandboxes"])
+    def fork(id: str, req: wire.ForkRequest | None = Body(None)) -> list[wire.SandboxInfo]:
+        """N running sandboxes that continue from this instant: a live branch of `id` (which keeps running) and
+        `n` children of it. The branch snapshot is removed with the last of them unless `keep` or `tag`."""
+        req = req or wire.ForkRequest()
+        res, recs = forking.fork(rt, id, req.n, tag=req.tag, keep=req.keep, lifetime=_lifetime(req.lifetime_secs),
+                                 labels=req.labels, timeout=req.timeout_secs)
+        if res.pause_ms is not None:
+            metrics.branch_pause_seconds.labels("live").observe(res.pause_ms / 1000.0)
+        return [wire.sandbox_info(rec) for rec in recs]
 
     @r.post("/v1/sandboxes/{id}/ping", tags=["sandboxes"])
     def ping(id: str) -> wire.PingResult:
@@ -132,7 +162,8 @@ def build_router(control: Control, metrics) -> APIRouter:
             raise NotSupported("branch is not available in this build of forkd") from None
         mode = "diff" if req.diff else req.mode
         tag = req.tag or f"branch-{id}-{int(time.time())}"
-        res = do_branch(rt, Branch.of(child_id=id, tag=tag, mode=mode, wait=req.wait))
+        auto = {} if req.tag else {lifetimes.AUTO: "branch"}  # removed after FORKD_BRANCH_TTL when unused
+        res = do_branch(rt, Branch.of(child_id=id, tag=tag, mode=mode, wait=req.wait, labels=auto))
         if res.pause_ms is not None:
             metrics.branch_pause_seconds.labels(mode).observe(res.pause_ms / 1000.0)
         info = wire.snapshot_info(res.snapshot, str(rt.store.dir(tag)))
@@ -177,6 +208,37 @@ def build_router(control: Control, metrics) -> APIRouter:
                                 sandboxes=[wire.sandbox_info(x) for x in recs], claim_ms=dt * 1000.0)
 
     return r
+
+
+def _lifetime(asked: float | None) -> float | None:
+    """A call's lifetime, else the daemon's FORKD_SANDBOX_TIMEOUT (0: none)."""
+    return asked if asked else (settings().sandbox_timeout or None)
+
+
+UPSTREAM_REFUSED = {
+    "kernel": "forkd boots its own guest kernel (virtio drivers, its agent as PID 1); a user kernel is not booted",
+    "rootfs": "a user ext4 rootfs is not booted: forkd would have to read an untrusted filesystem to inject its "
+              "agent, and it does not mount images; build from an OCI image instead (POST /v1/build/from-image, "
+              "`forkd from-image`)",
+    "tap": "forkd makes each child's network itself (per-child namespace and tap, spawn with per_child_netns); "
+           "it does not attach a host tap you name",
+}
+
+
+def _refuse_upstream_build(req: wire.CreateSnapshotRequest) -> None:
+    """Upstream's create_snapshot fields forkd cannot honour: 422 with the reason, never a default image."""
+    bad = [f"{k}: {why}" for k, why in UPSTREAM_REFUSED.items() if getattr(req, k) is not None]
+    if req.rw is False:
+        bad.append("rw: false: every forkd child writes to its own private copy of the disk; a read-only root "
+                   "is not offered")
+    if bad:
+        raise Unprocessable("; ".join(bad), hint="drop these fields; see README (upstream's create_snapshot)")
+
+
+class Unprocessable(InvalidInput):
+    """A well-formed field forkd refuses to honour: 422."""
+
+    http_status = 422
 
 
 def _kind_routes(r: APIRouter, control: Control, plural: str, kind: str) -> None:

@@ -99,6 +99,13 @@ class Settings(BaseModel):
     # -- agent-files: add this helper's settings below this line
 
     # -- agent-life: add this helper's settings below this line
+    sandbox_timeout: float = _env(300.0, "seconds a sandbox made through the daemon (POST /v1/sandboxes, /fork, "
+                                         "forkd fork) lives unless the call says otherwise or set_timeout extends "
+                                         "it; 0 = no timeout (idle pool children never expire until claimed)", ge=0)
+    sweep_interval: float = _env(1.0, "seconds between the daemon's sweeps of expired sandboxes and of "
+                                      "throw-away branch snapshots", gt=0)
+    branch_ttl: float = _env(3600.0, "seconds an auto-named branch snapshot (made without a tag) is kept; it is "
+                                     "never removed while a child runs on it or a layer is built on it", gt=0)
 
     # -- sdk: add this helper's settings below this line
 

@@ -27,6 +27,7 @@ from forkd.cli.options import (
     CHILD,
     OLD_COUNT,
     SNAPSHOT,
+    complete_children,
     complete_snapshots,
     count,
     count_option,
@@ -194,7 +195,14 @@ CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("POO
 
 
 @app.command()
-def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from", autocompletion=complete_snapshots),
+def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to fork from (with --from-sandbox: "
+                                      "name the branch snapshot, which is then kept)",
+                                 autocompletion=complete_snapshots),
+         from_sandbox: str | None = typer.Option(None, "--from-sandbox", help="fork this running child as it is "
+                                                 "now: a live branch of it, then N children of that",
+                                                 autocompletion=complete_children),
+         keep: bool = typer.Option(False, "--keep", help="with --from-sandbox: keep the branch snapshot after the "
+                                   "last of its children is killed"),
          n: int = count_option(1, "number of children (1..1000)"),
          n_old: int | None = OLD_COUNT,
          timeout: str = timeout_option("60s", "how long to wait for each child to answer"),
@@ -204,15 +212,34 @@ def fork(tag: str = typer.Option(..., "--tag", "-t", help="snapshot to fork from
          allow_unconstrained: bool = typer.Option(False, "--allow-unconstrained",
                                                   help="start children even where no cgroup can constrain them"),
          output: Fmt = OUTPUT) -> None:
-    """Fork N children of a snapshot; returns when every child answered. Children outlive this command."""
+    """Fork N children of a snapshot (--tag), or of a running child as it is now (--from-sandbox ID); returns when
+    every child answered. Children outlive this command; through the daemon they live FORKD_SANDBOX_TIMEOUT."""
     t0 = time.perf_counter()
-    req = Spawn.of(tag=tag, n=count(n, n_old), timeout=timeout, network="isolated" if per_child_netns else None,
+    if tag is None and from_sandbox is None:
+        err.print("[red]error:[/] name a snapshot (--tag T) or a running child (--from-sandbox ID)")
+        raise typer.Exit(2)
+    n = count(n, n_old)
+    if from_sandbox:
+        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep)
+        emit({"children": recs}, output, CHILD_COLUMNS, _child_rows(recs))
+        return
+    req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
                    memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained)
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
     emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, _child_rows(recs))
     if output == Fmt.table:
         out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
+
+
+@app.command("set-timeout")
+def set_timeout(child: str = typer.Argument(..., help="id of a running child"),
+                seconds: float = typer.Argument(..., help="it now expires this many seconds from now"),
+                output: Fmt = OUTPUT) -> None:
+    """Keepalive: a child made through the daemon expires SECONDS from now (the daemon kills it then)."""
+    rec = backend().set_timeout(child, seconds)
+    emit(rec, output, [("ID", "left"), ("EXPIRES AT", "left")],
+         [[rec["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["expires_at"]))]])
 
 
 @app.command("gc")
@@ -232,9 +259,11 @@ def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would 
 
 
 @app.command("ls")
-def ls(output: Fmt = OUTPUT) -> None:
+def ls(label: list[str] | None = typer.Option(None, "--label", "-l", help="only children with label k=v (or "
+                                              "key k); repeat to AND them"),
+       output: Fmt = OUTPUT) -> None:
     """List children (running, dead = its VMM is gone, failed)."""
-    recs = backend().children()
+    recs = backend().children(label) if label else backend().children()
     emit(recs, output, CHILD_COLUMNS, _child_rows(recs))
 
 

@@ -62,14 +62,29 @@ class ApiCalls:
 
     # -- sandboxes (upstream names) ------------------------------------------------------------------
     def spawn_sandboxes(self, snapshot_tag: str, n: int = 1, per_child_netns: bool = False,
-                        memory_limit_mib: int | None = None) -> list[wire.SandboxInfo]:
+                        memory_limit_mib: int | None = None, lifetime_secs: float | None = None,
+                        labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
         body: dict[str, Any] = {"snapshot_tag": snapshot_tag, "n": n, "per_child_netns": per_child_netns}
-        if memory_limit_mib is not None:
-            body["memory_limit_mib"] = memory_limit_mib
+        for k, v in (("memory_limit_mib", memory_limit_mib), ("lifetime_secs", lifetime_secs), ("labels", labels)):
+            if v is not None:
+                body[k] = v
         return self._send(Call("POST", "/v1/sandboxes", json=body, parse=_SBXS))
 
-    def list_sandboxes(self) -> list[wire.SandboxInfo]:
-        return self._send(Call("GET", "/v1/sandboxes", parse=_SBXS))
+    def list_sandboxes(self, labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
+        """`labels`: only sandboxes carrying all of them (GET /v1/sandboxes?label=k=v)."""
+        params = {"label": [f"{k}={v}" for k, v in labels.items()]} if labels else None
+        return self._send(Call("GET", "/v1/sandboxes", params=params, parse=_SBXS))
+
+    def set_sandbox_timeout(self, sandbox_id: str, timeout_secs: float) -> wire.SandboxInfo:
+        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/timeout",
+                               json={"timeout_secs": timeout_secs}, parse=wire.SandboxInfo.model_validate))
+
+    def fork_sandbox(self, sandbox_id: str, n: int = 1, tag: str | None = None, keep: bool = False,
+                     lifetime_secs: float | None = None,
+                     labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
+        body = wire.ForkRequest(n=n, tag=tag, keep=keep, lifetime_secs=lifetime_secs, labels=labels or {})
+        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/fork",
+                               json=body.model_dump(exclude_none=True), parse=_SBXS))
 
     def get_sandbox(self, sandbox_id: str) -> wire.SandboxInfo:
         return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}", parse=wire.SandboxInfo.model_validate))

@@ -98,8 +98,24 @@ class LocalBackend:
         return self.rt.rmi(tag, force=force, cascade=cascade)
 
     # -- children ------------------------------------------------------------------------------------
-    def children(self) -> list[dict[str, Any]]:
-        return [child_view(r) for r in self.rt.children()]
+    def children(self, labels: list[str] | None = None) -> list[dict[str, Any]]:
+        from forkd.core.lifetimes import matches, parse_selector
+
+        sel = parse_selector(labels)
+        return [child_view(r) for r in self.rt.children() if matches(r.labels, sel)]
+
+    def set_timeout(self, child: str, seconds: float) -> dict[str, Any]:
+        """Keepalive: `child` now expires `seconds` from now (enforced by a running daemon's sweeper)."""
+        from forkd.core.lifetimes import set_timeout
+
+        return child_view(set_timeout(self.rt, child, seconds))
+
+    def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
+                  lifetime: float | None = None) -> list[dict[str, Any]]:
+        """`n` children continuing from this instant of `child` (forkd.core.forking)."""
+        from forkd.core.forking import fork
+
+        return [child_view(r) for r in fork(self.rt, child, n, tag=tag, keep=keep, lifetime=lifetime)[1]]
 
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
         return [child_view(r) for r in self.rt.fork(req, progress=progress)]

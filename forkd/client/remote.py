@@ -114,8 +114,16 @@ class RemoteBackend:
         return self._call("DELETE", f"/v1/manifests/{quote(tag)}", params=params)["deleted"]
 
     # -- children ------------------------------------------------------------------------------------
-    def children(self) -> list[dict[str, Any]]:
-        return self._here(self._call("GET", "/v1/children"))
+    def children(self, labels: list[str] | None = None) -> list[dict[str, Any]]:
+        return self._here(self._call("GET", "/v1/children", params={"label": labels} if labels else None))
+
+    def set_timeout(self, child: str, seconds: float) -> dict[str, Any]:
+        return self._call("POST", f"/v1/children/{quote(child)}/timeout", json={"timeout_secs": seconds})
+
+    def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
+                  lifetime: float | None = None) -> list[dict[str, Any]]:
+        body = {"n": n, "tag": tag, "keep": keep, "lifetime": lifetime}
+        return self._here(self._call("POST", f"/v1/children/{quote(child)}/fork", timeout=LONG, json=body))
 
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
         res = self._long(progress, "POST", "/v1/children", req.model_dump(mode="json"))

@@ -7,12 +7,18 @@ the core's records live here too, so the server and the clients cannot drift apa
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 SnapshotStatus = Literal["writing", "ready", "failed"]
 BranchMode = Literal["full", "diff", "live"]
+
+
+class Strict(BaseModel):
+    """A request body: an unknown field is a 422 that names it (pydantic's extra_forbidden), never dropped."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class Wire(BaseModel):
@@ -27,6 +33,11 @@ class Wire(BaseModel):
 
     def get(self, key: str, default: Any = None) -> Any:
         return getattr(self, key, default)
+
+
+GUEST_ADDR = "10.42.0.2"  # an isolated child's guest address inside its namespace (= forkd.sandbox.netns.GUEST_ADDR)
+LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9_.\/-]{0,62})$")]
+LabelMap = Annotated[dict[LabelKey, Annotated[str, StringConstraints(max_length=256)]], Field(max_length=32)]
 
 
 # -- snapshots ------------------------------------------------------------------------------------
@@ -57,7 +68,7 @@ class SnapshotDetail(SnapshotInfo):
     chain_error: str | None = None
 
 
-class CreateSnapshotRequest(BaseModel):
+class CreateSnapshotRequest(Strict):
     tag: str = Field(min_length=1, max_length=63)
     memory_mib: int = Field(512, ge=128, le=65536)
     vcpus: int = Field(1, ge=1, le=64)
@@ -66,19 +77,57 @@ class CreateSnapshotRequest(BaseModel):
     warm_exec: list[str] = Field(default_factory=list)
     from_tag: str | None = Field(None, description="build a diff layer on this snapshot instead of a new parent")
     labels: dict[str, str] = Field(default_factory=dict)
+    # upstream's create_snapshot fields (its MCP server sends them): each honoured or refused, never dropped
+    kernel: str | None = Field(None, description="upstream: a guest kernel path; refused (422), see README")
+    rootfs: str | None = Field(None, description="upstream: an ext4 rootfs path; refused (422), see README")
+    rw: bool | None = Field(None, description="upstream: rootfs writable; every forkd child's disk is a private "
+                                              "writable copy, so true is honoured and false refused")
+    boot_wait_secs: float | None = Field(None, gt=0, le=3600, description="the parent's boot timeout")
+    tap: str | None = Field(None, description="upstream: a host tap device; refused (422): forkd makes its own "
+                                              "per-child namespaces (per_child_netns)")
 
 
-class CompactRequest(BaseModel):
+class CompactRequest(Strict):
     to: str = Field(min_length=1, max_length=63)
 
 
 # -- sandboxes ------------------------------------------------------------------------------------
-class SpawnRequest(BaseModel):
+class SpawnRequest(Strict):
     snapshot_tag: str = Field(min_length=1)
     n: int = Field(1, ge=1, le=1000)
     per_child_netns: bool = False
     memory_limit_mib: int | None = Field(None, ge=64)
     timeout_secs: float = Field(60.0, gt=0, le=600)
+    lifetime_secs: float | None = Field(None, gt=0, le=30 * 86400, description=(
+        "the sandbox's timeout: the daemon kills it this long after creation unless extended (POST "
+        "/v1/sandboxes/{id}/timeout); default FORKD_SANDBOX_TIMEOUT"))
+    labels: LabelMap = Field(default_factory=dict, description="metadata shown in list/get, filter with ?label=k=v")
+    prewarm: bool = Field(True, description="upstream: return only once each child's guest answers; forkd always "
+                                            "does (children are answered before spawn returns), so it is honoured")
+    live_fork: bool | None = Field(None, description="upstream: accepted, a no-op: every forkd child can be "
+                                                     "branched live (POST /v1/sandboxes/{id}/branch or /fork)")
+
+
+class TimeoutRequest(Strict):
+    timeout_secs: float = Field(gt=0, le=30 * 86400, description="the sandbox now expires this long from now")
+
+
+class ForkRequest(Strict):
+    n: int = Field(1, ge=1, le=1000)
+    tag: str | None = Field(None, min_length=1, max_length=63, description="name the branch snapshot (kept)")
+    keep: bool = Field(False, description="keep the branch snapshot after the last child is killed")
+    lifetime_secs: float | None = Field(None, gt=0, le=30 * 86400)
+    labels: LabelMap = Field(default_factory=dict)
+    timeout_secs: float = Field(60.0, gt=0, le=600)
+
+
+class ForkFromRequest(Strict):
+    """forkd's own route for `forkd fork --from-sandbox` (answers child views)."""
+
+    n: int = Field(1, ge=1, le=1000)
+    tag: str | None = Field(None, min_length=1, max_length=63)
+    keep: bool = False
+    lifetime: float | None = Field(None, gt=0, le=30 * 86400)
 
 
 class SandboxInfo(Wire):
@@ -96,9 +145,10 @@ class SandboxInfo(Wire):
     claimed: bool = False
     expires_at_unix: int | None = None
     ready_ms: float | None = None
+    labels: LabelMap = Field(default_factory=dict)
 
 
-class ClaimRequest(BaseModel):
+class ClaimRequest(Strict):
     n: int = Field(1, ge=1, le=1000)
 
 
@@ -108,7 +158,7 @@ class ClaimResult(Wire):
     claim_ms: float = 0.0
 
 
-class ExecRequest(BaseModel):
+class ExecRequest(Strict):
     args: list[str] = Field(min_length=1)
     timeout_secs: float = Field(30, gt=0, le=3600)
     cwd: str | None = None
@@ -124,7 +174,7 @@ class ExecResult(Wire):
     truncated: bool = False
 
 
-class EvalRequest(BaseModel):
+class EvalRequest(Strict):
     code: str
     timeout_secs: float = Field(60, gt=0, le=3600)
     mode: Literal["eval", "exec"] = Field("eval", description="eval an expression, or exec statements")
@@ -141,7 +191,7 @@ class PingResult(Wire):
     pong: bool = True
 
 
-class BranchRequest(BaseModel):
+class BranchRequest(Strict):
     tag: str | None = None
     mode: BranchMode = "live"
     wait: bool = True
@@ -160,33 +210,33 @@ class FileWritten(Wire):
 
 
 # -- forkd's own verbs (the CLI's RemoteBackend; the answers are LocalBackend's JSON) -----------------------
-class KillRequest(BaseModel):
+class KillRequest(Strict):
     ids: list[str] = Field(default_factory=list)
     all: bool = False
     tag: str | None = None
 
 
-class GcRequest(BaseModel):
+class GcRequest(Strict):
     dry_run: bool = False
     grace: float | None = Field(None, ge=0)
 
 
-class DoctorRequest(BaseModel):
+class DoctorRequest(Strict):
     reprobe: bool = False
 
 
-class ImageBuildRequest(BaseModel):
+class ImageBuildRequest(Strict):
     force: bool = False
 
 
-class DebianBuildRequest(BaseModel):
+class DebianBuildRequest(Strict):
     packages: list[str] = Field(min_length=1)
     suite: str | None = None
     force: bool = False
     rootfs: Literal["auto", "initramfs", "disk"] = "auto"
 
 
-class FromImageRequest(BaseModel):
+class FromImageRequest(Strict):
     ref: str = Field(min_length=1, description="an OCI layout directory or 'docker save' tarball on the daemon's host")
     tag: str = Field(min_length=1, max_length=63)
     memory_mib: int = Field(512, ge=128, le=65536)
@@ -198,22 +248,22 @@ class FromImageRequest(BaseModel):
     rootfs: Literal["auto", "initramfs", "disk"] = "auto"
 
 
-class PackRequest(BaseModel):
+class PackRequest(Strict):
     tag: str = Field(min_length=1)
     path: str = Field(min_length=1, description="pack file to write, on the daemon's host")
     level: int = Field(3, ge=1, le=19)
 
 
-class UnpackRequest(BaseModel):
+class UnpackRequest(Strict):
     path: str = Field(min_length=1, description="pack file to install, on the daemon's host")
 
 
-class PullRequest(BaseModel):
+class PullRequest(Strict):
     ref: str = Field(min_length=1)
     hub: str | None = None
 
 
-class PushRequest(BaseModel):
+class PushRequest(Strict):
     tag: str = Field(min_length=1)
     ref: str = Field(min_length=1)
     hub: str | None = None
@@ -257,5 +307,7 @@ def sandbox_info(rec: Any) -> SandboxInfo:
     return SandboxInfo(
         id=rec.id, snapshot_tag=rec.snapshot, status=rec.status, created_at_unix=int(rec.created_at), pid=rec.pid,
         netns=rec.netns, egress=getattr(rec, "egress", "none"), memory_mib=rec.memory_mib, pool=rec.pool,
-        claimed=rec.claimed,
+        claimed=rec.claimed, memory_limit_mib=rec.memory_limit_mib,
+        guest_addr=GUEST_ADDR if rec.netns or rec.network == "isolated" else None,
+        labels=dict(getattr(rec, "labels", None) or {}),
         expires_at_unix=int(rec.expires_at) if rec.expires_at else None, ready_ms=rec.timings_ms.get("ready"))

@@ -67,6 +67,7 @@ class ChildRecord:
     oom: bool = False  # the kernel OOM-killed its VMM (memory limit reached)
     stopper_pid: int | None = None  # the process stopping it (a 'stopping' child whose stopper died is dead)
     stopper_started: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # user metadata (set at create, filterable in list)
 
     @property
     def alive(self) -> bool:

@@ -74,11 +74,25 @@ class Sandbox:
 
     @classmethod
     def create(cls, template: str | None = None, pool: str | None = None, *, controller: Controller | None = None,
-               url: str | None = None, token: str | None = None, socket: str | Path | None = None) -> Sandbox:
+               url: str | None = None, token: str | None = None, socket: str | Path | None = None,
+               timeout: float | None = None, metadata: dict[str, str] | None = None) -> Sandbox:
+        """`timeout`: seconds it lives (default: the daemon's FORKD_SANDBOX_TIMEOUT; extend with set_timeout);
+        `metadata`: labels shown in list/get (Sandbox.list(metadata=...) filters by them; not for pool claims)."""
         _pick(template, pool)
         ctrl = controller or Controller(url=url, token=token, socket=socket)
-        info = ctrl.claim(pool, 1)[0] if pool else ctrl.spawn_sandboxes(template, 1)[0]
+        if pool:
+            info = ctrl.claim(pool, 1)[0]
+            info = ctrl.set_sandbox_timeout(info.id, timeout) if timeout else info
+        else:
+            info = ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata)[0]
         return cls(info, ctrl)
+
+    @classmethod
+    def list(cls, *, metadata: dict[str, str] | None = None, controller: Controller | None = None,
+             url: str | None = None, token: str | None = None, socket: str | Path | None = None) -> list:
+        """The daemon's sandboxes (wire.SandboxInfo), only those labelled with all of `metadata` if given."""
+        ctrl = controller or Controller(url=url, token=token, socket=socket)
+        return ctrl.list_sandboxes(labels=metadata)
 
     @classmethod
     def connect(cls, sandbox_id: str, *, controller: Controller | None = None, url: str | None = None,
@@ -105,6 +119,17 @@ class Sandbox:
     def get_info(self) -> wire.SandboxInfo:
         self.info = self.controller.get_sandbox(self.id)
         return self.info
+
+    def set_timeout(self, timeout: float) -> None:
+        """Keepalive: this sandbox now lives `timeout` seconds from now (the daemon kills it then)."""
+        self.info = self.controller.set_sandbox_timeout(self.id, timeout)
+
+    def fork(self, n: int = 1, *, keep: bool = False, tag: str | None = None,
+             timeout: float | None = None) -> list[Sandbox]:
+        """`n` new sandboxes continuing from this instant (a live branch; this one keeps running). The branch
+        snapshot is removed when the last of them is killed, unless `keep` or `tag`."""
+        infos = self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout)
+        return [type(self)(info, self.controller) for info in infos]
 
     def kill(self) -> None:
         self.controller.kill_sandbox(self.id)
@@ -147,11 +172,16 @@ class AsyncSandbox:
     @classmethod
     async def create(cls, template: str | None = None, pool: str | None = None, *,
                      controller: AsyncController | None = None, url: str | None = None, token: str | None = None,
-                     socket: str | Path | None = None) -> AsyncSandbox:
+                     socket: str | Path | None = None, timeout: float | None = None,
+                     metadata: dict[str, str] | None = None) -> AsyncSandbox:
         _pick(template, pool)
         ctrl = controller or AsyncController(url=url, token=token, socket=socket)
-        infos = await (ctrl.claim(pool, 1) if pool else ctrl.spawn_sandboxes(template, 1))
-        return cls(infos[0], ctrl)
+        if pool:
+            info = (await ctrl.claim(pool, 1))[0]
+            info = await ctrl.set_sandbox_timeout(info.id, timeout) if timeout else info
+        else:
+            info = (await ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata))[0]
+        return cls(info, ctrl)
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, controller: AsyncController | None = None, url: str | None = None,
@@ -173,6 +203,14 @@ class AsyncSandbox:
 
     async def kill(self) -> None:
         await self.controller.kill_sandbox(self.id)
+
+    async def set_timeout(self, timeout: float) -> None:
+        self.info = await self.controller.set_sandbox_timeout(self.id, timeout)
+
+    async def fork(self, n: int = 1, *, keep: bool = False, tag: str | None = None,
+                   timeout: float | None = None) -> list[AsyncSandbox]:
+        infos = await self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout)
+        return [type(self)(info, self.controller) for info in infos]
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

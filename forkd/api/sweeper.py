@@ -1,0 +1,42 @@
+"""The daemon's sweeper: a thread that enforces sandbox lifetimes and the branch-snapshot policy
+(forkd.core.lifetimes.sweep) every FORKD_SWEEP_INTERVAL seconds, so a sandbox dies on time even if the caller that
+made it vanished. Each expiry is an audit event (`sweeper expire <id>`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from forkd.base.settings import settings
+from forkd.core.audit import AuditLog
+from forkd.core.lifetimes import sweep
+
+log = logging.getLogger(__name__)
+
+
+def _record(audit: AuditLog | None, action: str, target: str, **extra) -> None:
+    if audit is None:
+        return
+    try:
+        audit.append("sweeper", action, target, "ok", 0.0, **extra)
+    except Exception:  # noqa: BLE001 - fail-open like the reconciler's hook: the sweep goes on
+        log.exception("audit append failed for %s %s", action, target)
+
+
+def run(rt, stop: threading.Event, audit: AuditLog | None = None) -> None:
+    while not stop.is_set():
+        s = settings()
+        try:
+            out = sweep(rt, branch_ttl=s.branch_ttl,
+                        on_expire=lambda r: _record(audit, "expire", r.id, expires_at=r.expires_at))
+            for tag in out.removed:
+                _record(audit, "rmi", tag)
+        except Exception:  # noqa: BLE001 - the sweeper must survive anything one pass throws
+            log.exception("sweep failed")
+        stop.wait(s.sweep_interval)
+
+
+def start(rt, stop: threading.Event, audit: AuditLog | None = None) -> threading.Thread:
+    t = threading.Thread(target=run, args=(rt, stop, audit), name="forkd-sweeper", daemon=True)
+    t.start()
+    return t

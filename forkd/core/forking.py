@@ -1,0 +1,32 @@
+"""Fork as a verb: `fork(rt, id, n)` gives `n` running children that continue from this instant of sandbox `id`
+(a live branch, the source keeps running, then `n` spawns of it). Without `keep` or `tag` the branch snapshot is
+labelled `forkd.dev/auto: fork` and goes with the last of its children (the DELETE route releases it at once,
+the daemon's sweeper otherwise: forkd.core.lifetimes)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from forkd.base.errors import ForkdError
+from forkd.core import lifetimes
+from forkd.core.requests import Branch, Spawn
+
+
+def fork(rt: Any, child_id: str, n: int, tag: str | None = None, keep: bool = False,
+         lifetime: float | None = None, labels: dict[str, str] | None = None,
+         timeout: float = 60.0) -> tuple[Any, list]:
+    """Returns (the branch result, the new children's records)."""
+    from forkd.core.branch import branch as do_branch
+
+    name = tag or f"fork-{child_id}-{int(time.time() * 1000)}"
+    auto = {} if (tag or keep) else {lifetimes.AUTO: "fork"}
+    res = do_branch(rt, Branch.of(child_id=child_id, tag=name, mode="live", wait=True, labels=auto))
+    try:
+        recs = rt.fork(Spawn.of(tag=name, n=n, timeout=timeout))
+    except ForkdError:
+        if auto:
+            lifetimes.release(rt, name)
+        raise
+    marks = {**(labels or {}), "forkd.dev/fork-of": child_id}
+    return res, lifetimes.stamp(rt, [x.id for x in recs], lifetime, marks)

@@ -1,0 +1,131 @@
+"""Issue 16, deliverable 3 against a real daemon with real VMs: every sandbox has a timeout the daemon enforces
+even when its caller is gone (expiry in the audit log), set_timeout extends it, labels are shown and filterable,
+and branch snapshots forkd named itself are removed by policy, never while a child runs on them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from forkd.base.errors import InvalidInput
+from forkd.core import lifetimes
+from forkd.sdk import Controller, Sandbox
+from tests.conftest import BASE_TAG
+from tests.test_api import start_api_daemon, stop_api_daemon
+
+SETTINGS = {"FORKD_SWEEP_INTERVAL": "0.5", "FORKD_SANDBOX_TIMEOUT": "900", "FORKD_BRANCH_TTL": "30"}
+
+
+@pytest.fixture(scope="module")
+def daemon(home, base, tmp_path_factory):
+    old = {k: os.environ.get(k) for k in SETTINGS}
+    os.environ.update(SETTINGS)
+    try:
+        d = start_api_daemon(home, tmp_path_factory.mktemp("life"))
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    yield d
+    stop_api_daemon(d)
+
+
+def _until(pred, what: str, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while not pred():
+        assert time.monotonic() < deadline, f"not within {limit:.0f} s: {what}"
+        time.sleep(0.25)
+
+
+def _audit(home) -> list[dict]:
+    return [json.loads(x) for x in (home / "audit.log").read_text().splitlines() if x.strip()]
+
+
+def test_selectors():
+    sel = lifetimes.parse_selector(["team=a", "gpu", "team"])
+    assert sel == [("team", "a"), ("gpu", None), ("team", None)]
+    assert lifetimes.matches({"team": "a", "gpu": "1"}, sel)
+    assert not lifetimes.matches({"team": "b", "gpu": "1"}, sel)
+    assert not lifetimes.matches({"team": "a"}, sel)
+    with pytest.raises(InvalidInput):
+        lifetimes.parse_selector(["=x"])
+
+
+def test_sandbox_expires_though_its_caller_is_gone(daemon):
+    """Before: a sandbox made by POST /v1/sandboxes lived forever. Its caller here closes its connection at once."""
+    with daemon.unix() as c:
+        r = c.post("/v1/sandboxes", json={"snapshot_tag": BASE_TAG, "lifetime_secs": 2})
+        assert r.status_code == 201, r.text
+        info = r.json()[0]
+    assert info["expires_at_unix"] and info["expires_at_unix"] >= info["created_at_unix"]
+    sid = info["id"]
+    with daemon.unix() as c:
+        _until(lambda: c.get(f"/v1/sandboxes/{sid}").status_code == 404, "the expired sandbox killed")
+    _until(lambda: any(e.get("actor") == "sweeper" and e.get("action") == "expire" and e.get("target") == sid
+                       for e in _audit(daemon.home)), "the expiry in the audit log", 10)
+
+
+def test_default_timeout_and_set_timeout(daemon):
+    ctrl = Controller(socket=daemon.sock)
+    sb = Sandbox.create(template=BASE_TAG, controller=ctrl)
+    try:
+        first = sb.info.expires_at_unix
+        assert first is not None and first - sb.info.created_at_unix >= 800  # FORKD_SANDBOX_TIMEOUT=900
+        sb.set_timeout(5)
+        assert sb.info.expires_at_unix < first
+        sb.set_timeout(600)  # keepalive: pushed out again before the short one ran out
+        time.sleep(7)  # past the 5 s it had before the keepalive, several sweeps
+        assert sb.get_info().status == "running"
+        before = sb.info.expires_at_unix
+        run = subprocess.run([sys.executable, "-m", "forkd.cli.main", "set-timeout", sb.id, "1200", "-o", "json"],
+                             env=daemon.env(), capture_output=True, text=True, timeout=120)  # keepalive (CLI)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["expires_at"] > before
+        assert sb.ping().pong
+    finally:
+        sb.kill()
+
+
+def test_labels_are_shown_and_filterable(daemon):
+    ctrl = Controller(socket=daemon.sock)
+    a = Sandbox.create(template=BASE_TAG, controller=ctrl, metadata={"team": "search", "run": "1"})
+    b = Sandbox.create(template=BASE_TAG, controller=ctrl, metadata={"team": "ads"})
+    try:
+        assert a.get_info().labels == {"team": "search", "run": "1"}
+        assert [s.id for s in Sandbox.list(metadata={"team": "search"}, controller=ctrl)] == [a.id]
+        with daemon.unix() as c:
+            ids = {s["id"] for s in c.get("/v1/sandboxes", params=[("label", "team")]).json()}
+            assert {a.id, b.id} <= ids
+            only = c.get("/v1/sandboxes", params=[("label", "team=ads"), ("label", "team")]).json()
+            assert [s["id"] for s in only] == [b.id]
+            bad = c.post("/v1/sandboxes", json={"snapshot_tag": BASE_TAG, "labels": {"bad key!": "x"}})
+            assert bad.status_code == 422
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_auto_named_branches_are_collected_but_never_while_used(daemon):
+    """Before: branch snapshots made without a tag were never cleaned up."""
+    ctrl = Controller(socket=daemon.sock)
+    src = Sandbox.create(template=BASE_TAG, controller=ctrl)
+    try:
+        res = src.branch()  # no tag: forkd names it and labels it forkd.dev/auto=branch
+        tag = res.tag
+        assert res.labels.get(lifetimes.AUTO) == "branch"
+        named = src.branch(tag=f"kept-{src.id}")
+        user = Sandbox.create(template=tag, controller=ctrl)
+        time.sleep(max(0.0, res.created_at_unix + 33 - time.time()))  # past FORKD_BRANCH_TTL=30 s
+        time.sleep(2)  # a few sweeps more: kept while `user` runs on it
+        tags = {s.tag for s in ctrl.list_snapshots()}
+        assert tag in tags and named.tag in tags
+        user.kill()
+        _until(lambda: tag not in {s.tag for s in ctrl.list_snapshots()}, "the unused auto branch removed", 30)
+        assert named.tag in {s.tag for s in ctrl.list_snapshots()}  # a tag given by the user is never collected
+        ctrl.delete_snapshot(named.tag)
+    finally:
+        src.kill()
