@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 import yaml
 
-from forkd.operator.crdgen import PRINTER_COLUMNS, crd_name, files, plural
-from forkd.spec.loader import load_paths, load_values
+from forkd.operator.crdgen import PRINTER_COLUMNS, crd_name, files, open_api_schema, plural
+from forkd.spec.loader import collect_files, load_paths, load_values
 from forkd.spec.models import KINDS, MODELS, ForkParentStatus, ForkPoolStatus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +176,12 @@ def test_one_namespaced_crd_per_kind_with_status_and_columns():
         assert spec["names"]["listKind"] == f"{kind}List"
         [version] = spec["versions"]
         assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-        assert version["subresources"] == {"status": {}}
+        scale = {"scale": {"specReplicasPath": ".spec.warm", "statusReplicasPath": ".status.replicas",
+                           "labelSelectorPath": ".status.selector"}} if kind == "ForkPool" else {}
+        assert version["subresources"] == {"status": {}, **scale}
+        schema = version["schema"]["openAPIV3Schema"]
+        for path in scale.get("scale", {}).values():  # the /scale paths name fields of the schema
+            assert _column_resolves(schema, path), path
         cols = {c["name"]: c for c in version["additionalPrinterColumns"]}
         assert cols["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
         assert cols["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
@@ -191,6 +196,21 @@ def test_one_namespaced_crd_per_kind_with_status_and_columns():
     assert pool["SpawnP50"] == ".status.spawnP50Ms" and pool["Depth"] == ".status.chainDepth"
     parent = {c["name"] for c in docs["forkparents.forkd.dev.yaml"]["spec"]["versions"][0]["additionalPrinterColumns"]}
     assert {"Ready", "Snapshot", "Age"} <= parent
+
+
+def test_every_spec_and_status_field_has_a_description():
+    """Descriptions flow from the models into the CRDs (and `forkd schema`, `forkd explain`)."""
+    def walk(node: dict, where: str):
+        for name, sub in (node.get("properties") or {}).items():
+            assert sub.get("description"), f"{where}.{name} has no description"
+            walk(sub, f"{where}.{name}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], where + "[]")
+
+    for kind in KINDS:
+        schema = open_api_schema(kind)
+        for part in ("spec", "status"):
+            walk(schema["properties"][part], f"{kind}.{part}")
 
 
 def _column_resolves(schema: dict, json_path: str) -> bool:
@@ -244,7 +264,8 @@ def test_schema_keeps_the_models_constraints():
     pool = schema_of("ForkPool")["properties"]["spec"]
     assert pool["required"] == ["from"]
     assert pool["properties"]["warm"] == {"type": "integer", "description": "children kept restored, idle and "
-                                          "answering", "default": 0, "minimum": 0, "maximum": 1000}
+                                          "answering (the /scale subresource's replicas)", "default": 0,
+                                          "minimum": 0, "maximum": 1000}
     assert pool["properties"]["child"]["properties"]["network"]["enum"] == ["none", "isolated"]
     assert pool["properties"]["child"]["properties"]["ttlSeconds"]["nullable"] is True
     assert pool["properties"]["spawnLatencyTarget"]["nullable"] is True
@@ -283,10 +304,8 @@ def test_structural_checker_catches_what_the_api_server_refuses():
 def example_documents() -> list[tuple[str, dict]]:
     values = load_values([EXAMPLES / "values.yaml"])
     out = []
-    for f in sorted(EXAMPLES.glob("*.yaml")):
-        if f.name == "values.yaml":
-            continue
-        for item in load_paths([f], values=values):  # templated files are rendered with values.yaml
+    for f in collect_files([EXAMPLES]):  # values.yaml is a values file, not objects
+        for item in load_paths([f], values=values if f.name.endswith(".j2") else None):
             out.append((f"{f.name}:{item.line}", item.document))
     return out
 
@@ -360,3 +379,48 @@ def test_deploy_manifests():
     resources = {r for rule in role["rules"] for r in rule["resources"]}
     for kind in KINDS:
         assert plural(kind) in resources and f"{plural(kind)}/status" in resources
+
+
+# -- editor schemas (`forkd schema`) and `forkd explain` ------------------------------------------------------
+SCHEMA_DIR = ROOT / "schemas"
+
+
+def test_checked_in_schemas_match_the_models_and_examples_validate(tmp_path):
+    from forkd.spec.schema import schemas
+
+    res = subprocess.run([sys.executable, "-m", "forkd.cli.main", "schema", "-o", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    made = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
+    assert made == {p.name: p.read_text() for p in SCHEMA_DIR.glob("*.json")}, "run `forkd schema -o schemas`"
+    assert set(made) == set(schemas()) and "forkd.json" in made
+    any_kind = jsonschema.Draft202012Validator(yaml.safe_load(made["forkd.json"]))
+    jsonschema.Draft202012Validator.check_schema(any_kind.schema)
+    for where, doc in example_documents():
+        errors = [e.message for e in any_kind.iter_errors(doc)]
+        assert not errors, (where, errors)
+    # what `kubectl get -o yaml` adds is not flagged (forkd apply ignores it), a typo is
+    doc = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkPool", "spec": {"from": "py"}, "status": {"warm": 1},
+           "metadata": {"name": "a", "namespace": "default", "uid": "u", "resourceVersion": "1"}}
+    assert not list(any_kind.iter_errors(doc))
+    assert list(any_kind.iter_errors({**doc, "spec": {"from": "py", "wram": 2}}))
+
+
+def test_examples_carry_a_schema_modeline():
+    for f in collect_files([EXAMPLES]):
+        if f.name.endswith(".j2"):
+            continue  # a template is not YAML until rendered
+        first = f.read_text().splitlines()[0]
+        assert first.startswith("# yaml-language-server: $schema=../../schemas/"), f
+        assert (EXAMPLES / first.split("=", 1)[1]).resolve().is_file(), f
+
+
+def test_explain():
+    res = subprocess.run([sys.executable, "-m", "forkd.cli.main", "explain", "ForkPool.spec.child"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "FIELD: ForkPool.spec.child <object>" in res.stdout
+    assert "memoryLimitMiB <integer>" in res.stdout and "OOM-killed" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "forkd.cli.main", "explain", "forkpool.spec.wram", "-o", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3 and "has no field 'wram'" in res.stderr and "warm" in res.stderr

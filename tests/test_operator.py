@@ -1,15 +1,18 @@
 """The kopf operator's handlers against a real node daemon with real VMs.
 
-No Kubernetes API server can be installed on this machine, so these tests play its part: they call the kopf
-handler functions directly with resource bodies shaped like the ones kopf passes (apiVersion/kind/metadata with
-namespace, uid, generation/spec/status; a kopf.Patch; a logger) and merge the status patch back into the body
+No Kubernetes API server can be installed on this machine, so these tests are a stand-in for it (not a real
+one): they call the kopf handler functions directly with resource bodies shaped like the ones kopf passes
+(apiVersion/kind/metadata with namespace, uid, generation/spec/status; a kopf.Patch; a logger) and merge the
+status patch back into the body
 the way the API server's status subresource would. Everything below the API server is real: a `forkd serve`
 daemon process on the session's FORKD_HOME, reached over its unix socket (FORKD_DAEMON_SOCKET), builds a real
-parent snapshot and forks real QEMU children.
+parent snapshot and forks real QEMU children. Kubernetes Events are caught where kopf's event API puts them (its
+posting queue, which a running operator drains into the API server): the `k8s_events` fixture installs that queue.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -35,7 +38,7 @@ LOG = logging.getLogger("test-operator")
 
 # -- a stand-in for the API server ------------------------------------------------------------------------------
 def resource(kind: str, name: str, spec: dict, namespace: str = "default", generation: int = 1) -> dict:
-    plural = {"ForkParent": "forkparents", "ForkPool": "forkpools"}[kind]
+    plural = {"ForkParent": "forkparents", "ForkPool": "forkpools", "ForkClaim": "forkclaims"}[kind]
     return {"apiVersion": "forkd.dev/v1alpha1", "kind": kind,
             "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "generation": generation,
                          "resourceVersion": "1", "creationTimestamp": "2026-11-29T10:00:00Z",
@@ -86,6 +89,32 @@ def reconcile_until(bodies: list[dict], done, timeout: float = 240, what: str = 
         assert time.monotonic() < deadline, f"timed out waiting for {what}: " + json.dumps(
             [b["status"] for b in bodies])[:2000]
         time.sleep(1.0)
+
+
+@pytest.fixture
+def k8s_events():
+    """kopf's event queue, as a running operator has it (stand-in: the events stay here instead of reaching an
+    API server). Yields drain() -> [(type, reason, message, involved object's name)]."""
+    from kopf._core.engines import posting
+
+    loop = asyncio.new_event_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    tokens = [posting.settings_var.set(kopf.OperatorSettings()), posting.event_queue_var.set(queue),
+              posting.event_queue_loop_var.set(loop)]
+    seen: list[tuple[str, str, str, str]] = []
+
+    def drain() -> list[tuple[str, str, str, str]]:
+        loop.run_until_complete(asyncio.sleep(0))  # the handler's thread-safe puts land in the queue
+        while not queue.empty():
+            e = queue.get_nowait()
+            seen.append((e.type, e.reason, e.message, e.ref["name"]))
+        return seen
+
+    yield drain
+    for var, token in zip((posting.settings_var, posting.event_queue_var, posting.event_queue_loop_var), tokens,
+                          strict=True):
+        var.reset(token)
+    loop.close()
 
 
 # -- a real node daemon -----------------------------------------------------------------------------------------
@@ -146,7 +175,9 @@ def test_pool_create_scale_delete(node_daemon, rt):
         for r in pool_children(rt, "op-pool"):
             assert rt.ping(r.id)["child_id"] == r.id
 
-        # a timer tick with nothing changed patches nothing
+        # a timer tick with nothing changed patches nothing (one tick first: the spawn's p50 may land just after
+        # the pool turned Ready)
+        call(handlers.reconcile, pool)
         assert "status" not in call(handlers.reconcile, pool)
 
         # the daemon's object says who manages it; the CLI sees it and may not overwrite it
@@ -163,6 +194,15 @@ def test_pool_create_scale_delete(node_daemon, rt):
         pool["metadata"]["generation"] = 2
         reconcile_until([parent, pool], lambda: pool_ready(3, 2), what="pool scaled to 3")
         assert running(rt, "op-pool") == 3
+
+        # a ForkClaim takes a warm child; its status says which and how to reach it; deleting it kills the child
+        claim = resource("ForkClaim", "op-claim", {"pool": "op-pool", "count": 1, "ttl": "10m"})
+        reconcile_until([claim], lambda: condition(claim, "Ready").get("status") == "True", what="claim Ready")
+        [child] = claim["status"]["children"]
+        assert claim["status"]["node"] == "local" and child["status"] == "running" and child["agentSocket"]
+        assert rt.ping(child["id"])["child_id"] == child["id"]
+        call(handlers.release, claim)
+        assert child["id"] not in {r.id for r in rt.children()}
 
         # delete: the finalizer's handler scales to zero, waits for the children, removes the objects
         children = {r.id for r in pool_children(rt, "op-pool")}
@@ -192,7 +232,7 @@ def test_pool_create_scale_delete(node_daemon, rt):
             rt.kill(left)
 
 
-def test_errors_and_ownership(node_daemon, rt):
+def test_errors_and_ownership(node_daemon, rt, k8s_events):
     """Invalid spec -> PermanentError and Degraded/InvalidSpec; unreachable daemon -> TemporaryError; an object
     the CLI applied is refused (TemporaryError, condition Conflict) and left alone by the delete handler; so is
     the same name from another namespace. No VM is started here (the pools' parent does not exist)."""
@@ -231,6 +271,14 @@ def test_errors_and_ownership(node_daemon, rt):
     try:
         call(handlers.reconcile, a)
         assert condition(a, "Ready")["status"] == "False"  # SourceNotFound, from the daemon's status
+        # the daemon's events become Kubernetes Events on the resource: Applied, then a Warning for the cause
+        reconcile_until([a], lambda: ("Warning", "SourceNotFound") in [e[:2] for e in k8s_events()],
+                        timeout=30, what="a Warning event SourceNotFound")
+        events = k8s_events()
+        assert ("Normal", "Applied") in [e[:2] for e in events] and {e[3] for e in events} == {"op-shared"}
+        assert condition(a, "Stalled")["status"] == "True"
+        call(handlers.reconcile, a)  # each daemon event is posted once
+        assert len([e for e in k8s_events() if e[1] == "SourceNotFound"]) == 1
         with pytest.raises(kopf.TemporaryError, match="team-a"):
             call(handlers.reconcile, b)
         call(handlers.release, b)  # not b's: kept
@@ -250,7 +298,7 @@ def test_handlers_registered_for_every_kind():
     reg = handlers.register(kopf.OperatorRegistry())
     changing = [(h.id, h.selector.plural) for h in reg._changing.get_all_handlers()]
     timers = [(h.id, h.selector.plural, h.interval) for h in reg._spawning.get_all_handlers()]
-    for plural in ("forkparents", "forklayers", "forkpools", "forkbranches"):
+    for plural in ("forkparents", "forklayers", "forkpools", "forkbranches", "forkclaims"):
         for hid in ("reconcile-create", "reconcile-update", "reconcile-resume", "release"):
             assert (hid, plural) in changing
         assert ("reconcile-timer", plural, handlers.INTERVAL) in timers

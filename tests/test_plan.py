@@ -10,16 +10,18 @@ from forkd.reconciler.actions import (
     BuildBranch,
     BuildLayer,
     BuildParent,
+    ClaimChildren,
     CompactSnapshot,
     DeleteSnapshot,
+    ForgetClaim,
     RetireChild,
     SpawnChildren,
 )
 from forkd.reconciler.plan import backoff_seconds, plan
-from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
+from forkd.reconciler.state import Actual, ChildState, ClaimRecord, Desired, Failure, SnapshotState
 from forkd.reconciler.status import compute_status
 from forkd.reconciler.world import Stuck, branch_tag, compact_tag, layer_tag, parent_tag, resolve, resolve_tags
-from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
+from forkd.spec.models import ForkBranch, ForkClaim, ForkLayer, ForkParent, ForkPool, spec_hash
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
@@ -347,7 +349,7 @@ def conds(status) -> dict[str, tuple[str, str]]:
 def test_status_parent_ready_building_failed():
     st = compute_status(*world(snapshots=(snap(),)), previous={})["ForkParent/py"]
     assert conds(st) == {"Ready": ("True", "SnapshotReady"), "Reconciling": ("False", "SnapshotReady"),
-                         "Degraded": ("False", "AsExpected")}
+                         "Degraded": ("False", "AsExpected"), "Stalled": ("False", "AsExpected")}
     assert st.snapshot == TAG and st.specHash == spec_hash(PY) and st.observedGeneration == 0
     st = compute_status(*world(snapshots=(snap(status="writing"),)), previous={})["ForkParent/py"]
     assert conds(st)["Reconciling"] == ("True", "Building") and conds(st)["Ready"][0] == "False"
@@ -372,8 +374,12 @@ def test_status_pool_ready_reconciling_degraded():
     assert conds(ok)["Ready"] == ("True", "WarmPoolReady") and conds(ok)["Reconciling"][0] == "False"
     assert (ok.warm, ok.claimed, ok.target, ok.snapshot, ok.chainDepth) == (2, 1, 2, TAG, 0)
     assert conds(st["ForkPool/scaling"]) == {"Ready": ("False", "Scaling"), "Reconciling": ("True", "Scaling"),
-                                             "Degraded": ("True", "SpawnFailed")}
+                                             "Degraded": ("True", "SpawnFailed"),
+                                             "Stalled": ("False", "AsExpected")}  # retried: not stalled
     assert conds(st["ForkPool/nosrc"])["Degraded"] == ("True", "SourceNotFound")
+    assert conds(st["ForkPool/nosrc"])["Stalled"] == ("True", "SourceNotFound")
+    assert conds(st["ForkPool/iso"])["Stalled"] == ("True", "NetworkMismatch")
+    assert conds(st["ForkBranch/b"])["Stalled"] == ("True", "SandboxNotFound")
     assert conds(st["ForkPool/lay"])["Reconciling"] == ("True", "WaitingForSnapshot")  # the layer is not built yet
     assert conds(st["ForkPool/iso"])["Degraded"] == ("True", "NetworkMismatch")
     assert "spec.network: none" in st["ForkPool/iso"].condition("Degraded").message
@@ -468,7 +474,7 @@ def test_a_terminal_failure_is_not_retried_until_the_spec_changes():
     assert "ForkParent/py" in resolve(d, a).terminal
     st = compute_status(d, a, previous={})["ForkParent/py"]
     assert conds(st) == {"Ready": ("False", "BuildFailed"), "Reconciling": ("False", "BuildFailed"),
-                         "Degraded": ("True", "BuildFailed")}
+                         "Degraded": ("True", "BuildFailed"), "Stalled": ("True", "BuildFailed")}
     assert st.condition("Degraded").message == "refused (attempt 1; not retried until the spec changes)"
     # a new spec is a new action: it runs (and the old failure no longer holds it back)
     d2, a2 = world(parents=(PY2,), failures=(failed,))
@@ -479,7 +485,8 @@ def test_a_terminal_failure_is_not_retried_until_the_spec_changes():
                  failures=(Failure("ForkLayer", "lay", "refused", 1, NOW - 600, terminal=True, action=build),))
     assert not [x for x in plan(d, a) if isinstance(x, BuildLayer)]
     assert conds(compute_status(d, a, previous={})["ForkLayer/lay"]) == {
-        "Ready": ("False", "BuildFailed"), "Reconciling": ("False", "BuildFailed"), "Degraded": ("True", "BuildFailed")}
+        "Ready": ("False", "BuildFailed"), "Reconciling": ("False", "BuildFailed"), "Degraded": ("True", "BuildFailed"),
+        "Stalled": ("True", "BuildFailed")}
     # in flight with the new action: not reported as terminal
     assert "ForkParent/py" not in resolve(*world(parents=(PY2,), failures=(failed,), in_flight=("ForkParent/py",)))\
         .terminal
@@ -493,4 +500,101 @@ def test_every_action_type_has_a_handler():
 
     assert set(HANDLERS) == set(get_args(Action))
     slow = {t.__name__ for t, h in HANDLERS.items() if h.slow}
-    assert slow == {"BuildParent", "BuildLayer", "BuildBranch", "CompactSnapshot", "SpawnChildren"}
+    assert slow == {"BuildParent", "BuildLayer", "BuildBranch", "CompactSnapshot", "SpawnChildren", "ClaimChildren"}
+
+
+# -- ForkClaim ------------------------------------------------------------------------------------------------
+def claim(name: str = "c1", **spec) -> ForkClaim:
+    spec.setdefault("pool", "agents")
+    return ForkClaim(metadata={"name": name, "creationTimestamp": "2027-01-15T07:00:00Z"}, spec=spec)
+
+
+def claim_world(claims=(), records=(), children=(), **kw):
+    d, a = world(pools=(pool(2, child={"ttlSeconds": 600}),), snapshots=(snap(),), children=children, **kw)
+    return (Desired(parents=d.parents, pools=d.pools, claims=tuple(claims)),
+            Actual(snapshots=a.snapshots, children=a.children, failures=a.failures, now=NOW, in_flight=a.in_flight,
+                   claims=tuple(records)))
+
+
+def rec(name="c1", ids=("agents-x-0",), expires=None, uid="2027-01-15T07:00:00Z") -> ClaimRecord:
+    return ClaimRecord(name, tuple(ids), NOW - 60, expires, uid)
+
+
+@pytest.mark.parametrize("spec, ttl, shutdown", [
+    ({}, 600.0, None),  # the pool's child.ttlSeconds, as `forkd claim` has it
+    ({"ttl": "5m"}, 300.0, None),
+    ({"shutdownTime": "2027-01-15T09:00:00Z"}, None, NOW + 3600),
+])
+def test_claim_is_planned_once_with_its_expiry(spec, ttl, shutdown):
+    warm = kids(2)
+    d, a = claim_world(claims=(claim(count=2, **spec),), children=warm)
+    assert [x for x in plan(d, a) if isinstance(x, ClaimChildren)] == [ClaimChildren("c1", "agents", 2, None, ttl,
+                                                                                     shutdown)]
+    st = compute_status(d, a, previous={})["ForkClaim/c1"]
+    assert conds(st)["Ready"] == ("False", "WaitingForPool") and st.children == []
+    # claimed: nothing more to do; status lists the children and how to reach them
+    held = kids(2, claimed=True, claimed_at=NOW - 60, agent_socket="/run/x/agent.sock")
+    d, a = claim_world(claims=(claim(count=2, **spec),), children=held, records=(rec(ids=[c.id for c in held]),))
+    assert not [x for x in plan(d, a) if not isinstance(x, SpawnChildren)]
+    st = compute_status(d, a, previous={})["ForkClaim/c1"]
+    assert conds(st)["Ready"] == ("True", "Claimed") and conds(st)["Expired"] == ("False", "AsExpected")
+    assert [(c.id, c.status, c.agentSocket) for c in st.children] == [(c.id, "running", "/run/x/agent.sock")
+                                                                      for c in held]
+    assert st.claimed == 2
+
+
+def test_claim_waits_for_a_ready_pool_and_stalls_on_a_missing_one():
+    d, a = claim_world(claims=(claim(pool="nope"), claim("c2", **{"from": "nobranch"})))
+    assert not [x for x in plan(d, a) if isinstance(x, ClaimChildren)]
+    st = compute_status(d, a, previous={})
+    assert conds(st["ForkClaim/c1"])["Stalled"] == ("True", "PoolNotFound")
+    assert conds(st["ForkClaim/c2"])["Stalled"] == ("True", "BranchNotFound")
+    d, a = world(pools=(pool(2),), snapshots=(snap(status="writing"),))
+    d = Desired(parents=d.parents, pools=d.pools, claims=(claim(),))
+    assert not [x for x in plan(d, a) if isinstance(x, ClaimChildren)]  # the pool's snapshot is not ready yet
+
+
+def test_expired_claim_retires_its_children_and_says_expired():
+    held = kids(2, claimed=True, claimed_at=NOW - 60)
+    d, a = claim_world(claims=(claim(),), children=held, records=(rec(ids=[c.id for c in held], expires=NOW - 1),))
+    assert retired(plan(d, a), "expired") == [c.id for c in held]
+    st = compute_status(d, a, previous={})["ForkClaim/c1"]
+    assert conds(st)["Expired"] == ("True", "Expired") and conds(st)["Ready"] == ("False", "Expired")
+    # a shutdownTime already past: never claimed
+    d, a = claim_world(claims=(claim(shutdownTime="2027-01-15T07:59:00Z"),), children=kids(2))
+    assert not [x for x in plan(d, a) if isinstance(x, ClaimChildren)]
+    assert conds(compute_status(d, a, previous={})["ForkClaim/c1"])["Expired"][0] == "True"
+
+
+def test_deleted_claim_retires_its_children_then_forgets_them():
+    held = kids(2, claimed=True, claimed_at=NOW - 60)
+    d, a = claim_world(children=held, records=(rec(ids=[c.id for c in held]),))
+    actions = plan(d, a)
+    assert retired(actions, "claim-deleted") == [c.id for c in held]
+    assert ForgetClaim("c1") not in actions
+    d, a = claim_world(records=(rec(ids=[c.id for c in held]),))  # children gone
+    assert ForgetClaim("c1") in plan(d, a)
+    # the same name applied again is another claim: the old one's children go first, then it claims
+    d, a = claim_world(claims=(claim(),), children=held, records=(rec(ids=[c.id for c in held], uid="old"),))
+    actions = plan(d, a)
+    assert retired(actions, "claim-deleted") and not [x for x in actions if isinstance(x, ClaimChildren)]
+    assert conds(compute_status(d, a, previous={})["ForkClaim/c1"])["Reconciling"] == ("True", "ReleasingPrevious")
+
+
+def test_claim_spec_rules():
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="not both"):
+        claim(ttl="5m", shutdownTime="2027-01-15T09:00:00Z")
+    with pytest.raises(pydantic.ValidationError):
+        claim(ttl="5 minutes")
+    with pytest.raises(pydantic.ValidationError, match="time zone"):
+        claim(shutdownTime="2027-01-15T09:00:00")
+    with pytest.raises(pydantic.ValidationError):
+        claim(count=0)
+
+
+def test_pool_status_carries_the_scale_subresource_fields():
+    d, a = world(pools=(pool(2),), snapshots=(snap(),), children=kids(2))
+    st = compute_status(d, a, previous={})["ForkPool/agents"]
+    assert (st.replicas, st.selector) == (2, "forkd.dev/pool=agents")

@@ -96,12 +96,8 @@ def test_field_errors_point_at_the_node(tmp_path, field, line, column, path, mes
         (HEAD + "kind: ForkParent\nmetadata:\n  name: -x\n", 4, 9, "metadata.name", "invalid name '-x'"),
         (HEAD + "kind: ForkParent\nmetadata: {name: p}\nspec:\n  warmup:\n    imports: [os, 1bad]\n",
          6, 19, "spec.warmup.imports[1]", "Value error, '1bad' is not a module name"),
-        (HEAD + "kind: ForkParent\nmetadata: {name: p}\nstatus:\n  snapshot: x\n", 4, 1, "status",
-         "status is set by forkd, remove it"),
-        (HEAD + "kind: ForkParent\nmetadata:\n  name: p\n  generation: 2\n", 5, 3, "metadata.generation",
-         "metadata.generation is set by forkd"),
         (HEAD + "kind: ForkPod\nmetadata: {name: p}\n", 2, 7, "kind",
-         "unknown kind 'ForkPod' (expected one of ForkParent, ForkLayer, ForkPool, ForkBranch)"),
+         "unknown kind 'ForkPod' (expected one of ForkParent, ForkLayer, ForkPool, ForkBranch, ForkClaim)"),
         (HEAD + "metadata: {name: p}\n", 1, 1, "kind", "kind is required"),
         ("apiVersion: v1\nkind: ForkParent\nmetadata: {name: p}\n", 1, 13, "apiVersion",
          "apiVersion must be forkd.dev/v1alpha1"),
@@ -188,7 +184,7 @@ def test_values_files_merge_and_set_overrides(tmp_path):
     v1 = write(tmp_path / "v1.yaml", "pool: {warm: 1, name: web}\n")
     v2 = write(tmp_path / "v2.yaml", "pool: {warm: 3}\n")
     assert load_values([v1, v2]) == {"pool": {"warm": 3, "name": "web"}}
-    f = write(tmp_path / "pool.yaml", POOL.replace("warm: 2", "warm: {{ values.pool.warm }}").replace(
+    f = write(tmp_path / "pool.yaml.j2", POOL.replace("warm: 2", "warm: {{ values.pool.warm }}").replace(
         "name: web", "name: {{ pool.name }}"))
     (item,) = load_paths([f], values=load_values([v1, v2]))
     assert (item.obj.metadata.name, item.obj.spec.warm) == ("web", 3)
@@ -203,7 +199,7 @@ def test_bad_values_file(tmp_path, text):
 
 
 def test_undefined_variable_names_file_and_line(tmp_path):
-    err = one_error(tmp_path, POOL_J2)
+    err = one_error(tmp_path, POOL_J2, template=True)
     assert (err.file, err.line) == (str(tmp_path / "spec.yaml"), 7)
     assert "'warm' is undefined" in err.message
     assert str(err).startswith(f"{tmp_path / 'spec.yaml'}:7:1: ")
@@ -218,10 +214,67 @@ def test_undefined_variable_names_file_and_line(tmp_path):
     ],
 )
 def test_template_errors(text, line, message):
-    loaded, errors = load_text(text, "t.yaml", {"x": {}})
+    loaded, errors = load_text(text, "t.yaml.j2", {"x": {}})
     assert loaded == []
-    assert [(e.file, e.line) for e in errors] == [("t.yaml", line)]
+    assert [(e.file, e.line) for e in errors] == [("t.yaml.j2", line)]
     assert message in errors[0].message
+
+
+def test_plain_yaml_is_never_rendered(tmp_path):
+    """Shell in a plain .yaml file means what it says: `${#HOME}` was a jinja comment opener before (issue 17)."""
+    f = write(tmp_path / "p.yaml", PARENT.replace("imports: [json]", "run: ['echo ${#HOME} {{ x }}']"))
+    (item,) = load_paths([f])
+    assert item.obj.spec.warmup.run == ["echo ${#HOME} {{ x }}"]
+    with pytest.raises(SpecLoadError, match="template:"):  # the same text asked to be a template is one
+        load_paths([f], template=True)
+
+
+def test_values_without_a_template_are_refused(tmp_path):
+    f = write(tmp_path / "p.yaml", PARENT)
+    with pytest.raises(InvalidInput, match="no file is a template"):
+        load_paths([f], values={"warm": 3})
+
+
+def test_a_directory_skips_values_files(tmp_path):
+    write(tmp_path / "values.yaml", "warm: 3\n")
+    write(tmp_path / "pool.values.yml", "warm: 4\n")
+    write(tmp_path / "a.yaml", PARENT)
+    write(tmp_path / "pool.yaml.j2", POOL_J2.replace("{{ warm }}", "{{ warm | default(1) }}"))
+    assert collect_files([tmp_path]) == [tmp_path / "a.yaml", tmp_path / "pool.yaml.j2"]
+    assert [i.obj.metadata.name for i in load_paths([tmp_path])] == ["py", "web"]
+
+
+def test_the_examples_directory_loads_as_is():
+    """`forkd apply -f specs/examples/` reads every example (the template with its defaults), values.yaml not."""
+    examples = Path(__file__).resolve().parents[1] / "specs" / "examples"
+    names = {(i.obj.kind, i.obj.metadata.name) for i in load_paths([examples])}
+    assert {("ForkPool", "agents"), ("ForkPool", "tmpl"), ("ForkParent", "py-base")} <= names
+
+
+def test_server_populated_fields_are_accepted_and_ignored(tmp_path):
+    """What `kubectl get -o yaml` prints goes back through `forkd apply -f -`."""
+    text = HEAD + textwrap.dedent("""\
+        kind: ForkPool
+        metadata:
+          name: web
+          namespace: default
+          uid: 0b6f2c7e-1111-2222-3333-444455556666
+          resourceVersion: "4242"
+          generation: 3
+          creationTimestamp: "2026-01-01T00:00:00Z"
+          finalizers: [forkd.dev/finalizer]
+          managedFields: [{manager: kubectl, operation: Update}]
+          annotations:
+            kubectl.kubernetes.io/last-applied-configuration: '{"a": 1}'
+            team: x
+        spec: {from: py, warm: 2}
+        status:
+          warm: 2
+          conditions: [{type: Ready, status: "True"}]
+        """)
+    (item,) = load_paths([write(tmp_path / "k.yaml", text)])
+    assert item.obj.metadata.annotations == {"team": "x"} and item.obj.metadata.generation == 0
+    assert item.obj.status is None and item.obj.spec.warm == 2
 
 
 def test_render_keeps_trailing_newline():
@@ -257,7 +310,7 @@ def test_missing_path_and_empty_directory_are_errors(tmp_path):
 
 def test_stdin(monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(POOL_J2))
-    (item,) = load_paths([Path("-")], values={"warm": 4})
+    (item,) = load_paths([Path("-")], values={"warm": 4}, template=True)
     assert (item.file, item.obj.spec.warm) == ("<stdin>", 4)
 
 
@@ -299,3 +352,20 @@ def test_objects_build_the_cores_requests(tmp_path):
 def test_parent_fields_follow_the_cores_rules(tmp_path, spec, path, message):
     err = one_error(tmp_path, HEAD + f"kind: ForkParent\nmetadata: {{name: p}}\nspec:\n  {spec}\n")
     assert (err.line, err.path) == (5, path) and err.message.startswith(message)
+
+
+def test_cli_applies_the_examples_directory_dry_run(tmp_path):
+    """`forkd apply -f specs/examples/` loads (client dry run: nothing reaches a backend); a bad flag exits 2."""
+    import os
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parents[1] / "specs" / "examples"
+    env = dict(os.environ, FORKD_HOME=str(tmp_path / "home"), FORKD_NO_DAEMON="1")
+    run = [sys.executable, "-m", "forkd.cli.main", "apply", "-f", str(examples)]
+    res = subprocess.run([*run, "--dry-run", "client"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "ForkPool/tmpl validated" in res.stdout and "ForkClaim/session-42 validated" in res.stdout
+    res = subprocess.run([*run, "--wait", "--timeout", "abc"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2 and "90s, 5m or 1h" in res.stderr
+    assert not (tmp_path / "home" / "objects").exists() or not any((tmp_path / "home" / "objects").rglob("*.json"))

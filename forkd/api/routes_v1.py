@@ -16,7 +16,8 @@ from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spa
 from forkd.reconciler.control import Control, resolve_kind
 from forkd.spec.models import MODELS, to_document
 
-KINDS = {"parents": "ForkParent", "layers": "ForkLayer", "pools": "ForkPool", "branches": "ForkBranch"}
+KINDS = {"parents": "ForkParent", "layers": "ForkLayer", "pools": "ForkPool", "branches": "ForkBranch",
+         "claims": "ForkClaim"}
 FILE_NOT_FOUND = {"FileNotFoundError", "IsADirectoryError", "NotADirectoryError"}
 
 

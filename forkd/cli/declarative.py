@@ -1,7 +1,9 @@
-"""kubectl-like commands over the declarative objects: apply, diff, get, describe, delete, claim."""
+"""kubectl-like commands over the declarative objects: apply, diff, get, describe, delete, claim; and for editors
+and people, schema and explain."""
 
 from __future__ import annotations
 
+import calendar
 import json
 import sys
 import time
@@ -11,15 +13,34 @@ from pathlib import Path
 import typer
 import yaml
 
+from forkd.base.atomic import write_bytes
 from forkd.cli.output import Fmt, emit, err, out
-from forkd.client import applyset_id, backend, parse_ref, resolve_kind
+from forkd.client import LocalBackend, applyset_id, backend, parse_ref, resolve_kind
 from forkd.spec.loader import build_values, load_paths
-from forkd.spec.models import to_document
+from forkd.spec.models import duration_seconds, to_document
+from forkd.spec.schema import explain as explain_path
+from forkd.spec.schema import schemas
 
 FILES = typer.Option(..., "-f", "--filename", help="file or directory of YAML specs ('-' for stdin); repeatable")
 RECURSIVE = typer.Option(False, "-R", "--recursive", help="also read subdirectories of -f directories")
-SETS = typer.Option([], "--set", help="template value k=v (dots nest: a.b=1); repeatable")
-VALUES = typer.Option([], "--values", help="YAML file of template values; repeatable")
+SETS = typer.Option([], "--set", help="template value k=v (dots nest: a.b=1); repeatable; for *.j2 files (or with "
+                                     "--template)")
+VALUES = typer.Option([], "--values", help="YAML file of template values; repeatable; for *.j2 files (or with "
+                                           "--template)")
+TEMPLATE = typer.Option(False, "--template", help="render every file with jinja2, not only *.j2 ones (plain YAML "
+                                                  "is otherwise never rendered)")
+NO_DAEMON_WARNING = ("no forkd daemon answers: the objects are stored, but nothing reconciles them until one runs. "
+                     "Start one with 'forkd serve' (or 'forkd serve --watch DIR'), or pass --wait to reconcile in "
+                     "this process until they are Ready.")
+
+
+def _duration(text: str) -> str:
+    """Checked while the command line is parsed, before anything is read or applied (exit 2)."""
+    try:
+        duration_seconds(text) if text[-1:].isalpha() else float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: use e.g. 90s, 5m or 1h") from None
+    return text
 
 
 class DryRun(StrEnum):
@@ -42,8 +63,9 @@ class GetOut(StrEnum):
     json = "json"
 
 
-def _load(files: list[str], recursive: bool, sets: list[str], values: list[Path]):
-    loaded = load_paths([Path(f) for f in files], recursive=recursive, values=build_values(values, sets))
+def _load(files: list[str], recursive: bool, sets: list[str], values: list[Path], template: bool = False):
+    loaded = load_paths([Path(f) for f in files], recursive=recursive, values=build_values(values, sets),
+                        template=template)
     return [(item.obj, f"{item.file}:{item.line}") for item in loaded]
 
 
@@ -58,25 +80,33 @@ def register(app: typer.Typer) -> None:
     app.command()(describe)
     app.command()(delete)
     app.command()(claim)
+    app.command()(schema)
+    app.command()(explain)
 
 
 def apply(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str] = SETS,
-          values: list[Path] = VALUES,
+          values: list[Path] = VALUES, template: bool = TEMPLATE,
           dry_run: DryRun = typer.Option(DryRun.none, "--dry-run", help="client: validate only; server: also "
                                                                            "compare with what is applied"),
           prune: bool = typer.Option(False, help="delete objects earlier applied from the same apply set "
                                                  "that these files no longer contain"),
           applyset: str | None = typer.Option(None, help="apply set name (default: derived from -f paths)"),
           wait: bool = typer.Option(False, help="wait until every applied object is Ready"),
-          timeout: str = typer.Option("5m", help="with --wait: give up after this long (e.g. 90s, 5m)"),
+          timeout: str = typer.Option("5m", callback=_duration,
+                                      help="with --wait: give up after this long (e.g. 90s, 5m)"),
           output: ApplyOut = typer.Option(ApplyOut.text, "-o", "--output")) -> None:
-    """Create or update objects from YAML. Any invalid document means nothing is applied (exit 2)."""
-    objs = _load(files, recursive, sets, values)
+    """Create or update objects from YAML. Any invalid document, or flag, means nothing is applied (exit 2).
+
+    Files ending in .j2 are jinja2 templates (values from --set / --values); other files are plain YAML, never
+    rendered, unless --template. Fields a Kubernetes API server sets (metadata.uid, resourceVersion, status, ...)
+    are ignored, so `kubectl get ... -o yaml | forkd apply -f -` works."""
+    objs = _load(files, recursive, sets, values, template)
     aset = applyset or applyset_id(_sources(files))
+    b = backend() if dry_run != DryRun.client else None
     if dry_run == DryRun.client:
         changes = [{"kind": o.kind, "name": o.metadata.name, "change": "validated"} for o, _ in objs]
     else:
-        changes = [c.__dict__ for c in backend().apply(objs, aset, prune=prune, dry_run=dry_run == DryRun.server)]
+        changes = [c.__dict__ for c in b.apply(objs, aset, prune=prune, dry_run=dry_run == DryRun.server)]
     suffix = f" (dry run: {dry_run.value})" if dry_run != DryRun.none else ""
     if output == ApplyOut.name:
         for c in changes:
@@ -87,9 +117,11 @@ def apply(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str]
     else:
         for c in changes:
             out.print(f"{c['kind']}/{c['name']} {c['change']}{suffix}")
+    if dry_run == DryRun.none and not wait and isinstance(b, LocalBackend):
+        err.print(f"[yellow]warning:[/] {NO_DAEMON_WARNING}")
     if wait and dry_run == DryRun.none:
         targets = [(o.kind, o.metadata.name) for o, _ in objs]
-        ok, problems = backend().wait(targets, _seconds(timeout), progress=lambda s: err.print(f"[dim]{s}[/]"))
+        ok, problems = b.wait(targets, _seconds(timeout), progress=lambda s: err.print(f"[dim]{s}[/]"))
         for p in problems:
             err.print(f"[red]not ready:[/] {p}")
         if not ok:
@@ -106,19 +138,23 @@ def _seconds(text: str) -> float:
 
 
 def diff(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str] = SETS,
-         values: list[Path] = VALUES) -> None:
+         values: list[Path] = VALUES, template: bool = TEMPLATE) -> None:
     """Show what apply would change. Exit 0: no change; 1: changes; 2 or more: error."""
-    changes = backend().diff(_load(files, recursive, sets, values))
+    changes = backend().diff(_load(files, recursive, sets, values, template))
     for _, text in changes:
         sys.stdout.write(text)
     raise typer.Exit(1 if changes else 0)
 
 
 def _age(ts: str | None) -> str:
+    """kubectl's AGE: 45s, 12m, 5h, 3d ("-" for an object stored before forkd recorded creationTimestamp)."""
     if not ts:
         return "-"
-    secs = time.time() - time.mktime(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ")) + time.timezone * 0
-    return f"{int(secs)}s" if secs < 120 else f"{int(secs // 60)}m" if secs < 7200 else f"{int(secs // 3600)}h"
+    secs = max(0.0, time.time() - calendar.timegm(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ")))
+    for limit, unit, div in ((120, "s", 1), (7200, "m", 60), (172800, "h", 3600)):
+        if secs < limit:
+            return f"{int(secs // div)}{unit}"
+    return f"{int(secs // 86400)}d"
 
 
 def _ready(doc: dict) -> tuple[str, str]:
@@ -128,39 +164,84 @@ def _ready(doc: dict) -> tuple[str, str]:
     return "Unknown", ""
 
 
-def get(resource: str = typer.Argument(..., help="parents | layers | pools | branches"),
+def _columns(kind: str, wide: bool) -> list[tuple[str, str]]:
+    cols = [("NAME", "left"), ("READY", "left")]
+    if kind == "ForkPool":
+        cols += [("WARM", "right"), ("TARGET", "right"), ("CLAIMED", "right"), ("DEPTH", "right"),
+                 ("SPAWN-P50", "right")]
+    elif kind == "ForkClaim":
+        cols += [("POOL", "left"), ("CLAIMED", "right"), ("EXPIRES", "left")]
+    else:
+        cols += [("SNAPSHOT", "left")]
+    return cols + [("GEN", "right"), ("AGE", "right")] + ([("REASON", "left"), ("SOURCE", "left")] if wide else [])
+
+
+def _row(kind: str, d: dict, wide: bool) -> list[str]:
+    st, meta = d.get("status") or {}, d["metadata"]
+    ready, reason = _ready(d)
+    row = [meta["name"], ready]
+    if kind == "ForkPool":
+        p50 = st.get("spawnP50Ms")
+        row += [str(st.get("warm", 0)), str(d["spec"].get("warm", 0)), str(st.get("claimed", 0)),
+                str(st.get("chainDepth", 0)), f"{p50:.0f}ms" if p50 else "-"]
+    elif kind == "ForkClaim":
+        row += [d["spec"]["pool"], f"{st.get('claimed', 0)}/{d['spec'].get('count', 1)}", st.get("expiresAt") or "-"]
+    else:
+        row += [st.get("snapshot") or "-"]
+    row += [str(meta.get("generation", 0)), _age(meta.get("creationTimestamp"))]
+    if wide:
+        row += [reason, d["spec"].get("from") or d["spec"].get("pool") or ""]
+    return row
+
+
+def get(resource: str = typer.Argument(..., help="parents | layers | pools | branches | claims, or KIND/NAME"),
         name: str | None = typer.Argument(None), output: GetOut = typer.Option(GetOut.table, "-o", "--output")):
-    """List objects of one kind, with their status."""
-    kind = resolve_kind(resource)
+    """List objects of one kind, with their status (AGE: since the object was first applied)."""
+    kind, name = parse_ref(resource) if "/" in resource and name is None else (resolve_kind(resource), name)
     docs = [to_document(o) for o in backend().get(kind, name)]
     if output in (GetOut.json, GetOut.yaml):
         data = docs[0] if name else {"apiVersion": "v1", "kind": "List", "items": docs}
         emit(data, Fmt(output.value))
         return
     wide = output == GetOut.wide
-    cols = [("NAME", "left"), ("READY", "left")]
-    if kind == "ForkPool":
-        cols += [("WARM", "right"), ("TARGET", "right"), ("CLAIMED", "right"), ("DEPTH", "right"),
-                 ("SPAWN-P50", "right")]
-    elif kind in ("ForkParent", "ForkLayer", "ForkBranch"):
-        cols += [("SNAPSHOT", "left")]
-    cols += [("GEN", "right")] + ([("REASON", "left"), ("SOURCE", "left")] if wide else [])
-    rows = []
-    for d in docs:
-        st = d.get("status") or {}
-        ready, reason = _ready(d)
-        row = [d["metadata"]["name"], ready]
-        if kind == "ForkPool":
-            p50 = st.get("spawnP50Ms")
-            row += [str(st.get("warm", 0)), str(d["spec"].get("warm", 0)), str(st.get("claimed", 0)),
-                    str(st.get("chainDepth", 0)), f"{p50:.0f}ms" if p50 else "-"]
-        else:
-            row += [st.get("snapshot") or "-"]
-        row += [str(d["metadata"].get("generation", 0))]
-        if wide:
-            row += [reason, d["spec"].get("from", "") if kind in ("ForkPool", "ForkLayer") else ""]
-        rows.append(row)
-    emit(docs, Fmt.table, cols, rows)
+    emit(docs, Fmt.table, _columns(kind, wide), [_row(kind, d, wide) for d in docs])
+
+
+def schema(output_dir: Path | None = typer.Option(None, "-o", "--output-dir", help="write one JSON Schema per kind "
+                                                   "and forkd.json (any kind) here; default: print forkd.json")
+           ) -> None:
+    """JSON Schemas of the spec objects, for editors: put `# yaml-language-server: $schema=PATH/forkd.json` at the
+    top of a spec file (the YAML language server, VS Code's YAML extension, ...)."""
+    files = schemas()
+    if output_dir is None:
+        sys.stdout.write(json.dumps(files["forkd.json"], indent=2) + "\n")
+        return
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for fname, doc in files.items():
+        text = json.dumps(doc, indent=2) + "\n"
+        path = output_dir / fname
+        if not path.exists() or path.read_text() != text:
+            write_bytes(path, text.encode())
+        print(path)
+
+
+def explain(path: str = typer.Argument(..., help="KIND[.field...], e.g. ForkPool.spec.child"),
+            output: Fmt = typer.Option(Fmt.table, "-o", "--output")) -> None:
+    """Describe a field of a spec object and the fields under it, like kubectl explain."""
+    info = explain_path(path)
+    if output != Fmt.table:
+        emit(info, output)
+        return
+    out.print(f"[bold]KIND:[/]  {info['kind']}\n[bold]FIELD:[/] {info['path']} <{info['type']}>"
+              + (" (required)" if info["required"] and "." in info["path"] else ""))
+    if info["description"]:
+        out.print(f"\n[bold]DESCRIPTION:[/]\n  {info['description']}")
+    if info["fields"]:
+        out.print("\n[bold]FIELDS:[/]")
+        for f in info["fields"]:
+            extra = " -required-" if f["required"] else f" (default {json.dumps(f['default'])})" \
+                if "default" in f else ""
+            out.print(f"  [bold]{f['name']}[/] <{f['type']}>{extra}\n    {f['description'] or '-'}")
 
 
 def describe(ref: str = typer.Argument(..., help="KIND/NAME, e.g. pool/agents")) -> None:
@@ -169,6 +250,7 @@ def describe(ref: str = typer.Argument(..., help="KIND/NAME, e.g. pool/agents"))
     info = backend().describe(kind, name)
     doc = info["object"]
     out.print(f"[bold]{kind}/{name}[/]  generation {doc['metadata'].get('generation')}  "
+              f"age {_age(doc['metadata'].get('creationTimestamp'))}  "
               f"source {info.get('source') or '-'}")
     sys.stdout.write(yaml.safe_dump({"spec": doc["spec"]}, sort_keys=False))
     st = doc.get("status") or {}
@@ -191,13 +273,15 @@ def describe(ref: str = typer.Argument(..., help="KIND/NAME, e.g. pool/agents"))
 
 def delete(ref: str | None = typer.Argument(None, help="KIND/NAME"),
            files: list[str] = typer.Option([], "-f", "--filename", help="delete the objects in these files"),
-           recursive: bool = RECURSIVE, sets: list[str] = SETS, values: list[Path] = VALUES) -> None:
+           recursive: bool = RECURSIVE, sets: list[str] = SETS, values: list[Path] = VALUES,
+           template: bool = TEMPLATE) -> None:
     """Delete objects (by KIND/NAME or by the files that declare them). Their children and snapshots are
-    released by the reconciler; claimed children stay until killed or their ttl ends."""
+    released by the reconciler; a pool's claimed children stay until killed or their ttl ends; a ForkClaim's
+    children are killed."""
     if ref:
         targets = [parse_ref(ref)]
     elif files:
-        targets = [(o.kind, o.metadata.name) for o, _ in _load(files, recursive, sets, values)]
+        targets = [(o.kind, o.metadata.name) for o, _ in _load(files, recursive, sets, values, template)]
     else:
         raise typer.BadParameter("name KIND/NAME or pass -f FILE")
     b = backend()

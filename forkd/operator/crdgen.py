@@ -1,5 +1,7 @@
 """CustomResourceDefinitions generated from the spec models: apiextensions.k8s.io/v1, group forkd.dev, version
-v1alpha1, one namespaced CRD per kind with the status subresource and printer columns.
+v1alpha1, one namespaced CRD per kind with the status subresource and printer columns (Age on every kind); ForkPool
+also has the /scale subresource (spec.warm is its replicas, status.selector its label selector), so `kubectl
+scale`, an HPA or KEDA can drive it.
 
 The openAPIV3Schema is the model's pydantic JSON schema made *structural* (what the API server demands):
 `$ref`s inlined, `anyOf [X, null]` -> X with `nullable: true`, `const` -> a one-value `enum`, pydantic's numeric
@@ -9,17 +11,20 @@ The openAPIV3Schema is the model's pydantic JSON schema made *structural* (what 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import yaml
 
-from forkd.spec.models import API_VERSION, KINDS, MODELS
+from forkd.spec.models import API_VERSION, KINDS
+from forkd.spec.schema import resolved
 
 GROUP, VERSION = API_VERSION.split("/")
 READY = '.status.conditions[?(@.type=="Ready")]'
 CATEGORY = "forkd"
-SHORT_NAMES = {"ForkParent": ["fparent"], "ForkLayer": ["flayer"], "ForkPool": ["fpool"], "ForkBranch": ["fbranch"]}
+SHORT_NAMES = {"ForkParent": ["fparent"], "ForkLayer": ["flayer"], "ForkPool": ["fpool"], "ForkBranch": ["fbranch"],
+               "ForkClaim": ["fclaim"]}
+SCALE = {"ForkPool": {"specReplicasPath": ".spec.warm", "statusReplicasPath": ".status.replicas",
+                      "labelSelectorPath": ".status.selector"}}
 
 # kept from the pydantic schema (validation the API server understands); everything else is dropped
 # (in this order in the output, for readable diffs)
@@ -54,6 +59,9 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
                  _col("From", "string", ".spec.from", priority=1), _REASON, _AGE],
     "ForkBranch": [_READY, _col("Sandbox", "string", ".spec.sandbox"), _col("Mode", "string", ".spec.mode"),
                    _col("Snapshot", "string", ".status.snapshot"), _REASON, _AGE],
+    "ForkClaim": [_READY, _col("Pool", "string", ".spec.pool"), _col("Count", "integer", ".spec.count"),
+                  _col("Claimed", "integer", ".status.claimed", "claimed children still running"),
+                  _col("Expires", "string", ".status.expiresAt", "when the children are released"), _REASON, _AGE],
 }
 
 
@@ -64,19 +72,6 @@ def plural(kind: str) -> str:
 
 def crd_name(kind: str) -> str:
     return f"{plural(kind)}.{GROUP}"
-
-
-def _resolve(node: Any, defs: dict[str, Any]) -> Any:
-    """Inline every $ref (the models have no recursive types)."""
-    if isinstance(node, list):
-        return [_resolve(x, defs) for x in node]
-    if not isinstance(node, dict):
-        return node
-    if "$ref" in node:
-        target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
-        rest = {k: v for k, v in node.items() if k != "$ref"}
-        return _resolve({**target, **rest}, defs)
-    return {k: _resolve(v, defs) for k, v in node.items() if k != "$defs"}
 
 
 def structural(node: dict[str, Any], in_status: bool = False) -> dict[str, Any]:
@@ -127,14 +122,13 @@ def _conditions_as_map(schema: dict[str, Any]) -> None:
 
 def open_api_schema(kind: str) -> dict[str, Any]:
     """The openAPIV3Schema of `kind`'s CRD."""
-    raw = MODELS[kind].model_json_schema(by_alias=True, mode="validation")
-    resolved = _resolve(raw, raw.get("$defs", {}))
-    props = resolved["properties"]
+    schema_ = resolved(kind)
+    props = schema_["properties"]
     spec = structural(props["spec"])
     status = structural(props["status"], in_status=True)
     status.pop("nullable", None)  # the status subresource is an object or absent
     _conditions_as_map(status)
-    spec_required = "spec" in resolved.get("required", [])
+    spec_required = "spec" in schema_.get("required", [])
     schema: dict[str, Any] = {
         "type": "object",
         "description": f"{kind} ({API_VERSION}), the same object `forkd apply` takes; see forkd's README.",
@@ -168,7 +162,7 @@ def crd(kind: str) -> dict[str, Any]:
                 "name": VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {"status": {}, **({"scale": SCALE[kind]} if kind in SCALE else {})},
                 "additionalPrinterColumns": PRINTER_COLUMNS[kind],
                 "schema": {"openAPIV3Schema": open_api_schema(kind)},
             }],

@@ -1,4 +1,4 @@
-"""kopf handlers for ForkParent, ForkLayer, ForkPool and ForkBranch (group forkd.dev, version v1alpha1).
+"""kopf handlers for ForkParent, ForkLayer, ForkPool, ForkBranch and ForkClaim (group forkd.dev, version v1alpha1).
 
 There is no second reconciler here. A custom resource is translated into the same spec model `forkd apply` takes
 (spec + metadata.name; the Kubernetes generation and namespace ride along as annotations) and applied to a
@@ -15,6 +15,9 @@ snapshots and keeps pools warm, and the status it computes is copied back into t
 - Finalizer (kopf adds it because of the delete handler): a ForkPool is scaled to zero through the daemon and the
   handler waits until its idle children are retired, then the object is deleted from the daemon (which releases
   its snapshot when nothing uses it any more). Claimed children stay until their ttl ends, as with `forkd delete`.
+- Events: the daemon's events of an object (Applied, SpawnChildren, Failed, SourceNotFound, ...) are published as
+  Kubernetes Events on the resource through kopf's event API (kopf.event: Normal and Warning alike), each once (the
+  newest time posted is remembered per resource and node; events older than the operator process are not posted).
 - Errors: InvalidInput -> kopf.PermanentError (the spec will not become valid by waiting); every other ForkdError,
   including an unreachable daemon, -> kopf.TemporaryError(delay=FORKD_OPERATOR_RETRY, default 10 s).
 
@@ -24,8 +27,8 @@ without it there is one node, the daemon on FORKD_DAEMON_SOCKET (default $FORKD_
 and ForkLayers go to every node (each node builds the snapshots its pools fork from); a ForkPool goes to one
 node chosen by rendezvous hashing of namespace/name (stable across operator restarts, spreads pools, moves only
 the pools of a node that leaves), or to the node named by the annotation `forkd.dev/node`; a ForkBranch of
-`pool/<name>` goes where that pool is, a branch of a child id needs the annotation. The chosen node is reported
-in `status.node`.
+`pool/<name>` goes where that pool is, a branch of a child id needs the annotation; a ForkClaim goes where its
+pool is (deleting it kills its children there). The chosen node is reported in `status.node`.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the dele
 
 _clients: dict[str, RemoteBackend] = {}
 _clients_lock = threading.Lock()
+_STARTED = time.time()
+_posted: dict[str, float] = {}  # "uid@node" -> time of the newest daemon event published as a Kubernetes Event
+_posted_lock = threading.Lock()
 
 
 def nodes() -> dict[str, str]:
@@ -102,6 +108,8 @@ def place(body: Mapping[str, Any]) -> list[str]:
             raise InvalidInput(f"ForkBranch/{meta.get('name')}: a branch of child {sandbox!r} needs the annotation "
                                f"{NODE_KEY} naming the node that runs it")
         return [_rendezvous(list(known), f"{namespace}/{sandbox.split('/', 1)[1]}")]
+    if kind == "ForkClaim":  # where its pool is
+        return [_rendezvous(list(known), f"{namespace}/{(body.get('spec') or {}).get('pool')}")]
     return [_rendezvous(list(known), f"{namespace}/{meta.get('name')}")]
 
 
@@ -246,7 +254,8 @@ def reconcile(body: Mapping[str, Any], patch: Any, logger: logging.Logger | logg
         shown: dict[str, Any] | None = None
         for node, b in targets:
             new = _apply_on(b, obj, body, meta, status, settle, log)
-            if node is not None and obj.kind in ("ForkPool", "ForkBranch"):
+            publish_events(b, obj, body, node or "local", log)
+            if node is not None and obj.kind in ("ForkPool", "ForkBranch", "ForkClaim"):
                 new["node"] = node
             ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in new.get("conditions", []))
             if shown is None or (not ready and _is_ready(shown)):
@@ -276,6 +285,27 @@ def _apply_on(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], meta: 
         time.sleep(0.2)
         cur = b.get(obj.kind, obj.metadata.name)[0]
     return k8s_status(cur, status)
+
+
+def publish_events(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], node: str, log) -> int:
+    """Post the daemon's new events of `obj` as Kubernetes Events on the resource (kopf.event). Returns how many;
+    0 outside a running kopf operator (no event queue), where there is no API server to post to."""
+    key = f"{_meta(body).get('uid') or _source(body)}@{node}"
+    with _posted_lock:
+        since = _posted.get(key, _STARTED)
+    events = [e for e in b.describe(obj.kind, obj.metadata.name).get("events") or [] if e.get("time", 0) > since]
+    try:
+        for e in events:
+            kopf.event(dict(body), type="Warning" if e.get("type") == "Warning" else "Normal",
+                       reason=str(e.get("reason") or "Event")[:128],
+                       message=(f"[{node}] " if node != "local" else "") + str(e.get("message") or "")[:1024])
+    except LookupError:  # not inside kopf's operator: no event queue
+        log.debug("no kopf event queue: %d event(s) of %s/%s not posted", len(events), obj.kind, obj.metadata.name)
+        return 0
+    if events:
+        with _posted_lock:
+            _posted[key] = max(e.get("time", 0) for e in events)
+    return len(events)
 
 
 def _idle_children(backend: RemoteBackend, pool: str) -> list[dict[str, Any]]:

@@ -98,7 +98,8 @@ class SpawnChildren:
 
 @dataclass(frozen=True)
 class RetireChild:
-    """Stop a child and drop its record. `reason`: scale-down | rollout | dead | expired | orphaned."""
+    """Stop a child and drop its record. `reason`: scale-down | rollout | dead | expired | orphaned |
+    claim-deleted."""
 
     pool: str | None
     child: str
@@ -129,4 +130,42 @@ class DeleteSnapshot:
         return None
 
 
-Action = BuildParent | BuildLayer | BuildBranch | CompactSnapshot | SpawnChildren | RetireChild | DeleteSnapshot
+@dataclass(frozen=True)
+class ClaimChildren:
+    """Claim `count` children of `pool` for the ForkClaim `claim` (forked from `from_tag` when it names a branch's
+    snapshot; else warm ones, through the pool's claim path); they are released `ttl` seconds after the claim, or
+    at `shutdown_at` (Unix time), or never (both None)."""
+
+    claim: str
+    pool: str
+    count: int
+    from_tag: str | None
+    ttl: float | None
+    shutdown_at: float | None
+
+    @property
+    def key(self) -> str:
+        return f"ForkClaim/{self.claim}"
+
+    @property
+    def owner(self) -> Owner:
+        return ("ForkClaim", self.claim)
+
+
+@dataclass(frozen=True)
+class ForgetClaim:
+    """Drop the record of a deleted ForkClaim whose children are all gone."""
+
+    claim: str
+
+    @property
+    def key(self) -> str:
+        return f"claim-record/{self.claim}"
+
+    @property
+    def owner(self) -> Owner:
+        return None
+
+
+Action = (BuildParent | BuildLayer | BuildBranch | CompactSnapshot | SpawnChildren | RetireChild | DeleteSnapshot
+          | ClaimChildren | ForgetClaim)

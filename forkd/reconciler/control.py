@@ -131,9 +131,22 @@ class Control:
         return out
 
     def delete(self, kind: str, name: str) -> None:
+        """Delete an object; a ForkClaim's children are killed right away (the reconciler retires whatever a crash
+        leaves behind, from the claim's record)."""
         with self.objects.locked():
             self.objects.delete(kind, name)
+        if kind == "ForkClaim":
+            self._release_claim(name)
         self.reconciler.wake.set()
+
+    def _release_claim(self, name: str) -> None:
+        here = {r.id for r in self.rt.children()}
+        for rec in self.objects.claims():
+            if rec.name == name:
+                ids = [i for i in rec.children if i in here]
+                if ids:
+                    self.rt.kill(ids)
+                self.objects.forget_claim(name)
 
     # -- reading -----------------------------------------------------------------------------------
     def get(self, kind: str, name: str | None = None) -> list[ForkObject]:
@@ -150,6 +163,10 @@ class Control:
                                for c in self.rt.children() if c.pool == name]
         if kind == "ForkParent":
             out["snapshot"] = parent_tag(st.obj)
+        if kind == "ForkClaim":
+            held = next((r.children for r in self.objects.claims() if r.name == name), ())
+            out["children"] = [{"id": c.id, "status": c.status, "claimed": c.claimed, "snapshot": c.snapshot}
+                               for c in self.rt.children() if c.id in held]
         return out
 
     # -- claim ---------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from forkd.reconciler.plan import backoff_seconds, plan_world
 from forkd.reconciler.state import Failure
 from forkd.reconciler.status import world_status
 from forkd.reconciler.world import World, resolve
+from forkd.spec.models import Status
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -48,9 +49,15 @@ class Reconciler:
         self.spawn_ms: dict[str, deque[float]] = {}
         self.world: World | None = None  # the last pass's view: what `converged` reports as stuck
         self.wake = threading.Event()
-        self._ctx = Context(rt, self.objects, self.spawn_ms)
+        self._ctx = Context(rt, self.objects, self.spawn_ms, self._claim)
         self._lock = threading.Lock()
         self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="forkd-action")
+
+    def _claim(self, pool: str, n: int) -> list:
+        """A ForkClaim's children, through the same claim path `forkd claim` takes."""
+        from forkd.reconciler.control import Control  # control builds reconcilers: imported here, not at the top
+
+        return Control(self.rt, reconciler=self).claim(pool, n)
 
     # -- one pass ----------------------------------------------------------------------------------
     def step(self) -> list[Action]:
@@ -85,7 +92,8 @@ class Reconciler:
 
     def _resolve(self) -> World:
         p50s = tuple((pool, sorted(v)[len(v) // 2]) for pool, v in sorted(self.spawn_ms.items()) if v)
-        actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight), p50s)
+        actual = observe.actual(self.rt, tuple(self.failures.values()), frozenset(self.in_flight), p50s,
+                                self.objects)
         return resolve(observe.desired(self.objects), actual)
 
     def _reap_finished(self) -> None:
@@ -100,7 +108,18 @@ class Reconciler:
             if kind == "ForkPool" and name in self.spawn_ms and self.spawn_ms[name]:
                 samples = sorted(self.spawn_ms[name])
                 status = status.model_copy(update={"spawnP50Ms": round(samples[len(samples) // 2], 1)})
-            self.objects.set_status(kind, name, status)
+            if self.objects.set_status(kind, name, status):
+                self._warn_on_degraded(kind, name, previous.get(key), status)
+
+    def _warn_on_degraded(self, kind: str, name: str, old: Status | None, new: Status) -> None:
+        """A Warning event when an object becomes Degraded for a reason found at status level (SourceNotFound,
+        NetworkMismatch, ChildOOMKilled, PoolNotFound, ...); failed actions have their own Failed event."""
+        deg = new.condition("Degraded")
+        if deg is None or deg.status != "True" or deg.reason.endswith("Failed"):
+            return
+        was = old.condition("Degraded") if old is not None else None
+        if was is None or was.status != "True" or was.reason != deg.reason:
+            self.objects.event(kind, name, deg.reason, deg.message, type_="Warning")
 
     # -- executor ----------------------------------------------------------------------------------
     def _run(self, action: Action) -> None:

@@ -20,12 +20,15 @@ from forkd.reconciler.actions import (
     BuildBranch,
     BuildLayer,
     BuildParent,
+    ClaimChildren,
     CompactSnapshot,
     DeleteSnapshot,
+    ForgetClaim,
     RetireChild,
     SpawnChildren,
 )
 from forkd.reconciler.objects import ObjectStore
+from forkd.reconciler.state import ClaimRecord
 from forkd.reconciler.world import GONE
 from forkd.spec.models import ImageRef
 
@@ -44,6 +47,7 @@ class Context:
     rt: Runtime
     objects: ObjectStore
     spawn_ms: dict[str, deque[float]]
+    claim: Callable[[str, int], list[Any]]  # the pool's claim path: Control.claim(pool, n)
 
 
 def _request(make: Callable[..., R], *args: Any, **kwargs: Any) -> R:
@@ -128,6 +132,29 @@ def delete_snapshot(ctx: Context, a: DeleteSnapshot) -> str:
     return ""
 
 
+def claim(ctx: Context, a: ClaimChildren) -> str:
+    """Claim through the pool's claim path (warm children first, forked on the spot when too few), or fork from the
+    `from` branch's snapshot (children of no pool: only their claim retires them); then record what the claim holds
+    and when it ends."""
+    obj = ctx.objects.get("ForkClaim", a.claim).obj
+    if a.from_tag is None:
+        recs = ctx.claim(a.pool, a.count)
+    else:
+        pool = ctx.objects.get("ForkPool", a.pool).obj
+        recs = ctx.rt.fork(_request(pool.to_request, a.from_tag, a.count).model_copy(update={"pool": None}))
+    now = time.time()
+    ends = a.shutdown_at if a.shutdown_at is not None else now + a.ttl if a.ttl is not None else None
+    recs = [ctx.rt.registry.save(r.with_(claimed_at=r.claimed_at or now, expires_at=ends)) for r in recs]
+    ctx.objects.put_claim(ClaimRecord(a.claim, tuple(r.id for r in recs), now, ends,
+                                      obj.metadata.creationTimestamp or ""))
+    return f"claimed {', '.join(r.id for r in recs)} from {a.from_tag or 'pool ' + a.pool}"
+
+
+def forget_claim(ctx: Context, a: ForgetClaim) -> str:
+    ctx.objects.forget_claim(a.claim)
+    return ""
+
+
 @dataclass(frozen=True)
 class Handler:
     run: Callable[[Context, Any], str]
@@ -142,4 +169,6 @@ HANDLERS: dict[type, Handler] = {
     SpawnChildren: Handler(spawn, slow=True),
     RetireChild: Handler(retire, slow=False),
     DeleteSnapshot: Handler(delete_snapshot, slow=False),
+    ClaimChildren: Handler(claim, slow=True),
+    ForgetClaim: Handler(forget_claim, slow=False),
 }

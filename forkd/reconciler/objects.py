@@ -1,7 +1,10 @@
 """Durable store of applied declarative objects: one JSON file per object (`objects/<Kind>/<name>.json`) with
-the document, its generation, the apply set it came from and its status; plus a short event log per object.
+the document, its generation, the apply set it came from and its status; plus a short event log per object, and
+the record of what each ForkClaim holds (`objects/.claims/<name>.json`: kept after the claim is deleted, until the
+reconciler has retired its children).
 
-`metadata.generation` moves only when the spec changes. Writes are atomic (temp file + rename) and serialized
+`metadata.generation` moves only when the spec changes; `metadata.creationTimestamp` is set when an object is
+first stored. Writes are atomic (temp file + rename) and serialized
 between processes by a lock file.
 """
 
@@ -18,6 +21,7 @@ from forkd.base.atomic import write_bytes, write_json
 from forkd.base.errors import NotFound
 from forkd.base.locks import file_lock
 from forkd.base.paths import Layout
+from forkd.reconciler.state import ClaimRecord
 from forkd.spec.models import KINDS, MODELS, ForkObject, Status, spec_dict
 
 APPLYSET = "forkd.dev/applyset"
@@ -86,10 +90,11 @@ class ObjectStore:
 
     def put(self, obj: ForkObject, applyset: str | None, source: str | None) -> tuple[str, ForkObject]:
         change, generation = self.plan_put(obj)
-        status = None
+        status, created = None, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if change != "created":
-            status = self.get(obj.kind, obj.metadata.name).obj.status
-        meta = obj.metadata.model_copy(update={"generation": generation})
+            old = self.get(obj.kind, obj.metadata.name).obj
+            status, created = old.status, old.metadata.creationTimestamp or created
+        meta = obj.metadata.model_copy(update={"generation": generation, "creationTimestamp": created})
         stored = obj.model_copy(update={"metadata": meta, "status": status})
         if change != "unchanged":
             self._write(Stored(stored, applyset, source, time.time()))
@@ -114,6 +119,28 @@ class ObjectStore:
             raise NotFound(f"{kind}/{name} not found")
         path.unlink()
         path.with_suffix(".events.jsonl").unlink(missing_ok=True)
+
+    # -- claim records -----------------------------------------------------------------------------
+    def _claims_dir(self) -> Path:
+        d = self.root / ".claims"
+        d.mkdir(mode=0o700, exist_ok=True)
+        return d
+
+    def put_claim(self, rec: ClaimRecord) -> None:
+        write_json(self._claims_dir() / f"{rec.name}.json",
+                   {"name": rec.name, "children": list(rec.children), "claimed_at": rec.claimed_at,
+                    "expires_at": rec.expires_at, "uid": rec.uid})
+
+    def claims(self) -> list[ClaimRecord]:
+        out = []
+        for p in sorted(self._claims_dir().glob("*.json")):
+            raw = json.loads(p.read_text())
+            out.append(ClaimRecord(raw["name"], tuple(raw["children"]), raw["claimed_at"], raw.get("expires_at"),
+                                   raw.get("uid", "")))
+        return out
+
+    def forget_claim(self, name: str) -> None:
+        (self._claims_dir() / f"{name}.json").unlink(missing_ok=True)
 
     # -- events ------------------------------------------------------------------------------------
     def event(self, kind: str, name: str, reason: str, message: str, type_: str = "Normal") -> None:

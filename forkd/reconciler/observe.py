@@ -22,11 +22,12 @@ COMPACTION_REASON_LABEL = "forkd.dev/compaction-reason"
 
 
 def desired(objects: ObjectStore) -> Desired:
-    by_kind: dict[str, list] = {"ForkParent": [], "ForkLayer": [], "ForkPool": [], "ForkBranch": []}
+    by_kind: dict[str, list] = {"ForkParent": [], "ForkLayer": [], "ForkPool": [], "ForkBranch": [], "ForkClaim": []}
     for st in objects.list():
         by_kind[st.obj.kind].append(st.obj)
     return Desired(parents=tuple(by_kind["ForkParent"]), layers=tuple(by_kind["ForkLayer"]),
-                   pools=tuple(by_kind["ForkPool"]), branches=tuple(by_kind["ForkBranch"]))
+                   pools=tuple(by_kind["ForkPool"]), branches=tuple(by_kind["ForkBranch"]),
+                   claims=tuple(by_kind["ForkClaim"]))
 
 
 def _owner(labels: dict[str, str]) -> str | None:
@@ -50,12 +51,14 @@ def actual_snapshots(rt: Runtime) -> list[SnapshotState]:
 
 
 def actual(rt: Runtime, failures: tuple[Failure, ...] = (), in_flight: frozenset[str] = frozenset(),
-           spawn_p50_ms: tuple[tuple[str, float], ...] = ()) -> Actual:
+           spawn_p50_ms: tuple[tuple[str, float], ...] = (), objects: ObjectStore | None = None) -> Actual:
     now = time.time()
     snaps = actual_snapshots(rt)
     children = []
     for r in rt.children():
         children.append(ChildState(id=r.id, snapshot=r.snapshot, pool=r.pool, status=r.status, claimed=r.claimed,
-                                   claimed_at=r.claimed_at, expires_at=r.expires_at, created_at=r.created_at))
+                                   claimed_at=r.claimed_at, expires_at=r.expires_at, created_at=r.created_at,
+                                   agent_socket=str(r.agent_socket)))
     return Actual(snapshots=tuple(snaps), children=tuple(children), failures=failures, now=now,
-                  in_flight=in_flight, spawn_p50_ms=spawn_p50_ms)
+                  in_flight=in_flight, spawn_p50_ms=spawn_p50_ms,
+                  claims=tuple(objects.claims()) if objects is not None else ())

@@ -7,7 +7,9 @@ compaction, retirements and spawn, then orphaned children (by id), then snapshot
 Layers are built once their `from` snapshot is ready; a pool whose chain is deeper than `compaction.maxDepth`, or
 whose spawn p50 exceeds `spawnLatencyTarget.p50Ms`, gets its chain head compacted into a base it then spawns from.
 A ForkBranch snapshots a running child (by id, or the oldest claimed child of `pool/<name>`) once; pools and
-layers can then use it as their `from`.
+layers can then use it as their `from`. A ForkClaim claims its children once (when its pool, or its `from`
+branch, has a ready snapshot), and retires them when it expires; a deleted claim's children are retired and its
+record then forgotten.
 """
 
 from __future__ import annotations
@@ -19,14 +21,25 @@ from forkd.reconciler.actions import (
     BuildBranch,
     BuildLayer,
     BuildParent,
+    ClaimChildren,
     CompactSnapshot,
     DeleteSnapshot,
+    ForgetClaim,
     RetireChild,
     SpawnChildren,
 )
-from forkd.reconciler.state import Actual, ChildState, Desired
-from forkd.reconciler.world import World, chain_depth, compact_tag, resolve, split_children
-from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
+from forkd.reconciler.state import Actual, ChildState, ClaimRecord, Desired
+from forkd.reconciler.world import (
+    LIVE,
+    World,
+    chain_depth,
+    claim_shutdown,
+    claim_ttl,
+    compact_tag,
+    resolve,
+    split_children,
+)
+from forkd.spec.models import ForkBranch, ForkClaim, ForkLayer, ForkParent, ForkPool, spec_hash
 
 
 def backoff_seconds(attempts: int) -> float:
@@ -136,6 +149,42 @@ def plan_orphans(children: Sequence[ChildState], now: float) -> list[Action]:
             + _retire(pool, kids.idle_old + kids.other, "orphaned"))
 
 
+def _held(rec: ClaimRecord, w: World) -> list[ChildState]:
+    """The children a claim record names that are still there (live or not: retiring a dead one removes it)."""
+    return [c for cid in rec.children if (c := w.child(cid)) is not None]
+
+
+def plan_claim(claim: ForkClaim, w: World) -> list[Action]:
+    """Claim once; retire the children when the claim expires (the pool's own rules retire dead ones)."""
+    name = claim.metadata.name
+    rec = w.records.get(name)
+    if rec is not None:
+        if rec.expires_at is not None and rec.expires_at <= w.now:
+            return [RetireChild(c.pool, c.id, "expired") for c in _held(rec, w)]
+        return []
+    shutdown = claim_shutdown(claim)
+    if f"ForkClaim/{name}" in w.stuck or (shutdown is not None and shutdown <= w.now):
+        return []  # nothing to claim from, or over before it began (status: Expired)
+    if any(r.name == name for r in w.stray_records):
+        return []  # the children of an earlier claim of this name are released first
+    from_tag = w.tags.get(claim.spec.from_) if claim.spec.from_ else None
+    if not w.ready(from_tag if claim.spec.from_ else w.targets.get(claim.spec.pool)):
+        return []  # waits for the snapshot it claims from
+    return [ClaimChildren(name, claim.spec.pool, claim.spec.count, from_tag,
+                          claim_ttl(claim, w.pool(claim.spec.pool)), shutdown)]
+
+
+def plan_stray_claims(w: World) -> list[Action]:
+    """A deleted claim's children are retired; then its record is forgotten."""
+    out: list[Action] = []
+    for rec in w.stray_records:
+        held = _held(rec, w)
+        out += [RetireChild(c.pool, c.id, "claim-deleted") for c in held]
+        if not [c for c in held if c.status in LIVE]:
+            out.append(ForgetClaim(rec.name))
+    return out
+
+
 def plan_snapshots(w: World) -> list[Action]:
     """Collect reconciler-built snapshots that are neither desired nor used by any child (nor being written, nor
     the parent of another snapshot: nothing referenced is deleted)."""
@@ -163,6 +212,9 @@ def plan_world(w: World) -> list[Action]:
         actions += plan_compaction(pool, w) + plan_pool(pool, w)
     for children in w.orphans.values():
         actions += plan_orphans(children, w.now)
+    for claim in w.claims:
+        actions += plan_claim(claim, w)
+    actions += plan_stray_claims(w)
     actions += plan_snapshots(w)
     out: list[Action] = []
     seen: set[str] = set()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from forkd.reconciler.actions import Action
-from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool
+from forkd.spec.models import ForkBranch, ForkClaim, ForkLayer, ForkParent, ForkPool
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,19 @@ class ChildState:
     claimed_at: float | None = None
     expires_at: float | None = None  # claimed children: when their ttl ends
     created_at: float = 0.0
+    agent_socket: str | None = None  # how to reach it on this node (a ForkClaim's status lists it)
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """What a ForkClaim holds, as recorded when its children were claimed (forkd.reconciler.objects): kept after
+    the claim is deleted, until its children are retired, so a deleted claim's children are found and killed."""
+
+    name: str
+    children: tuple[str, ...]
+    claimed_at: float
+    expires_at: float | None = None
+    uid: str = ""  # the claim's metadata.creationTimestamp: a claim deleted and made again is another claim
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,7 @@ class Desired:
     layers: tuple[ForkLayer, ...] = ()
     pools: tuple[ForkPool, ...] = ()
     branches: tuple[ForkBranch, ...] = ()
+    claims: tuple[ForkClaim, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,3 +78,4 @@ class Actual:
     now: float = 0.0
     in_flight: frozenset[str] = field(default_factory=frozenset)  # keys of actions still running
     spawn_p50_ms: tuple[tuple[str, float], ...] = ()  # (pool, p50 of recent spawn-to-answer times)
+    claims: tuple[ClaimRecord, ...] = ()  # what each ForkClaim (deleted ones too) holds

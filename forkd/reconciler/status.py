@@ -2,9 +2,10 @@
 
 Pure: time is `actual.now`, and statuses read the same World (forkd.reconciler.world) plan() does. Kubernetes
 conventions: observedGeneration is the generation the statuses were computed from (always the current one: they
-are computed from the current spec), and three conditions, Ready / Reconciling / Degraded, each "True" or "False"
-with a CamelCase reason and a message. A condition keeps its lastTransitionTime from `previous` while its status
-does not change.
+are computed from the current spec), and the conditions Ready / Reconciling / Degraded / Stalled (kstatus' and
+Flux's "cannot progress until the spec changes"; its reason and message are Degraded's), plus Expired on a
+ForkClaim, each "True" or "False" with a CamelCase reason and a message. A condition keeps its lastTransitionTime
+from `previous` while its status does not change.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from forkd.reconciler.state import Actual, Desired, Failure
-from forkd.reconciler.world import World, chain_depth, resolve
+from forkd.reconciler.world import LIVE, World, chain_depth, claim_shutdown, resolve
 from forkd.spec.models import (
+    ClaimedChild,
     Condition,
     ForkBranch,
     ForkBranchStatus,
+    ForkClaim,
+    ForkClaimStatus,
     ForkLayer,
     ForkLayerStatus,
     ForkParent,
@@ -39,14 +43,25 @@ def _conditions(key: str, ready: Cond, reconciling: Cond, degraded: Cond, previo
                 stamp: str) -> list[Condition]:
     """The three conditions; `stamp` (now, RFC 3339) is the lastTransitionTime of those whose status changed."""
     prev = previous.get(key)
-    out = []
-    for type_, (flag, reason, message) in (("Ready", ready), ("Reconciling", reconciling), ("Degraded", degraded)):
-        status = "True" if flag else "False"
-        old = prev.condition(type_) if prev is not None else None
-        since = old.lastTransitionTime if old is not None and old.status == status and old.lastTransitionTime else ""
-        out.append(Condition(type=type_, status=status, reason=reason, message=message,
-                             lastTransitionTime=since or stamp))
-    return out
+    return [_condition(type_, c, prev, stamp)
+            for type_, c in (("Ready", ready), ("Reconciling", reconciling), ("Degraded", degraded))]
+
+
+def _condition(type_: str, cond: Cond, prev: Status | None, stamp: str) -> Condition:
+    flag, reason, message = cond
+    status = "True" if flag else "False"
+    old = prev.condition(type_) if prev is not None else None
+    since = old.lastTransitionTime if old is not None and old.status == status and old.lastTransitionTime else ""
+    return Condition(type=type_, status=status, reason=reason, message=message, lastTransitionTime=since or stamp)
+
+
+def _with_stalled(key: str, st: Status, w: World, previous: dict[str, Status | None], stamp: str) -> Status:
+    """Add the Stalled condition: True (with Degraded's reason and message) when `key` cannot progress until its
+    spec, or what it names, changes."""
+    deg = st.condition("Degraded")
+    cond: Cond = (True, deg.reason, deg.message) if w.stalled(key) and deg is not None else OK
+    return st.model_copy(update={"conditions": [*st.conditions, _condition("Stalled", cond, previous.get(key),
+                                                                           stamp)]})
 
 
 def _failed(what: str, f: Failure | None, fallback: str | None, now: float) -> str:
@@ -152,8 +167,10 @@ def pool_status(pool: ForkPool, w: World, previous: dict[str, Status | None], st
     if target_snap is not None and target_snap.compacted_from:
         last = f"{rfc3339(target_snap.created_at)}: compacted {target_snap.compacted_from} into {target} " \
                f"({target_snap.compaction_reason or 'no reason recorded'})"
-    return ForkPoolStatus(observedGeneration=pool.metadata.generation,
-                          warm=sum(c.status == "running" for c in kids.idle_current + kids.idle_old),
+    warm = sum(c.status == "running" for c in kids.idle_current + kids.idle_old)
+    return ForkPoolStatus(observedGeneration=pool.metadata.generation, warm=warm,
+                          replicas=sum(c.status == "running" for c in kids.idle_current),
+                          selector=f"forkd.dev/pool={name}",
                           claimed=len(kids.claimed), target=pool.spec.warm, snapshot=target,
                           chainDepth=chain_depth(target, w.snaps) if target else 0, lastCompaction=last,
                           conditions=_conditions(key, r, rec, deg, previous, stamp))
@@ -183,6 +200,63 @@ def branch_status(b: ForkBranch, w: World, previous: dict[str, Status | None], s
                             conditions=_conditions(key, r, rec, deg, previous, stamp))
 
 
+def _claim_children(c: ForkClaim, w: World) -> list[ClaimedChild]:
+    rec = w.records.get(c.metadata.name)
+    out = []
+    for cid in rec.children if rec is not None else ():
+        ch = w.child(cid)
+        out.append(ClaimedChild(id=cid, snapshot=ch.snapshot if ch else "", status=ch.status if ch else "gone",
+                                agentSocket=ch.agent_socket if ch else None))
+    return out
+
+
+def _claim_conditions(c: ForkClaim, w: World, kids: list[ClaimedChild]) -> tuple[Cond, Cond, Cond, Cond]:
+    """(Ready, Reconciling, Degraded, Expired) of a claim."""
+    name, now = c.metadata.name, w.now
+    key, rec = f"ForkClaim/{name}", w.records.get(name)
+    ends = rec.expires_at if rec is not None else claim_shutdown(c)
+    if ends is not None and ends <= now:
+        gone = sum(k.status not in LIVE for k in kids)
+        ex: Cond = (True, "Expired", f"released at {rfc3339(ends)}")
+        rec_: Cond = (True, "Releasing", "retiring the children") if gone < len(kids) else (False, "Expired", "")
+        return (False, "Expired", ex[2]), rec_, OK, ex
+    not_expired: Cond = (False, "AsExpected", f"until {rfc3339(ends)}" if ends else "no expiry")
+    if (stuck := w.stuck.get(key)) is not None:
+        s: Cond = (False, stuck.reason, stuck.message)
+        return s, s, (True, stuck.reason, stuck.message), not_expired
+    if rec is not None:
+        lost = [k.id for k in kids if k.status != "running"]
+        if lost:
+            m = f"{len(lost)} of {len(kids)} claimed children are not running: {', '.join(lost[:5])}"
+            return (False, "ChildLost", m), (False, "Claimed", ""), (True, "ChildLost", m), not_expired
+        return (True, "Claimed", f"{len(kids)} children of pool {c.spec.pool}"), (False, "Claimed", ""), OK, \
+            not_expired
+    fail = w.failures.get(key)
+    deg: Cond = (True, "ClaimFailed", _failed("claim", fail, None, now)) if fail is not None else OK
+    if key in w.in_flight:
+        rc: Cond = (True, "Claiming", f"claiming {c.spec.count} children of pool {c.spec.pool}")
+    elif any(r.name == name for r in w.stray_records):
+        rc = (True, "ReleasingPrevious", "the children of an earlier claim of this name are being released")
+    elif fail is not None:
+        rc = (False, "ClaimFailed", deg[2]) if _given_up(key, fail, w) else \
+            (True, "BackingOff", f"next claim at {rfc3339(fail.retry_at)}")
+    else:
+        rc = (True, "WaitingForPool", f"waiting for a ready snapshot of {c.spec.from_ or 'pool ' + c.spec.pool}")
+    return (False, rc[1], rc[2]), rc, deg, not_expired
+
+
+def claim_status(c: ForkClaim, w: World, previous: dict[str, Status | None], stamp: str) -> ForkClaimStatus:
+    key, rec = f"ForkClaim/{c.metadata.name}", w.records.get(c.metadata.name)
+    kids = _claim_children(c, w)
+    r, rc, deg, ex = _claim_conditions(c, w, kids)
+    ends = rec.expires_at if rec is not None else claim_shutdown(c)
+    conds = _conditions(key, r, rc, deg, previous, stamp) + [_condition("Expired", ex, previous.get(key), stamp)]
+    return ForkClaimStatus(observedGeneration=c.metadata.generation, conditions=conds, children=kids,
+                           claimed=sum(k.status == "running" for k in kids),
+                           claimedAt=rfc3339(rec.claimed_at) if rec is not None else None,
+                           expiresAt=rfc3339(ends) if ends is not None else None)
+
+
 def compute_status(desired: Desired, actual: Actual, previous: dict[str, Status | None]) -> dict[str, Status]:
     return world_status(resolve(desired, actual), previous)
 
@@ -199,4 +273,6 @@ def world_status(w: World, previous: dict[str, Status | None]) -> dict[str, Stat
         out[f"ForkPool/{pool.metadata.name}"] = pool_status(pool, w, previous, stamp)
     for b in w.branches:
         out[f"ForkBranch/{b.metadata.name}"] = branch_status(b, w, previous, stamp)
-    return out
+    for c in w.claims:
+        out[f"ForkClaim/{c.metadata.name}"] = claim_status(c, w, previous, stamp)
+    return {key: _with_stalled(key, st, w, previous, stamp) for key, st in out.items()}

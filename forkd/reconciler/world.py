@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from forkd.reconciler.actions import Action
-from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
-from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, ForkPool, spec_hash
+from forkd.reconciler.state import Actual, ChildState, ClaimRecord, Desired, Failure, SnapshotState
+from forkd.spec.models import (
+    ForkBranch,
+    ForkClaim,
+    ForkLayer,
+    ForkParent,
+    ForkPool,
+    duration_seconds,
+    rfc3339_seconds,
+    spec_hash,
+)
 
 LIVE = ("starting", "running")  # children that count; dead / failed ones are retired and replaced
 GONE = ("dead", "failed", "oom-killed")
@@ -152,6 +161,27 @@ def split_children(children: Sequence[ChildState], target: str | None, now: floa
     return p
 
 
+def claim_uid(c: ForkClaim) -> str:
+    """What tells one ForkClaim from a claim of the same name deleted and applied again."""
+    return c.metadata.creationTimestamp or ""
+
+
+def claim_shutdown(c: ForkClaim) -> float | None:
+    """The fixed time a claim's children are released (spec.shutdownTime), or None."""
+    return rfc3339_seconds(c.spec.shutdownTime) if c.spec.shutdownTime else None
+
+
+def claim_ttl(c: ForkClaim, pool: ForkPool | None) -> float | None:
+    """How long after claiming the children are released: spec.ttl, else the pool's child.ttlSeconds (as for
+    `forkd claim`), else None (until the claim is deleted); None too when spec.shutdownTime says when."""
+    if c.spec.shutdownTime:
+        return None
+    if c.spec.ttl:
+        return duration_seconds(c.spec.ttl)
+    ttl = pool.spec.child.ttlSeconds if pool is not None else None
+    return float(ttl) if ttl else None
+
+
 @dataclass(frozen=True)
 class Stuck:
     """Why an object cannot make progress until its spec, or the objects it names, change."""
@@ -182,6 +212,20 @@ class World:
     failures: Mapping[str, Failure]  # action key -> its latest failure
     in_flight: frozenset[str]  # keys of actions still running
     p50s: Mapping[str, float]  # pool -> p50 of recent spawn-to-answer times (ms)
+    claims: tuple[ForkClaim, ...] = ()
+    records: Mapping[str, ClaimRecord] = field(default_factory=dict)  # claim name -> what it holds
+    stray_records: tuple[ClaimRecord, ...] = ()  # records of claims deleted (or deleted and made again)
+
+    def child(self, child_id: str) -> ChildState | None:
+        return next((c for c in self.children if c.id == child_id), None)
+
+    def pool(self, name: str) -> ForkPool | None:
+        return next((p for p in self.pools if p.metadata.name == name), None)
+
+    def stalled(self, key: str) -> bool:
+        """Cannot progress until its spec (or what it names) changes: kstatus' and Flux's Stalled."""
+        kind, _, name = key.partition("/")
+        return key in self.terminal or (kind == "ForkPool" and name in self.mismatches)
 
     def ready(self, tag: str | None) -> bool:
         return tag is not None and (s := self.snaps.get(tag)) is not None and s.status == "ready"
@@ -220,16 +264,34 @@ def resolve(desired: Desired, actual: Actual) -> World:
     targets = {p.metadata.name: pool_target(p, tags, snaps) for p in pools}
     sources = {b.metadata.name: s for b in branches if (s := branch_source(b, actual.children)) is not None}
     nets = source_networks(parents, layers)
+    stuck = _stuck(layers, pools, branches, tags, snaps, sources)
     return World(
         now=actual.now, parents=tuple(parents), branches=tuple(branches), layers=tuple(layers), pools=tuple(pools),
         tags=tags, snaps=snaps, children=actual.children,
         kids={n: split_children(by_pool.get(n, []), t, actual.now) for n, t in targets.items()},
         orphans={n: cs for n, cs in sorted(by_pool.items()) if n not in targets}, targets=targets,
         mismatches={p.metadata.name: m for p in pools if (m := network_mismatch(p, nets)) is not None},
-        sources=sources, stuck=_stuck(layers, pools, branches, tags, snaps, sources),
+        sources=sources, stuck=stuck,
         failures={f"{f.kind}/{f.name}": f for f in sorted(actual.failures, key=lambda f: (f.retry_at, f.attempts,
                                                                                          f.message))},
-        in_flight=actual.in_flight, p50s=dict(actual.spawn_p50_ms))
+        in_flight=actual.in_flight, p50s=dict(actual.spawn_p50_ms), **_claims(desired, actual, pools, branches, stuck))
+
+
+def _claims(desired: Desired, actual: Actual, pools: Sequence[ForkPool], branches: Sequence[ForkBranch],
+            stuck: dict[str, Stuck]) -> dict:
+    """The World's claim fields; adds to `stuck` the claims whose pool or `from` branch does not exist."""
+    claims = unique_by_name(desired.claims)
+    uids = {c.metadata.name: claim_uid(c) for c in claims}
+    recs = sorted(actual.claims, key=lambda r: (r.name, r.uid))
+    pool_names, branch_names = {p.metadata.name for p in pools}, {b.metadata.name for b in branches}
+    for c in claims:
+        key = f"ForkClaim/{c.metadata.name}"
+        if c.spec.pool not in pool_names:
+            stuck[key] = Stuck("PoolNotFound", f"spec.pool {c.spec.pool!r} names no ForkPool")
+        elif c.spec.from_ is not None and c.spec.from_ not in branch_names:
+            stuck[key] = Stuck("BranchNotFound", f"spec.from {c.spec.from_!r} names no ForkBranch")
+    return {"claims": tuple(claims), "records": {r.name: r for r in recs if uids.get(r.name) == r.uid},
+            "stray_records": tuple(r for r in recs if uids.get(r.name) != r.uid)}
 
 
 def _stuck(layers: Sequence[ForkLayer], pools: Sequence[ForkPool], branches: Sequence[ForkBranch],

@@ -1,6 +1,16 @@
-"""Load spec files: jinja2 templating, multi-document YAML, pydantic validation; every error of every document of
-every file at once, each at file:line:column of the offending node in the rendered text (the source's lines unless
-a template expands to several). The only I/O is reading spec and values files ("-" is stdin)."""
+"""Load spec files: multi-document YAML, pydantic validation, jinja2 templating for the files that ask for it;
+every error of every document of every file at once, each at file:line:column of the offending node (in the
+rendered text for a template: the source's lines unless it expands to several). The only I/O is reading spec and
+values files ("-" is stdin).
+
+Templating is opt-in: a file whose name ends in `.j2` (e.g. `pool.yaml.j2`) is rendered with jinja2, or every file
+with `template=True` (`forkd apply --template`); plain YAML is never rendered, so `run: ['echo ${#HOME}']` stays
+what it says. In a directory, `values.yaml` / `values.yml` and `*.values.yaml` / `*.values.yml` are values files
+(pass them with `--values`), never objects.
+
+Fields a Kubernetes API server fills in (metadata.namespace, uid, resourceVersion, generation,
+creationTimestamp, managedFields, finalizers, ..., and status) are accepted and ignored, so
+`kubectl get fpool x -o yaml | forkd apply -f -` works."""
 
 from __future__ import annotations
 
@@ -28,7 +38,14 @@ from forkd.spec.limits import (
 from forkd.spec.models import API_VERSION, KINDS, MODELS, ForkObject
 
 SPEC_SUFFIXES = (".yaml", ".yml", ".j2")
+TEMPLATE_SUFFIX = ".j2"
+VALUES_NAMES = ("values.yaml", "values.yml")  # and *.values.yaml / *.values.yml: values files, never objects
 STDIN = "-"
+# set by a Kubernetes API server (kubectl get -o yaml shows them): accepted and dropped
+SERVER_METADATA = ("namespace", "uid", "resourceVersion", "generation", "creationTimestamp", "managedFields",
+                   "finalizers", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences",
+                   "generateName")
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # YAML must say `from`, never the Python name `from_` (needs pydantic >= 2.11; older ones accept both)
 _BY_ALIAS = {"by_name": False} if tuple(map(int, pydantic.VERSION.split(".")[:2])) >= (2, 11) else {}
 
@@ -213,13 +230,13 @@ def _precheck(doc: _Doc) -> tuple[dict | None, list[SpecError]]:
     if doc.kind is None:
         got = f"unknown kind {data['kind']!r}" if "kind" in data else "kind is required"
         return None, [*errors, doc.error(("kind",), f"{got} (expected one of {', '.join(KINDS)})")]
-    if "status" in data:
-        errors.append(doc.error(("status",), "status is set by forkd, remove it", at_key=True))
-        del data["status"]
+    data.pop("status", None)  # set by forkd (or an API server): ignored
     meta = data.get("metadata")
-    if isinstance(meta, dict) and "generation" in meta:
-        errors.append(doc.error(("metadata", "generation"), "metadata.generation is set by forkd", at_key=True))
-        data["metadata"] = {k: v for k, v in meta.items() if k != "generation"}
+    if isinstance(meta, dict):
+        meta = {k: v for k, v in meta.items() if k not in SERVER_METADATA}
+        if isinstance(meta.get("annotations"), dict) and LAST_APPLIED in meta["annotations"]:
+            meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != LAST_APPLIED}
+        data["metadata"] = meta
     return data, errors
 
 
@@ -245,12 +262,31 @@ def _validate(doc: _Doc) -> tuple[ForkObject | None, list[SpecError]]:
     return (None, errors) if errors else (obj, [])
 
 
-def load_text(text: str, filename: str, values: dict | None = None) -> tuple[list[Loaded], list[SpecError]]:
-    """Render, parse and validate one file's text: the valid objects, and the errors of the invalid ones."""
-    try:
-        rendered = render(text, values or {}, filename)
-    except SpecLoadError as e:
-        return [], e.errors
+def is_template(filename: str, template: bool = False) -> bool:
+    """Is this file rendered with jinja2 before parsing: its name ends in .j2, or `template` says so."""
+    return template or filename.endswith(TEMPLATE_SUFFIX)
+
+
+def is_values_file(path: Path) -> bool:
+    """values.yaml, values.yml, *.values.yaml, *.values.yml: template values, not objects."""
+    return path.name in VALUES_NAMES or path.name.endswith(tuple("." + n for n in VALUES_NAMES))
+
+
+def load_text(text: str, filename: str, values: dict | None = None,
+              template: bool | None = None) -> tuple[list[Loaded], list[SpecError]]:
+    """Parse and validate one file's text (rendered first when it is a template: `template`, or by default a name
+    ending in .j2): the valid objects, and the errors of the invalid ones."""
+    rendered = text
+    if template or (template is None and is_template(filename)):
+        try:
+            rendered = render(text, values or {}, filename)
+        except SpecLoadError as e:
+            return [], e.errors
+    else:
+        try:
+            check_text(text, filename)
+        except LimitExceeded as e:
+            return [], [SpecError(filename, 0, 0, "", e.message)]
     docs, errors = _documents(rendered, filename)
     loaded = []
     for node, data in docs:
@@ -272,7 +308,8 @@ def _read(path: Path) -> str:
 
 
 def collect_files(paths: list[Path], recursive: bool = False, errors: list[SpecError] | None = None) -> list[Path]:
-    """A directory yields its *.yaml/*.yml/*.j2 files, sorted; subdirectories only with `recursive`. A path that
+    """A directory yields its *.yaml/*.yml/*.j2 files (not its values files), sorted; subdirectories only with
+    `recursive`. A path that
     yields no file is a SpecError: appended to `errors` when given, else raised (SpecLoadError)."""
     files: list[Path] = []
     bad: list[SpecError] = []
@@ -281,7 +318,7 @@ def collect_files(paths: list[Path], recursive: bool = False, errors: list[SpecE
             files.append(path)
         elif path.is_dir():
             found = sorted(p for p in (path.rglob("*") if recursive else path.iterdir())
-                           if p.suffix in SPEC_SUFFIXES and p.is_file())
+                           if p.suffix in SPEC_SUFFIXES and p.is_file() and not is_values_file(p))
             hint = "" if recursive else " (subdirectories are read only with --recursive)"
             files += found
             bad += [] if found else [SpecError(str(path), 0, 0, "", f"no spec files{hint}")]
@@ -306,16 +343,22 @@ def check_duplicates(loaded: list[Loaded], first: dict | None = None) -> list[Sp
     return errors
 
 
-def load_paths(paths: list[Path], recursive: bool = False, values: dict | None = None) -> list[Loaded]:
+def load_paths(paths: list[Path], recursive: bool = False, values: dict | None = None,
+               template: bool = False) -> list[Loaded]:
     """Every object of every file, in file order; or SpecLoadError with every error (missing paths first, then
-    file by file, by line)."""
+    file by file, by line). Files are rendered only if they are templates (*.j2, or every file with `template`);
+    `values` given while no file is one is an error (they would be silently unused)."""
     loaded: list[Loaded] = []
     errors: list[SpecError] = []
     first: dict = {}
-    for path in collect_files(paths, recursive, errors):
+    files = collect_files(paths, recursive, errors)
+    if values and files and not any(is_template(str(p), template) for p in files):
+        raise InvalidInput("--set / --values given, but no file is a template",
+                           hint="name templates *.j2 (e.g. pool.yaml.j2), or pass --template to render plain YAML")
+    for path in files:
         name = "<stdin>" if str(path) == STDIN else str(path)
         try:
-            objs, errs = load_text(_read(path), name, values)
+            objs, errs = load_text(_read(path), name, values, template=is_template(name, template))
         except (OSError, UnicodeDecodeError) as e:
             objs, errs = [], [SpecError(name, 0, 0, "", f"cannot read: {e}")]
         except LimitExceeded as e:

@@ -1,19 +1,24 @@
 """The declarative objects, Kubernetes-style (apiVersion forkd.dev/v1alpha1): ForkParent, ForkLayer, ForkPool,
-ForkBranch. Pure pydantic v2 models: strict (unknown fields are errors), no I/O.
+ForkBranch, ForkClaim. Pure pydantic v2 models: strict (unknown fields are errors), no I/O. Every field has a
+description: they flow into the CRDs (forkd/operator/crdgen.py), the JSON Schemas (`forkd schema`) and
+`forkd explain`.
 
 Field names are camelCase as users write them in YAML; Python attributes are snake_case where they differ
 (`from` is `from_`). Status follows Kubernetes conventions: observedGeneration plus conditions Ready /
-Reconciling / Degraded, and numbers; there is no `phase`.
+Reconciling / Degraded / Stalled (and Expired on a ForkClaim), and numbers; there is no `phase`.
 
 The fields the core also takes use the field types of forkd.core.requests (a rule is written once), and the
 objects build the core's typed requests: ForkParent -> ParentBuild, ForkLayer -> LayerBuild, ForkPool -> Spawn,
-ForkBranch -> Branch (a compaction takes nothing from a spec: the reconciler builds its Compaction itself).
+ForkBranch -> Branch (a compaction takes nothing from a spec: the reconciler builds its Compaction itself); a
+ForkClaim goes through the pool's claim path (forkd.reconciler.control.Control.claim).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, model_serializer, model_validator
@@ -33,8 +38,9 @@ from forkd.core.requests import (
 )
 
 API_VERSION = "forkd.dev/v1alpha1"
-KINDS = ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch")
-CONDITION_TYPES = ("Ready", "Reconciling", "Degraded")
+KINDS = ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch", "ForkClaim")
+CONDITION_TYPES = ("Ready", "Reconciling", "Degraded", "Stalled", "Expired")
+MAX_CLAIM = 1000  # children one claim may hold (the claim path's own limit)
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
@@ -44,23 +50,30 @@ class Strict(BaseModel):
 
 
 class Metadata(Strict):
-    name: Name
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    name: Name = Field(description="the object's name: 1-52 of a-z, 0-9 and '-', starting and ending with a "
+                                   "letter or digit; unique per kind")
+    labels: dict[str, str] = Field(default_factory=dict, description="free-form key/value labels")
+    annotations: dict[str, str] = Field(default_factory=dict, description="free-form key/value annotations "
+                                        "(forkd.dev/* ones are forkd's)")
     generation: int = Field(0, ge=0, description="set by forkd: moves only when the spec changes")
+    creationTimestamp: str | None = Field(None, description="set by forkd when the object is first applied "
+                                                            "(RFC 3339, UTC)")
 
 
 class Condition(Strict):
-    type: Literal["Ready", "Reconciling", "Degraded"]
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    lastTransitionTime: str = ""
+    type: Literal["Ready", "Reconciling", "Degraded", "Stalled", "Expired"] = Field(
+        description="Ready: as declared; Reconciling: working on it; Degraded: something is wrong; Stalled: "
+                    "cannot progress until the spec (or what it names) changes; Expired: a claim's time is up")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown")
+    reason: str = Field("", description="one CamelCase word saying why")
+    message: str = Field("", description="what happened, for people")
+    lastTransitionTime: str = Field("", description="when status last changed (RFC 3339, UTC)")
 
 
 class Status(Strict):
-    observedGeneration: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    observedGeneration: int | None = Field(None, description="the metadata.generation this status was computed "
+                                                             "from")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Reconciling, Degraded, Stalled")
     node: str | None = Field(None, description="Kubernetes: the node daemon the operator placed this object on")
 
     def condition(self, type_: str) -> Condition | None:
@@ -80,12 +93,14 @@ class _DropNone(Strict):
 
 
 class OciImage(_DropNone):
-    ref: str = Field(..., min_length=1, description="an OCI image layout directory or a `docker save` tarball")
+    ref: str = Field(..., min_length=1, description="an OCI image layout directory or a `docker save` tarball, on "
+                                                    "the node")
     rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
 
 
 class DebianImage(_DropNone):
-    suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{1,30}$")] = "bookworm"
+    suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{1,30}$")] = Field(
+        "bookworm", description="the Debian suite mmdebstrap installs (bookworm, trixie, ...)")
     packages: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]] = Field(
         default_factory=list, description="Debian packages installed next to python3 (mmdebstrap)")
     rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
@@ -94,9 +109,10 @@ class DebianImage(_DropNone):
 class ImageRef(Strict):
     """Exactly one of builtin | oci | debian (none given: builtin python)."""
 
-    builtin: Literal["python"] | None = None
-    oci: OciImage | None = None
-    debian: DebianImage | None = None
+    builtin: Literal["python"] | None = Field(None, description="forkd's default image: busybox and Python "
+                                                                "(what an empty image means)")
+    oci: OciImage | None = Field(None, description="an OCI image (layout directory or docker save tarball)")
+    debian: DebianImage | None = Field(None, description="a Debian rootfs with python3 and these packages")
 
     @model_validator(mode="before")
     @classmethod
@@ -124,18 +140,21 @@ class Warmup(Strict):
 
 
 class ForkParentSpec(Strict):
-    image: ImageRef = Field(default_factory=ImageRef)
-    memoryMiB: MemoryMiB = 512
-    vcpus: Vcpus = 1
-    warmup: Warmup = Field(default_factory=Warmup)
+    image: ImageRef = Field(default_factory=ImageRef, description="the guest image the parent boots: exactly one "
+                                                                  "of builtin, oci, debian (none: builtin python)")
+    memoryMiB: MemoryMiB = Field(512, description="guest RAM in MiB (128-65536); children share the parent's "
+                                                  "pages copy-on-write")
+    vcpus: Vcpus = Field(1, description="virtual CPUs of the parent and of every child (1-64)")
+    warmup: Warmup = Field(default_factory=Warmup, description="what runs in the parent before it is paused and "
+                                                               "snapshotted: every child starts from there")
     network: NetworkMode = Field(
         "none", description="isolated: the parent gets a NIC and every child runs in its own network namespace; "
                             "pools using it must say child.network: isolated")
 
 
 class ForkParentStatus(Status):
-    snapshot: str | None = None
-    specHash: str | None = None
+    snapshot: str | None = Field(None, description="the ready snapshot's tag")
+    specHash: str | None = Field(None, description="hash of the spec the snapshot was built from")
 
 
 class ForkParent(Strict):
@@ -156,14 +175,15 @@ class ForkParent(Strict):
 
 # -- ForkLayer --------------------------------------------------------------------------------------
 class ForkLayerSpec(Strict):
-    from_: Name = Field(alias="from")
-    run: list[str] = Field(default_factory=list)
-    imports: list[ModuleName] = Field(default_factory=list)
+    from_: Name = Field(alias="from", description="the ForkParent, ForkLayer or ForkBranch this layer is built on")
+    run: list[str] = Field(default_factory=list, description="shell commands run in a child of `from` before the "
+                                                             "layer's pages are stored")
+    imports: list[ModuleName] = Field(default_factory=list, description="modules imported in that child's agent")
 
 
 class ForkLayerStatus(Status):
-    snapshot: str | None = None
-    chainDepth: int | None = None
+    snapshot: str | None = Field(None, description="the ready layer snapshot's tag")
+    chainDepth: int | None = Field(None, description="how many diff snapshots lie between it and its base")
 
 
 class ForkLayer(Strict):
@@ -187,8 +207,10 @@ EgressField = Annotated[Egress, WithJsonSchema({"description": EGRESS_DOC,
 
 
 class ChildSpec(Strict):
-    memoryLimitMiB: MemoryLimitMiB | None = None
-    network: NetworkMode = "none"
+    memoryLimitMiB: MemoryLimitMiB | None = Field(None, description="each child's host memory limit in MiB (its "
+                                                  "cgroup; past it the child is OOM-killed); unset: no limit")
+    network: NetworkMode = Field("none", description="none (no NIC) or isolated (a NIC in the child's own network "
+                                                     "namespace); must match the ForkParent's spec.network")
     egress: EgressField = "none"
 
     @model_validator(mode="after")
@@ -201,30 +223,33 @@ class ChildSpec(Strict):
 
 
 class SpawnLatencyTarget(Strict):
-    p50Ms: int = Field(ge=1)
+    p50Ms: int = Field(ge=1, description="compact the snapshot chain when the median spawn takes longer (ms)")
 
 
 class Compaction(Strict):
-    maxDepth: int = Field(3, ge=1)
+    maxDepth: int = Field(3, ge=1, description="compact the snapshot chain when it is deeper than this")
 
 
 class ForkPoolSpec(Strict):
-    from_: Name = Field(alias="from", description="a ForkParent or ForkLayer name")
-    warm: int = Field(0, ge=0, le=MAX_FORK, description="children kept restored, idle and answering")
+    from_: Name = Field(alias="from", description="the ForkParent, ForkLayer or ForkBranch children fork from")
+    warm: int = Field(0, ge=0, le=MAX_FORK, description="children kept restored, idle and answering (the /scale "
+                                                        "subresource's replicas)")
     maxChildren: int = Field(64, ge=1, le=MAX_FORK, description="cap on warm + claimed children")
-    child: ChildSpec = Field(default_factory=ChildSpec)
-    spawnLatencyTarget: SpawnLatencyTarget | None = None
-    compaction: Compaction | None = None
+    child: ChildSpec = Field(default_factory=ChildSpec, description="settings of every child")
+    spawnLatencyTarget: SpawnLatencyTarget | None = Field(None, description="compact when spawns get slower")
+    compaction: Compaction | None = Field(None, description="compact when the snapshot chain gets deeper")
 
 
 class ForkPoolStatus(Status):
-    warm: int = 0
-    claimed: int = 0
-    target: int = 0
-    snapshot: str | None = None
-    chainDepth: int = 0
-    spawnP50Ms: float | None = None
-    lastCompaction: str | None = None
+    warm: int = Field(0, description="idle children restored and answering")
+    claimed: int = Field(0, description="children handed out and not yet retired")
+    target: int = Field(0, description="spec.warm the pool converges to")
+    replicas: int = Field(0, description="the /scale subresource's replicas: warm children ready")
+    selector: str = Field("", description="the /scale subresource's label selector: forkd.dev/pool=<name>")
+    snapshot: str | None = Field(None, description="the snapshot tag children fork from")
+    chainDepth: int = Field(0, description="how many diff snapshots lie between that snapshot and its base")
+    spawnP50Ms: float | None = Field(None, description="median spawn-to-answer time of recent spawns (ms)")
+    lastCompaction: str | None = Field(None, description="when and why the chain was last compacted")
 
 
 class ForkPool(Strict):
@@ -244,12 +269,13 @@ class ForkPool(Strict):
 # -- ForkBranch -------------------------------------------------------------------------------------
 class ForkBranchSpec(Strict):
     sandbox: str = Field(min_length=1, description="a child id, or pool/<name> for one of its claimed children")
-    mode: BranchMode = "live"
-    wait: bool = False
+    mode: BranchMode = Field("live", description="live (the child keeps running; pages copied while it runs), "
+                                                 "diff (only pages changed since its snapshot) or full")
+    wait: bool = Field(False, description="kept for compatibility: the reconciler always waits for the snapshot")
 
 
 class ForkBranchStatus(Status):
-    snapshot: str | None = None
+    snapshot: str | None = Field(None, description="the branch snapshot's tag")
 
 
 class ForkBranch(Strict):
@@ -264,14 +290,81 @@ class ForkBranch(Strict):
         return rq.Branch.of(child_id=child_id, tag=tag, mode=self.spec.mode, wait=True, labels=labels or {})
 
 
-ForkObject = ForkParent | ForkLayer | ForkPool | ForkBranch
+# -- ForkClaim --------------------------------------------------------------------------------------
+DURATION_RE = re.compile(r"^([0-9]+(\.[0-9]+)?)(s|m|h)$")
+
+
+def duration_seconds(text: str) -> float:
+    """"90s", "5m", "1.5h" -> seconds. Raises ValueError."""
+    m = DURATION_RE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration: use e.g. 90s, 5m or 1h")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(3)]
+
+
+def rfc3339_seconds(text: str) -> float:
+    """An RFC 3339 time ("2026-12-01T15:00:00Z", "...+02:00") -> Unix seconds. Raises ValueError."""
+    t = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    if t.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone: end it with Z or +HH:MM")
+    return t.timestamp()
+
+
+Duration = Annotated[str, StringConstraints(pattern=DURATION_RE.pattern)]
+
+
+class ForkClaimSpec(Strict):
+    pool: Name = Field(description="the ForkPool whose warm children are claimed")
+    count: int = Field(1, ge=1, le=MAX_CLAIM, description="how many children to claim")
+    ttl: Duration | None = Field(None, description="release the children this long after they were claimed (e.g. "
+                                                   "30m); unset: the pool's child.ttlSeconds, if any")
+    shutdownTime: str | None = Field(None, description="release the children at this time (RFC 3339, e.g. "
+                                                       "2026-12-01T18:00:00Z); give ttl or shutdownTime, not both")
+    from_: Name | None = Field(None, alias="from", description="a ForkBranch: fork the children from its snapshot "
+                                                               "(with the pool's child settings) instead of taking "
+                                                               "warm ones")
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> ForkClaimSpec:
+        if self.ttl is not None and self.shutdownTime is not None:
+            raise ValueError("give ttl or shutdownTime, not both")
+        if self.shutdownTime is not None:
+            rfc3339_seconds(self.shutdownTime)
+        return self
+
+
+class ClaimedChild(Strict):
+    id: str = Field(description="the child's id: forkd exec ID -- CMD, forkd eval ID EXPR")
+    snapshot: str = Field("", description="the snapshot it was forked from")
+    status: str = Field("", description="running, dead, ...")
+    agentSocket: str | None = Field(None, description="its agent's unix socket on the node")
+
+
+class ForkClaimStatus(Status):
+    claimed: int = Field(0, description="children held by this claim and still running")
+    children: list[ClaimedChild] = Field(default_factory=list, description="the claimed children and how to reach "
+                                                                           "them")
+    claimedAt: str | None = Field(None, description="when the children were claimed (RFC 3339)")
+    expiresAt: str | None = Field(None, description="when the children are released (RFC 3339)")
+
+
+class ForkClaim(Strict):
+    apiVersion: Literal["forkd.dev/v1alpha1"] = API_VERSION
+    kind: Literal["ForkClaim"] = "ForkClaim"
+    metadata: Metadata
+    spec: ForkClaimSpec
+    status: ForkClaimStatus | None = None
+
+
+ForkObject = ForkParent | ForkLayer | ForkPool | ForkBranch | ForkClaim
 MODELS: dict[str, type[Strict]] = {"ForkParent": ForkParent, "ForkLayer": ForkLayer, "ForkPool": ForkPool,
-                                   "ForkBranch": ForkBranch}
+                                   "ForkBranch": ForkBranch, "ForkClaim": ForkClaim}
 # plural / short names for `forkd get`
 RESOURCE_NAMES = {"parents": "ForkParent", "parent": "ForkParent", "forkparent": "ForkParent",
                   "layers": "ForkLayer", "layer": "ForkLayer", "forklayer": "ForkLayer",
                   "pools": "ForkPool", "pool": "ForkPool", "forkpool": "ForkPool",
-                  "branches": "ForkBranch", "branch": "ForkBranch", "forkbranch": "ForkBranch"}
+                  "branches": "ForkBranch", "branch": "ForkBranch", "forkbranch": "ForkBranch",
+                  "claims": "ForkClaim", "claim": "ForkClaim", "forkclaim": "ForkClaim"}
 
 
 def spec_dict(obj: ForkObject) -> dict[str, Any]:
