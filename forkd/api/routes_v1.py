@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.client import wire
+from forkd.core.capacity import node_capacity
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.reconciler.control import Control, resolve_kind
 from forkd.spec.models import MODELS, to_document
@@ -74,6 +75,11 @@ def build_router(control: Control, metrics) -> APIRouter:
     def compact(tag: str, req: wire.CompactRequest) -> wire.SnapshotInfo:
         snap = rt.compact(Compaction.of(from_tag=tag, to_tag=req.to))
         return wire.snapshot_info(snap, str(rt.store.dir(snap.tag)))
+
+    @r.get("/v1/node", tags=["status"])
+    def node() -> dict:
+        """This node's capacity for placement: memory available to children, running children (per pool)."""
+        return node_capacity(rt)
 
     # -- sandboxes -----------------------------------------------------------------------------------
     @r.get("/v1/sandboxes", tags=["sandboxes"])
