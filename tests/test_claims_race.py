@@ -194,7 +194,7 @@ def test_a_child_forked_for_a_claim_is_claimed_from_birth(local):
 
 def test_retire_never_takes_a_busy_or_newly_claimed_child(local):
     rt, child = local
-    ctx = Context(rt, ObjectStore(rt.layout), {})
+    ctx = Context(rt, ObjectStore(rt.layout), {}, lambda pool, n: [])  # retire() claims nothing
     starting, idle, dead = child(state="starting"), child(), child()
     os.kill(dead.pid, 9)
     assert retire(ctx, RetireChild("p", starting.id, "scale-down")) == ""  # its spawner (this process) lives
