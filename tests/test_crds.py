@@ -1,9 +1,11 @@
 """The CustomResourceDefinitions under crds/: generated from the spec models (and checked in up to date), valid
 apiextensions.k8s.io/v1 with structural schemas, and every example in specs/examples validates against its CRD.
 
-No Kubernetes API server can be installed on this machine, so "structural" is checked by the rules the API server
-applies (a checker below), and "validates" with the `jsonschema` package on the schema converted back from
-Kubernetes' OpenAPI dialect (nullable -> a null type; unknown fields rejected, as kubectl's strict field
+No Kubernetes API server can be installed on this machine. Each CRD is validated as a Kubernetes object by the
+published `kubernetes-validate` (strict: tests/test_deploy.py::test_every_plain_manifest_validates); what that does
+not check, "structural" (one type per node, no properties with additionalProperties, ...), is checked by the rules
+the API server applies (a checker below), and "validates" with the `jsonschema` package on the schema converted back
+from Kubernetes' OpenAPI dialect (nullable -> a null type; unknown fields rejected, as kubectl's strict field
 validation does).
 """
 

@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import kopf
 import pytest
 
 from forkd.base.errors import NotFound
@@ -24,6 +25,7 @@ from forkd.operator import handlers
 from tests.test_operator import call, condition, reconcile_until, resource
 
 pytestmark = pytest.mark.vm
+NODE_MIB = 8704  # memory each node daemon offers (FORKD_NODE_MEMORY_MIB): equal, so hashing breaks the tie at first
 
 
 def _free_port() -> int:
@@ -46,7 +48,8 @@ def _node(rt, name: str, tcp: bool = False):
         port = _free_port()
         argv += ["--bind", f"127.0.0.1:{port}", "--token-file", str(home / "token")]
         endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(argv, env=dict(os.environ, FORKD_HOME=str(home)), stdout=log, stderr=log)
+    env = dict(os.environ, FORKD_HOME=str(home), FORKD_NODE_MEMORY_MIB=str(NODE_MIB))  # as much offered by each
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + 30
     while not layout.daemon_socket.exists() or (tcp and not _listening(port)):
         assert proc.poll() is None and time.monotonic() < deadline, (home / "daemon.log").read_text()[-2000:]
@@ -86,10 +89,11 @@ def test_pools_go_to_one_node_each_parents_to_all(two_nodes):
     pinned = resource("ForkPool", "pl-pinned", {"from": "pl-base", "warm": 1})
     pinned["metadata"]["annotations"][handlers.NODE_KEY] = "b"
     bodies = [parent, *pools, pinned]
-    expected = {b["metadata"]["name"]: handlers.place(b) for b in bodies}
-    assert expected["pl-base"] == ["a", "b"] and expected["pl-pinned"] == ["b"]
-    assert all(len(expected[p["metadata"]["name"]]) == 1 for p in pools)
-    assert handlers.place(pools[0]) == expected["pl-pool0"]  # stable
+    assert handlers.place(parent) == ["a", "b"] and handlers.place(pinned) == ["b"]
+    first = handlers.place(pools[0])
+    key = f"{pools[0]['metadata']['namespace']}/pl-pool0"
+    assert first == [handlers._rendezvous(["a", "b"], key)]  # equal capacity: hashing decides
+    assert handlers.place(pools[0]) == first  # stable
     try:
         reconcile_until(bodies, lambda: all(condition(b, "Ready").get("status") == "True" for b in bodies),
                         timeout=300, what="everything Ready on its node")
@@ -100,8 +104,9 @@ def test_pools_go_to_one_node_each_parents_to_all(two_nodes):
                 "ForkParent", "pl-base")[0].status.snapshot)["status"] == "ready"
         for body in [*pools, pinned]:
             name = body["metadata"]["name"]
-            (node,) = expected[name]
-            assert body["status"]["node"] == node
+            node = body["status"]["node"]
+            assert node in ("a", "b") and handlers.place(body) == [node]  # a placed pool stays
+            assert name != "pl-pinned" or node == "b"
             here, there = two_nodes[node], two_nodes["b" if node == "a" else "a"]
             kids = [r for r in here.children() if r.pool == name and r.status == "running"]
             assert len(kids) == 1 and here.ping(kids[0].id)["child_id"] == kids[0].id
@@ -126,3 +131,44 @@ def test_branch_of_a_child_id_needs_a_pin_with_several_nodes(two_nodes):
         handlers.place(body)
     body["spec"]["sandbox"] = "pool/pl-pool0"
     assert handlers.place(body) == handlers.place(resource("ForkPool", "pl-pool0", {"from": "x"}))
+
+
+def test_pools_go_where_they_fit(two_nodes):
+    """Each node reports its capacity; a pool goes to the node with room even when hashing prefers the other, and
+    a pool that fits nowhere is Degraded with reason NoCapacity (and is applied to no node)."""
+    endpoints = handlers.nodes()
+    caps = {n: handlers.daemon(ep).capacity() for n, ep in endpoints.items()}
+    for cap in caps.values():
+        assert cap["memoryAllocatableMiB"] == NODE_MIB and cap["childrenRunning"] == 0
+        assert 0 < cap["memoryAvailableMiB"] <= NODE_MIB and cap["memoryTotalMiB"] > 0
+    parent = resource("ForkParent", "pf-base", {"memoryMiB": 256})
+    probe = resource("ForkPool", "pf-fit", {"from": "pf-base", "warm": 1})
+    preferred = handlers._rendezvous(["a", "b"], f"{probe['metadata']['namespace']}/pf-fit")
+    other = "b" if preferred == "a" else "a"
+    assert handlers.place(probe) == [preferred]
+    big = resource("ForkPool", "pf-big", {"from": "pf-base", "warm": 3})  # 3 x 128 MiB counted on `preferred`
+    big["metadata"]["annotations"][handlers.NODE_KEY] = preferred
+    huge = resource("ForkPool", "pf-huge", {"from": "pf-base", "warm": 100})  # 12800 MiB: more than any node
+    try:
+        reconcile_until([parent, big], lambda: condition(big, "Ready").get("status") == "True", timeout=300,
+                        what="pf-big Ready")
+        cap = handlers.daemon(endpoints[preferred]).capacity()
+        assert cap["childrenRunning"] >= 3 and cap["pools"].get("pf-big") >= 3
+        assert cap["memoryAvailableMiB"] <= NODE_MIB - 3 * 128
+        assert handlers.place(probe) == [other]  # it fits better there: capacity first, hashing only breaks ties
+        reconcile_until([probe], lambda: condition(probe, "Ready").get("status") == "True", timeout=300,
+                        what="pf-fit Ready")
+        assert probe["status"]["node"] == other
+        with pytest.raises(handlers.NoCapacity, match="needs 12800 MiB"):
+            handlers.place(huge)
+        with pytest.raises(kopf.TemporaryError):
+            call(handlers.reconcile, huge)
+        degraded = condition(huge, "Degraded")
+        assert degraded["status"] == "True" and degraded["reason"] == "NoCapacity"
+        assert "no node has that much available" in degraded["message"]
+        for ep in endpoints.values():
+            with pytest.raises(NotFound):
+                handlers.daemon(ep).get("ForkPool", "pf-huge")
+    finally:
+        for body in [probe, big, huge, parent]:
+            call(handlers.release, body, wait=120)

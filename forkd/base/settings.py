@@ -112,6 +112,11 @@ class Settings(BaseModel):
     # -- declarative: add this helper's settings below this line
 
     # -- platform: add this helper's settings below this line
+    node_memory_mib: int | None = _env(None, "memory (MiB) this node daemon offers to children, reported at GET "
+                                              "/v1/node for the operator's placement (default: the host's "
+                                              "MemAvailable)", gt=0)
+    placement_child_mib: int = _env(128, "memory (MiB) the operator counts per warm child of a ForkPool without "
+                                         "spec.child.memoryLimitMiB when it places the pool", gt=0)
 
     # -- density: add this helper's settings below this line
     tcg_tb_mib: int = _env(32, "TCG translation buffer per VMM in MiB (QEMU -accel tcg,tb-size=N): the code cache "

@@ -70,6 +70,10 @@ class RemoteBackend:
     def delete(self, kind, name):
         self._call("DELETE", f"/v1/objects/{kind}/{quote(name)}")
 
+    def capacity(self) -> dict[str, Any]:
+        """The node's capacity (GET /v1/node: memoryAvailableMiB, childrenRunning, pools)."""
+        return self._call("GET", "/v1/node")
+
     def claim(self, pool, n=1):
         return self._here(self._call("POST", f"/v1/pools/{quote(pool)}/claim", json={"n": n})["children"])
 

@@ -16,6 +16,7 @@ from forkd.base.atomic import write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, ProtocolViolation
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
+from forkd.base.telemetry import spawned, timed
 from forkd.core.pipeline.branch import BranchResult, branch
 from forkd.core.pipeline.compaction import CompactJob
 from forkd.core.pipeline.layer import LayerJob
@@ -226,6 +227,7 @@ class Runtime:
             first = errors[0]
             raise ForkdError(f"{len(errors)} of {n} children failed to start; none kept. First error: {first}",
                              hint=getattr(first, "hint", None)) from first
+        spawned(done, req.pool, claim is not None)
         return sorted(done, key=lambda r: r.timings_ms.get("ready", 0))
 
     def claim_children(self, pool: str, n: int, ttl_seconds: int | None = None,
@@ -316,15 +318,15 @@ class Runtime:
              stdin: str | None = None, timeout: float | None = None) -> dict:
         if not argv:
             raise InvalidInput("exec needs a command", hint="forkd exec ID -- CMD [ARGS...]")
-        with self.agent(child_id) as a:
+        with self.agent(child_id) as a, timed("exec", kind="exec"):
             return a.exec(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
 
     def eval(self, child_id: str, code: str, timeout: float = 60.0) -> dict:
-        with self.agent(child_id) as a:
+        with self.agent(child_id) as a, timed("exec", kind="eval"):
             return a.eval(code, timeout=timeout)
 
     def exec_code(self, child_id: str, code: str, timeout: float = 300.0) -> dict:
-        with self.agent(child_id) as a:
+        with self.agent(child_id) as a, timed("exec", kind="exec_code"):
             return a.exec_code(code, timeout=timeout)
 
     def ping(self, child_id: str) -> dict:

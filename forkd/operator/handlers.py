@@ -25,10 +25,13 @@ Which daemons (placement): FORKD_NODES="node-a=/path/a.sock,node-b=http://NODE-B
 daemons (one per node: the DaemonSet), each by its unix socket or its TCP URL (bearer token from FORKD_TOKEN);
 without it there is one node, the daemon on FORKD_DAEMON_SOCKET (default $FORKD_HOME/forkd.sock). ForkParents
 and ForkLayers go to every node (each node builds the snapshots its pools fork from); a ForkPool goes to one
-node chosen by rendezvous hashing of namespace/name (stable across operator restarts, spreads pools, moves only
-the pools of a node that leaves), or to the node named by the annotation `forkd.dev/node`; a ForkBranch of
-`pool/<name>` goes where that pool is, a branch of a child id needs the annotation; a ForkClaim goes where its
-pool is (deleting it kills its children there). The chosen node is reported in `status.node`.
+node where it fits: each daemon reports its available memory and running children (GET /v1/node), the pool needs
+warm x (spec.child.memoryLimitMiB or FORKD_PLACEMENT_CHILD_MIB), and among the nodes that fit the one with the most
+available memory (in steps of 256 MiB) wins, rendezvous hashing of namespace/name breaking ties (stable, spreads pools).
+A placed pool stays where it is (status.node, or the node whose daemon holds it). No node fits: Degraded, reason
+NoCapacity, retried. The annotation `forkd.dev/node` pins any resource to a node; a ForkBranch of `pool/<name>`
+goes where that pool is, a branch of a child id needs the annotation; a ForkClaim goes where its pool is (deleting
+it kills its children there). The chosen node is reported in `status.node`.
 """
 
 from __future__ import annotations
@@ -84,8 +87,72 @@ def nodes() -> dict[str, str]:
     return out
 
 
+def _score(node: str, key: str) -> str:
+    return hashlib.sha256(f"{node}|{key}".encode()).hexdigest()
+
+
 def _rendezvous(candidates: list[str], key: str) -> str:
-    return max(sorted(candidates), key=lambda n: hashlib.sha256(f"{n}|{key}".encode()).hexdigest())
+    return max(sorted(candidates), key=lambda n: _score(n, key))
+
+
+STEP_MIB = 256  # available memory is compared in these steps: a few MiB of noise must not decide placement
+
+
+class NoCapacity(Conflict):
+    """No node has room for a pool: the resource is Degraded with reason NoCapacity, and retried."""
+
+
+def pool_need_mib(body: Mapping[str, Any]) -> int:
+    """Memory a pool asks of its node: warm children x (spec.child.memoryLimitMiB, or FORKD_PLACEMENT_CHILD_MIB)."""
+    spec = body.get("spec") or {}
+    per_child = (spec.get("child") or {}).get("memoryLimitMiB") or settings().placement_child_mib
+    return int(spec.get("warm") or 0) * int(per_child)
+
+
+def _holder(known: Mapping[str, str], kind: str, name: str, namespace: str) -> str | None:
+    """The node whose daemon already holds `kind/name` of `namespace` (an object placed before), or None."""
+    for node in sorted(known):
+        try:
+            objs = daemon(known[node]).get(kind, name)
+        except ForkdError:
+            continue
+        if objs and (objs[0].metadata.annotations or {}).get(NAMESPACE_KEY, namespace) == namespace:
+            return node
+    return None
+
+
+def _place_pool(body: Mapping[str, Any], known: Mapping[str, str], namespace: str) -> str:
+    """Where a pool stays (status.node, or the node already holding it) or goes: among the nodes whose available
+    memory fits its need, the one with the most (in steps of STEP_MIB); rendezvous hashing of namespace/name breaks
+    ties.
+    NoCapacity if none fits (unreachable nodes do not count)."""
+    name = str(_meta(body).get("name"))
+    current = (body.get("status") or {}).get("node")
+    if current in known:
+        return str(current)
+    held = _holder(known, "ForkPool", name, namespace)
+    if held is not None:
+        return held
+    need = pool_need_mib(body)
+    caps: dict[str, int] = {}
+    for node, endpoint in known.items():
+        try:
+            caps[node] = int(daemon(endpoint).capacity().get("memoryAvailableMiB", 0))
+        except ForkdError as exc:
+            logging.getLogger("forkd.operator").warning("placement: node %s unreachable: %s", node, exc)
+    fits = [n for n, avail in caps.items() if avail >= need]
+    if not fits:
+        seen = ", ".join(f"{n}: {caps[n]} MiB" for n in sorted(caps)) or "no node answered"
+        raise NoCapacity(f"ForkPool/{name} needs {need} MiB ({(body.get('spec') or {}).get('warm') or 0} warm "
+                         f"children) and no node has that much available ({seen})",
+                         hint="lower spec.warm or spec.child.memoryLimitMiB, or add a node (FORKD_NODES)")
+    key = f"{namespace}/{name}"
+    return max(sorted(fits), key=lambda n: (caps[n] // STEP_MIB, _score(n, key)))
+
+
+def _pool_node(known: Mapping[str, str], namespace: str, pool: str) -> str:
+    """Where a pool is (for its branches and claims): the node holding it, else where hashing would put it."""
+    return _holder(known, "ForkPool", pool, namespace) or _rendezvous(list(known), f"{namespace}/{pool}")
 
 
 def place(body: Mapping[str, Any]) -> list[str]:
@@ -107,10 +174,10 @@ def place(body: Mapping[str, Any]) -> list[str]:
                 return list(known)
             raise InvalidInput(f"ForkBranch/{meta.get('name')}: a branch of child {sandbox!r} needs the annotation "
                                f"{NODE_KEY} naming the node that runs it")
-        return [_rendezvous(list(known), f"{namespace}/{sandbox.split('/', 1)[1]}")]
+        return [_pool_node(known, namespace, sandbox.split("/", 1)[1])]
     if kind == "ForkClaim":  # where its pool is
-        return [_rendezvous(list(known), f"{namespace}/{(body.get('spec') or {}).get('pool')}")]
-    return [_rendezvous(list(known), f"{namespace}/{meta.get('name')}")]
+        return [_pool_node(known, namespace, str((body.get("spec") or {}).get("pool")))]
+    return [_place_pool(body, known, namespace)]
 
 
 def daemon_socket() -> str:
@@ -195,8 +262,8 @@ def _cond(type_: str, status: str, reason: str, message: str, previous: Mapping[
 
 def error_status(exc: ForkdError, generation: int | None, previous: Mapping[str, Any]) -> dict[str, Any]:
     """Conditions saying why the resource cannot be reconciled right now."""
-    reason = "InvalidSpec" if isinstance(exc, InvalidInput) else "Conflict" if isinstance(exc, Conflict) \
-        else "DaemonError"
+    reason = "InvalidSpec" if isinstance(exc, InvalidInput) else "NoCapacity" if isinstance(exc, NoCapacity) \
+        else "Conflict" if isinstance(exc, Conflict) else "DaemonError"
     message = exc.message + (f" ({exc.hint})" if exc.hint else "")
     out: dict[str, Any] = {"conditions": [
         _cond("Ready", "False", reason, message, previous),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.base.telemetry import timed
 from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
 from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore
@@ -170,6 +171,10 @@ class Control:
 
     # -- claim ---------------------------------------------------------------------------------------
     def claim(self, pool: str, n: int = 1) -> list[ChildRecord]:
+        with timed("claim", pool=pool):
+            return self._claim(pool, n)
+
+    def _claim(self, pool: str, n: int = 1) -> list[ChildRecord]:
         """Hand out `n` warm children of `pool` now; the reconciler refills the pool in the background.
 
         If fewer than `n` are warm, the rest are forked on the spot from the pool's snapshot (slower); those are

@@ -19,6 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from forkd.base.errors import TerminalError, first_line
+from forkd.base.telemetry import observe as observe_latency
+from forkd.base.telemetry import timed
 from forkd.reconciler import observe
 from forkd.reconciler.actions import Action
 from forkd.reconciler.handlers import HANDLERS, Context
@@ -61,7 +63,7 @@ class Reconciler:
     def step(self) -> list[Action]:
         """Plan against the world as it is now, start what is not already running, update statuses; once more
         (up to MAX_PASSES) while a pass changed the world inline. Returns every action planned."""
-        with self._lock:
+        with self._lock, timed("reconcile"):
             planned: list[Action] = []
             for _ in range(MAX_PASSES):
                 actions, changed = self._pass()
@@ -135,6 +137,8 @@ class Reconciler:
                 self.objects.event(*action.owner, type(action).__name__,
                                    f"{message} in {time.perf_counter() - t0:.1f}s")
         finally:
+            observe_latency("reconcile_action", time.perf_counter() - t0, action=type(action).__name__,
+                            pool=action.owner[1] if action.owner and action.owner[0] == "ForkPool" else "")
             if self.on_action is not None:
                 try:
                     self.on_action(action, ok, message, (time.perf_counter() - t0) * 1000.0)

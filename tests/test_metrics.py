@@ -1,0 +1,117 @@
+"""Prometheus metrics as users expect them, scraped from a real daemon (`forkd serve`) after a reconciler refill, a
+claim and an exec: every path observes its latency (through forkd.base.telemetry), names follow the conventions,
+and no label grows a series per snapshot or child."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from forkd.api.metrics import Metrics
+from forkd.base import telemetry
+from tests.test_api import start_api_daemon, stop_api_daemon
+
+ALIASES = {"forkd_snapshots_total", "forkd_sandboxes_active"}  # upstream names kept as gauge aliases
+BOUNDED_LABELS = {"pool", "status", "reason", "kind", "action", "mode", "method", "route", "le", "version",
+                  "python", "api"}
+
+
+def families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(fams: dict, sample: str, **labels: str) -> float:
+    for fam in fams.values():
+        for s in fam.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise AssertionError(f"no sample {sample}{labels}")
+
+
+def check_conventions(fams: dict) -> None:
+    for name, fam in fams.items():
+        if fam.type == "gauge":
+            assert not name.endswith("_total") or name in ALIASES, name
+        assert "bytes_stored" not in name, name
+        for s in fam.samples:
+            assert set(s.labels) <= BOUNDED_LABELS, (s.name, s.labels)  # no tag=, id=: cardinality stays bounded
+
+
+# -- no VMs ---------------------------------------------------------------------------------------------
+def test_telemetry_reaches_metrics_and_subscribers_are_weak():
+    m = Metrics()
+    telemetry.observe("claim", 0.2, pool="p1")
+    telemetry.spawned([type("R", (), {"timings_ms": {"ready": 150.0}})()], pool="p1", claimed=False)
+    telemetry.spawned([type("R", (), {"timings_ms": {"ready": 90.0}})()], pool=None, claimed=False)
+    with telemetry.timed("exec", kind="exec"):
+        pass
+    telemetry.observe("unknown-event", 1.0)
+    fams = families(m.render().decode())
+    check_conventions(fams)
+    assert value(fams, "forkd_claim_seconds_count", pool="p1") == 1
+    assert value(fams, "forkd_spawn_seconds_count", pool="p1", reason="refill") == 1
+    assert value(fams, "forkd_spawn_seconds_count", pool="", reason="direct") == 1
+    assert value(fams, "forkd_exec_seconds_count", kind="exec") == 1
+
+    class Broken:
+        def observe(self, *a):
+            raise RuntimeError("broken subscriber")
+    b = Broken()
+    telemetry.subscribe(b)
+    telemetry.observe("claim", 0.1, pool="p1")  # a raising subscriber does not stop the others
+    assert value(families(m.render().decode()), "forkd_claim_seconds_count", pool="p1") == 2
+    del b, m
+    gc.collect()
+    assert not any(isinstance(o, (Metrics, Broken)) for o in telemetry._observers)
+
+
+# -- a real daemon --------------------------------------------------------------------------------------
+PARENT = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkParent", "metadata": {"name": "metp"},
+          "spec": {"memoryMiB": 256}}
+POOL = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkPool", "metadata": {"name": "metpool"},
+        "spec": {"from": "metp", "warm": 1, "maxChildren": 4}}
+
+
+def wait_warm(c, n: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while (c.get("/v1/pools/metpool/status").json().get("warm") or 0) < n:
+        assert time.monotonic() < deadline, c.get("/v1/pools/metpool/status").json()
+        time.sleep(0.5)
+
+
+@pytest.mark.vm
+def test_metrics_after_refill_claim_exec(home, base, tmp_path):
+    d = start_api_daemon(home, tmp_path)
+    try:
+        with d.tcp() as c:
+            assert c.post("/v1/parents", json=PARENT).status_code == 201
+            assert c.post("/v1/pools", json=POOL).status_code == 201
+            wait_warm(c, 1)  # a refill by the reconciler: no API spawn involved
+            r = c.post("/v1/pools/metpool/claim", json={"n": 1})
+            assert r.status_code == 200, r.text
+            [child] = r.json()["sandboxes"]
+            assert c.post(f"/v1/sandboxes/{child['id']}/exec", json={"args": ["true"]}).json()["exit_code"] == 0
+            wait_warm(c, 1)  # refilled after the claim
+            fams = families(c.get("/metrics").text)
+            c.delete(f"/v1/sandboxes/{child['id']}")
+            c.delete("/v1/pools/metpool")
+            c.delete("/v1/parents/metp")
+    finally:
+        stop_api_daemon(d)
+    check_conventions(fams)
+    assert value(fams, "forkd_spawn_seconds_count", pool="metpool", reason="refill") >= 2
+    assert value(fams, "forkd_claim_seconds_count", pool="metpool") >= 1
+    assert value(fams, "forkd_exec_seconds_count", kind="exec") >= 1
+    assert value(fams, "forkd_reconcile_seconds_count") >= 1
+    assert value(fams, "forkd_reconcile_action_seconds_count", action="SpawnChildren", pool="metpool") >= 2
+    assert value(fams, "forkd_reconcile_action_seconds_count", action="BuildParent", pool="") >= 1
+    assert value(fams, "forkd_pool_children", pool="metpool", status="running") >= 2
+    assert value(fams, "forkd_sandboxes", status="stopping") >= 0  # counted (a series), even when none
+    assert value(fams, "forkd_snapshot_stored_bytes") > 0
+    assert value(fams, "forkd_snapshot_chain_depth_count") >= 2
+    assert value(fams, "forkd_snapshot_chain_depth_max") >= 0
+    assert value(fams, "forkd_snapshots_total") == sum(s.value for s in fams["forkd_snapshots"].samples)
+    assert value(fams, "forkd_sandboxes_active") == value(fams, "forkd_sandboxes", status="running")
