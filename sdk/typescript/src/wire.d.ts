@@ -17,6 +17,13 @@ export interface BranchRequest {
   diff?: boolean | null;
 }
 
+export interface ChmodRequest {
+  /** an absolute path in the guest */
+  path: string;
+  /** permission bits, e.g. 420 (0o644) */
+  mode: number;
+}
+
 export interface ClaimRequest {
   n?: number;
 }
@@ -47,6 +54,16 @@ export interface CreateSnapshotRequest {
   /** build a diff layer on this snapshot instead of a new parent */
   fromTag?: string | null;
   labels?: Record<string, string>;
+  /** upstream: a guest kernel path; refused (422), see README */
+  kernel?: string | null;
+  /** upstream: an ext4 rootfs path; refused (422), see README */
+  rootfs?: string | null;
+  /** upstream: rootfs writable; every forkd child's disk is a private writable copy, so true is honoured and false refused */
+  rw?: boolean | null;
+  /** the parent's boot timeout */
+  bootWaitSecs?: number | null;
+  /** upstream: a host tap device; refused (422): forkd makes its own per-child namespaces (per_child_netns) */
+  tap?: string | null;
 }
 
 export interface DebianBuildRequest {
@@ -67,6 +84,20 @@ export interface DoctorRequest {
 export interface EgressAllow {
   /** CIDR:port or CIDR:lo-hi, e.g. 10.0.0.0/8:5432 */
   allow: string[];
+}
+
+export interface EntryInfo {
+  name: string;
+  path: string;
+  type: "file" | "dir" | "symlink" | "other";
+  size: number;
+  mode: number;
+  mtime: number;
+  target?: string | null;
+}
+
+export interface EntryList {
+  entries: EntryInfo[];
 }
 
 export interface EvalRequest {
@@ -99,9 +130,32 @@ export interface ExecResult {
   truncated?: boolean;
 }
 
+export interface Exists {
+  path: string;
+  exists: boolean;
+}
+
 export interface FileWritten {
   path: string;
   bytes: number;
+}
+
+export interface ForkFromRequest {
+  n?: number;
+  tag?: string | null;
+  keep?: boolean;
+  lifetime?: number | null;
+}
+
+export interface ForkRequest {
+  n?: number;
+  /** name the branch snapshot (kept) */
+  tag?: string | null;
+  /** keep the branch snapshot after the last child is killed */
+  keep?: boolean;
+  lifetimeSecs?: number | null;
+  labels?: Record<string, unknown>;
+  timeoutSecs?: number;
 }
 
 export interface FromImageRequest {
@@ -150,6 +204,19 @@ export interface LayerBuild {
   labels?: Record<string, string>;
 }
 
+export interface MadeDir {
+  path: string;
+  created: boolean;
+}
+
+export interface MakeDirRequest {
+  /** an absolute path in the guest */
+  path: string;
+  parents?: boolean;
+  /** permission bits, e.g. 420 (0o644) */
+  mode?: number;
+}
+
 export interface PackRequest {
   tag: string;
   /** pack file to write, on the daemon's host */
@@ -170,6 +237,10 @@ export interface ParentBuild {
   network?: "none" | "isolated";
   imageId?: string | null;
   bootTimeout?: number;
+}
+
+export interface PathResult {
+  path: string;
 }
 
 export interface PingResult {
@@ -212,6 +283,13 @@ export interface PushRequest {
   force?: boolean;
 }
 
+export interface RenameRequest {
+  /** an absolute path in the guest */
+  src: string;
+  /** an absolute path in the guest */
+  dst: string;
+}
+
 export interface SandboxInfo {
   id: string;
   snapshotTag: string;
@@ -227,6 +305,7 @@ export interface SandboxInfo {
   claimed?: boolean;
   expiresAtUnix?: number | null;
   readyMs?: number | null;
+  labels?: Record<string, unknown>;
 }
 
 export interface Signal {
@@ -292,12 +371,25 @@ export interface SpawnRequest {
   perChildNetns?: boolean;
   memoryLimitMib?: number | null;
   timeoutSecs?: number;
+  /** the sandbox's timeout: the daemon kills it this long after creation unless extended (POST /v1/sandboxes/{id}/timeout); default FORKD_SANDBOX_TIMEOUT */
+  lifetimeSecs?: number | null;
+  /** metadata shown in list/get, filter with ?label=k=v */
+  labels?: Record<string, unknown>;
+  /** upstream: return only once each child's guest answers; forkd always does (children are answered before spawn returns), so it is honoured */
+  prewarm?: boolean;
+  /** upstream: accepted, a no-op: every forkd child can be branched live (POST /v1/sandboxes/{id}/branch or /fork) */
+  liveFork?: boolean | null;
 }
 
 export interface Stdin {
   /** base64 */
   data?: string;
   eof?: boolean;
+}
+
+export interface TimeoutRequest {
+  /** the sandbox now expires this long from now */
+  timeoutSecs: number;
 }
 
 export interface UnpackRequest {
@@ -316,4 +408,9 @@ export interface ValidationError {
 export interface WaitRequest {
   targets: unknown[][];
   timeout?: number;
+}
+
+export interface Written {
+  path: string;
+  bytes: number;
 }
