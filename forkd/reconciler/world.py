@@ -30,14 +30,21 @@ GONE = ("dead", "failed", "oom-killed")
 
 
 # -- snapshot tags ------------------------------------------------------------------------------------------
+def tag_stem(name: str) -> str:
+    """The start of the tags an object makes: its (qualified) name, which fits when it has at most 52 characters
+    (every name of the namespace "default"); a longer "namespace.name" is cut to 43 and a hash of it appended."""
+    return name if len(name) <= 52 else f"{name[:43]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
 def parent_tag(parent: ForkParent) -> str:
-    """The snapshot tag of a parent's current spec: "<name>-<10 hex digits>" (names are <= 52 characters)."""
-    return f"{parent.metadata.name}-{spec_hash(parent)[:10]}"
+    """The snapshot tag of a parent's current spec: "<stem>-<10 hex digits>" (at most 63 characters)."""
+    return f"{tag_stem(parent.metadata.name)}-{spec_hash(parent)[:10]}"
 
 
 def layer_tag(layer: ForkLayer, from_tag: str) -> str:
     """A layer's snapshot tag: changes with its spec and with the snapshot it is built on."""
-    return f"{layer.metadata.name}-{hashlib.sha256(f'{spec_hash(layer)}:{from_tag}'.encode()).hexdigest()[:10]}"
+    digest = hashlib.sha256(f"{spec_hash(layer)}:{from_tag}".encode()).hexdigest()[:10]
+    return f"{tag_stem(layer.metadata.name)}-{digest}"
 
 
 def compact_tag(head: str) -> str:
@@ -46,7 +53,7 @@ def compact_tag(head: str) -> str:
 
 
 def branch_tag(b: ForkBranch) -> str:
-    return f"{b.metadata.name}-{spec_hash(b)[:10]}"
+    return f"{tag_stem(b.metadata.name)}-{spec_hash(b)[:10]}"
 
 
 def resolve_tags(parents: Sequence[ForkParent], layers: Sequence[ForkLayer],
