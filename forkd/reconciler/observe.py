@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from forkd.reconciler.objects import ObjectStore
 from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
-from forkd.spec.namespaces import qualify
 from forkd.store.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -25,7 +24,7 @@ COMPACTION_REASON_LABEL = "forkd.dev/compaction-reason"
 def desired(objects: ObjectStore) -> Desired:
     by_kind: dict[str, list] = {"ForkParent": [], "ForkLayer": [], "ForkPool": [], "ForkBranch": [], "ForkClaim": []}
     for st in objects.list():
-        by_kind[st.obj.kind].append(qualify(st.obj))  # plan with qualified names: nothing collides on the node
+        by_kind[st.obj.kind].append(st.obj)
     return Desired(parents=tuple(by_kind["ForkParent"]), layers=tuple(by_kind["ForkLayer"]),
                    pools=tuple(by_kind["ForkPool"]), branches=tuple(by_kind["ForkBranch"]),
                    claims=tuple(by_kind["ForkClaim"]))

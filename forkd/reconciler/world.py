@@ -24,6 +24,7 @@ from forkd.spec.models import (
     rfc3339_seconds,
     spec_hash,
 )
+from forkd.spec.namespaces import qualify
 
 LIVE = ("starting", "running")  # children that count; dead / failed ones are retired and replaced
 GONE = ("dead", "failed", "oom-killed")
@@ -255,7 +256,15 @@ class World:
         return frozenset(self.stuck) | failed
 
 
+def qualified(desired: Desired) -> Desired:
+    """`desired` with every object's name, and the references in its spec, qualified by its namespace
+    (forkd.spec.namespaces): the World and plan() see "ns.name" outside the namespace "default"."""
+    return Desired(*(tuple(qualify(o) for o in objs) for objs in (desired.parents, desired.layers, desired.pools,
+                                                                  desired.branches, desired.claims)))
+
+
 def resolve(desired: Desired, actual: Actual) -> World:
+    desired = qualified(desired)
     parents = unique_by_name(desired.parents)
     taken = {p.metadata.name for p in parents}
     branches = [b for b in unique_by_name(desired.branches) if b.metadata.name not in taken]
