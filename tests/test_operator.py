@@ -234,8 +234,9 @@ def test_pool_create_scale_delete(node_daemon, rt):
 
 def test_errors_and_ownership(node_daemon, rt, k8s_events):
     """Invalid spec -> PermanentError and Degraded/InvalidSpec; unreachable daemon -> TemporaryError; an object
-    the CLI applied is refused (TemporaryError, condition Conflict) and left alone by the delete handler; so is
-    the same name from another namespace is another object on the node (namespaces are real). No VM is started here (the pools' parent does not exist)."""
+    the CLI applied is refused (TemporaryError, condition Conflict) and left alone by the delete handler; the
+    same name from another namespace is another object on the node (namespaces are real). No VM is started here
+    (the pools' parent does not exist)."""
     bad = resource("ForkPool", "op-bad", {"from": "nowhere", "warm": 2}, generation=4)
     bad["spec"]["child"] = {"network": "bridged"}  # the CRD schema forbids it; the operator refuses it too
     with pytest.raises(kopf.PermanentError):
