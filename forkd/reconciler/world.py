@@ -4,6 +4,8 @@
 and a pool's claim target all read one World, so they cannot disagree on which objects count (one per kind and
 name, the smallest spec hash winning; a name a ForkParent holds is not a ForkBranch's, and neither is a
 ForkLayer's), which snapshot tag each stands for, what a pool spawns from, or what waits for a change of spec.
+Names here are qualified by namespace ("ns.name" outside "default", forkd.spec.namespaces): `resolve` qualifies the
+desired objects first, so every tag, pool and claim record it plans for is namespace-qualified.
 """
 
 from __future__ import annotations
