@@ -15,7 +15,7 @@ import yaml
 
 from forkd.base.atomic import write_bytes
 from forkd.base.errors import InvalidInput
-from forkd.cli.options import OLD_COUNT, complete_pools, count, count_option, format_or_old_path, timeout_option
+from forkd.cli.options import complete_pools, count, count_option, format_or_old_path, timeout_option
 from forkd.cli.output import Fmt, emit, err, out
 from forkd.client import LocalBackend, applyset_id, backend, parse_ref, resolve_kind
 from forkd.spec.loader import build_values, load_paths
@@ -320,11 +320,16 @@ def delete(ref: str | None = typer.Argument(None, help="KIND/NAME"),
 
 
 def claim(pool: str = typer.Argument(..., help="the ForkPool", autocompletion=complete_pools),
-          n: int = count_option(1, "how many children"), n_old: int | None = OLD_COUNT,
-          output: Fmt = typer.Option(Fmt.table, "-o", "--output"), namespace: str | None = NAMESPACE) -> None:
+          n: int = count_option(1, "how many children"),
+          output: Fmt = typer.Option(Fmt.table, "-o", "--output"),
+          namespace: str | None = typer.Option(None, "--namespace", help="the pool's namespace (default: default)"),
+          n_flag: str | None = typer.Option(None, "-n", metavar="NAMESPACE", help="the pool's namespace; a number "
+                                            "is the old spelling of --count (warned)")) -> None:
     """Hand out N warm children of a pool at once; the pool refills in the background."""
+    if n_flag is not None and n_flag.isdigit():  # `claim POOL -n 2` meant a count before -n meant a namespace
+        n, n_flag = count(n, int(n_flag)), None
     t0 = time.perf_counter()
-    recs = backend().claim(qname(_ns(namespace), pool), count(n, n_old))
+    recs = backend().claim(qname(_ns(namespace or n_flag), pool), n)
     took = (time.perf_counter() - t0) * 1000.0
     data = [{"id": r["id"], "pool": pool, "snapshot": r["snapshot"], "agent_socket": r["agent_socket"],
              "expires_at": r.get("expires_at")} for r in recs]
