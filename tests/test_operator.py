@@ -234,8 +234,9 @@ def test_pool_create_scale_delete(node_daemon, rt):
 
 def test_errors_and_ownership(node_daemon, rt, k8s_events):
     """Invalid spec -> PermanentError and Degraded/InvalidSpec; unreachable daemon -> TemporaryError; an object
-    the CLI applied is refused (TemporaryError, condition Conflict) and left alone by the delete handler; so is
-    the same name from another namespace. No VM is started here (the pools' parent does not exist)."""
+    the CLI applied is refused (TemporaryError, condition Conflict) and left alone by the delete handler; the
+    same name from another namespace is another object on the node (namespaces are real). No VM is started here
+    (the pools' parent does not exist)."""
     bad = resource("ForkPool", "op-bad", {"from": "nowhere", "warm": 2}, generation=4)
     bad["spec"]["child"] = {"network": "bridged"}  # the CRD schema forbids it; the operator refuses it too
     with pytest.raises(kopf.PermanentError):
@@ -265,7 +266,7 @@ def test_errors_and_ownership(node_daemon, rt, k8s_events):
     finally:
         forkd_cli("delete", "pool/op-cli", check=True)
 
-    # one name from two namespaces on one node: the second is refused
+    # one name from two namespaces on one node: two objects, each released on its own
     a = resource("ForkPool", "op-shared", {"from": "nowhere"}, namespace="team-a")
     b = resource("ForkPool", "op-shared", {"from": "nowhere"}, namespace="team-b")
     try:
@@ -279,18 +280,21 @@ def test_errors_and_ownership(node_daemon, rt, k8s_events):
         assert condition(a, "Stalled")["status"] == "True"
         call(handlers.reconcile, a)  # each daemon event is posted once
         assert len([e for e in k8s_events() if e[1] == "SourceNotFound"]) == 1
-        with pytest.raises(kopf.TemporaryError, match="team-a"):
-            call(handlers.reconcile, b)
-        call(handlers.release, b)  # not b's: kept
-        assert handlers.daemon().get("ForkPool", "op-shared")
+        call(handlers.reconcile, b)
+        assert handlers.daemon().get("ForkPool", "team-b.op-shared")[0].metadata.namespace == "team-b"
+        call(handlers.release, b)  # b's only: a's is kept
+        assert handlers.daemon().get("ForkPool", "team-a.op-shared")
+        with pytest.raises(NotFound):
+            handlers.daemon().get("ForkPool", "team-b.op-shared")
         call(handlers.release, a)
         with pytest.raises(NotFound):
-            handlers.daemon().get("ForkPool", "op-shared")
+            handlers.daemon().get("ForkPool", "team-a.op-shared")
     finally:
-        try:
-            handlers.daemon().delete("ForkPool", "op-shared")
-        except NotFound:
-            pass
+        for ns in ("team-a", "team-b"):
+            try:
+                handlers.daemon().delete("ForkPool", f"{ns}.op-shared")
+            except NotFound:
+                pass
 
 
 def test_handlers_registered_for_every_kind():

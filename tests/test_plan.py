@@ -598,3 +598,65 @@ def test_pool_status_carries_the_scale_subresource_fields():
     d, a = world(pools=(pool(2),), snapshots=(snap(),), children=kids(2))
     st = compute_status(d, a, previous={})["ForkPool/agents"]
     assert (st.replicas, st.selector) == (2, "forkd.dev/pool=agents")
+
+
+# -- namespaces -----------------------------------------------------------------------------------------------
+def in_ns(obj, ns: str):
+    return obj.model_copy(update={"metadata": obj.metadata.model_copy(update={"namespace": ns})})
+
+
+def test_the_same_names_in_two_namespaces_plan_apart():
+    """One parent and one pool named alike in "default" and "team-a": two builds with different tags, two spawns
+    into differently named pools; "default" keeps today's names."""
+    a_py, a_pool = in_ns(PY, "team-a"), in_ns(pool(1), "team-a")
+    a_tag = parent_tag(in_ns(PY, "team-a").model_copy(update={"metadata": PY.metadata.model_copy(
+        update={"name": "team-a.py", "namespace": "team-a"})}))
+    assert a_tag.startswith("team-a.py-") and a_tag != TAG
+    d, a = world(parents=(PY, a_py), pools=(pool(1), a_pool))
+    actions = plan(d, a)
+    assert [(x.parent, x.tag) for x in actions if isinstance(x, BuildParent)] == [("py", TAG), ("team-a.py", a_tag)]
+    d, a = world(parents=(PY, a_py), pools=(pool(1), a_pool), snapshots=(snap(), snap(a_tag, owner="team-a.py")))
+    assert [(x.pool, x.tag, x.count) for x in plan(d, a) if isinstance(x, SpawnChildren)] == [
+        ("agents", TAG, 1), ("team-a.agents", a_tag, 1)]
+    # a child of "team-a.agents" is not a child of "agents": each pool is full with its own
+    children = kids(1) + kids(1, tag=a_tag, pool="team-a.agents")
+    d, a = world(parents=(PY, a_py), pools=(pool(1), a_pool), snapshots=(snap(), snap(a_tag, owner="team-a.py")),
+                 children=children)
+    assert plan(d, a) == []
+
+
+@pytest.mark.parametrize("refs, stuck", [
+    # (namespace of the parent, of the layer, of the pool) -> what cannot resolve: references stay in a namespace
+    (("team-a", "team-a", "team-a"), set()),
+    (("default", "team-a", "team-a"), {"ForkLayer/team-a.lay", "ForkPool/team-a.agents"}),
+    (("team-a", "team-a", "team-b"), {"ForkPool/team-b.agents"}),
+    (("default", "default", "default"), set()),
+])
+def test_references_resolve_within_the_namespace(refs, stuck):
+    p_ns, l_ns, pool_ns = refs
+    layer = in_ns(ForkLayer(metadata={"name": "lay"}, spec={"from": "py", "run": ["true"]}), l_ns)
+    d, a = world(parents=(in_ns(PY, p_ns),), layers=(layer,), pools=(in_ns(pool(1, src="lay"), pool_ns),))
+    w = resolve(d, a)
+    assert set(w.stuck) == stuck
+
+
+def test_a_claim_and_a_branch_name_their_pool_in_their_namespace():
+    a_pool, d_pool = in_ns(pool(1), "team-a"), pool(1)
+    c = in_ns(claim(), "team-a")
+    br = in_ns(ForkBranch(metadata={"name": "b"}, spec={"sandbox": "pool/agents"}), "team-a")
+    w = resolve(Desired(parents=(PY, in_ns(PY, "team-a")), pools=(d_pool, a_pool), claims=(c,), branches=(br,)),
+                Actual(children=kids(1, pool="agents", claimed=True), now=NOW))
+    assert [x.spec.pool for x in w.claims] == ["team-a.agents"]
+    assert "ForkClaim/team-a.c1" not in w.stuck
+    assert "b" not in w.sources and "team-a.b" not in w.sources  # the claimed child is default's, not team-a's
+    assert "ForkBranch/team-a.b" in w.stuck
+
+
+def test_long_qualified_names_still_make_valid_tags():
+    from forkd.base.names import check_tag
+
+    ns, name = "n" * 63, "p" * 52
+    obj = in_ns(ForkParent(metadata={"name": name}, spec={}), ns)
+    d, a = world(parents=(obj,))
+    (build,) = plan(d, a)
+    assert build.parent == f"{ns}.{name}" and check_tag(build.tag) == build.tag

@@ -291,6 +291,34 @@ def test_a_failed_step_leaves_the_last_version_and_resumes(tmp_path, monkeypatch
     assert len(attempts) == 2
 
 
+def test_version_2_objects_move_into_the_default_namespace(tmp_path):
+    """Format 3 keys objects by namespace: objects/<Kind>/<name>.json (and its events) of a version-2 home move to
+    objects/<Kind>/default/, where the object store finds them under their old names; a second run moves nothing."""
+    from forkd.reconciler.objects import ObjectStore
+
+    (tmp_path / fmt.FILE_NAME).write_text(json.dumps({"version": 2}))
+    doc = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkPool", "metadata": {"name": "old-pool", "generation": 3},
+           "spec": {"from": "py", "warm": 2}}
+    kind_dir = tmp_path / "objects" / "ForkPool"
+    kind_dir.mkdir(parents=True)
+    (kind_dir / "old-pool.json").write_text(json.dumps({"document": doc, "applyset": "s", "source": "f.yaml:1"}))
+    (kind_dir / "old-pool.events.jsonl").write_text(json.dumps({"time": 1.0, "type": "Normal", "reason": "Applied",
+                                                                "message": "created"}) + "\n")
+    (tmp_path / "objects" / ".claims").mkdir()
+    (tmp_path / "objects" / ".claims" / "c1.json").write_text("{}")
+    Layout(tmp_path).ensure()
+    Layout(tmp_path).ensure()  # idempotent
+    assert json.loads((tmp_path / fmt.FILE_NAME).read_text()) == {"version": fmt.CURRENT}
+    assert sorted(p.name for p in (kind_dir / "default").iterdir()) == ["old-pool.events.jsonl", "old-pool.json"]
+    assert not (kind_dir / "old-pool.json").exists()
+    assert (tmp_path / "objects" / ".claims" / "c1.json").exists()  # claim records keep their (qualified) names
+    store = ObjectStore(Layout(tmp_path))
+    st = store.get("ForkPool", "old-pool")
+    assert (st.obj.metadata.namespace, st.obj.metadata.generation, st.obj.spec.warm) == ("default", 3, 2)
+    assert [e["reason"] for e in store.events("ForkPool", "old-pool")] == ["Applied"]
+    assert [x.obj.metadata.name for x in store.list("ForkPool", "default")] == ["old-pool"]
+
+
 def test_migration_steps_are_one_per_version_in_order():
     assert [start for start, _ in fmt.MIGRATIONS] == list(range(fmt.FIRST, fmt.CURRENT))
 

@@ -17,6 +17,7 @@ from forkd.core import forking, lifetimes
 from forkd.core.capacity import node_capacity
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
 from forkd.reconciler.control import Control, resolve_kind
+from forkd.reconciler.objects import key
 from forkd.spec.models import MODELS, to_document
 
 KINDS = {"parents": "ForkParent", "layers": "ForkLayer", "pools": "ForkPool", "branches": "ForkBranch",
@@ -273,7 +274,7 @@ def _kind_routes(r: APIRouter, control: Control, plural: str, kind: str) -> None
         (change,) = control.apply([(obj, f"api:/v1/{plural}")], f"api-{plural}", manager=manager, force=force)
         code = 201 if change.change == "created" else 200
         return JSONResponse({"change": change.change, "generation": change.generation,
-                             "object": to_document(control.get(kind, obj.metadata.name)[0])}, status_code=code)
+                             "object": to_document(control.get(kind, key(obj))[0])}, status_code=code)
 
     def put(name: str, document: dict = Body(...),
             manager: str = Query("api", pattern=r"^[a-z][a-z0-9-]{0,30}$"), force: bool = False) -> JSONResponse:

@@ -32,9 +32,27 @@ def _v1_to_v2(home: Path) -> None:
     """Version 2 is version 1 plus format.json: the layout itself did not change, so there is nothing to move."""
 
 
+def _v2_to_v3(home: Path) -> None:
+    """Version 3 keys declarative objects by namespace: objects/<Kind>/<name>.json (and .events.jsonl) move to
+    objects/<Kind>/default/. Idempotent: files already moved are not there to move again."""
+    objects = home / "objects"
+    if not objects.is_dir():
+        return
+    for kind in objects.iterdir():
+        if kind.name.startswith(".") or not kind.is_dir() or kind.is_symlink():
+            continue  # .claims (records keyed by qualified name: "default" ones keep their names) and .lock
+        files = [p for p in kind.iterdir() if p.is_file() and not p.is_symlink()
+                 and (p.name.endswith(".json") or p.name.endswith(".events.jsonl"))]
+        if files:
+            (kind / "default").mkdir(mode=0o700, exist_ok=True)
+        for p in files:
+            p.rename(kind / "default" / p.name)
+
+
 # (version a step starts from, the step), in order: step N takes a home of version N to N + 1
 MIGRATIONS: tuple[tuple[int, Callable[[Path], None]], ...] = (
     (1, _v1_to_v2),
+    (2, _v2_to_v3),
 )
 CURRENT = MIGRATIONS[-1][0] + 1
 

@@ -15,8 +15,8 @@
       snapshots/<tag>/disk.qcow2                             disk-backed: what the guest wrote (relative backing)
       children/<id>/{child.json, qmp.sock, agent.sock, console.log, qemu.log}   running children (sandbox layer)
       children/<id>/disk.qcow2                               disk-backed: the child's private overlay
-      objects/<Kind>/<name>.json                             applied declarative objects + status (reconciler)
-      objects/<Kind>/<name>.events.jsonl                     their recent events
+      objects/<Kind>/<namespace>/<name>.json                 applied declarative objects + status (reconciler)
+      objects/<Kind>/<namespace>/<name>.events.jsonl         their recent events
       logs/boot-<tag>-<time>/{qemu.log, console.log}        a failed boot's logs, kept (the newest 20)
       format.json                                            {"version": N} of this layout (forkd.base.format)
       forkd.sock                                             the daemon's API socket (forkd serve)

@@ -14,11 +14,13 @@ import typer
 import yaml
 
 from forkd.base.atomic import write_bytes
-from forkd.cli.options import OLD_COUNT, complete_pools, count, count_option, format_or_old_path, timeout_option
+from forkd.base.errors import InvalidInput
+from forkd.cli.options import complete_pools, count, count_option, format_or_old_path, timeout_option
 from forkd.cli.output import Fmt, emit, err, out
 from forkd.client import LocalBackend, applyset_id, backend, parse_ref, resolve_kind
 from forkd.spec.loader import build_values, load_paths
 from forkd.spec.models import to_document
+from forkd.spec.namespaces import DEFAULT, check_namespace, qname
 from forkd.spec.schema import explain as explain_path
 from forkd.spec.schema import schemas
 
@@ -30,6 +32,9 @@ VALUES = typer.Option([], "--values", help="YAML file of template values; repeat
                                            "--template)")
 TEMPLATE = typer.Option(False, "--template", help="render every file with jinja2, not only *.j2 ones (plain YAML "
                                                   "is otherwise never rendered)")
+NAMESPACE = typer.Option(None, "-n", "--namespace", help="the namespace (default: default); with -f: the namespace "
+                         "of documents that name none (one naming another is refused)")
+ALL_NAMESPACES = typer.Option(False, "-A", "--all-namespaces", help="list objects of every namespace")
 NO_DAEMON_WARNING = ("no forkd daemon answers: the objects are stored, but nothing reconciles them until one runs. "
                      "Start one with 'forkd serve' (or 'forkd serve --watch DIR'), or pass --wait to reconcile in "
                      "this process until they are Ready.")
@@ -55,10 +60,29 @@ class GetOut(StrEnum):
     json = "json"
 
 
-def _load(files: list[str], recursive: bool, sets: list[str], values: list[Path], template: bool = False):
+def _load(files: list[str], recursive: bool, sets: list[str], values: list[Path], template: bool = False,
+          namespace: str | None = None):
     loaded = load_paths([Path(f) for f in files], recursive=recursive, values=build_values(values, sets),
                         template=template)
-    return [(item.obj, f"{item.file}:{item.line}") for item in loaded]
+    return [(_in_namespace(item.obj, namespace, f"{item.file}:{item.line}"), f"{item.file}:{item.line}")
+            for item in loaded]
+
+
+def _in_namespace(obj, namespace: str | None, where: str):
+    """kubectl's rule: -n gives its namespace to a document that names none, and refuses one naming another."""
+    if namespace is None:
+        return obj
+    check_namespace(namespace)
+    if "namespace" in obj.metadata.model_fields_set:
+        if obj.metadata.namespace != namespace:
+            raise InvalidInput(f"{where}: metadata.namespace is {obj.metadata.namespace!r} but -n says "
+                               f"{namespace!r}", hint="drop -n, or the document's metadata.namespace")
+        return obj
+    return obj.model_copy(update={"metadata": obj.metadata.model_copy(update={"namespace": namespace})})
+
+
+def _ns(namespace: str | None) -> str:
+    return check_namespace(namespace) if namespace is not None else DEFAULT
 
 
 def _sources(files: list[str]) -> list[str]:
@@ -85,33 +109,35 @@ def apply(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str]
           applyset: str | None = typer.Option(None, help="apply set name (default: derived from -f paths)"),
           wait: bool = typer.Option(False, help="wait until every applied object is Ready"),
           timeout: str = timeout_option("5m", "with --wait: give up after this long"),
-          output: ApplyOut = typer.Option(ApplyOut.text, "-o", "--output")) -> None:
+          output: ApplyOut = typer.Option(ApplyOut.text, "-o", "--output"),
+          namespace: str | None = NAMESPACE) -> None:
     """Create or update objects from YAML. Any invalid document, or flag, means nothing is applied (exit 2).
 
     Files ending in .j2 are jinja2 templates (values from --set / --values); other files are plain YAML, never
     rendered, unless --template. Fields a Kubernetes API server sets (metadata.uid, resourceVersion, status, ...)
     are ignored, so `kubectl get ... -o yaml | forkd apply -f -` works."""
-    objs = _load(files, recursive, sets, values, template)
+    objs = _load(files, recursive, sets, values, template, namespace)
     aset = applyset or applyset_id(_sources(files))
     b = backend() if dry_run != DryRun.client else None
     if dry_run == DryRun.client:
-        changes = [{"kind": o.kind, "name": o.metadata.name, "change": "validated"} for o, _ in objs]
+        changes = [{"kind": o.kind, "name": o.metadata.name, "change": "validated",
+                     "namespace": o.metadata.namespace} for o, _ in objs]
     else:
         changes = [c.__dict__ for c in b.apply(objs, aset, prune=prune, dry_run=dry_run == DryRun.server)]
     suffix = f" (dry run: {dry_run.value})" if dry_run != DryRun.none else ""
     if output == ApplyOut.name:
         for c in changes:
-            print(f"{c['kind'].lower()}/{c['name']}")
+            print(f"{c['kind'].lower()}/{_shown(c)}")
     elif output in (ApplyOut.json, ApplyOut.yaml):
         docs = [to_document(o) for o, _ in objs]
         emit(docs, Fmt(output.value))
     else:
         for c in changes:
-            out.print(f"{c['kind']}/{c['name']} {c['change']}{suffix}")
+            out.print(f"{c['kind']}/{_shown(c)} {c['change']}{suffix}")
     if dry_run == DryRun.none and not wait and isinstance(b, LocalBackend):
         err.print(f"[yellow]warning:[/] {NO_DAEMON_WARNING}")
     if wait and dry_run == DryRun.none:
-        targets = [(o.kind, o.metadata.name) for o, _ in objs]
+        targets = [(o.kind, qname(o.metadata.namespace, o.metadata.name)) for o, _ in objs]
         ok, problems = b.wait(targets, timeout, progress=lambda s: err.print(f"[dim]{s}[/]"))
         for p in problems:
             err.print(f"[red]not ready:[/] {p}")
@@ -121,12 +147,18 @@ def apply(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str]
 
 
 def diff(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str] = SETS,
-         values: list[Path] = VALUES, template: bool = TEMPLATE) -> None:
+         values: list[Path] = VALUES, template: bool = TEMPLATE, namespace: str | None = NAMESPACE) -> None:
     """Show what apply would change. Exit 0: no change; 1: changes; 2 or more: error."""
-    changes = backend().diff(_load(files, recursive, sets, values, template))
+    changes = backend().diff(_load(files, recursive, sets, values, template, namespace))
     for _, text in changes:
         sys.stdout.write(text)
     raise typer.Exit(1 if changes else 0)
+
+
+def _shown(c: dict) -> str:
+    """NAME, or NAMESPACE/NAME outside the namespace "default" (as apply and delete print them)."""
+    ns = c.get("namespace") or DEFAULT
+    return c["name"] if ns == DEFAULT else f"{ns}/{c['name']}"
 
 
 def _age(ts: str | None) -> str:
@@ -147,8 +179,8 @@ def _ready(doc: dict) -> tuple[str, str]:
     return "Unknown", ""
 
 
-def _columns(kind: str, wide: bool) -> list[tuple[str, str]]:
-    cols = [("NAME", "left"), ("READY", "left")]
+def _columns(kind: str, wide: bool, all_ns: bool = False) -> list[tuple[str, str]]:
+    cols = [("NAMESPACE", "left")] * all_ns + [("NAME", "left"), ("READY", "left")]
     if kind == "ForkPool":
         cols += [("WARM", "right"), ("TARGET", "right"), ("CLAIMED", "right"), ("DEPTH", "right"),
                  ("SPAWN-P50", "right")]
@@ -159,10 +191,10 @@ def _columns(kind: str, wide: bool) -> list[tuple[str, str]]:
     return cols + [("GEN", "right"), ("AGE", "right")] + ([("REASON", "left"), ("SOURCE", "left")] if wide else [])
 
 
-def _row(kind: str, d: dict, wide: bool) -> list[str]:
+def _row(kind: str, d: dict, wide: bool, all_ns: bool = False) -> list[str]:
     st, meta = d.get("status") or {}, d["metadata"]
     ready, reason = _ready(d)
-    row = [meta["name"], ready]
+    row = [meta.get("namespace", DEFAULT)] * all_ns + [meta["name"], ready]
     if kind == "ForkPool":
         p50 = st.get("spawnP50Ms")
         row += [str(st.get("warm", 0)), str(d["spec"].get("warm", 0)), str(st.get("claimed", 0)),
@@ -178,16 +210,22 @@ def _row(kind: str, d: dict, wide: bool) -> list[str]:
 
 
 def get(resource: str = typer.Argument(..., help="parents | layers | pools | branches | claims, or KIND/NAME"),
-        name: str | None = typer.Argument(None), output: GetOut = typer.Option(GetOut.table, "-o", "--output")):
-    """List objects of one kind, with their status (AGE: since the object was first applied)."""
+        name: str | None = typer.Argument(None), output: GetOut = typer.Option(GetOut.table, "-o", "--output"),
+        namespace: str | None = NAMESPACE, all_namespaces: bool = ALL_NAMESPACES):
+    """List objects of one kind, with their status (AGE: since the object was first applied); of one namespace
+    (-n, default: default) or of all (-A, with a NAMESPACE column)."""
     kind, name = parse_ref(resource) if "/" in resource and name is None else (resolve_kind(resource), name)
-    docs = [to_document(o) for o in backend().get(kind, name)]
+    if all_namespaces and name:
+        raise typer.BadParameter("-A lists objects; name one with -n NAMESPACE instead", param_hint="-A")
+    ns = _ns(namespace)
+    objs = backend().get(kind, qname(ns, name) if name else None)
+    docs = [to_document(o) for o in objs if all_namespaces or name or o.metadata.namespace == ns]
     if output in (GetOut.json, GetOut.yaml):
         data = docs[0] if name else {"apiVersion": "v1", "kind": "List", "items": docs}
         emit(data, Fmt(output.value))
         return
     wide = output == GetOut.wide
-    emit(docs, Fmt.table, _columns(kind, wide), [_row(kind, d, wide) for d in docs])
+    emit(docs, Fmt.table, _columns(kind, wide, all_namespaces), [_row(kind, d, wide, all_namespaces) for d in docs])
 
 
 def schema(output_dir: Path | None = typer.Option(None, "--output-dir", help="write one JSON Schema per kind "
@@ -232,10 +270,11 @@ def explain(path: str = typer.Argument(..., help="KIND[.field...], e.g. ForkPool
             out.print(f"  [bold]{f['name']}[/] <{f['type']}>{extra}\n    {f['description'] or '-'}")
 
 
-def describe(ref: str = typer.Argument(..., help="KIND/NAME, e.g. pool/agents")) -> None:
+def describe(ref: str = typer.Argument(..., help="KIND/NAME, e.g. pool/agents"),
+             namespace: str | None = NAMESPACE) -> None:
     """Show one object: spec, status, conditions, recent events (and a pool's children)."""
     kind, name = parse_ref(ref)
-    info = backend().describe(kind, name)
+    info = backend().describe(kind, qname(_ns(namespace), name))
     doc = info["object"]
     out.print(f"[bold]{kind}/{name}[/]  generation {doc['metadata'].get('generation')}  "
               f"age {_age(doc['metadata'].get('creationTimestamp'))}  "
@@ -262,28 +301,35 @@ def describe(ref: str = typer.Argument(..., help="KIND/NAME, e.g. pool/agents"))
 def delete(ref: str | None = typer.Argument(None, help="KIND/NAME"),
            files: list[str] = typer.Option([], "-f", "--filename", help="delete the objects in these files"),
            recursive: bool = RECURSIVE, sets: list[str] = SETS, values: list[Path] = VALUES,
-           template: bool = TEMPLATE) -> None:
+           template: bool = TEMPLATE, namespace: str | None = NAMESPACE) -> None:
     """Delete objects (by KIND/NAME or by the files that declare them). Their children and snapshots are
     released by the reconciler; a pool's claimed children stay until killed or their ttl ends; a ForkClaim's
     children are killed."""
     if ref:
-        targets = [parse_ref(ref)]
+        kind, name = parse_ref(ref)
+        targets = [(kind, _ns(namespace), name)]
     elif files:
-        targets = [(o.kind, o.metadata.name) for o, _ in _load(files, recursive, sets, values, template)]
+        targets = [(o.kind, o.metadata.namespace, o.metadata.name)
+                   for o, _ in _load(files, recursive, sets, values, template, namespace)]
     else:
         raise typer.BadParameter("name KIND/NAME or pass -f FILE")
     b = backend()
-    for kind, name in targets:
-        b.delete(kind, name)
-        out.print(f"{kind}/{name} deleted")
+    for kind, ns, name in targets:
+        b.delete(kind, qname(ns, name))
+        out.print(f"{kind}/{_shown({'name': name, 'namespace': ns})} deleted")
 
 
 def claim(pool: str = typer.Argument(..., help="the ForkPool", autocompletion=complete_pools),
-          n: int = count_option(1, "how many children"), n_old: int | None = OLD_COUNT,
-          output: Fmt = typer.Option(Fmt.table, "-o", "--output")) -> None:
+          n: int = count_option(1, "how many children"),
+          output: Fmt = typer.Option(Fmt.table, "-o", "--output"),
+          namespace: str | None = typer.Option(None, "--namespace", help="the pool's namespace (default: default)"),
+          n_flag: str | None = typer.Option(None, "-n", metavar="NAMESPACE", help="the pool's namespace; a number "
+                                            "is the old spelling of --count (warned)")) -> None:
     """Hand out N warm children of a pool at once; the pool refills in the background."""
+    if n_flag is not None and n_flag.isdigit():  # `claim POOL -n 2` meant a count before -n meant a namespace
+        n, n_flag = count(n, int(n_flag)), None
     t0 = time.perf_counter()
-    recs = backend().claim(pool, count(n, n_old))
+    recs = backend().claim(qname(_ns(namespace or n_flag), pool), n)
     took = (time.perf_counter() - t0) * 1000.0
     data = [{"id": r["id"], "pool": pool, "snapshot": r["snapshot"], "agent_socket": r["agent_socket"],
              "expires_at": r.get("expires_at")} for r in recs]

@@ -1,7 +1,7 @@
 """kopf handlers for ForkParent, ForkLayer, ForkPool, ForkBranch and ForkClaim (group forkd.dev, version v1alpha1).
 
 There is no second reconciler here. A custom resource is translated into the same spec model `forkd apply` takes
-(spec + metadata.name; the Kubernetes generation and namespace ride along as annotations) and applied to a
+(spec + metadata.name and namespace; the Kubernetes generation rides along as an annotation) and applied to a
 node-local forkd daemon through its API (forkd.client.RemoteBackend); the daemon's reconcile loop builds
 snapshots and keeps pools warm, and the status it computes is copied back into the resource's `status`.
 
@@ -10,8 +10,8 @@ snapshots and keeps pools warm, and the status it computes is copied back into t
   status again. A daemon restart or lost object is healed by the next tick.
 - Ownership: the daemon records `forkd.dev/managed-by: operator` on what the operator applies and refuses (409)
   a CLI apply over it, and vice versa; the operator reports such a conflict in the resource's conditions and
-  retries. Objects are also tagged with their Kubernetes namespace: the daemon has one name space per kind, so two
-  namespaces may not use the same name on one node (the second one is refused the same way).
+  retries. The daemon keys objects by namespace/name as Kubernetes does, so two namespaces may use the same name on
+  one node (what the objects make there is namespace-qualified: forkd.spec.namespaces).
 - Finalizer (kopf adds it because of the delete handler): a ForkPool is scaled to zero through the daemon and the
   handler waits until its idle children are retired, then the object is deleted from the daemon (which releases
   its snapshot when nothing uses it any more). Claimed children stay until their ttl ends, as with `forkd delete`.
@@ -54,7 +54,10 @@ from forkd.client.backends import RemoteBackend
 from forkd.operator.crdgen import GROUP, VERSION, plural
 from forkd.reconciler.control import managed_by
 from forkd.reconciler.objects import MANAGED_BY
+from forkd.reconciler.objects import key as daemon_key
 from forkd.spec.models import API_VERSION, KINDS, MODELS, ForkObject
+from forkd.spec.namespaces import DEFAULT as DEFAULT_NAMESPACE
+from forkd.spec.namespaces import qname
 
 MANAGER = "operator"
 NAMESPACE_KEY = "forkd.dev/k8s-namespace"
@@ -208,7 +211,8 @@ def to_model(body: Mapping[str, Any]) -> ForkObject:
     if kind not in MODELS:
         raise InvalidInput(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
     doc = {"apiVersion": API_VERSION, "kind": kind,
-           "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+           "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace") or DEFAULT_NAMESPACE,
+                        "labels": dict(meta.get("labels") or {}),
                         "annotations": {MANAGED_BY: MANAGER, NAMESPACE_KEY: str(meta.get("namespace") or ""),
                                         GENERATION_KEY: str(meta.get("generation") or 0)}},
            "spec": dict(body.get("spec") or {})}
@@ -297,7 +301,7 @@ def _raise(exc: ForkdError) -> None:
 def _owner_check(backend: RemoteBackend, obj: ForkObject, namespace: str) -> None:
     """An operator-managed daemon object of the same kind and name from another namespace is not ours."""
     try:
-        cur = backend.get(obj.kind, obj.metadata.name)[0]
+        cur = backend.get(obj.kind, daemon_key(obj))[0]
     except NotFound:
         return
     other = cur.metadata.annotations.get(NAMESPACE_KEY)
@@ -345,12 +349,12 @@ def _apply_on(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], meta: 
     if change.change != "unchanged":
         log.info("%s/%s %s on the node daemon (generation %s)", obj.kind, obj.metadata.name, change.change,
                  meta.get("generation"))
-    cur = b.get(obj.kind, obj.metadata.name)[0]
+    cur = b.get(obj.kind, daemon_key(obj))[0]
     deadline = time.monotonic() + settle
     while (cur.status is None or cur.status.observedGeneration != cur.metadata.generation) \
             and time.monotonic() < deadline:  # the daemon's loop was woken by the apply: one pass
         time.sleep(0.2)
-        cur = b.get(obj.kind, obj.metadata.name)[0]
+        cur = b.get(obj.kind, daemon_key(obj))[0]
     return k8s_status(cur, status)
 
 
@@ -360,7 +364,7 @@ def publish_events(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], n
     key = f"{_meta(body).get('uid') or _source(body)}@{node}"
     with _posted_lock:
         since = _posted.get(key, _STARTED)
-    events = [e for e in b.describe(obj.kind, obj.metadata.name).get("events") or [] if e.get("time", 0) > since]
+    events = [e for e in b.describe(obj.kind, daemon_key(obj)).get("events") or [] if e.get("time", 0) > since]
     try:
         for e in events:
             kopf.event(dict(body), type="Warning" if e.get("type") == "Warning" else "Normal",
@@ -392,6 +396,7 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
     log = logger or logging.getLogger("forkd.operator")
     kind, meta = str(body.get("kind")), _meta(body)
     name, namespace = str(meta.get("name")), str(meta.get("namespace") or "")
+    name = qname(namespace or DEFAULT_NAMESPACE, name)  # the daemon's key: the name in its namespace
     b = backend
     try:
         try:

@@ -17,11 +17,12 @@ from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.telemetry import timed
 from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
-from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore
+from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore, key
 from forkd.reconciler.state import Actual
 from forkd.reconciler.world import parent_tag, resolve
 from forkd.sandbox.registry import Claim
 from forkd.spec.models import MODELS, RESOURCE_NAMES, ForkObject, to_document
+from forkd.spec.namespaces import DEFAULT, qualify
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -34,6 +35,7 @@ class Change:
     name: str
     change: str  # created | configured | unchanged | pruned
     generation: int
+    namespace: str = DEFAULT
 
 
 def applyset_id(sources: list[str]) -> str:
@@ -86,11 +88,11 @@ class Control:
             if not force:
                 for obj, _ in objs:
                     try:
-                        owner = managed_by(self.objects.get(obj.kind, obj.metadata.name).obj)
+                        owner = managed_by(self.objects.get(obj.kind, key(obj)).obj)
                     except NotFound:
                         continue
                     if owner != manager:
-                        raise Conflict(f"{obj.kind}/{obj.metadata.name} is managed by {owner}, not {manager}",
+                        raise Conflict(f"{obj.kind}/{key(obj)} is managed by {owner}, not {manager}",
                                        hint=f"change it through {owner}, or delete it there first")
             for obj, source in objs:
                 annotated = obj.model_copy(update={"metadata": obj.metadata.model_copy(
@@ -100,15 +102,16 @@ class Control:
                 else:
                     change, stored = self.objects.put(annotated, applyset, source)
                     gen = stored.metadata.generation
-                out.append(Change(obj.kind, obj.metadata.name, change, gen))
+                out.append(Change(obj.kind, obj.metadata.name, change, gen, obj.metadata.namespace))
             if prune:
-                keep = {(o.kind, o.metadata.name) for o, _ in objs}
+                keep = {(o.kind, key(o)) for o, _ in objs}
                 for st in self.objects.list():
-                    key = (st.obj.kind, st.obj.metadata.name)
-                    if st.applyset == applyset and key not in keep and managed_by(st.obj) == manager:
+                    ref = (st.obj.kind, key(st.obj))
+                    if st.applyset == applyset and ref not in keep and managed_by(st.obj) == manager:
                         if not dry_run:
-                            self.objects.delete(*key)
-                        out.append(Change(*key, "pruned", st.obj.metadata.generation))
+                            self.objects.delete(*ref)
+                        out.append(Change(st.obj.kind, st.obj.metadata.name, "pruned", st.obj.metadata.generation,
+                                          st.obj.metadata.namespace))
         if not dry_run:
             self.reconciler.wake.set()
         return out
@@ -118,13 +121,13 @@ class Control:
         out = []
         for obj, _ in objs:
             try:
-                old = yaml.safe_dump(to_document(self.objects.get(obj.kind, obj.metadata.name).obj,
+                old = yaml.safe_dump(to_document(self.objects.get(obj.kind, key(obj)).obj,
                                                  with_status=False)["spec"], sort_keys=True)
             except NotFound:
                 old = ""
             new = yaml.safe_dump(to_document(obj, with_status=False)["spec"], sort_keys=True)
             if old != new:
-                ref = f"{obj.kind}/{obj.metadata.name}"
+                ref = f"{obj.kind}/{key(obj)}"
                 text = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
                                                     f"{ref} (applied)", f"{ref} (file)"))
                 out.append((ref, text))
@@ -162,7 +165,7 @@ class Control:
             out["children"] = [{"id": c.id, "status": c.status, "claimed": c.claimed, "snapshot": c.snapshot}
                                for c in self.rt.children() if c.pool == name]
         if kind == "ForkParent":
-            out["snapshot"] = parent_tag(st.obj)
+            out["snapshot"] = parent_tag(qualify(st.obj))
         if kind == "ForkClaim":
             held = next((r.children for r in self.objects.claims() if r.name == name), ())
             out["children"] = [{"id": c.id, "status": c.status, "claimed": c.claimed, "snapshot": c.snapshot}
@@ -182,7 +185,7 @@ class Control:
         warm children taken are given back to the pool."""
         if not 1 <= n <= 1000:
             raise InvalidInput(f"-n {n}: use 1..1000")
-        obj = self.objects.get("ForkPool", pool).obj
+        obj = qualify(self.objects.get("ForkPool", pool).obj)  # its children's pool: the qualified name
         target = self._pool_target(pool)
         ttl = obj.spec.child.ttlSeconds
         got = self.rt.claim_children(pool, n, ttl, prefer_tag=target)
@@ -204,7 +207,8 @@ class Control:
     def _pool_target(self, pool: str) -> str | None:
         """The ready snapshot the pool spawns from now, as the World of a reconcile pass has it, or None. The World
         is resolved again only when an object or snapshot directory changes: claims stay cheap."""
-        dirs = [self.objects.root / k for k in ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch")]
+        kinds = [self.objects.root / k for k in ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch")]
+        dirs = kinds + sorted(p for k in kinds if k.is_dir() for p in k.iterdir() if p.is_dir())
         key = tuple(d.stat().st_mtime_ns if d.exists() else 0 for d in [*dirs, self.rt.store.root])
         if self._target_cache.get("key") != key:
             actual = Actual(snapshots=tuple(observe.actual_snapshots(self.rt)))

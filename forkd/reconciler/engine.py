@@ -25,6 +25,7 @@ from forkd.reconciler import observe
 from forkd.reconciler.actions import Action
 from forkd.reconciler.handlers import HANDLERS, Context
 from forkd.reconciler.objects import ObjectStore
+from forkd.reconciler.objects import key as qualified
 from forkd.reconciler.plan import backoff_seconds, plan_world
 from forkd.reconciler.state import Failure
 from forkd.reconciler.status import world_status
@@ -102,7 +103,7 @@ class Reconciler:
                 del self.in_flight[key]
 
     def _write_statuses(self, world: World) -> None:
-        previous = {f"{st.obj.kind}/{st.obj.metadata.name}": st.obj.status for st in self.objects.list()}
+        previous = {f"{st.obj.kind}/{qualified(st.obj)}": st.obj.status for st in self.objects.list()}
         for key, status in world_status(world, previous).items():
             kind, name = key.split("/", 1)
             if kind == "ForkPool" and name in self.spawn_ms and self.spawn_ms[name]:
@@ -165,7 +166,7 @@ class Reconciler:
         ready, problems = True, []
         terminal = self.world.terminal if self.world is not None else frozenset()
         for st in self.objects.list():
-            key = (st.obj.kind, st.obj.metadata.name)
+            key = (st.obj.kind, qualified(st.obj))
             if kinds_names is not None and key not in kinds_names:
                 continue
             status = st.obj.status
@@ -200,13 +201,13 @@ class Reconciler:
     def _summary(self, kinds_names) -> str:
         parts = []
         for st in self.objects.list():
-            if kinds_names is not None and (st.obj.kind, st.obj.metadata.name) not in kinds_names:
+            if kinds_names is not None and (st.obj.kind, qualified(st.obj)) not in kinds_names:
                 continue
             status = st.obj.status
             rec = status.condition("Reconciling") if status else None
             why = rec.reason if rec and rec.status == "True" else "Ready" if status else "Pending"
             extra = f" {status.warm}/{status.target} warm" if st.obj.kind == "ForkPool" and status else ""
-            parts.append(f"{st.obj.kind}/{st.obj.metadata.name}: {why}{extra}")
+            parts.append(f"{st.obj.kind}/{qualified(st.obj)}: {why}{extra}")
         return "; ".join(parts)
 
     def run_forever(self, stop: threading.Event, interval: float = 2.0) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forkd.reconciler.control import Change, Control, applyset_id
+from forkd.reconciler.objects import key
 from forkd.spec.loader import SpecLoadError, collect_files, load_paths
 
 
@@ -35,11 +36,11 @@ def sync_directory(control: Control, directory: Path) -> SyncReport:
         src = (st.source or "").rsplit(":", 1)[0]
         if st.applyset == applyset and src in bad_files:
             objs.append((st.obj.model_copy(update={"status": None}), st.source))
-            control.objects.event(st.obj.kind, st.obj.metadata.name, "InvalidSpec",
+            control.objects.event(st.obj.kind, key(st.obj), "InvalidSpec",
                                   f"{src} does not load; keeping the last applied spec: "
                                   f"{report.errors[src].splitlines()[0]}", type_="Warning")
-    names = {(o.kind, o.metadata.name) for o, _ in objs}
+    names = {(o.kind, key(o)) for o, _ in objs}
     if len(names) != len(objs):
-        objs = list({(o.kind, o.metadata.name): (o, s) for o, s in objs}.values())
+        objs = list({(o.kind, key(o)): (o, s) for o, s in objs}.values())
     report.changes = control.apply(objs, applyset, prune=True)
     return report

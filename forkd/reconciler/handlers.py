@@ -31,6 +31,7 @@ from forkd.reconciler.objects import ObjectStore
 from forkd.reconciler.state import ClaimRecord
 from forkd.reconciler.world import GONE
 from forkd.spec.models import ImageRef
+from forkd.spec.namespaces import qualify
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -101,7 +102,7 @@ def compact(ctx: Context, a: CompactSnapshot) -> str:
 
 
 def spawn(ctx: Context, a: SpawnChildren) -> str:
-    pool = ctx.objects.get("ForkPool", a.pool).obj
+    pool = qualify(ctx.objects.get("ForkPool", a.pool).obj)  # its children's pool: the qualified name
     recs = ctx.rt.fork(_request(pool.to_request, a.tag, a.count))
     samples = ctx.spawn_ms.setdefault(a.pool, deque(maxlen=SPAWN_SAMPLES))
     samples.extend(r.timings_ms.get("ready", 0.0) for r in recs)
@@ -140,7 +141,7 @@ def claim(ctx: Context, a: ClaimChildren) -> str:
     if a.from_tag is None:
         recs = ctx.claim(a.pool, a.count)
     else:
-        pool = ctx.objects.get("ForkPool", a.pool).obj
+        pool = qualify(ctx.objects.get("ForkPool", a.pool).obj)
         recs = ctx.rt.fork(_request(pool.to_request, a.from_tag, a.count).model_copy(update={"pool": None}))
     now = time.time()
     ends = a.shutdown_at if a.shutdown_at is not None else now + a.ttl if a.ttl is not None else None

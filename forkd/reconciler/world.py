@@ -4,6 +4,8 @@
 and a pool's claim target all read one World, so they cannot disagree on which objects count (one per kind and
 name, the smallest spec hash winning; a name a ForkParent holds is not a ForkBranch's, and neither is a
 ForkLayer's), which snapshot tag each stands for, what a pool spawns from, or what waits for a change of spec.
+Names here are qualified by namespace ("ns.name" outside "default", forkd.spec.namespaces): `resolve` qualifies the
+desired objects first, so every tag, pool and claim record it plans for is namespace-qualified.
 """
 
 from __future__ import annotations
@@ -24,20 +26,28 @@ from forkd.spec.models import (
     rfc3339_seconds,
     spec_hash,
 )
+from forkd.spec.namespaces import qualify
 
 LIVE = ("starting", "running")  # children that count; dead / failed ones are retired and replaced
 GONE = ("dead", "failed", "oom-killed")
 
 
 # -- snapshot tags ------------------------------------------------------------------------------------------
+def tag_stem(name: str) -> str:
+    """The start of the tags an object makes: its (qualified) name, which fits when it has at most 52 characters
+    (every name of the namespace "default"); a longer "namespace.name" is cut to 43 and a hash of it appended."""
+    return name if len(name) <= 52 else f"{name[:43]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
 def parent_tag(parent: ForkParent) -> str:
-    """The snapshot tag of a parent's current spec: "<name>-<10 hex digits>" (names are <= 52 characters)."""
-    return f"{parent.metadata.name}-{spec_hash(parent)[:10]}"
+    """The snapshot tag of a parent's current spec: "<stem>-<10 hex digits>" (at most 63 characters)."""
+    return f"{tag_stem(parent.metadata.name)}-{spec_hash(parent)[:10]}"
 
 
 def layer_tag(layer: ForkLayer, from_tag: str) -> str:
     """A layer's snapshot tag: changes with its spec and with the snapshot it is built on."""
-    return f"{layer.metadata.name}-{hashlib.sha256(f'{spec_hash(layer)}:{from_tag}'.encode()).hexdigest()[:10]}"
+    digest = hashlib.sha256(f"{spec_hash(layer)}:{from_tag}".encode()).hexdigest()[:10]
+    return f"{tag_stem(layer.metadata.name)}-{digest}"
 
 
 def compact_tag(head: str) -> str:
@@ -46,7 +56,7 @@ def compact_tag(head: str) -> str:
 
 
 def branch_tag(b: ForkBranch) -> str:
-    return f"{b.metadata.name}-{spec_hash(b)[:10]}"
+    return f"{tag_stem(b.metadata.name)}-{spec_hash(b)[:10]}"
 
 
 def resolve_tags(parents: Sequence[ForkParent], layers: Sequence[ForkLayer],
@@ -248,7 +258,15 @@ class World:
         return frozenset(self.stuck) | failed
 
 
+def qualified(desired: Desired) -> Desired:
+    """`desired` with every object's name, and the references in its spec, qualified by its namespace
+    (forkd.spec.namespaces): the World and plan() see "ns.name" outside the namespace "default"."""
+    return Desired(*(tuple(qualify(o) for o in objs) for objs in (desired.parents, desired.layers, desired.pools,
+                                                                  desired.branches, desired.claims)))
+
+
 def resolve(desired: Desired, actual: Actual) -> World:
+    desired = qualified(desired)
     parents = unique_by_name(desired.parents)
     taken = {p.metadata.name for p in parents}
     branches = [b for b in unique_by_name(desired.branches) if b.metadata.name not in taken]

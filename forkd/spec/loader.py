@@ -8,7 +8,7 @@ with `template=True` (`forkd apply --template`); plain YAML is never rendered, s
 what it says. In a directory, `values.yaml` / `values.yml` and `*.values.yaml` / `*.values.yml` are values files
 (pass them with `--values`), never objects.
 
-Fields a Kubernetes API server fills in (metadata.namespace, uid, resourceVersion, generation,
+Fields a Kubernetes API server fills in (metadata.uid, resourceVersion, generation,
 creationTimestamp, managedFields, finalizers, ..., and status) are accepted and ignored, so
 `kubectl get fpool x -o yaml | forkd apply -f -` works."""
 
@@ -42,7 +42,7 @@ TEMPLATE_SUFFIX = ".j2"
 VALUES_NAMES = ("values.yaml", "values.yml")  # and *.values.yaml / *.values.yml: values files, never objects
 STDIN = "-"
 # set by a Kubernetes API server (kubectl get -o yaml shows them): accepted and dropped
-SERVER_METADATA = ("namespace", "uid", "resourceVersion", "generation", "creationTimestamp", "managedFields",
+SERVER_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields",
                    "finalizers", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds", "ownerReferences",
                    "generateName")
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"

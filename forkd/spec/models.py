@@ -38,6 +38,7 @@ from forkd.core.requests import (
     NetworkMode,
     Vcpus,
 )
+from forkd.spec.namespaces import NAMESPACE_PATTERN
 
 API_VERSION = "forkd.dev/v1alpha1"
 KINDS = ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch", "ForkClaim")
@@ -45,6 +46,7 @@ CONDITION_TYPES = ("Ready", "Reconciling", "Degraded", "Stalled", "Expired")
 MAX_CLAIM = 1000  # children one claim may hold (the claim path's own limit)
 
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+Namespace = Annotated[str, StringConstraints(pattern=NAMESPACE_PATTERN)]
 
 
 class Strict(BaseModel):
@@ -53,7 +55,9 @@ class Strict(BaseModel):
 
 class Metadata(Strict):
     name: Name = Field(description="the object's name: 1-52 of a-z, 0-9 and '-', starting and ending with a "
-                                   "letter or digit; unique per kind")
+                                   "letter or digit; unique per kind and namespace")
+    namespace: Namespace = Field("default", description="the object's namespace (default: default); references in "
+                                                        "its spec name objects of the same namespace")
     labels: dict[str, str] = Field(default_factory=dict, description="free-form key/value labels")
     annotations: dict[str, str] = Field(default_factory=dict, description="free-form key/value annotations "
                                         "(forkd.dev/* ones are forkd's)")
