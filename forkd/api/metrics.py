@@ -19,6 +19,7 @@ from prometheus_client.utils import floatToGoString
 
 from forkd import __version__
 from forkd.base import telemetry
+from forkd.reconciler.objects import key
 
 if TYPE_CHECKING:
     from forkd.reconciler.control import Control
@@ -109,11 +110,11 @@ class _StateCollector:
         warm = GaugeMetricFamily("forkd_pool_warm", "idle warm children per pool", labels=["pool"])
         claimed = GaugeMetricFamily("forkd_pool_claimed", "claimed children per pool", labels=["pool"])
         target = GaugeMetricFamily("forkd_pool_target", "warm children wanted per pool", labels=["pool"])
-        for obj in self.control.get("ForkPool"):
-            st = obj.status
-            warm.add_metric([obj.metadata.name], st.warm if st else 0)
-            claimed.add_metric([obj.metadata.name], st.claimed if st else 0)
-            target.add_metric([obj.metadata.name], st.target if st else obj.spec.warm)
+        for obj in self.control.get("ForkPool"):  # pool: the qualified name (ns.name), as children carry it
+            st, pool = obj.status, key(obj)
+            warm.add_metric([pool], st.warm if st else 0)
+            claimed.add_metric([pool], st.claimed if st else 0)
+            target.add_metric([pool], st.target if st else obj.spec.warm)
         yield warm
         yield claimed
         yield target

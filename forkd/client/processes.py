@@ -41,6 +41,9 @@ def events(rt: Any, child: str, start: dict | None = None, pid: int | None = Non
                 pid = a.start(**start)
             except AgentError as exc:
                 code = exc.error.get("exit_code")
+                if _older_agent(exc):  # a child of a snapshot made before proc_* existed: its blocking exec
+                    yield from _blocking(a, start, max_output, timeout)
+                    return
                 if code not in (126, 127):
                     raise
                 yield {"type": "start", "pid": None}
@@ -49,6 +52,31 @@ def events(rt: Any, child: str, start: dict | None = None, pid: int | None = Non
                 return
         yield {"type": "start", "pid": pid}
         yield from _output(a, pid, max_output, timeout)
+
+
+def _older_agent(exc: Any) -> bool:
+    """The agent of a snapshot older than the proc_* ops answers them with 'unknown op'."""
+    return exc.error.get("type") == "RequestError" and "unknown op 'proc_start'" in str(exc.error.get("message"))
+
+
+def _blocking(a: Any, start: dict, max_output: int, timeout: float | None) -> Iterator[Event]:
+    """The whole command through the agent's one-shot `exec` (children of older snapshots): its output arrives at
+    the end, capped by the agent; no stdin pipe, PTY or user switch there."""
+    from forkd.base.errors import InvalidInput
+
+    if start.get("pty") or start.get("stdin") or start.get("user"):
+        raise InvalidInput("this child's agent predates streaming processes: no -i, -t or -u for it",
+                           hint="run it without them, or fork from a snapshot rebuilt by this forkd")
+    argv = start.get("argv") or ["/bin/sh", "-c", start["cmd"]]
+    res = a.exec(argv, env=start.get("env"), cwd=start.get("cwd"), timeout=timeout)
+    yield {"type": "start", "pid": None}
+    for stream in ("stdout", "stderr"):
+        data = str(res.get(stream) or "").encode()
+        if data:
+            yield {"type": stream, "data": data[:max_output]}
+    yield {"type": "exit", "exit_code": res.get("exit_code"), "timed_out": bool(res.get("timed_out")),
+           "truncated": bool(res.get("truncated")) or any(len(str(res.get(k) or "")) > max_output
+                                                           for k in ("stdout", "stderr"))}
 
 
 def _output(a: Any, pid: int, max_output: int, timeout: float | None) -> Iterator[Event]:
