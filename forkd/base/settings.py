@@ -81,24 +81,9 @@ class Settings(BaseModel):
                                  "self-signed --tls-cert (default: the system's CAs)")
     audit_denied_interval: float = _env(60.0, "seconds between the audit log's summary lines of refused "
                                               "unauthenticated requests (each summary carries their count)", gt=0)
-
-    # -- rel-mem: add this helper's settings below this line
-
-    # -- rel-state: add this helper's settings below this line
-
-    # -- rel-claims: add this helper's settings below this line
+    # -- children's lifetimes and ownership
     kill_wait_seconds: float = _env(120.0, "seconds `forkd kill` waits for a child another operation is still "
                                            "starting (or stopping) before it gives up with a conflict", gt=0)
-
-    # -- rel-chaos: add this helper's settings below this line
-
-    # -- rel-boot: add this helper's settings below this line
-
-    # -- agent-proc: add this helper's settings below this line
-
-    # -- agent-files: add this helper's settings below this line
-
-    # -- agent-life: add this helper's settings below this line
     sandbox_timeout: float = _env(300.0, "seconds a sandbox made through the daemon (POST /v1/sandboxes, /fork, "
                                          "forkd fork) lives unless the call says otherwise or set_timeout extends "
                                          "it; 0 = no timeout (idle pool children never expire until claimed)", ge=0)
@@ -106,19 +91,13 @@ class Settings(BaseModel):
                                       "throw-away branch snapshots", gt=0)
     branch_ttl: float = _env(3600.0, "seconds an auto-named branch snapshot (made without a tag) is kept; it is "
                                      "never removed while a child runs on it or a layer is built on it", gt=0)
-
-    # -- sdk: add this helper's settings below this line
-
-    # -- declarative: add this helper's settings below this line
-
-    # -- platform: add this helper's settings below this line
+    # -- placement (the operator)
     node_memory_mib: int | None = _env(None, "memory (MiB) this node daemon offers to children, reported at GET "
                                               "/v1/node for the operator's placement (default: the host's "
                                               "MemAvailable)", gt=0)
     placement_child_mib: int = _env(128, "memory (MiB) the operator counts per warm child of a ForkPool without "
                                          "spec.child.memoryLimitMiB when it places the pool", gt=0)
-
-    # -- density: add this helper's settings below this line
+    # -- density: what each VMM and guest costs
     tcg_tb_mib: int = _env(32, "TCG translation buffer per VMM in MiB (QEMU -accel tcg,tb-size=N): the code cache "
                                "each child fills as it runs; a child only touches what it translates", ge=1, le=2048)
     vmm_malloc_arena_max: int = _env(1, "glibc MALLOC_ARENA_MAX for VMM processes (0: glibc's default of 8 per "
