@@ -108,18 +108,22 @@ class QMPClient:
 
 
 def _connect_unix(path: Path, timeout: float) -> socket.socket:
-    """Connect to a unix socket that the VMM may not have created yet."""
+    """Connect to a unix socket that the VMM may not have created yet. A connect that would block (QEMU serves one
+    connection per chardev: another process holding it fills the backlog) is bounded by `timeout` too."""
     deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(max(0.05, deadline - time.monotonic()))
         try:
             s.connect(str(path))
+            s.settimeout(None)
             return s
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
+        except (FileNotFoundError, ConnectionRefusedError, TimeoutError, BlockingIOError) as exc:
             s.close()
             if time.monotonic() > deadline:
-                raise ForkdError(f"cannot connect to {path} within {timeout:.1f}s: {exc}") from exc
+                why = "another process may hold its only connection" if isinstance(exc, TimeoutError) else exc
+                raise ForkdError(f"cannot connect to {path} within {timeout:.1f}s: {why}") from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
 
