@@ -11,11 +11,12 @@ same instant, by QEMU's own construction (we never arm write-protect ourselves b
 upstream's defect 5). In **stop** mode (`diff`/`full`) the VM is paused first and the same migration runs
 against a stopped VM.
 
-Memory accounting (issue 15): QEMU never writes the stream file itself. It writes into a pipe, and a thread of
-*this* process (`StreamPump`) splices the pipe into the file: the file's pages (tmpfs or page cache, as big as the
-guest's RAM) are charged to forkd, never to the source child's memory group, so a branch cannot push a
-memory-limited source over its limit. (The guest RAM the capture reads is the child's flat image, populated and
-charged to forkd's own group when it was materialized: see forkd.sandbox.cgroups.)
+Memory accounting (issue 15): QEMU never writes the stream file itself. It writes into a pipe, and a process
+forkd starts (`StreamPump`, forkd.vmm.stream_pump, in forkd's memory group) splices the pipe into the file: the
+file's pages (tmpfs or page cache, as big as the guest's RAM) are charged to forkd, never to the source child's
+memory group, so a branch cannot push a memory-limited source over its limit. (The guest RAM the capture reads is
+the child's flat image, populated and charged to forkd's own group when it was materialized: see
+forkd.sandbox.cgroups.) The pump outlives the process that started the branch: see forkd.vmm.stream_pump for why.
 
 Turning the stream into a snapshot is `QemuDriver.stream_to_snapshot` (forkd.vmm.qemu).
 """
@@ -23,8 +24,10 @@ Turning the stream into a snapshot is `QemuDriver.stream_to_snapshot` (forkd.vmm
 from __future__ import annotations
 
 import fcntl
+import json
 import os
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,53 +54,50 @@ PUMP_JOIN_SECONDS = 60.0  # after QEMU said `completed` it closes its end of the
 
 
 class StreamPump:
-    """Copy everything QEMU writes into a pipe to the stream file, in a thread of this process (see the module
-    docstring). A write that fails (no space left) is remembered and the rest of the pipe is drained, so QEMU
-    always reaches the end of its stream (a QEMU 7.2 background snapshot whose writes fail can hang its source);
-    the caller raises `error` once QEMU is done. Owns `rfd` and a duplicate of the file descriptor."""
+    """Copy everything QEMU writes into a pipe to the stream file, in a process of its own
+    (forkd.vmm.stream_pump: it outlives this process, so a kill -9 of the branching process never breaks QEMU's
+    stream, which would hang the source). A write that fails (no space left) is remembered and the rest of the pipe
+    is drained, so QEMU always reaches the end of its stream; the caller raises `error` once QEMU is done. Takes
+    `rfd` (closed here once the pump has its copy) and a duplicate of the file descriptor."""
 
     def __init__(self, rfd: int, file_fd: int):
-        self.rfd, self.wfd = rfd, os.dup(file_fd)
-        self.error: OSError | None = None
-        self.copied = 0
         with_suppressed(lambda: fcntl.fcntl(rfd, fcntl.F_SETPIPE_SZ, PUMP_CHUNK))
-        self.thread = threading.Thread(target=self._run, name="forkd-branch-stream", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
         try:
-            while self._step():
-                pass
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(Path(__file__).with_name("stream_pump.py")), str(rfd), str(file_fd)],
+                pass_fds=(rfd, file_fd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                start_new_session=True)  # a signal to our process group (^C) must not break the stream
         finally:
-            os.close(self.rfd)
-            os.close(self.wfd)
+            os.close(rfd)
+        self._error: OSError | None = None
+        self.copied = 0
 
-    def _step(self) -> bool:
-        """Move one chunk; False at the end of the stream (QEMU closed its end)."""
-        if self.error is not None:
-            return bool(os.read(self.rfd, PUMP_CHUNK))  # draining
+    @property
+    def error(self) -> OSError | None:
+        """The failed write, once the pump has ended (None while it runs)."""
+        if self.proc.poll() is not None and self.proc.stdout is not None:
+            self._collect()
+        return self._error
+
+    def _collect(self) -> None:
+        out, self.proc.stdout = self.proc.stdout.read(), (self.proc.stdout.close() or None)
         try:
-            n = os.splice(self.rfd, self.wfd, PUMP_CHUNK)
-        except OSError as exc:
-            if exc.errno not in (22, 95):  # EINVAL, EOPNOTSUPP: this file cannot be spliced into; copy instead
-                self.error = exc
-                return True
-            data = os.read(self.rfd, PUMP_CHUNK)
-            n = len(data)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self.wfd, view):]
-            except OSError as werr:
-                self.error = werr
-        self.copied += n
-        return n > 0
+            report = json.loads(out or b"{}")
+        except ValueError:
+            report = {}
+        self.copied = int(report.get("copied", 0))
+        if report.get("error"):
+            self._error = OSError(*report["error"])
+        elif self.proc.returncode != 0 and not report:
+            self._error = OSError(f"the stream pump exited with status {self.proc.returncode}")
 
     def join(self, timeout: float = PUMP_JOIN_SECONDS) -> None:
         """Wait for the end of the stream; raise CaptureError if it did not come or a write failed."""
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            raise CaptureError(f"the VMM did not close the branch stream within {timeout:.0f}s of finishing it")
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise CaptureError(f"the VMM did not close the branch stream within {timeout:.0f}s of finishing it") \
+                from None
         if self.error is not None:
             raise CaptureError(f"writing the branch stream failed: {self.error}",
                                hint="free space where the stream goes ($FORKD_HOME/tmp or the branch's tmp_dir)")
@@ -232,9 +232,8 @@ class QemuCapture(Capture):
         q.events.clear()
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
         try:
-            self.pump = StreamPump(rfd, self.fd)
+            self.pump = StreamPump(rfd, self.fd)  # takes rfd, whatever happens
         except BaseException:
-            os.close(rfd)
             os.close(wfd)
             raise
         try:  # QEMU writes the pipe; our copy of its end closes, so the pump sees the end when QEMU closes its own
