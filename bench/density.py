@@ -38,6 +38,7 @@ import signal
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -66,7 +67,10 @@ VARIANTS: dict[str, dict[str, str]] = {
     "arena-1": {"FORKD_TCG_TB_MIB": "32", "FORKD_VMM_MALLOC_ARENA_MAX": "1", "FORKD_GUEST_CMDLINE": OLD_CMDLINE},
     "quiet-guest": {"FORKD_TCG_TB_MIB": "32", "FORKD_VMM_MALLOC_ARENA_MAX": "0"},  # this tree's command line
     "after": {},  # this tree's defaults
+    "ksm": {"FORKD_VMM_KSM": "1"},  # opt-in page merging (off by default: SECURITY.md section 9); see KsmScanner
 }
+KSM = Path("/sys/kernel/mm/ksm")
+KSM_SCAN = {"pages_to_scan": "1000", "sleep_millisecs": "20", "run": "1"}  # ~195 MiB/s scanned while it runs
 
 
 def parent_tag() -> str:
@@ -155,11 +159,47 @@ def ensure_snapshot(rt: Runtime, tag: str, memory_mib: int) -> bool:
     return False
 
 
+class KsmScanner:
+    """For a variant with FORKD_VMM_KSM=1: the kernel's scanner on (KSM_SCAN; host-wide, put back as it was when
+    the variant ends), `settle` waits for two full scans after the children started, and `pids` (ksmd) are added
+    to the children's idle CPU, since merging is work the host does for them."""
+
+    def __enter__(self) -> KsmScanner:
+        if not (KSM / "run").exists():
+            raise ForkdError("the ksm variant needs a kernel with KSM (/sys/kernel/mm/ksm)")
+        self.saved = {k: (KSM / k).read_text().strip() for k in KSM_SCAN}
+        for k, v in KSM_SCAN.items():
+            (KSM / k).write_text(v)
+        self.pids = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _comm(d) == "ksmd"]
+        progress(f"KSM scanner on ({KSM_SCAN}; was {self.saved}); ksmd pid {self.pids}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for k in ("run", *[k for k in self.saved if k != "run"]):
+            (KSM / k).write_text(self.saved[k])
+
+    def settle(self, limit_s: float = 240.0) -> dict:
+        start, deadline = int((KSM / "full_scans").read_text()), time.monotonic() + limit_s
+        while int((KSM / "full_scans").read_text()) < start + 2 and time.monotonic() < deadline:
+            time.sleep(1.0)
+        state = {k: int((KSM / k).read_text()) for k in ("pages_shared", "pages_sharing", "full_scans")}
+        progress(f"KSM after two full scans: {state}")
+        return state
+
+
+def _comm(d: Path) -> str:
+    try:
+        return (d / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 # -- one level of N ---------------------------------------------------------------------------------
-def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int) -> dict:
+def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = ()) -> dict:
+    """One level's figures; `helpers`: host processes working for the children (ksmd) whose CPU counts too."""
     pids = [r.pid for r in recs]
     time.sleep(min(2.0, window))  # let the last forks settle
-    cpu = idle_cpu_pct(pids, window)
+    cpu = idle_cpu_pct(pids + list(helpers), window)
     lat = exec_latencies(rt, [r.id for r in recs], execs)
     n = len(recs)
     drop = (avail0 - mem_available_kib()) / 1024.0
@@ -265,9 +305,12 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
         for name in names if rnd % 2 == 0 else reversed(names):
             restore = with_env(VARIANTS[name])
             try:
-                avail0 = mem_available_kib()
-                recs = fill(rt, args, tags[name], made)
-                p = sample(rt, recs, avail0, args.idle_s, args.execs)
+                with KsmScanner() if VARIANTS[name].get("FORKD_VMM_KSM") == "1" else nullcontext() as scan:
+                    avail0 = mem_available_kib()
+                    recs = fill(rt, args, tags[name], made)
+                    merged = scan.settle() if scan else None
+                    p = sample(rt, recs, avail0, args.idle_s, args.execs, tuple(scan.pids) if scan else ())
+                    p["ksm"] = merged
                 p["fork_ready_ms_p50"] = pct([r.timings_ms.get("ready", 0.0) for r in recs], 50)
                 rows[name].append(p)
                 progress(f"round {rnd + 1} {name}: {p['pss_per_child_mib']:.1f} MiB/child Pss, "

@@ -23,7 +23,7 @@ from tests.conftest import forkd_cli
 
 STATUSES = {"PASS", "WARN", "FAIL"}
 SECURITY = {"security:vmm-uid", "security:seccomp", "security:daemon-socket", "security:store-perms",
-            "security:egress", "security:protected-links", "security:unprivileged-uffd"}
+            "security:egress", "security:protected-links", "security:unprivileged-uffd", "security:ksm"}
 
 
 @pytest.fixture
@@ -166,6 +166,15 @@ def test_posture_section_lists_each_item_in_cli_json(rt, monkeypatch):
     assert "FORKD_VMM_RUNAS=" in got["security:vmm-uid"]["detail"]
     assert "vm.unprivileged_userfaultfd=" in got["security:unprivileged-uffd"]["detail"]
     assert "fs.protected_symlinks=" in got["security:protected-links"]["detail"]
+
+
+def test_ksm_posture_names_the_switch(monkeypatch):
+    monkeypatch.delenv("FORKD_VMM_KSM", raising=False)
+    c = posture.check_ksm()
+    assert c.status == "PASS" and "never merged" in c.detail and "FORKD_VMM_KSM off" in c.detail
+    monkeypatch.setenv("FORKD_VMM_KSM", "1")
+    c = posture.check_ksm()
+    assert c.status == "WARN" and "FORKD_VMM_KSM" in (c.fix or "")
 
 
 def test_vmm_uid_mode(rt, monkeypatch):

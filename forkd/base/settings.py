@@ -103,6 +103,10 @@ class Settings(BaseModel):
     vmm_malloc_arena_max: int = _env(1, "glibc MALLOC_ARENA_MAX for VMM processes (0: glibc's default of 8 per "
                                         "core); one arena keeps less freed heap per QEMU thread (~1.5 MiB a child, "
                                         "bench/density.py --compare)", ge=0, le=64)
+    vmm_ksm: bool = _env(False, "let the kernel's KSM merge identical pages across children (Linux 6.4+): VMMs "
+                                "start mergeable (guest RAM, heap, TCG code buffer; PR_SET_MEMORY_MERGE) and "
+                                "/sys/kernel/mm/ksm/run=1 must be set by the host's admin. Off by default: merged "
+                                "pages are a timing side channel between children (SECURITY.md section 9)")
     guest_cmdline: str = _env("console=ttyS0 quiet panic=-1 nowatchdog nmi_watchdog=0 tsc=reliable clocksource=tsc "
                               "sysctl.vm.stat_interval=3600 sysctl.vm.dirty_writeback_centisecs=0 "
                               "sysctl.vm.compaction_proactiveness=0 sysctl.kernel.hung_task_timeout_secs=0 "

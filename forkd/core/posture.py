@@ -12,6 +12,7 @@ from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
 from forkd.core.doctor import PASS, UNPRIVILEGED_UFFD_SYSCTL, WARN, Check, _line, _sysctl
 from forkd.sandbox import netns
+from forkd.vmm import ksm
 from forkd.vmm.qemu import SANDBOX, find_qemu
 
 if TYPE_CHECKING:
@@ -160,11 +161,26 @@ def check_unprivileged_uffd() -> Check:
     return Check(SEC + "unprivileged-uffd", PASS, f"{found}: {why}", None)
 
 
+def check_ksm() -> Check:
+    """Page merging between children (SECURITY.md section 9): off unless FORKD_VMM_KSM=1 (forkd.vmm.ksm)."""
+    state = ksm.scanner_state()
+    on = state is not None and state.get("run") == 1
+    scanner = "no KSM in this kernel" if state is None else f"the kernel's scanner is {'on' if on else 'off'}"
+    if not settings().vmm_ksm:
+        return Check(SEC + "ksm", PASS, f"children's pages are never merged (FORKD_VMM_KSM off; {scanner})", None)
+    if not on:
+        return Check(SEC + "ksm", WARN, f"FORKD_VMM_KSM=1 but {scanner}: nothing is merged",
+                     "echo 1 > /sys/kernel/mm/ksm/run (the host's choice), or unset FORKD_VMM_KSM")
+    return Check(SEC + "ksm", WARN, f"children's pages are merged ({state.get('pages_sharing', 0)} pages sharing): a "
+                 "timing side channel between children", "unset FORKD_VMM_KSM unless every child is one tenant's")
+
+
 def security_steps(rt: Runtime) -> list[tuple[str, Callable[[], Check]]]:
     return [(SEC + "vmm-uid", lambda: check_vmm_uid(rt)), (SEC + "seccomp", lambda: check_seccomp(rt)),
             (SEC + "daemon-socket", lambda: check_daemon_socket(rt)),
             (SEC + "store-perms", lambda: check_store_permissions(rt)), (SEC + "egress", check_egress),
-            (SEC + "protected-links", check_protected_links), (SEC + "unprivileged-uffd", check_unprivileged_uffd)]
+            (SEC + "protected-links", check_protected_links), (SEC + "unprivileged-uffd", check_unprivileged_uffd),
+            (SEC + "ksm", check_ksm)]
 
 
 # -- all of them -----------------------------------------------------------------------------------------------

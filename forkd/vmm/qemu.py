@@ -21,7 +21,7 @@ from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.base.settings import settings
 from forkd.base.steps import run_steps
-from forkd.vmm import capture
+from forkd.vmm import capture, ksm
 from forkd.vmm.agent_client import AgentClient, AgentError, AgentTimeout
 from forkd.vmm.disk import new_overlay
 from forkd.vmm.driver import AGENT_PORT, Capture, Machine, RunFiles, Vm, VmmDriver
@@ -70,7 +70,8 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     argv = [
         binary, "-name", f"forkd,process=forkd-{files.dir.name}",
         "-M", "q35,memory-backend=ram", "-accel", accel, "-m", mem, "-smp", str(machine.vcpus),
-        "-object", f"memory-backend-file,id=ram,size={mem},mem-path={mem_path},share={'on' if share else 'off'}",
+        "-object", f"memory-backend-file,id=ram,size={mem},mem-path={mem_path},share={'on' if share else 'off'},"
+                   f"merge={'on' if settings().vmm_ksm else 'off'}",  # forkd.vmm.ksm
         "-kernel", str(machine.kernel), "-initrd", str(machine.initrd),
         "-append", (guest_cmdline(machine) + " " + extra_cmdline).strip(),
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
@@ -256,6 +257,7 @@ class QemuDriver(VmmDriver):
         files.dir.mkdir(parents=True, exist_ok=True)
         for f in (files.qmp, files.agent):
             f.unlink(missing_ok=True)
+        ksm.inherit_merge(settings().vmm_ksm)
         with open(files.log, "wb") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, pass_fds=pass_fds, close_fds=True, env=vmm_env())
