@@ -17,11 +17,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from forkd_client.files import AsyncFilesystem, Filesystem
+
 from forkd.base.errors import NotFound
 from forkd.client import wire
 from forkd.sdk.commands import ProcessCommands
 from forkd.sdk.controller import AsyncController, Controller
-from forkd.sdk.files import AsyncFilesystem, Filesystem
 
 log = logging.getLogger("forkd.sdk")
 
