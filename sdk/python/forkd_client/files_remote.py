@@ -13,8 +13,7 @@ from typing import IO, Any
 import httpx
 
 from forkd_client import files_wire as fw
-from forkd_client.errors import api_error
-from forkd_client.http import Call, SyncHttp, quote, transport_error
+from forkd_client.http import Call, SyncHttp, answer, quote, transport_error
 
 CHUNK = 1 << 20
 OCTETS = {"Content-Type": "application/octet-stream"}
@@ -62,11 +61,7 @@ class RemoteFiles:
             with self.http._http.stream(method, self.base + sub, **kw) as r:
                 if r.status_code >= 400:
                     r.read()
-                    try:
-                        body = r.json()
-                    except ValueError:
-                        body = r.text
-                    raise api_error(r.status_code, body, str(r.request.url))
+                    answer(call, r)  # raises the answer's error kind (forkd_client.http)
                 yield r
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.http.endpoint, call.method, call.path) from exc

@@ -53,11 +53,17 @@ def _pick(template: str | None, pool: str | None) -> None:
         raise ValueError("Sandbox.create needs exactly one of template= (a snapshot tag) or pool= (a pool name)")
 
 
-class Sandbox:
-    def __init__(self, info: wire.SandboxInfo, controller: Controller, owned: bool = True,
+class _Sandbox:
+    """What Sandbox and AsyncSandbox share: the sandbox's record (`info`), its daemon client (`controller`), the envs
+    every command gets, whether leaving a `with` block kills it (`owned`), and its `commands` and `files`."""
+
+    _parts: tuple[type, type]  # the classes of `commands` and `files`
+
+    def __init__(self, info: wire.SandboxInfo, controller: Any, owned: bool = True,
                  envs: dict[str, str] | None = None):
         self.info, self.controller, self.owned, self.envs = info, controller, owned, dict(envs or {})
-        self.commands, self.files = ProcessCommands(self), Filesystem(self)
+        commands, files = self._parts
+        self.commands, self.files = commands(self), files(self)
 
     @property
     def metadata(self) -> Labels:
@@ -68,6 +74,14 @@ class Sandbox:
         return self.info.id
 
     sandbox_id = id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
+
+
+class Sandbox(_Sandbox):
+    _parts = (ProcessCommands, Filesystem)
+    controller: Controller
 
     @classmethod
     def create(cls, template: str | None = None, pool: str | None = None, *, envs: dict[str, str] | None = None,
@@ -143,25 +157,10 @@ class Sandbox:
             except Exception as error:  # noqa: BLE001 - reported by _kill_failed, never swallowed
                 _kill_failed(self.id, exc, error)
 
-    def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
 
-
-class AsyncSandbox:
-    def __init__(self, info: wire.SandboxInfo, controller: AsyncController, owned: bool = True,
-                 envs: dict[str, str] | None = None):
-        self.info, self.controller, self.owned, self.envs = info, controller, owned, dict(envs or {})
-        self.commands, self.files = AsyncProcessCommands(self), AsyncFilesystem(self)
-
-    @property
-    def metadata(self) -> Labels:
-        return dict(self.info.labels)
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    sandbox_id = id
+class AsyncSandbox(_Sandbox):
+    _parts = (AsyncProcessCommands, AsyncFilesystem)
+    controller: AsyncController
 
     @classmethod
     async def create(cls, template: str | None = None, pool: str | None = None, *,
@@ -227,6 +226,3 @@ class AsyncSandbox:
                 await self.kill()
             except Exception as error:  # noqa: BLE001 - reported by _kill_failed, never swallowed
                 _kill_failed(self.id, exc, error)
-
-    def __repr__(self) -> str:
-        return f"AsyncSandbox(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
