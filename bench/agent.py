@@ -29,10 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from forkd_client.processes import RemoteProcesses  # noqa: E402
+
 from forkd.base.errors import ForkdError  # noqa: E402
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
-from forkd.client.processes import RemoteProcesses  # noqa: E402
 from forkd.core.requests import ParentBuild  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.sdk import Controller  # noqa: E402

@@ -42,11 +42,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-echo "setup: installing forkd${extra} into .venv"
+echo "setup: installing forkd-client (sdk/python) and forkd${extra} into .venv"
+# the runtime depends on the light client (forkd-client, import forkd_client: its errors and SDK), which is not on
+# PyPI: install it from this tree first, so pip finds it installed when it resolves forkd's dependencies
+.venv/bin/pip install -q --disable-pip-version-check -e sdk/python
 .venv/bin/pip install -q --disable-pip-version-check -e ".${extra}"
-if [ -n "${extra}" ]; then  # --dev: the light Python client too (sdk/python: forkd-client, import forkd_client)
-  .venv/bin/pip install -q --disable-pip-version-check -e sdk/python
-fi
 
 echo "setup: building the default guest image (cached after the first time)"
 .venv/bin/forkd image build

@@ -41,7 +41,8 @@ def _data(res):
 def test_mcp_tools_over_stdio(daemon):
     params = StdioServerParameters(command=sys.executable, args=["-m", "forkd.mcp.server"],
                                    env={"FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token,
-                                        "PATH": os.environ.get("PATH", "")})
+                                        "PATH": os.environ.get("PATH", ""),
+                                        "PYTHONPATH": os.environ.get("PYTHONPATH", "")})  # this tree's packages
 
     async def go():
         async with stdio_client(params) as (read, write), ClientSession(read, write) as s:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 
+import forkd_client
 import pytest
 from forkd_client import AsyncSandbox, Client, NotFound, Retry, Sandbox, Unavailable, compat  # sdk/python
 
@@ -29,6 +30,31 @@ def test_import_loads_neither_the_runtime_nor_yaml_nor_zstandard():
     meta = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.requires('forkd-client'))"],
                           capture_output=True, text=True, timeout=60)
     assert sorted(r.split(">")[0] for r in eval(meta.stdout)) == ["httpx", "pydantic"]
+
+
+def test_one_sdk_and_one_error_hierarchy():
+    """forkd.sdk is forkd_client (the same objects), and forkd.base.errors' kinds are forkd_client.errors' (the same
+    classes, with the runtime's exit codes and HTTP statuses): `except NotFound` catches either's. Before, each had
+    its own copies (a NotFound of one was not a NotFound of the other) and forkd_client's Sandbox lacked most of
+    forkd.sdk's (files.list, set_timeout, fork)."""
+    import forkd_client.errors as ce
+
+    import forkd.base.errors as fe
+    import forkd.sdk
+
+    for name in ("Controller", "AsyncController", "Sandbox", "AsyncSandbox", "ControllerError", "SandboxInfo"):
+        assert getattr(forkd.sdk, name) is getattr(forkd_client, name), name
+    kinds = {"ForkdError": (1, 500), "InvalidInput": (2, 400), "NotFound": (3, 404), "Conflict": (4, 409),
+             "Timeout": (5, 504), "Unavailable": (6, 503), "ProtocolViolation": (1, 502)}
+    for name, (code, status) in kinds.items():
+        cls = getattr(fe, name)
+        assert cls is getattr(ce, name) and (cls.exit_code, cls.http_status) == (code, status), name
+    with pytest.raises(fe.NotFound):
+        raise ce.api_error(404, {"detail": "no such sandbox", "hint": "list them"}, "http://d/v1/sandboxes/x")
+    assert issubclass(fe.TerminalError, ce.ForkdError)
+    for method in ("list", "exists", "get_info", "remove", "rename", "make_dir", "chmod", "watch_dir"):
+        assert callable(getattr(Sandbox(None, None).files, method)), method  # type: ignore[arg-type]
+    assert all(callable(getattr(Sandbox, m)) for m in ("set_timeout", "fork", "list", "connect"))
 
 
 def test_an_unreachable_daemon_is_unavailable_after_retries():

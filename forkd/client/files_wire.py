@@ -1,58 +1,24 @@
-"""The wire models of the files routes (forkd/api/routes_files.py): what the daemon answers and takes, shared by
-the server, forkd.client.files_remote and the SDK (pydantic only)."""
+"""The wire models of the files routes (forkd/api/routes_files.py): the answers are the light client's
+(forkd_client.files_wire, re-exported here so the server answers exactly what `sb.files` parses); the requests,
+which only the server validates, are here (pydantic only)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
+from forkd_client.files_wire import EntryInfo, EntryList, Exists, MadeDir, PathResult, WatchEvent, Written
 from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ChmodRequest", "EntryInfo", "EntryList", "Exists", "GuestPath", "MadeDir", "MakeDirRequest", "Mode",
+           "PathResult", "RenameRequest", "WatchEvent", "Written"]
 
 GuestPath = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^/[^\x00]*$",
                                  description="an absolute path in the guest")]
 Mode = Annotated[int, Field(ge=0, le=0o7777, description="permission bits, e.g. 420 (0o644)")]
 
 
-class _Answer(BaseModel):
-    model_config = ConfigDict(extra="allow")  # newer servers may add fields
-
-
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422 that names it, never silently dropped
-
-
-class EntryInfo(_Answer):
-    """A file, directory, symlink (not followed) or other entry in the guest."""
-
-    name: str
-    path: str
-    type: Literal["file", "dir", "symlink", "other"]
-    size: int
-    mode: int
-    mtime: float
-    target: str | None = None  # a symlink's target
-
-
-class EntryList(_Answer):
-    entries: list[EntryInfo]
-
-
-class Exists(_Answer):
-    path: str
-    exists: bool
-
-
-class PathResult(_Answer):
-    path: str
-
-
-class MadeDir(_Answer):
-    path: str
-    created: bool  # false: it existed already
-
-
-class Written(_Answer):
-    path: str
-    bytes: int
 
 
 class RenameRequest(_Request):
@@ -69,12 +35,3 @@ class MakeDirRequest(_Request):
 class ChmodRequest(_Request):
     path: GuestPath
     mode: Mode
-
-
-class WatchEvent(_Answer):
-    """One line of a watch's NDJSON stream. `type`: create, write, remove, rename, chmod; or started (first line:
-    `kind` says inotify or poll), overflow (events were lost), keepalive (nothing happened for a while)."""
-
-    type: str
-    name: str
-    kind: str | None = None

@@ -1,5 +1,6 @@
 """`forkd-mcp`: MCP server over stdio, built on the official `mcp` package, that drives a forkd daemon through
-its REST API (forkd.sdk.AsyncController: FORKD_URL + FORKD_TOKEN, or the local unix socket).
+its REST API (forkd.sdk.AsyncController, i.e. forkd_client's AsyncClient: FORKD_URL + FORKD_TOKEN, or the local
+unix socket).
 
 Tools: spawn_sandboxes, claim, exec_command, eval_code, branch_sandbox, kill_sandbox, list_sandboxes,
 get_sandbox, list_snapshots, snapshot_info, ping_sandbox. Results are JSON objects; daemon errors come back as
@@ -19,7 +20,7 @@ except ImportError:  # mcp 1.x
     from mcp.server.fastmcp.exceptions import ToolError
 
 from forkd import __version__
-from forkd.sdk.controller import AsyncController, ControllerError
+from forkd.sdk import AsyncController, ControllerError
 
 INSTRUCTIONS = """forkd runs Python microVM sandboxes forked copy-on-write from warm snapshots.
 Spawn children of a ready snapshot (list_snapshots) or claim warm ones from a pool, run commands (exec_command)
@@ -48,7 +49,7 @@ def _guard(fn):
     async def run(*args, **kwargs):
         try:
             return await fn(*args, **kwargs)
-        except ControllerError as exc:  # forkd.base.errors.ForkdError, as every forkd client raises
+        except ControllerError as exc:  # forkd_client.errors.ForkdError (= forkd.base.errors.ForkdError)
             where = f"{exc.url}: HTTP {exc.status}: " if exc.status else ""
             raise ToolError(f"{type(exc).__name__}: {where}{exc}") from exc
     return run

@@ -1,29 +1,48 @@
-"""Python SDK for a running forkd daemon (`forkd serve`): upstream-compatible `Controller`, E2B-style `Sandbox`,
-and their async variants. Results are the pydantic wire models the daemon itself uses (forkd.client.wire).
+"""The Python SDK, under the runtime's name: a re-export of the light client forkd-client (sdk/python, import
+`forkd_client`: httpx and pydantic only), so `forkd.sdk` and `forkd_client` are one SDK with one behaviour.
 
-    from forkd.sdk import Controller, Sandbox
-    ctrl = Controller()                       # FORKD_URL + FORKD_TOKEN, or the local unix socket
+    from forkd.sdk import Controller, Sandbox      # the same objects as forkd_client's
+    ctrl = Controller()                            # FORKD_URL + FORKD_TOKEN, or the local unix socket
     [sb] = ctrl.spawn_sandboxes("base", n=1)
     print(ctrl.exec_command(sb.id, ["echo", "hi"]).stdout)
+    with Sandbox.create(template="base") as sb: ...
 
-Failures are ControllerError (forkd.base.errors.ForkdError), raised as its kinds: NotFound, Conflict, InvalidInput,
-Timeout, Unavailable, ProtocolViolation (exported here too). Outside the runtime, use the light client of the same
-surface: `pip install sdk/python` (distribution forkd-client, import forkd_client: httpx and pydantic only).
+`Controller`/`AsyncController` are forkd_client's Client/AsyncClient (upstream's method names; `base_url=` works;
+retries on connect errors and 503); results are forkd_client.models; `sb.commands` streams (forkd_client.commands),
+`sb.files` is the full filesystem (forkd_client.files). Failures are ControllerError (= ForkdError, the same
+classes as forkd.base.errors), raised as their kinds: NotFound, Conflict, InvalidInput, Timeout, Unavailable,
+ProtocolViolation.
 """
 
-from forkd.base.errors import Conflict, InvalidInput, NotFound, ProtocolViolation, Timeout, Unavailable
-from forkd.client.wire import (
+from forkd_client import (
+    AsyncClient,
+    AsyncController,
+    AsyncSandbox,
     BranchResult,
+    Client,
+    CommandHandle,
+    CommandResult,
+    Conflict,
+    Controller,
+    ControllerError,
+    EntryInfo,
     EvalResult,
     ExecResult,
+    ForkdError,
+    InvalidInput,
+    NotFound,
     PingResult,
+    ProtocolViolation,
+    Sandbox,
     SandboxInfo,
     SnapshotDetail,
     SnapshotInfo,
+    Timeout,
+    Unavailable,
+    WatchEvent,
 )
-from forkd.sdk.controller import AsyncController, Controller, ControllerError
-from forkd.sdk.sandbox import AsyncSandbox, Sandbox
 
-__all__ = ["AsyncController", "AsyncSandbox", "BranchResult", "Conflict", "Controller", "ControllerError", "EvalResult",
-           "ExecResult", "InvalidInput", "NotFound", "PingResult", "ProtocolViolation", "Sandbox", "SandboxInfo",
-           "SnapshotDetail", "SnapshotInfo", "Timeout", "Unavailable"]
+__all__ = ["AsyncClient", "AsyncController", "AsyncSandbox", "BranchResult", "Client", "CommandHandle",
+           "CommandResult", "Conflict", "Controller", "ControllerError", "EntryInfo", "EvalResult", "ExecResult",
+           "ForkdError", "InvalidInput", "NotFound", "PingResult", "ProtocolViolation", "Sandbox", "SandboxInfo",
+           "SnapshotDetail", "SnapshotInfo", "Timeout", "Unavailable", "WatchEvent"]

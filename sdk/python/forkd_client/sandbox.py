@@ -1,12 +1,15 @@
 """E2B-style sandboxes over the daemon API: `Sandbox.create(template=...)` forks one child of a snapshot,
 `Sandbox.create(pool=...)` claims a warm one.
 
-    with Sandbox.create(template="base") as sb:
-        print(sb.commands.run("echo hi").stdout)
-        sb.files.write("/root/a.txt", "data")
+    with Sandbox.create(template="base", timeout=600, metadata={"run": "7"}) as sb:
+        print(sb.commands.run("echo hi").stdout)          # streaming commands: forkd_client.commands
+        sb.files.write("/root/a.txt", "data")             # the filesystem: forkd_client.files
         print(sb.eval("1 + 1").result)
-        snap = sb.branch("step-1")          # a forkable snapshot of this sandbox, now
+        snap = sb.branch("step-1")                        # a forkable snapshot of this sandbox, now
+        kids = sb.fork(3)                                 # 3 running sandboxes continuing from this instant
+        sb.set_timeout(300)                               # keepalive
     # killed on exit (a kill that fails is raised, or noted on the exception already in flight)
+    Sandbox.list(metadata={"run": "7"})
 
 `AsyncSandbox` is the same with `await` (and `async with`).
 """
@@ -23,6 +26,7 @@ from forkd_client.api import Client as Controller
 from forkd_client.async_commands import AsyncProcessCommands
 from forkd_client.commands import ProcessCommands
 from forkd_client.errors import NotFound
+from forkd_client.files import AsyncFilesystem, Filesystem
 
 log = logging.getLogger("forkd_client")
 Labels = dict[str, str]
@@ -44,48 +48,22 @@ def _kill_failed(sandbox_id: str, in_flight: BaseException | None, error: Except
     log.warning("%s", what)
 
 
-def _argv(cmd: str | list[str]) -> list[str]:
-    return ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-
-
-def _matching(infos: list[wire.SandboxInfo], metadata: Labels | None) -> list[wire.SandboxInfo]:
-    want = (metadata or {}).items()
-    return [i for i in infos if all(i.labels.get(k) == v for k, v in want)]
-
-
 def _pick(template: str | None, pool: str | None) -> None:
     if (template is None) == (pool is None):
         raise ValueError("Sandbox.create needs exactly one of template= (a snapshot tag) or pool= (a pool name)")
 
 
-class Commands:
-    def __init__(self, sb: Sandbox):
-        self._sb = sb
+class _Sandbox:
+    """What Sandbox and AsyncSandbox share: the sandbox's record (`info`), its daemon client (`controller`), the envs
+    every command gets, whether leaving a `with` block kills it (`owned`), and its `commands` and `files`."""
 
-    def run(self, cmd: str | list[str], timeout: float = 60, cwd: str | None = None,
-            envs: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
-        """Run a command (a string goes through /bin/sh -c) in a fresh guest process: {stdout, stderr, exit_code}."""
-        env = {**self._sb.envs, **(envs or {})} or None
-        return self._sb.controller.exec_command(self._sb.id, _argv(cmd), timeout, cwd=cwd, env=env, stdin=stdin)
+    _parts: tuple[type, type]  # the classes of `commands` and `files`
 
-
-class Files:
-    def __init__(self, sb: Sandbox):
-        self._sb = sb
-
-    def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
-        return self._sb.controller.write_file(self._sb.id, path, data, mode)
-
-    def read(self, path: str, format: str = "text") -> str | bytes:
-        data = self._sb.controller.read_file(self._sb.id, path)
-        return data if format == "bytes" else data.decode()
-
-
-class Sandbox:
-    def __init__(self, info: wire.SandboxInfo, controller: Controller, owned: bool = True,
+    def __init__(self, info: wire.SandboxInfo, controller: Any, owned: bool = True,
                  envs: dict[str, str] | None = None):
         self.info, self.controller, self.owned, self.envs = info, controller, owned, dict(envs or {})
-        self.commands, self.files = ProcessCommands(self), Files(self)  # streaming: forkd_client/commands.py
+        commands, files = self._parts
+        self.commands, self.files = commands(self), files(self)
 
     @property
     def metadata(self) -> Labels:
@@ -97,23 +75,37 @@ class Sandbox:
 
     sandbox_id = id
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
+
+
+class Sandbox(_Sandbox):
+    _parts = (ProcessCommands, Filesystem)
+    controller: Controller
+
     @classmethod
     def create(cls, template: str | None = None, pool: str | None = None, *, envs: dict[str, str] | None = None,
-               metadata: Labels | None = None, controller: Controller | None = None, url: str | None = None,
-               token: str | None = None, socket: str | Path | None = None) -> Sandbox:
+               metadata: Labels | None = None, timeout: float | None = None, controller: Controller | None = None,
+               url: str | None = None, token: str | None = None, socket: str | Path | None = None) -> Sandbox:
         """Fork a child of snapshot `template`, or claim one of `pool`. `envs`: set in every command it runs
-        (a call's own envs win). `metadata`: the sandbox's labels (`Sandbox.list(metadata=...)` filters on them)."""
+        (a call's own envs win). `metadata`: the sandbox's labels (`Sandbox.list(metadata=...)` filters on them;
+        not for pool claims). `timeout`: seconds it lives (default: the daemon's FORKD_SANDBOX_TIMEOUT; extend
+        with set_timeout)."""
         _pick(template, pool)
         ctrl = controller or Controller(url=url, token=token, socket=socket)
-        info = ctrl.claim(pool, 1)[0] if pool else ctrl.spawn_sandboxes(template, 1, labels=metadata)[0]
+        if pool:
+            info = ctrl.claim(pool, 1)[0]
+            info = ctrl.set_sandbox_timeout(info.id, timeout) if timeout else info
+        else:
+            info = ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata)[0]
         return cls(info, ctrl, envs=envs)
 
     @classmethod
     def list(cls, metadata: Labels | None = None, *, controller: Controller | None = None, url: str | None = None,
              token: str | None = None, socket: str | Path | None = None) -> list[wire.SandboxInfo]:
-        """The daemon's running sandboxes, those whose labels include every `metadata` pair when given."""
+        """The daemon's sandboxes, only those labelled with every `metadata` pair when given."""
         ctrl = controller or Controller(url=url, token=token, socket=socket)
-        return _matching(ctrl.list_sandboxes(), metadata)
+        return ctrl.list_sandboxes(labels=metadata)
 
     @classmethod
     def connect(cls, sandbox_id: str, *, controller: Controller | None = None, url: str | None = None,
@@ -141,6 +133,17 @@ class Sandbox:
         self.info = self.controller.get_sandbox(self.id)
         return self.info
 
+    def set_timeout(self, timeout: float) -> None:
+        """Keepalive: this sandbox now lives `timeout` seconds from now (the daemon kills it then)."""
+        self.info = self.controller.set_sandbox_timeout(self.id, timeout)
+
+    def fork(self, n: int = 1, *, keep: bool = False, tag: str | None = None,
+             timeout: float | None = None) -> list[Sandbox]:
+        """`n` new sandboxes continuing from this instant (a live branch; this one keeps running), with this one's
+        envs. The branch snapshot is removed when the last of them is killed, unless `keep` or `tag`."""
+        infos = self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout)
+        return [type(self)(info, self.controller, envs=self.envs) for info in infos]
+
     def kill(self) -> None:
         self.controller.kill_sandbox(self.id)
 
@@ -154,54 +157,32 @@ class Sandbox:
             except Exception as error:  # noqa: BLE001 - reported by _kill_failed, never swallowed
                 _kill_failed(self.id, exc, error)
 
-    def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, snapshot={self.info.snapshot_tag!r})"
 
-
-class AsyncFiles:
-    def __init__(self, sb: AsyncSandbox):
-        self._sb = sb
-
-    async def write(self, path: str, data: str | bytes, mode: int = 0o644) -> wire.FileWritten:
-        return await self._sb.controller.write_file(self._sb.id, path, data, mode)
-
-    async def read(self, path: str, format: str = "text") -> str | bytes:
-        data = await self._sb.controller.read_file(self._sb.id, path)
-        return data if format == "bytes" else data.decode()
-
-
-class AsyncSandbox:
-    def __init__(self, info: wire.SandboxInfo, controller: AsyncController, owned: bool = True,
-                 envs: dict[str, str] | None = None):
-        self.info, self.controller, self.owned, self.envs = info, controller, owned, dict(envs or {})
-        self.commands, self.files = AsyncProcessCommands(self), AsyncFiles(self)  # streaming too
-
-    @property
-    def metadata(self) -> Labels:
-        return dict(self.info.labels)
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    sandbox_id = id
+class AsyncSandbox(_Sandbox):
+    _parts = (AsyncProcessCommands, AsyncFilesystem)
+    controller: AsyncController
 
     @classmethod
     async def create(cls, template: str | None = None, pool: str | None = None, *,
                      envs: dict[str, str] | None = None, metadata: Labels | None = None,
-                     controller: AsyncController | None = None, url: str | None = None, token: str | None = None,
+                     timeout: float | None = None, controller: AsyncController | None = None,
+                     url: str | None = None, token: str | None = None,
                      socket: str | Path | None = None) -> AsyncSandbox:
         _pick(template, pool)
         ctrl = controller or AsyncController(url=url, token=token, socket=socket)
-        infos = await (ctrl.claim(pool, 1) if pool else ctrl.spawn_sandboxes(template, 1, labels=metadata))
-        return cls(infos[0], ctrl, envs=envs)
+        if pool:
+            info = (await ctrl.claim(pool, 1))[0]
+            info = await ctrl.set_sandbox_timeout(info.id, timeout) if timeout else info
+        else:
+            info = (await ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata))[0]
+        return cls(info, ctrl, envs=envs)
 
     @classmethod
     async def list(cls, metadata: Labels | None = None, *, controller: AsyncController | None = None,
                    url: str | None = None, token: str | None = None,
                    socket: str | Path | None = None) -> list[wire.SandboxInfo]:
         ctrl = controller or AsyncController(url=url, token=token, socket=socket)
-        return _matching(await ctrl.list_sandboxes(), metadata)
+        return await ctrl.list_sandboxes(labels=metadata)
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, controller: AsyncController | None = None, url: str | None = None,
@@ -220,6 +201,18 @@ class AsyncSandbox:
 
     async def branch(self, tag: str | None = None, mode: str = "live", wait: bool = True) -> wire.BranchResult:
         return await self.controller.branch_sandbox(self.id, tag, mode, wait)
+
+    async def get_info(self) -> wire.SandboxInfo:
+        self.info = await self.controller.get_sandbox(self.id)
+        return self.info
+
+    async def set_timeout(self, timeout: float) -> None:
+        self.info = await self.controller.set_sandbox_timeout(self.id, timeout)
+
+    async def fork(self, n: int = 1, *, keep: bool = False, tag: str | None = None,
+                   timeout: float | None = None) -> list[AsyncSandbox]:
+        infos = await self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout)
+        return [type(self)(info, self.controller, envs=self.envs) for info in infos]
 
     async def kill(self) -> None:
         await self.controller.kill_sandbox(self.id)

@@ -1,4 +1,4 @@
-"""`sb.files`: a sandbox's filesystem, E2B-style, streamed through the daemon (forkd.client.files_remote).
+"""`sb.files`: a sandbox's filesystem, E2B-style, streamed through the daemon (forkd_client.files_remote).
 
     sb.files.write("/root/a.txt", "hi")                 # str, bytes, a binary file object or an iterable of bytes
     sb.files.read("/root/a.txt")                        # "hi"; format="bytes" or format="stream" (an iterator)
@@ -13,13 +13,14 @@ with `await` (watch_dir is an async iterator there)."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import IO, Any
 
-from forkd.client.files_remote import RemoteFiles
-from forkd.client.files_wire import EntryInfo, WatchEvent
+from forkd_client.files_remote import RemoteFiles
+from forkd_client.files_wire import EntryInfo, WatchEvent
 
 Data = str | bytes | IO[bytes] | Iterable[bytes]
 
@@ -137,16 +138,16 @@ class AsyncFilesystem:
         self._sb = sb
 
     def _sync(self) -> Filesystem:
-        from forkd.client.api import Client
+        from forkd_client.api import Client
 
-        return Filesystem(type("S", (), {"controller": Client(at=self._sb.controller.endpoint), "id": self._sb.id}))
+        ctrl = self._sb.controller
+        sync = Client(at=ctrl.endpoint, retry=getattr(ctrl, "retry", None))
+        return Filesystem(type("S", (), {"controller": sync, "id": self._sb.id}))
 
     async def _run(self, name: str, *args: Any, close: bool = True) -> Any:
-        import anyio.to_thread
-
         fs = self._sync()
         try:
-            return await anyio.to_thread.run_sync(lambda: getattr(fs, name)(*args))
+            return await asyncio.to_thread(getattr(fs, name), *args)
         finally:
             if close:
                 fs._sb.controller.close()
@@ -175,15 +176,16 @@ class AsyncFilesystem:
     async def make_dir(self, path: str, mode: int = 0o755) -> bool:
         return await self._run("make_dir", path, mode)
 
+    async def chmod(self, path: str, mode: int) -> None:
+        return await self._run("chmod", path, mode)
+
     async def watch_dir(self, path: str, recursive: bool = False, timeout: float = 3600) -> AsyncIterator[WatchEvent]:
         """Events as an async iterator (until `timeout` or the loop breaks)."""
         h = await self._run("watch_dir", path, None, recursive, timeout, close=False)
-        import anyio
-
         try:
             while h._thread.is_alive() or not h._queue.empty():
                 for ev in h.get_new_events():
                     yield ev
-                await anyio.sleep(0.1)
+                await asyncio.sleep(0.1)
         finally:
             h.stop()
