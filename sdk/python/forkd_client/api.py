@@ -1,6 +1,7 @@
 """Every call of the daemon's REST API, written once: each method describes its request (a Call) and `_send`
 performs it, synchronously in `Client` and as a coroutine in `AsyncClient`. Method names are upstream forkd's;
-results are the models of forkd_client.models (dict access works too, `sb["id"]`)."""
+results are the models of forkd_client.models (dict access works too, `sb["id"]`). The runtime's front door
+(forkd.client.api) is these clients too, finding the daemon its own way."""
 
 from __future__ import annotations
 
@@ -57,18 +58,32 @@ class ApiCalls:
 
     # -- sandboxes (upstream names) ------------------------------------------------------------------
     def spawn_sandboxes(self, snapshot_tag: str, n: int = 1, per_child_netns: bool = False,
-                        memory_limit_mib: int | None = None,
+                        memory_limit_mib: int | None = None, lifetime_secs: float | None = None,
                         labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
-        """Fork `n` children of a snapshot. `labels` (metadata) are sent only when given."""
+        """Fork `n` children of a snapshot. `lifetime_secs` and `labels` (metadata) are sent only when given."""
         body: dict[str, Any] = {"snapshot_tag": snapshot_tag, "n": n, "per_child_netns": per_child_netns}
-        if memory_limit_mib is not None:
-            body["memory_limit_mib"] = memory_limit_mib
-        if labels:
-            body["labels"] = dict(labels)
+        for k, v in (("memory_limit_mib", memory_limit_mib), ("lifetime_secs", lifetime_secs), ("labels", labels)):
+            if v is not None:
+                body[k] = v
         return self._send(Call("POST", "/v1/sandboxes", json=body, parse=_SBXS.validate_python))
 
-    def list_sandboxes(self) -> list[wire.SandboxInfo]:
-        return self._send(Call("GET", "/v1/sandboxes", parse=_SBXS.validate_python))
+    def list_sandboxes(self, labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
+        """`labels`: only sandboxes carrying all of them (GET /v1/sandboxes?label=k=v)."""
+        params = {"label": [f"{k}={v}" for k, v in labels.items()]} if labels else None
+        return self._send(Call("GET", "/v1/sandboxes", params=params, parse=_SBXS.validate_python))
+
+    def set_sandbox_timeout(self, sandbox_id: str, timeout_secs: float) -> wire.SandboxInfo:
+        """Keepalive: the sandbox now lives `timeout_secs` from now."""
+        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/timeout",
+                               json={"timeout_secs": timeout_secs}, parse=wire.SandboxInfo.model_validate))
+
+    def fork_sandbox(self, sandbox_id: str, n: int = 1, tag: str | None = None, keep: bool = False,
+                     lifetime_secs: float | None = None,
+                     labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
+        """`n` running sandboxes continuing from this instant of `sandbox_id` (a live branch plus `n` spawns)."""
+        body = {"n": n, "tag": tag, "keep": keep, "lifetime_secs": lifetime_secs, "labels": labels or {}}
+        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/fork",
+                               json={k: v for k, v in body.items() if v is not None}, parse=_SBXS.validate_python))
 
     def get_sandbox(self, sandbox_id: str) -> wire.SandboxInfo:
         return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}", parse=wire.SandboxInfo.model_validate))
