@@ -20,23 +20,20 @@ def endpoint(url: str | None = None, token: str | None = None, socket: str | Pat
     return find_daemon(url, str(socket) if socket else None, token) or Endpoint(DEFAULT_URL, None, token)
 
 
-class Client(api.Client):
+class _Runtime:
+    """The runtime's discovery and hint, before forkd_client's sender in the MRO."""
+
+    unreachable_hint = UNREACHABLE
+
+    def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
+                 timeout: float = 600.0, *, at: Endpoint | None = None, retry: Retry | None = None,
+                 base_url: str | None = None):
+        super().__init__(timeout=timeout, at=at or endpoint(url or base_url, token, socket), retry=retry)
+
+
+class Client(_Runtime, api.Client):
     """Synchronous client: `Client()` finds the daemon (see forkd.client.http.find_daemon)."""
 
-    unreachable_hint = UNREACHABLE
 
-    def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
-                 timeout: float = 600.0, *, at: Endpoint | None = None, retry: Retry | None = None,
-                 base_url: str | None = None):
-        super().__init__(timeout=timeout, at=at or endpoint(url or base_url, token, socket), retry=retry)
-
-
-class AsyncClient(api.AsyncClient):
+class AsyncClient(_Runtime, api.AsyncClient):
     """The same methods as Client, as coroutines."""
-
-    unreachable_hint = UNREACHABLE
-
-    def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
-                 timeout: float = 600.0, *, at: Endpoint | None = None, retry: Retry | None = None,
-                 base_url: str | None = None):
-        super().__init__(timeout=timeout, at=at or endpoint(url or base_url, token, socket), retry=retry)

@@ -167,9 +167,14 @@ class _Sender:
     """What both senders share: the endpoint, the retry policy, and the hint of an unreachable daemon."""
 
     unreachable_hint = UNREACHABLE  # the runtime's front door says how to run without a daemon instead
+    _client: type = httpx.Client
+    _transport: type = httpx.HTTPTransport
 
-    def __init__(self, endpoint: Endpoint, retry: Retry | None):
+    def __init__(self, endpoint: Endpoint, timeout: float = 600.0, retry: Retry | None = None):
         self.endpoint, self.retry = endpoint, retry or Retry()
+        transport = self._transport(uds=endpoint.socket) if endpoint.socket else None
+        self._http = self._client(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
+                                  timeout=timeout, verify=tls_verify(endpoint))
 
     def _request(self, call: Call) -> httpx.Request:
         return self._http.build_request(call.method, call.path, **call.kwargs())
@@ -185,12 +190,6 @@ class _Sender:
 
 class SyncHttp(_Sender):
     """Sends Calls synchronously to one Endpoint, retrying as `retry` says."""
-
-    def __init__(self, endpoint: Endpoint, timeout: float = 600.0, retry: Retry | None = None):
-        super().__init__(endpoint, retry)
-        transport = httpx.HTTPTransport(uds=endpoint.socket) if endpoint.socket else None
-        self._http = httpx.Client(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
-                                  timeout=timeout, verify=tls_verify(endpoint))
 
     def _open(self, call: Call, stream: bool) -> httpx.Response:
         attempt = 0
@@ -231,11 +230,7 @@ class SyncHttp(_Sender):
 class AsyncHttp(_Sender):
     """Sends Calls as coroutines to one Endpoint, retrying as `retry` says."""
 
-    def __init__(self, endpoint: Endpoint, timeout: float = 600.0, retry: Retry | None = None):
-        super().__init__(endpoint, retry)
-        transport = httpx.AsyncHTTPTransport(uds=endpoint.socket) if endpoint.socket else None
-        self._http = httpx.AsyncClient(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
-                                       timeout=timeout, verify=tls_verify(endpoint))
+    _client, _transport = httpx.AsyncClient, httpx.AsyncHTTPTransport
 
     async def _open(self, call: Call, stream: bool) -> httpx.Response:
         import asyncio  # here: a synchronous caller (the CLI) need not load it
