@@ -107,7 +107,8 @@ class OldHome:
 
 def _env(home: Path, pythonpath: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LOCAL_ONLY}
-    return dict(env, FORKD_HOME=str(home), PYTHONPATH=str(pythonpath))
+    path = [str(pythonpath), str(pythonpath / "sdk" / "python")]  # that tree's forkd_client, not the one installed
+    return dict(env, FORKD_HOME=str(home), PYTHONPATH=os.pathsep.join(path))
 
 
 def _cli(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

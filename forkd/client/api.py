@@ -1,157 +1,18 @@
-"""Every call of the daemon's REST API, written once: each method describes its request (a Call) and `_send`
-performs it, synchronously in `Client` and as a coroutine in `AsyncClient` (so `await c.list_sandboxes()` works
-the same way). Method names are upstream forkd's; results are the wire models of forkd.client.wire, which the
-server uses too (they also allow dict access, `sb["id"]`, like upstream's dicts).
+"""The daemon's REST API as the runtime calls it: the light client's `Client` / `AsyncClient` (forkd_client.api:
+every call written once, retries, typed errors; results are forkd_client.models), finding the daemon as the
+runtime does (forkd.client.http.find_daemon: $FORKD_URL, else $FORKD_HOME's socket, else upstream's default
+http://127.0.0.1:8889) and saying, when it cannot be reached, how to run without one.
 
-The SDK's Controller/AsyncController are these clients; RemoteBackend (the CLI's door to a daemon) uses `Client`.
+RemoteBackend (the CLI's door to a daemon) uses `Client`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from pydantic import TypeAdapter
+from forkd_client import api
 
-from forkd.client import wire
-from forkd.client.http import DEFAULT_URL, AsyncHttp, Call, Endpoint, SyncHttp, find_daemon, quote
-
-_SNAPS = TypeAdapter(list[wire.SnapshotInfo])
-_SBXS = TypeAdapter(list[wire.SandboxInfo])
-
-
-class ApiCalls:
-    """The calls; `_send` comes from SyncHttp (results) or AsyncHttp (coroutines of results)."""
-
-    _send: Callable[[Call], Any]
-
-    # -- status ----------------------------------------------------------------------------------------
-    def healthz(self) -> dict:
-        return self._send(Call("GET", "/healthz"))
-
-    def version(self) -> dict:
-        return self._send(Call("GET", "/version"))
-
-    # -- snapshots (upstream names) ------------------------------------------------------------------
-    def list_snapshots(self) -> list[wire.SnapshotInfo]:
-        return self._send(Call("GET", "/v1/snapshots", parse=_SNAPS))
-
-    def get_snapshot(self, tag: str) -> wire.SnapshotInfo:
-        return self._send(Call("GET", f"/v1/snapshots/{quote(tag)}", parse=wire.SnapshotInfo.model_validate))
-
-    def snapshot_info(self, tag: str) -> wire.SnapshotDetail:
-        return self._send(Call("GET", f"/v1/snapshots/{quote(tag)}/info", parse=wire.SnapshotDetail.model_validate))
-
-    def create_snapshot(self, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
-                        warm_run: list[str] = (), warm_exec: list[str] = (),
-                        from_tag: str | None = None) -> wire.SnapshotInfo:
-        body = wire.CreateSnapshotRequest(tag=tag, memory_mib=memory_mib, vcpus=vcpus,
-                                          warm_imports=list(warm_imports), warm_run=list(warm_run),
-                                          warm_exec=list(warm_exec), from_tag=from_tag)
-        return self._send(Call("POST", "/v1/snapshots", json=body.model_dump(exclude_none=True),
-                               parse=wire.SnapshotInfo.model_validate))
-
-    def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
-        params = {k: "true" for k, v in (("cascade", cascade), ("force", force)) if v}
-        return self._send(Call("DELETE", f"/v1/snapshots/{quote(tag)}", params=params))
-
-    def compact_snapshot(self, tag: str, to: str) -> wire.SnapshotInfo:
-        return self._send(Call("POST", f"/v1/snapshots/{quote(tag)}/compact", json={"to": to},
-                               parse=wire.SnapshotInfo.model_validate))
-
-    # -- sandboxes (upstream names) ------------------------------------------------------------------
-    def spawn_sandboxes(self, snapshot_tag: str, n: int = 1, per_child_netns: bool = False,
-                        memory_limit_mib: int | None = None, lifetime_secs: float | None = None,
-                        labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
-        body: dict[str, Any] = {"snapshot_tag": snapshot_tag, "n": n, "per_child_netns": per_child_netns}
-        for k, v in (("memory_limit_mib", memory_limit_mib), ("lifetime_secs", lifetime_secs), ("labels", labels)):
-            if v is not None:
-                body[k] = v
-        return self._send(Call("POST", "/v1/sandboxes", json=body, parse=_SBXS))
-
-    def list_sandboxes(self, labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
-        """`labels`: only sandboxes carrying all of them (GET /v1/sandboxes?label=k=v)."""
-        params = {"label": [f"{k}={v}" for k, v in labels.items()]} if labels else None
-        return self._send(Call("GET", "/v1/sandboxes", params=params, parse=_SBXS))
-
-    def set_sandbox_timeout(self, sandbox_id: str, timeout_secs: float) -> wire.SandboxInfo:
-        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/timeout",
-                               json={"timeout_secs": timeout_secs}, parse=wire.SandboxInfo.model_validate))
-
-    def fork_sandbox(self, sandbox_id: str, n: int = 1, tag: str | None = None, keep: bool = False,
-                     lifetime_secs: float | None = None,
-                     labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
-        body = wire.ForkRequest(n=n, tag=tag, keep=keep, lifetime_secs=lifetime_secs, labels=labels or {})
-        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/fork",
-                               json=body.model_dump(exclude_none=True), parse=_SBXS))
-
-    def get_sandbox(self, sandbox_id: str) -> wire.SandboxInfo:
-        return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}", parse=wire.SandboxInfo.model_validate))
-
-    def kill_sandbox(self, sandbox_id: str) -> None:
-        return self._send(Call("DELETE", f"/v1/sandboxes/{quote(sandbox_id)}"))
-
-    def branch_sandbox(self, sandbox_id: str, tag: str | None = None, mode: str = "live",
-                       wait: bool = True) -> wire.BranchResult:
-        body: dict[str, Any] = {"mode": mode, "wait": wait}
-        if tag is not None:
-            body["tag"] = tag
-        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/branch", json=body,
-                               parse=wire.BranchResult.model_validate))
-
-    def exec_command(self, sandbox_id: str, args: list[str], timeout_secs: float = 30, cwd: str | None = None,
-                     env: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
-        body = wire.ExecRequest(args=list(args), timeout_secs=timeout_secs, cwd=cwd, env=env, stdin=stdin)
-        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/exec",
-                               json=body.model_dump(exclude_none=True), parse=wire.ExecResult.model_validate))
-
-    def eval_code(self, sandbox_id: str, code: str, timeout_secs: float = 60, mode: str = "eval") -> wire.EvalResult:
-        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/eval",
-                               json={"code": code, "timeout_secs": timeout_secs, "mode": mode},
-                               parse=wire.EvalResult.model_validate))
-
-    def ping_sandbox(self, sandbox_id: str) -> wire.PingResult:
-        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/ping", parse=wire.PingResult.model_validate))
-
-    def read_file(self, sandbox_id: str, path: str) -> bytes:
-        return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}/files", params={"path": path}, raw=True))
-
-    def write_file(self, sandbox_id: str, path: str, data: bytes | str, mode: int = 0o644) -> wire.FileWritten:
-        content = data.encode() if isinstance(data, str) else bytes(data)
-        return self._send(Call("PUT", f"/v1/sandboxes/{quote(sandbox_id)}/files", params={"path": path, "mode": mode},
-                               content=content, parse=wire.FileWritten.model_validate))
-
-    # -- forkd's own -----------------------------------------------------------------------------------
-    def claim(self, pool: str, n: int = 1) -> list[wire.SandboxInfo]:
-        """Hand out `n` warm children of a pool (forked on the spot if fewer are warm)."""
-        return self._send(Call("POST", f"/v1/pools/{quote(pool)}/claim", json={"n": n},
-                               parse=lambda d: _SBXS.validate_python(d["sandboxes"])))
-
-    def apply(self, docs: list[dict] | str, applyset: str = "sdk", prune: bool = False,
-              manager: str = "sdk", force: bool = False) -> list[dict]:
-        """Apply declarative documents (dicts, or a YAML string with `---` separators); returns the changes."""
-        if isinstance(docs, str):
-            import yaml
-
-            docs = [d for d in yaml.safe_load_all(docs) if d]
-        items = [{"document": d, "source": "sdk"} for d in docs]
-        return self._send(Call("POST", "/v1/apply", json={"items": items, "applyset": applyset, "prune": prune,
-                                                          "manager": manager, "force": force},
-                               parse=lambda d: d["changes"]))
-
-    def list_pools(self) -> list[dict]:
-        return self._send(Call("GET", "/v1/pools"))
-
-    def get_pool(self, name: str) -> dict:
-        return self._send(Call("GET", f"/v1/pools/{quote(name)}"))
-
-    def delete_pool(self, name: str) -> None:
-        return self._send(Call("DELETE", f"/v1/pools/{quote(name)}"))
-
-    def wait(self, targets: list[tuple[str, str]], timeout: float = 300) -> dict:
-        """Block until the named objects are Ready, e.g. [("ForkPool", "agents")]: {ok, problems}."""
-        return self._send(Call("POST", "/v1/wait", json={"targets": [list(t) for t in targets], "timeout": timeout}))
+from forkd.client.http import DEFAULT_URL, UNREACHABLE, Endpoint, Retry, find_daemon
 
 
 def endpoint(url: str | None = None, token: str | None = None, socket: str | Path | None = None) -> Endpoint:
@@ -159,31 +20,20 @@ def endpoint(url: str | None = None, token: str | None = None, socket: str | Pat
     return find_daemon(url, str(socket) if socket else None, token) or Endpoint(DEFAULT_URL, None, token)
 
 
-class Client(ApiCalls, SyncHttp):
+class _Runtime:
+    """The runtime's discovery and hint, before forkd_client's sender in the MRO."""
+
+    unreachable_hint = UNREACHABLE
+
+    def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
+                 timeout: float = 600.0, *, at: Endpoint | None = None, retry: Retry | None = None,
+                 base_url: str | None = None):
+        super().__init__(timeout=timeout, at=at or endpoint(url or base_url, token, socket), retry=retry)
+
+
+class Client(_Runtime, api.Client):
     """Synchronous client: `Client()` finds the daemon (see forkd.client.http.find_daemon)."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
-                 timeout: float = 600.0, *, at: Endpoint | None = None):
-        SyncHttp.__init__(self, at or endpoint(url, token, socket), timeout)
-        self.base_url, self.socket, self.token = self.endpoint.base_url, self.endpoint.socket, self.endpoint.token
 
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AsyncClient(ApiCalls, AsyncHttp):
-    """The same methods as Client, as coroutines (httpx.AsyncClient)."""
-
-    def __init__(self, url: str | None = None, token: str | None = None, socket: str | Path | None = None,
-                 timeout: float = 600.0, *, at: Endpoint | None = None):
-        AsyncHttp.__init__(self, at or endpoint(url, token, socket), timeout)
-        self.base_url, self.socket, self.token = self.endpoint.base_url, self.endpoint.socket, self.endpoint.token
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+class AsyncClient(_Runtime, api.AsyncClient):
+    """The same methods as Client, as coroutines."""

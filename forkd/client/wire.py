@@ -3,12 +3,18 @@
 Field names follow upstream forkd where it has them (`snapshot_tag`, `created_at_unix`, `timeout_secs`,
 `exit_code`, `branched_from`, ...); forkd's own extras are added beside them, never renamed. Converters from
 the core's records live here too, so the server and the clients cannot drift apart.
+
+The answers are the light client's models (forkd_client.models: what callers get back), imported from there; where
+the daemon promises more than a client should check (a status's values, the shape of labels), the daemon's model
+narrows the client's, so the OpenAPI document says it. Requests (`Strict`) are the daemon's alone.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from forkd_client import models
+from forkd_client.models import EvalResult, ExecResult, FileWritten, PingResult, Wire  # noqa: F401 - the daemon's too
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 SnapshotStatus = Literal["writing", "ready", "failed"]
@@ -21,51 +27,18 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Wire(BaseModel):
-    model_config = ConfigDict(extra="allow")  # newer servers may add fields; old clients keep working
-
-    def __getitem__(self, key: str) -> Any:
-        """Dict-style access too, so code written for upstream's SDK (which returns dicts) keeps working."""
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
-
 GUEST_ADDR = "10.42.0.2"  # an isolated child's guest address inside its namespace (= forkd.sandbox.netns.GUEST_ADDR)
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9_.\/-]{0,62})$")]
 LabelMap = Annotated[dict[LabelKey, Annotated[str, StringConstraints(max_length=256)]], Field(max_length=32)]
 
 
 # -- snapshots ------------------------------------------------------------------------------------
-class SnapshotInfo(Wire):
-    tag: str
+class SnapshotInfo(models.SnapshotInfo):
     status: SnapshotStatus
-    dir: str | None = None
-    created_at_unix: int = 0
-    parent_tag: str | None = None
-    branched_from: str | None = None  # source sandbox id when made by POST /v1/sandboxes/{id}/branch
-    memory_mib: int = 0
-    vcpus: int = 1
-    accel: str | None = None
-    memory_bytes: int = 0
-    memory_stored_bytes: int = 0
-    error: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
 
 
-class SnapshotDetail(SnapshotInfo):
-    depth: int | None = None
-    ancestors: list[str] = Field(default_factory=list)
-    dependents: list[str] = Field(default_factory=list)
-    children: list[str] = Field(default_factory=list)
-    logical_bytes: int = 0
-    stored_bytes: int = 0
-    chain_ok: bool = True
-    chain_error: str | None = None
+class SnapshotDetail(models.SnapshotDetail):
+    status: SnapshotStatus
 
 
 class CreateSnapshotRequest(Strict):
@@ -130,21 +103,7 @@ class ForkFromRequest(Strict):
     lifetime: float | None = Field(None, gt=0, le=30 * 86400)
 
 
-class SandboxInfo(Wire):
-    id: str
-    snapshot_tag: str
-    status: str
-    netns: str | None = None
-    egress: str | dict[str, list[str]] = "none"  # none | internet | {"allow": ["CIDR:port", ...]}
-    guest_addr: str | None = None
-    created_at_unix: int = 0
-    pid: int | None = None
-    memory_limit_mib: int | None = None
-    memory_mib: int = 0
-    pool: str | None = None
-    claimed: bool = False
-    expires_at_unix: int | None = None
-    ready_ms: float | None = None
+class SandboxInfo(models.SandboxInfo):
     labels: LabelMap = Field(default_factory=dict)
 
 
@@ -166,29 +125,10 @@ class ExecRequest(Strict):
     stdin: str | None = None
 
 
-class ExecResult(Wire):
-    stdout: str
-    stderr: str
-    exit_code: int
-    timed_out: bool = False
-    truncated: bool = False
-
-
 class EvalRequest(Strict):
     code: str
     timeout_secs: float = Field(60, gt=0, le=3600)
     mode: Literal["eval", "exec"] = Field("eval", description="eval an expression, or exec statements")
-
-
-class EvalResult(Wire):
-    result: str | None  # repr of the value (upstream name)
-    error: dict[str, Any] | None = None
-    exit_code: int = 0
-    stdout: str = ""
-
-
-class PingResult(Wire):
-    pong: bool = True
 
 
 class BranchRequest(Strict):
@@ -198,15 +138,9 @@ class BranchRequest(Strict):
     diff: bool | None = None  # upstream's older flag: true means mode=diff
 
 
-class BranchResult(SnapshotInfo):
+class BranchResult(models.BranchResult):
+    status: SnapshotStatus
     mode: BranchMode = "live"
-    pause_ms: float | None = None
-    returned_ms: float = 0.0
-
-
-class FileWritten(Wire):
-    path: str
-    bytes: int
 
 
 # -- forkd's own verbs (the CLI's RemoteBackend; the answers are LocalBackend's JSON) -----------------------

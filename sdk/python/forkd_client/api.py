@@ -1,6 +1,7 @@
 """Every call of the daemon's REST API, written once: each method describes its request (a Call) and `_send`
 performs it, synchronously in `Client` and as a coroutine in `AsyncClient`. Method names are upstream forkd's;
-results are the models of forkd_client.models (dict access works too, `sb["id"]`)."""
+results are the models of forkd_client.models (dict access works too, `sb["id"]`). The runtime's front door
+(forkd.client.api) is these clients too, finding the daemon its own way."""
 
 from __future__ import annotations
 

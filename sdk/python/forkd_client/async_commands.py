@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from forkd_client.commands import KEEP, CommandResult, OnOutput, _Collector
-from forkd_client.errors import Timeout, api_error
-from forkd_client.http import Call, quote, transport_error
+from forkd_client.errors import Timeout
+from forkd_client.http import Call, quote
 from forkd_client.processes import KEEPALIVE, _start_args, from_line
 
 
@@ -67,28 +67,12 @@ class AsyncProcessCommands:
         return await self._sb.controller._send(Call(method, self._path(tail), **kw))
 
     async def _events(self, method: str, path: str, **kw: Any) -> AsyncIterator[dict]:
-        """The stream's events; a stream that could not connect is opened again as forkd_client.http.Retry says."""
-        http, attempt = self._sb.controller, 0
-        while True:
-            try:
-                async with http._http.stream(method, path, timeout=httpx.Timeout(60.0, read=KEEPALIVE * 3),
-                                             **kw) as r:
-                    if r.status_code >= 400:
-                        await r.aread()
-                        try:
-                            body = r.json()
-                        except ValueError:
-                            body = r.text
-                        raise api_error(r.status_code, body, str(r.request.url))
-                    async for line in r.aiter_lines():
-                        if line.strip():
-                            yield from_line(line)
-                    return
-            except httpx.HTTPError as exc:  # a connect error comes before any event: nothing is sent twice
-                if not http.retry.again(attempt, method, exc, None):
-                    raise transport_error(exc, http.endpoint, method, path, attempt + 1) from exc
-            await asyncio.sleep(http.retry.wait(attempt))
-            attempt += 1
+        """The stream's events (opened with the client's retries: nothing is sent twice)."""
+        call = Call(method, path, timeout=httpx.Timeout(60.0, read=KEEPALIVE * 3), **kw)
+        async with self._sb.controller.stream(call) as r:
+            async for line in r.aiter_lines():
+                if line.strip():
+                    yield from_line(line)
 
     async def _handle(self, events: AsyncIterator[dict], c: _Collector) -> AsyncCommandHandle:
         first = await anext(events)

@@ -1,4 +1,6 @@
 """Where the daemon is, how one request is sent (with retries), and how an answer becomes a result or an error.
+The one transport of forkd's clients: the runtime's front door (forkd.client.http, the CLI's remote backend) sends
+through these classes too, with its own discovery of the daemon and its own hint.
 
 Where, first match wins: `url=` / `socket=` arguments, `$FORKD_URL` (TCP, with `$FORKD_TOKEN`), the local daemon's
 unix socket (`$FORKD_DAEMON_SOCKET`, else `$FORKD_HOME/forkd.sock`, `$FORKD_HOME` defaulting to /var/lib/forkd),
@@ -8,14 +10,17 @@ Retries (`Retry`): a request that could not connect (the daemon is restarting, o
 its method, since it never reached the daemon; a 503 answer is retried only for idempotent methods (GET, HEAD,
 PUT, DELETE), since a POST may have done part of its work. Waits grow 0.25 s, 0.5 s, 1 s... (at most `max_wait`),
 with jitter, `attempts` times in all (default 4). Then the error is raised: `Unavailable` naming the daemon.
+Streamed answers (`stream`) are opened the same way; once open, nothing is sent again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import ssl
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,8 @@ from forkd_client.errors import ForkdError, InvalidInput, Timeout, Unavailable, 
 
 DEFAULT_URL = "http://127.0.0.1:8889"
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+UNREACHABLE = ("start it with 'forkd serve' (add --bind HOST:PORT for TCP), or pass url=/socket= or set FORKD_URL "
+               "to where it listens")
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,11 @@ class Endpoint:
     @property
     def where(self) -> str:
         return self.socket or self.base_url
+
+    @property
+    def is_local(self) -> bool:
+        """On this host (a unix socket): paths it names (agent sockets, files) are ours too."""
+        return self.socket is not None
 
 
 @dataclass(frozen=True)
@@ -84,13 +96,13 @@ class Call:
     __slots__ = ("method", "path", "json", "params", "content", "parse", "raw", "timeout")
 
     def __init__(self, method: str, path: str, json: Any = None, params: dict | None = None,
-                 content: bytes | None = None, parse: Any = None, raw: bool = False, timeout: float | None = None):
+                 content: Any = None, parse: Any = None, raw: bool = False, timeout: Any = None):
         self.method, self.path, self.json, self.params = method, path, json, params
         self.content, self.parse, self.raw, self.timeout = content, parse, raw, timeout
 
     def kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"json": self.json, "params": self.params, "content": self.content}
-        if self.content is not None:
+        if self.content is not None:  # the daemon takes only typed bodies
             kw["headers"] = {"Content-Type": "application/octet-stream"}
         if self.timeout is not None:
             kw["timeout"] = self.timeout
@@ -102,23 +114,28 @@ def quote(segment: str) -> str:
     return httpx.URL(f"/{segment}").raw_path.decode()[1:]
 
 
-def transport_error(exc: httpx.HTTPError, ep: Endpoint, method: str, path: str, tries: int = 1) -> ForkdError:
+def transport_error(exc: httpx.HTTPError, ep: Endpoint, method: str | Call, path: str = "", tries: int = 1,
+                    hint: str = UNREACHABLE) -> ForkdError:
+    """A request that got no answer: Unavailable (cannot connect; `hint` says how to get a daemon) or Timeout,
+    naming the daemon. `method` may be the Call itself."""
+    if isinstance(method, Call):
+        method, path = method.method, method.path
     where = f"{method} {ep.where}{path}"
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         return Timeout(f"{where}: the daemon did not answer in time ({type(exc).__name__})",
-                       hint="the operation may still be running on the daemon; check, or pass a longer timeout")
+                       hint="the operation may still be running on the daemon; check it (e.g. 'forkd ls' or "
+                            "'forkd snapshots'), or raise the client's timeout")
     if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
         return Unavailable(f"the forkd daemon at {ep.where} has a TLS certificate this client does not trust: {exc}",
                            hint="set FORKD_CA to the PEM file of the daemon's certificate or its CA")
     if isinstance(exc, httpx.TransportError):
         return Unavailable(f"cannot reach the forkd daemon at {ep.where} ({tries} attempt(s)): "
-                           f"{exc or type(exc).__name__}",
-                           hint="start it with 'forkd serve' (add --bind HOST:PORT for TCP), or pass url=/socket= "
-                                "or set FORKD_URL to where it listens")
+                           f"{exc or type(exc).__name__}", hint=hint)
     return ForkdError(f"{where} failed: {exc}")
 
 
 def answer(call: Call, r: httpx.Response) -> Any:
+    """The result of a read answer: its error kind raised for a status >= 400, else the bytes or parsed JSON."""
     if r.status_code >= 400:
         try:
             body = r.json()
@@ -146,57 +163,107 @@ def tls_verify(ep: Endpoint) -> Any:
     return ssl.create_default_context(cafile=ca)
 
 
-class SyncHttp:
-    """Sends Calls synchronously to one Endpoint, retrying as `retry` says."""
+class _Sender:
+    """What both senders share: the endpoint, the retry policy, and the hint of an unreachable daemon."""
+
+    unreachable_hint = UNREACHABLE  # the runtime's front door says how to run without a daemon instead
+    _client: type = httpx.Client
+    _transport: type = httpx.HTTPTransport
 
     def __init__(self, endpoint: Endpoint, timeout: float = 600.0, retry: Retry | None = None):
         self.endpoint, self.retry = endpoint, retry or Retry()
-        transport = httpx.HTTPTransport(uds=endpoint.socket) if endpoint.socket else None
-        self._http = httpx.Client(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
+        transport = self._transport(uds=endpoint.socket) if endpoint.socket else None
+        self._http = self._client(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
                                   timeout=timeout, verify=tls_verify(endpoint))
 
-    def _send(self, call: Call) -> Any:
+    def _request(self, call: Call) -> httpx.Request:
+        return self._http.build_request(call.method, call.path, **call.kwargs())
+
+    def _retry_or_raise(self, exc: httpx.HTTPError, call: Call, attempt: int) -> None:
+        """Returns when `call` may be sent again after `exc`; else raises its error."""
+        if not self.retry.again(attempt, call.method, exc, None):
+            raise transport_error(exc, self.endpoint, call, tries=attempt + 1, hint=self.unreachable_hint) from exc
+
+    def _done(self, call: Call, r: httpx.Response, attempt: int) -> bool:
+        return not self.retry.again(attempt, call.method, None, r.status_code)
+
+
+class SyncHttp(_Sender):
+    """Sends Calls synchronously to one Endpoint, retrying as `retry` says."""
+
+    def _open(self, call: Call, stream: bool) -> httpx.Response:
         attempt = 0
         while True:
             try:
-                r = self._http.request(call.method, call.path, **call.kwargs())
+                r = self._http.send(self._request(call), stream=stream)
             except httpx.HTTPError as exc:
-                if not self.retry.again(attempt, call.method, exc, None):
-                    raise transport_error(exc, self.endpoint, call.method, call.path, attempt + 1) from exc
+                self._retry_or_raise(exc, call, attempt)
             else:
-                if not self.retry.again(attempt, call.method, None, r.status_code):
-                    return answer(call, r)
+                if self._done(call, r, attempt):
+                    return r
+                r.close()
             time.sleep(self.retry.wait(attempt))
             attempt += 1
+
+    def _send(self, call: Call) -> Any:
+        return answer(call, self._open(call, stream=False))
+
+    @contextlib.contextmanager
+    def stream(self, call: Call) -> Iterator[httpx.Response]:
+        """A streamed answer, read inside the block (`iter_lines`, `iter_bytes`); a status >= 400 is raised as
+        its error kind, a transport error while reading as Timeout/Unavailable."""
+        r = self._open(call, stream=True)
+        try:
+            if r.status_code >= 400:
+                r.read()
+                answer(call, r)
+            yield r
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.endpoint, call, hint=self.unreachable_hint) from exc
+        finally:
+            r.close()
 
     def close(self) -> None:
         self._http.close()
 
 
-class AsyncHttp:
+class AsyncHttp(_Sender):
     """Sends Calls as coroutines to one Endpoint, retrying as `retry` says."""
 
-    def __init__(self, endpoint: Endpoint, timeout: float = 600.0, retry: Retry | None = None):
-        self.endpoint, self.retry = endpoint, retry or Retry()
-        transport = httpx.AsyncHTTPTransport(uds=endpoint.socket) if endpoint.socket else None
-        self._http = httpx.AsyncClient(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
-                                       timeout=timeout, verify=tls_verify(endpoint))
+    _client, _transport = httpx.AsyncClient, httpx.AsyncHTTPTransport
 
-    async def _send(self, call: Call) -> Any:
-        import asyncio
+    async def _open(self, call: Call, stream: bool) -> httpx.Response:
+        import asyncio  # here: a synchronous caller (the CLI) need not load it
 
         attempt = 0
         while True:
             try:
-                r = await self._http.request(call.method, call.path, **call.kwargs())
+                r = await self._http.send(self._request(call), stream=stream)
             except httpx.HTTPError as exc:
-                if not self.retry.again(attempt, call.method, exc, None):
-                    raise transport_error(exc, self.endpoint, call.method, call.path, attempt + 1) from exc
+                self._retry_or_raise(exc, call, attempt)
             else:
-                if not self.retry.again(attempt, call.method, None, r.status_code):
-                    return answer(call, r)
+                if self._done(call, r, attempt):
+                    return r
+                await r.aclose()
             await asyncio.sleep(self.retry.wait(attempt))
             attempt += 1
+
+    async def _send(self, call: Call) -> Any:
+        return answer(call, await self._open(call, stream=False))
+
+    @contextlib.asynccontextmanager
+    async def stream(self, call: Call) -> AsyncIterator[httpx.Response]:
+        """As SyncHttp.stream, with `aiter_lines`, `aiter_bytes`."""
+        r = await self._open(call, stream=True)
+        try:
+            if r.status_code >= 400:
+                await r.aread()
+                answer(call, r)
+            yield r
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.endpoint, call, hint=self.unreachable_hint) from exc
+        finally:
+            await r.aclose()
 
     async def aclose(self) -> None:
         await self._http.aclose()

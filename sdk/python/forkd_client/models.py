@@ -9,9 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Wire(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow")  # newer servers may add fields; old clients keep working
 
     def __getitem__(self, key: str) -> Any:
+        """Dict-style access too, so code written for upstream's SDK (which returns dicts) keeps working."""
         try:
             return getattr(self, key)
         except AttributeError:
@@ -27,9 +28,12 @@ class SnapshotInfo(Wire):
     dir: str | None = None
     created_at_unix: int = 0
     parent_tag: str | None = None
-    branched_from: str | None = None
+    branched_from: str | None = None  # source sandbox id when made by POST /v1/sandboxes/{id}/branch
     memory_mib: int = 0
     vcpus: int = 1
+    accel: str | None = None
+    memory_bytes: int = 0
+    memory_stored_bytes: int = 0
     error: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -39,6 +43,10 @@ class SnapshotDetail(SnapshotInfo):
     ancestors: list[str] = Field(default_factory=list)
     dependents: list[str] = Field(default_factory=list)
     children: list[str] = Field(default_factory=list)
+    logical_bytes: int = 0
+    stored_bytes: int = 0
+    chain_ok: bool = True
+    chain_error: str | None = None
 
 
 class SandboxInfo(Wire):
@@ -46,13 +54,16 @@ class SandboxInfo(Wire):
     snapshot_tag: str
     status: str
     netns: str | None = None
+    egress: str | dict[str, list[str]] = "none"  # none | internet | {"allow": ["CIDR:port", ...]}
     guest_addr: str | None = None
     created_at_unix: int = 0
     pid: int | None = None
     memory_limit_mib: int | None = None
     memory_mib: int = 0
     pool: str | None = None
+    claimed: bool = False
     expires_at_unix: int | None = None
+    ready_ms: float | None = None
     labels: dict[str, str] = Field(default_factory=dict)
 
 
@@ -65,7 +76,7 @@ class ExecResult(Wire):
 
 
 class EvalResult(Wire):
-    result: str | None  # repr of the value
+    result: str | None  # repr of the value (upstream name)
     error: dict[str, Any] | None = None
     exit_code: int = 0
     stdout: str = ""

@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
-from forkd_client.errors import api_error
-from forkd_client.http import Call, quote, transport_error
+from forkd_client.http import Call, quote
 
-KEEPALIVE = 20.0  # the daemon's seconds of silence before a keepalive event
-MAX_OUTPUT = 1 << 30
+KEEPALIVE = 20.0  # the daemon's seconds of silence before a keepalive event (also how long one agent read waits)
+MAX_OUTPUT = 1 << 30  # the most bytes per stream a stream passes on (a request may ask for fewer)
 Event = dict[str, Any]
 
 
+def to_line(ev: Event) -> bytes:
+    """One event as an NDJSON line (bytes as base64): what the daemon streams."""
+    if isinstance(ev.get("data"), bytes | bytearray):
+        ev = dict(ev, data=base64.b64encode(ev["data"]).decode())
+    return json.dumps(ev).encode() + b"\n"
+
+
 def from_line(line: bytes | str) -> Event:
+    """One NDJSON line as an event (`data` decoded to bytes)."""
     ev = json.loads(line)
     if isinstance(ev, dict) and isinstance(ev.get("data"), str):
         ev["data"] = base64.b64decode(ev["data"])
@@ -46,28 +52,12 @@ class RemoteProcesses:
         return base + (f"/{pid}" if pid is not None else "") + tail
 
     def _lines(self, method: str, path: str, **kw: Any) -> Iterator[Event]:
-        """The stream's events; a stream that could not connect is opened again as forkd_client.http.Retry says."""
-        attempt = 0
-        while True:
-            try:
-                with self.http._http.stream(method, path, timeout=httpx.Timeout(60.0, read=KEEPALIVE * 3),
-                                            **kw) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        try:
-                            body = r.json()
-                        except ValueError:
-                            body = r.text
-                        raise api_error(r.status_code, body, str(r.request.url))
-                    for line in r.iter_lines():
-                        if line.strip():
-                            yield from_line(line)
-                    return
-            except httpx.HTTPError as exc:  # a connect error comes before any event: nothing is sent twice
-                if not self.http.retry.again(attempt, method, exc, None):
-                    raise transport_error(exc, self.http.endpoint, method, path, attempt + 1) from exc
-            time.sleep(self.http.retry.wait(attempt))
-            attempt += 1
+        """The stream's events (opened with the client's retries: nothing is sent twice)."""
+        call = Call(method, path, timeout=httpx.Timeout(60.0, read=KEEPALIVE * 3), **kw)
+        with self.http.stream(call) as r:
+            for line in r.iter_lines():
+                if line.strip():
+                    yield from_line(line)
 
     def stream(self, child: str, argv: list[str] | None = None, *, cmd: str | None = None, env: dict | None = None,
                cwd: str | None = None, user: str | None = None, stdin: bool = False, pty: dict | None = None,

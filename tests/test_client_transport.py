@@ -1,0 +1,97 @@
+"""The runtime's door to a daemon (forkd.client.http/api, the CLI's RemoteBackend) sends through the light client's
+transport (forkd_client.http): a refused connect and a 503 to an idempotent request are retried, a 503 to a POST
+is not, streams (NDJSON) are opened the same way, and what is finally raised is a forkd.base.errors kind with the
+runtime's hint (how to run without a daemon). No VMs: a local HTTP server that answers 503 first."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+from forkd_client.http import Retry
+
+from forkd.base.errors import Unavailable
+from forkd.client.api import Client
+from forkd.client.http import UNREACHABLE, Call
+from forkd.client.processes import RemoteProcesses, to_line
+from forkd.client.remote import RemoteBackend
+from tests.test_api import free_port
+
+FAST = Retry(attempts=4, first_wait=0.01)
+
+
+class _Draining(http.server.BaseHTTPRequestHandler):
+    """Answers 503 to the first `busy` requests of each method and path, then 200 with `answers[path]`."""
+
+    busy = 1
+    answers: dict[str, tuple[str, bytes]] = {}
+    seen: dict[tuple[str, str], int] = {}
+
+    def _answer(self) -> None:
+        path = self.path.split("?")[0]
+        n = self.seen[self.command, path] = self.seen.get((self.command, path), 0) + 1
+        kind, body = ("application/json", b'{"detail": "draining", "hint": "retry"}')
+        if n > self.busy:
+            kind, body = self.answers.get(path, ("application/json", b"[]"))
+        self.send_response(503 if n <= self.busy else 200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def draining() -> Iterator[str]:
+    _Draining.seen, _Draining.answers = {}, {}
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Draining)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_the_clis_remote_backend_retries_a_503_but_never_a_post(draining):
+    """The review's drift: the runtime's transport did not retry (RemoteBackend raised on the first 503)."""
+    be = RemoteBackend(url=draining, token="t")
+    be.api.retry = FAST
+    assert be.children() == []  # GET /v1/children: a 503, then the answer
+    assert _Draining.seen["GET", "/v1/children"] == 2
+    with pytest.raises(Unavailable) as e:  # POST: it may have done part of its work, so it is never sent again
+        be.gc(dry_run=True)
+    assert _Draining.seen["POST", "/v1/gc"] == 1 and e.value.status == 503 and e.value.detail == "draining"
+    assert e.value.exit_code == 6
+
+
+def test_a_refused_connect_is_retried_then_unavailable_with_the_runtimes_hint():
+    port = free_port()  # nothing listens there
+    tries: list[int] = []
+
+    class Counting(Retry):
+        def wait(self, attempt: int) -> float:
+            tries.append(attempt)
+            return 0.01
+
+    with pytest.raises(Unavailable) as e:
+        Client(url=f"http://127.0.0.1:{port}", retry=Counting(attempts=3))._send(Call("POST", "/v1/gc"))
+    assert tries == [0, 1] and "3 attempt(s)" in str(e.value)  # a refused connect never reached the daemon
+    assert e.value.status is None and e.value.hint == UNREACHABLE and "FORKD_NO_DAEMON=1" in e.value.hint
+
+
+def test_a_stream_is_opened_with_the_same_retries(draining):
+    events = [{"type": "start", "pid": 7}, {"type": "stdout", "data": b"\x00hi\xff"},
+              {"type": "exit", "exit_code": 0, "truncated": False, "timed_out": False}]
+    _Draining.answers["/v1/sandboxes/c1/processes/7/output"] = (
+        "application/x-ndjson", b"".join(to_line(ev) for ev in events))
+    c = Client(url=draining, retry=FAST)
+    got = list(RemoteProcesses(c).attach("c1", 7))
+    assert got == events and _Draining.seen["GET", "/v1/sandboxes/c1/processes/7/output"] == 2
+    with pytest.raises(Unavailable) as e:  # starting a process is a POST: a 503 is final
+        list(RemoteProcesses(c).stream("c1", ["true"]))
+    assert e.value.status == 503 and _Draining.seen["POST", "/v1/sandboxes/c1/processes"] == 1
