@@ -38,7 +38,7 @@ def test_missing_stdlib_module_is_named_before_anything_boots(rt, layers, tmp_pa
 
 
 def test_agent_modules_known_to_the_check():
-    """The list the check uses is the agent's own imports (read from forkd/guest/agent.py), not a copy."""
+    """The list the check uses is the agent's own imports (read from its modules, AGENT_MODULES), not a copy."""
     needed = pycheck.agent_modules()
     assert {"json", "subprocess", "socket", "base64"} <= set(needed)
     assert "forkd" not in needed

@@ -24,6 +24,7 @@ from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.private import make_private_dir
 from forkd.base.procs import run
+from forkd.guest import AGENT_MODULES
 from forkd.image import debs
 
 BUILDER_VERSION = "2"
@@ -33,7 +34,7 @@ BUSYBOX_PACKAGE = "busybox-static"
 GUEST_MODULES = ["virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
                  "virtio_console", "failover", "net_failover", "virtio_net", "virtio_blk"]
 GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
-GUEST_SOURCES = ["agent.py", "init.sh", "boot.sh"]  # boot.sh: stage-1 init of disk-backed images
+GUEST_SOURCES = [*AGENT_MODULES, "init.sh", "boot.sh"]  # boot.sh: stage-1 init of disk-backed images
 # parts of the stdlib a headless agent never uses; dropping them keeps guest RAM small
 STDLIB_DROP = ["idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "test"]
 
@@ -142,7 +143,8 @@ def _populate(root: Path, pkgs: dict[str, Path], kernel_out: Path, progress: Pro
     # forkd guest parts
     shutil.copy2(GUEST_DIR / "init.sh", root / "init")
     os.chmod(root / "init", 0o755)
-    shutil.copy2(GUEST_DIR / "agent.py", root / "forkd/agent.py")
+    for name in AGENT_MODULES:
+        shutil.copy2(GUEST_DIR / name, root / "forkd" / name)
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
     (root / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
     (root / "etc/hostname").write_text("forkd\n")

@@ -20,20 +20,24 @@ import sys
 from pathlib import Path
 
 from forkd.base.errors import InvalidInput
+from forkd.guest import AGENT_MODULES
 from forkd.image.build import GUEST_DIR
 
 
 @functools.lru_cache(maxsize=1)
 def agent_modules() -> tuple[str, ...]:
-    """The top-level modules forkd/guest/agent.py imports anywhere in the file (read from its source)."""
-    tree = ast.parse((GUEST_DIR / "agent.py").read_text())
+    """The top-level modules the agent imports anywhere in its files (forkd.guest.AGENT_MODULES, read from their
+    source), less the agent's own modules (its siblings in the guest's /forkd)."""
     names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return tuple(sorted(n for n in names if n != "forkd" and not n.startswith("__")))
+    for name in AGENT_MODULES:
+        tree = ast.parse((GUEST_DIR / name).read_text(), filename=name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    own = {name.removesuffix(".py") for name in AGENT_MODULES}
+    return tuple(sorted(n for n in names if n != "forkd" and n not in own and not n.startswith("__")))
 
 
 def _files_only(name: str) -> bool:

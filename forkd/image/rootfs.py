@@ -32,6 +32,7 @@ from forkd.base.paths import Layout
 from forkd.base.private import make_private_dir
 from forkd.base.procs import run
 from forkd.base.settings import settings
+from forkd.guest import AGENT_MODULES
 from forkd.image import debs
 from forkd.image.beneath import Tree
 from forkd.image.build import BUSYBOX_PACKAGE, GUEST_DIR, GUEST_SOURCES, Image, take_kernel, write_initramfs
@@ -190,7 +191,8 @@ def inject(layout: Layout, root: Path, python: GuestPython, stage: Path, kernel_
         if t.lookup("bin/sh") is None:
             t.makedirs("bin")
             t.symlink("bin/sh", "/forkd/bin/busybox")
-        t.copy_in("forkd/agent.py", GUEST_DIR / "agent.py", 0o644)
+        for name in AGENT_MODULES:
+            t.copy_in(f"forkd/{name}", GUEST_DIR / name, 0o644)
         t.write("init", guest_init(python.path), 0o755)
         for d, mode in [("proc", 0o555), ("sys", 0o555), ("dev", 0o755), ("tmp", 0o1777), ("root", 0o700),
                         ("run", 0o755), ("etc", 0o755)]:

@@ -1,4 +1,4 @@
-"""Host side of the guest agent's file ops (the `fs_*` block of forkd/guest/agent.py), over an AgentClient.
+"""Host side of the guest agent's file ops (forkd/guest/agent_fs.py), over an AgentClient.
 
 The guest is hostile (SECURITY.md section 1): what it reports is checked before it is believed.
 
