@@ -28,7 +28,7 @@ because it does not depend on its source's files.
 
 Memory: a branch charges nothing to its source's memory group (issue 15): the guest RAM it reads is the source's
 flat image, populated and charged to forkd's `shared` group when it was materialized, and the stream is written
-by a thread of this process, not by the VMM (forkd.vmm.capture.StreamPump). A memory-limited source is never
+by a process forkd starts, not by the VMM (forkd.vmm.stream_pump). A memory-limited source is never
 pushed over its limit by being branched.
 
 Safety:
