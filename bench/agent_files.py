@@ -12,13 +12,14 @@ so the ratio api/direct is what the API layer costs. Prints MiB/s p50/p90 per pa
 
 What the figures leave out: the data is a repeated 1 MiB random block made in memory (no host disk reads or
 writes), the guest keeps the file in RAM (its root is an initramfs, a tmpfs of half the guest's RAM, so the
-guest has 2 x --size-mib + 512 MiB of memory), downloads are counted but not hashed, and the child is forked and warmed up (1 MiB each way on both paths)
-before timing starts.
+guest has 2 x --size-mib + 512 MiB of memory), downloads are counted but not hashed, and the child is forked
+and warmed up (1 MiB each way on both paths) before timing starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -181,7 +182,8 @@ def main() -> int:
     cid = None
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=3600) as h:
-            r = h.post("/v1/sandboxes", json={"snapshot_tag": tag})
+            # a lifetime past the run: the daemon's default (FORKD_SANDBOX_TIMEOUT, 300 s) ends a 1 GiB run midway
+            r = h.post("/v1/sandboxes", json={"snapshot_tag": tag, "lifetime_secs": 86400})
             r.raise_for_status()
             cid = r.json()[0]["id"]
             report(measure(rt, h, cid, size_mib * MIB, runs), size_mib * MIB, args.output)
@@ -189,7 +191,8 @@ def main() -> int:
             cid = None
     finally:
         if cid:
-            rt.kill([cid])
+            with contextlib.suppress(ForkdError):  # e.g. already gone: the daemon must still be stopped
+                rt.kill([cid])
         daemon.terminate()
         daemon.wait(30)
     return 0
