@@ -5,8 +5,6 @@ runtime's hint (how to run without a daemon). No VMs: a local HTTP server that a
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -17,44 +15,17 @@ from forkd.client.api import Client
 from forkd.client.http import UNREACHABLE, Call
 from forkd.client.processes import RemoteProcesses, to_line
 from forkd.client.remote import RemoteBackend
+from tests.http_stub import Draining as _Draining
+from tests.http_stub import serving
 from tests.test_api import free_port
 
 FAST = Retry(attempts=4, first_wait=0.01)
 
 
-class _Draining(http.server.BaseHTTPRequestHandler):
-    """Answers 503 to the first `busy` requests of each method and path, then 200 with `answers[path]`."""
-
-    busy = 1
-    answers: dict[str, tuple[str, bytes]] = {}
-    seen: dict[tuple[str, str], int] = {}
-
-    def _answer(self) -> None:
-        path = self.path.split("?")[0]
-        n = self.seen[self.command, path] = self.seen.get((self.command, path), 0) + 1
-        kind, body = ("application/json", b'{"detail": "draining", "hint": "retry"}')
-        if n > self.busy:
-            kind, body = self.answers.get(path, ("application/json", b"[]"))
-        self.send_response(503 if n <= self.busy else 200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def draining() -> Iterator[str]:
-    _Draining.seen, _Draining.answers = {}, {}
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Draining)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}"
-    srv.shutdown()
-    srv.server_close()
+    with serving(_Draining) as url:
+        yield url
 
 
 def test_the_clis_remote_backend_retries_a_503_but_never_a_post(draining):

@@ -6,16 +6,15 @@ typed errors), the async client, and upstream's client surface (forkd_client.com
 from __future__ import annotations
 
 import asyncio
-import http.server
 import subprocess
 import sys
-import threading
 
 import forkd_client
 import pytest
 from forkd_client import AsyncSandbox, Client, NotFound, Retry, Sandbox, Unavailable, compat  # sdk/python
 
 from tests.conftest import BASE_TAG, WARM_GLOBAL
+from tests.http_stub import Draining, serving
 from tests.test_api import free_port, start_api_daemon, stop_api_daemon
 
 
@@ -64,38 +63,20 @@ def test_an_unreachable_daemon_is_unavailable_after_retries():
     assert e.value.status is None and "3 attempt(s)" in str(e.value) and e.value.hint
 
 
-class _Flaky(http.server.BaseHTTPRequestHandler):
+class _Flaky(Draining):
     """Answers 503 to the first two requests of each method, then 200."""
 
-    seen: dict[str, int] = {}
-
-    def _answer(self) -> None:
-        n = self.seen[self.command] = self.seen.get(self.command, 0) + 1
-        body = b'{"detail": "draining", "hint": "retry"}' if n <= 2 else b"[]"
-        self.send_response(503 if n <= 2 else 200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
+    busy = 2
 
 
 def test_503_is_retried_for_idempotent_requests_only():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        c = Client(url=f"http://127.0.0.1:{srv.server_port}", retry=Retry(attempts=4, first_wait=0.01))
+    with serving(_Flaky) as url:
+        c = Client(url=url, retry=Retry(attempts=4, first_wait=0.01))
         assert c.list_sandboxes() == []  # GET: two 503s, then the answer
-        assert _Flaky.seen["GET"] == 3
+        assert _Flaky.seen["GET", "/v1/sandboxes"] == 3
         with pytest.raises(Unavailable) as e:  # POST: may have done part of its work, so never sent again
             c.spawn_sandboxes("x")
-        assert _Flaky.seen["POST"] == 1 and e.value.status == 503 and e.value.detail == "draining"
-    finally:
-        srv.shutdown()
+        assert _Flaky.seen["POST", "/v1/sandboxes"] == 1 and e.value.status == 503 and e.value.detail == "draining"
 
 
 @pytest.fixture(scope="module")
