@@ -135,6 +135,45 @@ def test_stop_modes_resume_the_source_and_capture_the_instant(srt, sfork, mode):
     assert _seen(srt, k.id) == ("before", "'before'")
 
 
+def _caps(srt, cid: str, ensure_live: bool = False) -> dict[str, bool]:
+    """The child's migration capabilities (QMP query); with `ensure_live`, also whether making it ready for a
+    live branch had to set anything."""
+    from forkd.vmm import capture
+    from forkd.vmm.driver import RunFiles
+    rec = srt.registry.get(cid)
+    vm = srt.driver.attach(RunFiles(Path(rec.dir)), rec.pid, rec.started)
+    try:
+        srt.driver.connect(vm)
+        have = capture.migration_caps(vm.qmp)
+        out = {k: have[k] for k in ("background-snapshot", "x-ignore-shared")}
+        if ensure_live:
+            out["set"] = capture.ensure_caps(vm.qmp, x_ignore_shared=False, background_snapshot=True)
+        return out
+    finally:
+        srt.driver.release(vm)
+
+
+def test_capabilities_stay_set_between_branches_and_a_stop_branch_still_works(srt, sfork):
+    """A live branch leaves `background-snapshot` on (QEMU re-checks write-protect over all of RAM whenever
+    capabilities are set while it is on: ~25-150 ms of a --no-wait branch's return), so the next live branch sets
+    nothing; a full branch after it switches it off and still captures its own instant."""
+    (c,) = sfork(1)
+    assert _caps(srt, c.id) == {"background-snapshot": False, "x-ignore-shared": True}  # as restored
+    _mark(srt, c.id, "one")
+    assert branch(srt, Branch.of(child_id=c.id, tag="caps-live1", mode="live")).snapshot.status == "ready"
+    assert _caps(srt, c.id, ensure_live=True) == {"background-snapshot": True, "x-ignore-shared": False, "set": False}
+    _mark(srt, c.id, "two")
+    assert branch(srt, Branch.of(child_id=c.id, tag="caps-live2", mode="live")).snapshot.status == "ready"
+    _mark(srt, c.id, "three")
+    assert branch(srt, Branch.of(child_id=c.id, tag="caps-full", mode="full")).snapshot.status == "ready"
+    assert _caps(srt, c.id)["background-snapshot"] is False  # the full branch switched it off
+    _mark(srt, c.id, "four")
+    for tag, mark in (("caps-live1", "one"), ("caps-live2", "two"), ("caps-full", "three")):
+        (k,) = sfork(1, tag=tag)
+        assert _seen(srt, k.id) == (mark, repr(mark)), tag
+    assert srt.ping(c.id)["child_id"] == c.id and _seen(srt, c.id) == ("four", "'four'")
+
+
 def _mount_tmpfs(where: Path, opts: str) -> None:
     where.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "forkd-test", str(where)], capture_output=True, text=True)

@@ -76,6 +76,56 @@ def test_exception_marks_failed_drops_files_and_propagates_unchanged(store):
     assert got.status == "failed" and got.error == "the host went away" and got.writer_pid is None
     assert got.memory_sha256 is None  # the record is the begun one, not what the seal computed
     assert not [f for f in DATA_FILES if (store.dir("bad") / f).exists()]
+    assert not list(store.layout.flat_cache.glob("*.mem"))  # the image the seal kept went with the snapshot
+
+
+WRITER_DIES_AFTER_SEAL = """
+import os, sys, time
+from pathlib import Path
+from forkd.base.paths import Layout
+from forkd.store.snapshot import Snapshot
+from forkd.store.store import SnapshotStore
+store = SnapshotStore(Layout(Path(sys.argv[1])))
+rec = Snapshot(tag="dies", status="writing", created_at=time.time(), memory_mib=128, vcpus=1, accel="tcg",
+               image_id="img", kernel_sha256="k", qemu_version="q")
+with store.writing(rec) as w:
+    w.vmstate.write_bytes(b"device state")
+    scratch = store.layout.tmp / "scratch.mem"
+    scratch.write_bytes(bytes.fromhex(sys.argv[2]))
+    w.seal(memory=scratch, vmstate=w.vmstate)
+    os._exit(9)  # killed between keeping the flat image and committing
+"""
+
+
+def test_recovery_removes_the_flat_image_a_dead_writer_kept(store):
+    """A writer killed after its seal kept the scratch image as the cached flat image (RAM on tmpfs) but before
+    commit: recovery fails the snapshot and removes that image, which no other snapshot records (the chaos
+    harness found it left behind, 256 MiB of tmpfs per build, until gc's grace expired)."""
+    import subprocess
+    import sys
+    data = os.urandom(4096) + bytes(8192)
+    store.layout.tmp.mkdir(parents=True, exist_ok=True)
+    got = subprocess.run([sys.executable, "-c", WRITER_DIES_AFTER_SEAL, str(store.layout.home), data.hex()],
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 9, got.stderr
+    flat = store.flat_cache_path(hashlib.sha256(data).hexdigest())
+    assert flat.exists() and store.get("dies").status == "writing"  # the dead writer's state, as left
+    assert store.recover() == ["dies"]
+    assert store.get("dies").status == "failed"
+    assert not flat.exists()
+
+
+def test_failing_a_snapshot_keeps_a_flat_image_another_snapshot_records(store):
+    data = os.urandom(4096)
+    with store.writing(_record("keeper")) as w:
+        w.vmstate.write_bytes(b"s")
+        w.seal(memory=_scratch(store, data), vmstate=w.vmstate)
+    with pytest.raises(Interrupted):
+        with store.writing(_record("twin")) as w:
+            w.vmstate.write_bytes(b"s")
+            w.seal(memory=_scratch(store, data), vmstate=w.vmstate)  # the same content
+            raise Interrupted("late")
+    assert store.flat_path(store.get("keeper")).read_bytes() == data
 
 
 def test_block_ending_without_seal_is_a_failure(store):

@@ -146,11 +146,40 @@ class SnapshotStore:
         if isinstance(error, BaseException):
             error = first_line(error)
         d = self.dir(snap.tag)
+        content = snap.memory_sha256 or self._recorded_content(snap.tag)
         for f in DATA_FILES:
             (d / f).unlink(missing_ok=True)
         snap = snap.with_(status="failed", error=error, writer_pid=None, writer_started=None)
         write_json(d / MANIFEST, snap.to_json(), mode=OPEN_MODE)
+        self._drop_flat_unless_owned(content)  # a failed snapshot has no children: its kept image goes too
         return snap
+
+    def record_writing(self, snap: Snapshot) -> None:
+        """Persist a `writing` record's fields so far. The writer records its memory's content hash before it
+        keeps the scratch image as the cached flat image, so whoever fails the snapshot later (the writer, or
+        recover() after the writer died) knows which flat image it left."""
+        if snap.status != "writing":
+            raise ValueError(f"record_writing takes a writing record, not a {snap.status} one")
+        write_json(self.dir(snap.tag) / MANIFEST, snap.to_json(), mode=OPEN_MODE)
+
+    def _recorded_content(self, tag: str) -> str | None:
+        try:
+            return self.get(tag).memory_sha256
+        except (CorruptManifest, FileNotFoundError, NotFound):
+            return None
+
+    def _drop_flat_unless_owned(self, content: str | None) -> None:
+        """Unlink the cached flat image of `content` when no snapshot that is not failed records it (the cache
+        is a cache: materialize() makes an image again when one is needed)."""
+        if not content or not is_sha256(content):
+            return
+        if content in {s.memory_sha256 for s in self.list() if isinstance(s, Snapshot) and s.status != "failed"}:
+            return
+        try:
+            if self.layout.check_flat_cache() is not None:  # never unlink through a foreign directory
+                self.flat_cache_path(content).unlink(missing_ok=True)
+        except UnsafePath:
+            pass
 
     def remove(self, tag: str) -> None:
         d = self.dir(tag)
@@ -161,14 +190,8 @@ class SnapshotStore:
         except CorruptManifest:
             gone = None
         self._remove_dir(d)
-        if gone is not None and gone.memory_sha256:
-            still = {s.memory_sha256 for s in self.list() if isinstance(s, Snapshot)}
-            if gone.memory_sha256 not in still:
-                try:
-                    if self.layout.check_flat_cache() is not None:  # never unlink through a foreign directory
-                        self.flat_cache_path(gone.memory_sha256).unlink(missing_ok=True)
-                except UnsafePath:
-                    pass
+        if gone is not None:
+            self._drop_flat_unless_owned(gone.memory_sha256)
 
     def install(self, staged: Path, snap: Snapshot) -> Snapshot:
         """Bring a verified snapshot made elsewhere (an unpacked pack) into the store under `snap.tag`: `staged` (a

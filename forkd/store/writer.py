@@ -98,15 +98,23 @@ class SnapshotWriter:
                 stored = os.fstat(fd).st_blocks * 512
             return {"memory_sha256": known_sha256, "memory_bytes": size, "memory_stored_bytes": stored}
         content, size, stored = copy_sparse_hashed(src, self.memory)
+        self._record_content(content)
         try:  # the scratch image is its children's flat image: keep it instead of copying it back later
             self.store.adopt_flat(src, content)
         except OSError:
             pass  # materialize() copies it from the store on first use
         return {"memory_sha256": content, "memory_bytes": size, "memory_stored_bytes": stored}
 
+    def _record_content(self, content: str) -> None:
+        """Write the content hash into the `writing` manifest before its flat image is kept, so a failure from
+        here on (this process's, or recovery's after it died) removes that image with the snapshot."""
+        self.snap = self.snap.with_(memory_sha256=content)
+        self.store.record_writing(self.snap)
+
     def _seal_diff(self, diff: Diff) -> dict:
         pages, stored = chain.write_diff(diff.base, diff.image, self.dir)
         content, size = chain.hash_image(diff.image), diff.image.stat().st_size
+        self._record_content(content)
         self.store.adopt_flat(diff.image, content)  # moved away when on the cache's filesystem
         return {"memory_sha256": content, "memory_bytes": size, "diff_pages": pages,
                 "diff_sha256": chain.diff_hash(self.dir), "memory_stored_bytes": stored}

@@ -4,6 +4,10 @@
 stream file handed over as a descriptor (`getfd` + `fd:NAME`: children run under `-sandbox ...,spawn=deny`, so
 `exec:` URIs are forbidden). Children were restored with `x-ignore-shared` on; it is switched off first (a child's
 RAM is a `share=off` mapping, so it is never "shared" anyway, but the flag must not leak into the stream format).
+The capabilities a branch sets stay set afterwards: QEMU re-checks userfaultfd write-protect over all of guest RAM
+whenever capabilities are set while `background-snapshot` is on (~25-150 ms, before the migration starts, so in a
+`--no-wait` branch's return time), so a child's second and later live branches set nothing (`ensure_caps`).
+Every other migration of a VM sets the capabilities it needs itself (`QemuDriver.save`).
 In **live** mode the capability `background-snapshot` is on: QEMU stops the VM for a few ms, saves the device
 state, arms userfaultfd write-protect on guest RAM *while stopped* and resumes it, then copies RAM out page by
 page, copying a page first whenever the running guest writes it. Memory and device state are therefore from the
@@ -149,6 +153,21 @@ def set_caps(qmp: QMPClient, **caps: bool) -> None:
                 {"capabilities": [{"capability": k.replace("_", "-"), "state": v} for k, v in caps.items()]})
 
 
+def migration_caps(qmp: QMPClient) -> dict[str, bool]:
+    return {c.get("capability"): bool(c.get("state")) for c in qmp.execute("query-migrate-capabilities") or []
+            if isinstance(c, dict)}
+
+
+def ensure_caps(qmp: QMPClient, **caps: bool) -> bool:
+    """Set the capabilities among `caps` that are not already as asked (one query, and no set at all when none
+    differs). True if something was set."""
+    have = migration_caps(qmp)
+    todo = {k: v for k, v in caps.items() if have.get(k.replace("_", "-")) != v}
+    if todo:
+        set_caps(qmp, **todo)
+    return bool(todo)
+
+
 def run_state(qmp: QMPClient) -> str:
     return (qmp.execute("query-status") or {}).get("status", "unknown")
 
@@ -223,7 +242,7 @@ class QemuCapture(Capture):
                               hint="another branch of this child is in flight; retry when it finished")
         t0 = time.perf_counter()
         try:
-            set_caps(q, x_ignore_shared=False, background_snapshot=self.live)
+            ensure_caps(q, x_ignore_shared=False, background_snapshot=self.live)
         except ForkdError as exc:
             if self.live and "not compatible with guest memory" in exc.message:
                 raise CaptureError(f"live branch impossible: {exc.message}", hint=LIVE_HINT) from exc
@@ -289,11 +308,7 @@ class QemuCapture(Capture):
         cancel_migration(self.qmp)
 
     def close(self) -> None:
-        """Back to what a restored child runs with (raises if QEMU refuses), and close the stream file."""
-        try:
-            if self.fd is not None:
-                set_caps(self.qmp, background_snapshot=False, x_ignore_shared=True)
-        finally:
-            if self.fd is not None:
-                os.close(self.fd)
-                self.fd = None
+        """Close the stream file. The capabilities stay as the branch set them (see the module docstring)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

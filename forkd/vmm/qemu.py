@@ -377,8 +377,8 @@ class QemuDriver(VmmDriver):
             qmp.execute("stop")
 
         def migrate() -> None:
-            qmp.execute("migrate-set-capabilities",
-                        {"capabilities": [{"capability": "x-ignore-shared", "state": True}]})
+            # background-snapshot off: a child a live branch captured keeps it on (forkd.vmm.capture)
+            capture.set_caps(qmp, x_ignore_shared=True, background_snapshot=False)
             qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
             qmp.execute("migrate", {"uri": "fd:state"})
             info.update(qmp.wait_migration())
