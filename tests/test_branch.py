@@ -22,6 +22,7 @@ import pytest
 from forkd.base.errors import Conflict
 from forkd.base.paths import Layout
 from forkd.core.branch import branch, wait_background
+from forkd.core.pipeline.branch import BranchError
 from forkd.core.requests import Branch, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.store.snapshot import Snapshot
@@ -210,8 +211,9 @@ def test_unwritable_destination_fails_cleanly(srt, sfork, tmp_path):
     ro = tmp_path / "ro"
     _mount_tmpfs(ro, "size=1m,ro")
     try:
-        with pytest.raises(OSError):
+        with pytest.raises(BranchError, match=r"cannot make the branch's work directory in .*/ro: Read-only") as ei:
             branch(srt, Branch.of(child_id=c.id, tag="unwritable", mode="full", tmp_dir=ro))
+        assert isinstance(ei.value.__cause__, OSError) and "writable" in ei.value.hint  # a ForkdError, not a 500
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=False)
     assert srt.store.get("unwritable").status == "failed"

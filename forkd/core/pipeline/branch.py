@@ -271,7 +271,13 @@ class BranchJob(Job):
     # -- steps while the source is involved ----------------------------------------------------------
     def stage(self) -> None:
         # short name: the conversion's QEMU sockets live below it, and AF_UNIX paths end at 108 bytes
-        self.work = self.workdir("b", under=self.req.tmp_dir)
+        try:
+            self.work = self.workdir("b", under=self.req.tmp_dir)
+        except OSError as exc:
+            where = self.req.tmp_dir or self.rt.layout.tmp
+            raise BranchError(f"cannot make the branch's work directory in {where}: {exc.strerror or exc}",
+                              hint="make that directory writable by forkd (and with room for the guest's RAM), "
+                                   "or branch into another tmp_dir") from exc
         if self.req.mode == "live":
             # QEMU 7.2 (measured here): a background snapshot whose stream write fails mid-way (ENOSPC) leaves the
             # source reporting 'running' but no longer answering. So refuse up front unless the whole RAM fits.
