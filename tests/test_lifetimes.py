@@ -129,3 +129,49 @@ def test_auto_named_branches_are_collected_but_never_while_used(daemon):
         ctrl.delete_snapshot(named.tag)
     finally:
         src.kill()
+
+
+POOL = """\
+apiVersion: forkd.dev/v1alpha1
+kind: ForkParent
+metadata: {name: life-base}
+spec: {memoryMiB: 256, vcpus: 1}
+---
+apiVersion: forkd.dev/v1alpha1
+kind: ForkPool
+metadata: {name: life-pool}
+spec: {from: life-base, warm: 1, child: {network: none}}
+"""
+
+
+def _cli(daemon, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "forkd.cli.main", *args], input=stdin, env=daemon.env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_children_claimed_from_a_pool_without_a_ttl_have_a_timeout_too(daemon):
+    """Before: a child claimed from a pool with no child.ttlSeconds (`forkd claim`, POST /v1/pools/{name}/claim,
+    `Sandbox.create(pool=...)`) never expired: an agent that crashed after claiming leaked it. Now it gets the call's
+    lifetime, else the daemon's FORKD_SANDBOX_TIMEOUT, and the reconciler retires it when that ends."""
+    run = _cli(daemon, "apply", "-f", "-", "--wait", "--timeout", "10m", stdin=POOL)
+    assert run.returncode == 0, run.stderr
+    ctrl = Controller(socket=daemon.sock)
+    sb = Sandbox.create(pool="life-pool", controller=ctrl)
+    try:
+        assert sb.info.expires_at_unix is not None
+        assert sb.info.expires_at_unix - time.time() >= 800  # FORKD_SANDBOX_TIMEOUT=900
+        run = _cli(daemon, "claim", "life-pool", "-o", "json")  # the CLI's claim: the same default
+        assert run.returncode == 0, run.stderr
+        (cli_claimed,) = json.loads(run.stdout)["children"]
+        assert cli_claimed["expires_at"] - time.time() >= 800
+        assert ctrl.get_sandbox(cli_claimed["id"]).expires_at_unix - time.time() >= 800
+        short = Sandbox.create(pool="life-pool", controller=ctrl, timeout=2)  # the call's own lifetime
+        assert short.info.expires_at_unix - time.time() <= 3
+        with daemon.unix() as c:
+            _until(lambda: c.get(f"/v1/sandboxes/{short.id}").status_code == 404,
+                   "the claimed child retired when its lifetime ended")
+        assert sb.get_info().status == "running"
+    finally:
+        sb.kill()
+        _cli(daemon, "kill", cli_claimed["id"]) if "cli_claimed" in locals() else None
+        assert _cli(daemon, "delete", "-f", "-", stdin=POOL).returncode == 0

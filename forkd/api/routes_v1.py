@@ -205,7 +205,7 @@ def build_router(control: Control, metrics) -> APIRouter:
     def claim(name: str, req: wire.ClaimRequest | None = Body(None)) -> wire.ClaimResult:
         req = req or wire.ClaimRequest()
         t0 = time.perf_counter()
-        recs = control.claim(name, req.n)
+        recs = control.claim(name, req.n, lifetime=req.lifetime_secs)
         dt = time.perf_counter() - t0  # forkd_claim_seconds: observed by control.claim (forkd.base.telemetry)
         return wire.ClaimResult(children=[wire.child_view(x) for x in recs],
                                 sandboxes=[wire.sandbox_info(x) for x in recs], claim_ms=dt * 1000.0)

@@ -85,8 +85,10 @@ class Settings(BaseModel):
     kill_wait_seconds: float = _env(120.0, "seconds `forkd kill` waits for a child another operation is still "
                                            "starting (or stopping) before it gives up with a conflict", gt=0)
     sandbox_timeout: float = _env(300.0, "seconds a sandbox made through the daemon (POST /v1/sandboxes, /fork, "
-                                         "forkd fork) lives unless the call says otherwise or set_timeout extends "
-                                         "it; 0 = no timeout (idle pool children never expire until claimed)", ge=0)
+                                         "forkd fork) or claimed from a pool without child.ttlSeconds (forkd "
+                                         "claim, POST /v1/pools/{name}/claim) lives unless the call says "
+                                         "otherwise or set_timeout extends it; 0 = no timeout (idle pool children "
+                                         "never expire until claimed)", ge=0)
     sweep_interval: float = _env(1.0, "seconds between the daemon's sweeps of expired sandboxes and of "
                                       "throw-away branch snapshots", gt=0)
     branch_ttl: float = _env(3600.0, "seconds an auto-named branch snapshot (made without a tag) is kept; it is "

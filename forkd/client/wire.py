@@ -109,6 +109,9 @@ class SandboxInfo(models.SandboxInfo):
 
 class ClaimRequest(Strict):
     n: int = Field(1, ge=1, le=1000)
+    lifetime_secs: float | None = Field(None, gt=0, le=30 * 86400, description=(
+        "seconds the claimed sandboxes live (extend with POST /v1/sandboxes/{id}/timeout); default: the pool's "
+        "child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT"))
 
 
 class ClaimResult(Wire):

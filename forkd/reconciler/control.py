@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.base.settings import settings
 from forkd.base.telemetry import timed
 from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
@@ -173,12 +174,16 @@ class Control:
         return out
 
     # -- claim ---------------------------------------------------------------------------------------
-    def claim(self, pool: str, n: int = 1) -> list[ChildRecord]:
+    def claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list[ChildRecord]:
         with timed("claim", pool=pool):
-            return self._claim(pool, n)
+            return self._claim(pool, n, lifetime)
 
-    def _claim(self, pool: str, n: int = 1) -> list[ChildRecord]:
+    def _claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list[ChildRecord]:
         """Hand out `n` warm children of `pool` now; the reconciler refills the pool in the background.
+
+        Like every sandbox, claimed children have a lifetime: `lifetime` seconds, else the pool's
+        child.ttlSeconds, else FORKD_SANDBOX_TIMEOUT (0: none); the reconciler retires them when it ends (a
+        ForkClaim then records its own end instead).
 
         If fewer than `n` are warm, the rest are forked on the spot from the pool's snapshot (slower); those are
         claimed from birth, so the reconciler never sees them as idle. All or nothing: if that fork fails, the
@@ -187,7 +192,7 @@ class Control:
             raise InvalidInput(f"-n {n}: use 1..1000")
         obj = qualify(self.objects.get("ForkPool", pool).obj)  # its children's pool: the qualified name
         target = self._pool_target(pool)
-        ttl = obj.spec.child.ttlSeconds
+        ttl = lifetime or obj.spec.child.ttlSeconds or settings().sandbox_timeout or None
         got = self.rt.claim_children(pool, n, ttl, prefer_tag=target)
         if len(got) < n:
             if target is None:

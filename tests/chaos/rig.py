@@ -86,7 +86,8 @@ class Rig:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("FORKD_URL", "FORKD_TOKEN", "FORKD_NO_DAEMON",
                                                                 "FORKD_DAEMON_SOCKET")}
-        env.update(FORKD_HOME=str(self.home), PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+        env.update(FORKD_HOME=str(self.home), PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+                   FORKD_SANDBOX_TIMEOUT="0")  # the promise checked: a claimed child lives until someone kills it
         return env
 
     # -- the daemon ------------------------------------------------------------------------------------------

@@ -123,9 +123,11 @@ class ApiCalls:
                                content=content, parse=wire.FileWritten.model_validate))
 
     # -- forkd's own -----------------------------------------------------------------------------------
-    def claim(self, pool: str, n: int = 1) -> list[wire.SandboxInfo]:
-        """Hand out `n` warm children of a pool (forked on the spot if fewer are warm)."""
-        return self._send(Call("POST", f"/v1/pools/{quote(pool)}/claim", json={"n": n},
+    def claim(self, pool: str, n: int = 1, lifetime_secs: float | None = None) -> list[wire.SandboxInfo]:
+        """Hand out `n` warm children of a pool (forked on the spot if fewer are warm). They live `lifetime_secs`
+        (default: the pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT)."""
+        body = {"n": n, **({"lifetime_secs": lifetime_secs} if lifetime_secs else {})}
+        return self._send(Call("POST", f"/v1/pools/{quote(pool)}/claim", json=body,
                                parse=lambda d: _SBXS.validate_python(d["sandboxes"])))
 
     def apply(self, docs: list[dict] | str, applyset: str = "sdk", prune: bool = False,

@@ -89,13 +89,12 @@ class Sandbox(_Sandbox):
                url: str | None = None, token: str | None = None, socket: str | Path | None = None) -> Sandbox:
         """Fork a child of snapshot `template`, or claim one of `pool`. `envs`: set in every command it runs
         (a call's own envs win). `metadata`: the sandbox's labels (`Sandbox.list(metadata=...)` filters on them;
-        not for pool claims). `timeout`: seconds it lives (default: the daemon's FORKD_SANDBOX_TIMEOUT; extend
-        with set_timeout)."""
+        not for pool claims). `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's
+        FORKD_SANDBOX_TIMEOUT; extend with set_timeout)."""
         _pick(template, pool)
         ctrl = controller or Controller(url=url, token=token, socket=socket)
         if pool:
-            info = ctrl.claim(pool, 1)[0]
-            info = ctrl.set_sandbox_timeout(info.id, timeout) if timeout else info
+            info = ctrl.claim(pool, 1, lifetime_secs=timeout)[0]
         else:
             info = ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata)[0]
         return cls(info, ctrl, envs=envs)
@@ -171,8 +170,7 @@ class AsyncSandbox(_Sandbox):
         _pick(template, pool)
         ctrl = controller or AsyncController(url=url, token=token, socket=socket)
         if pool:
-            info = (await ctrl.claim(pool, 1))[0]
-            info = await ctrl.set_sandbox_timeout(info.id, timeout) if timeout else info
+            info = (await ctrl.claim(pool, 1, lifetime_secs=timeout))[0]
         else:
             info = (await ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata))[0]
         return cls(info, ctrl, envs=envs)

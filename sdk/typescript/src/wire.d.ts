@@ -26,6 +26,8 @@ export interface ChmodRequest {
 
 export interface ClaimRequest {
   n?: number;
+  /** seconds the claimed sandboxes live (extend with POST /v1/sandboxes/{id}/timeout); default: the pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT */
+  lifetimeSecs?: number | null;
 }
 
 export interface ClaimResult {
