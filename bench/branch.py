@@ -48,8 +48,8 @@ PROBE = ("import threading, time\n"
          "threading.Thread(target=_probe, daemon=True).start()\n")
 MODES = ("live", "diff", "full")
 POLLED = "live-polled"  # --poll-ab: live with the pre-issue-18 wait (query-migrate every 0.5 ms) instead of events
-RETURN_STEPS = ("prepare", "stage", "connect", "set_caps", "migrate_cmd", "stop_event_after_migrate", "resumed",
-                "pause", "capture")
+RETURN_STEPS = ("prepare", "stage", "connect", "set_caps", "migrate_cmd", "stop_event_after_migrate", "stopped",
+                "resumed", "pause", "capture")
 
 
 def progress(msg: str) -> None:

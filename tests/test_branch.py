@@ -277,6 +277,23 @@ def test_live_branch_refused_when_memory_is_not_on_tmpfs(rt, fork, monkeypatch):
     shutil.rmtree(disk, ignore_errors=True)
 
 
+def test_no_wait_live_branch_returns_at_the_stop_and_holds_that_instant(srt, sfork):
+    """A live wait=False branch returns once the source stopped for the capture (not after its resume): what the
+    caller does to the source right after the return is not in the snapshot; the source resumes by itself."""
+    (c,) = sfork(1)
+    _mark(srt, c.id, "at-call")
+    res = branch(srt, Branch.of(child_id=c.id, tag="early", mode="live", wait=False))
+    assert res.snapshot.status == "writing" and "stopped" in res.timings_ms and "resumed" not in res.timings_ms
+    _mark(srt, c.id, "after-return")  # waits for the resume if the source has not resumed yet
+    res.thread.join(300)
+    snap = srt.store.get("early")
+    assert snap.status == "ready", snap.error
+    assert res.timings_ms["resumed"] >= res.timings_ms["stopped"] and res.pause_ms is not None
+    (k,) = sfork(1, tag="early")
+    assert _seen(srt, k.id) == ("at-call", "'at-call'")
+    assert _seen(srt, c.id) == ("after-return", "'after-return'")
+
+
 def test_cli_branch_no_wait(srt, sfork):
     (c,) = sfork(1)
     env = dict(os.environ, FORKD_HOME=str(srt.layout.home))

@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
@@ -264,33 +265,44 @@ class QemuCapture(Capture):
         q.execute("migrate", {"uri": f"fd:{STREAM_FD_NAME}"})
         self.timings["migrate_cmd"] = (time.perf_counter() - self.t_start) * 1000.0
 
-    def wait_resumed(self, timeout: float = 60.0) -> None:
-        """Live mode: return as soon as the source runs again (QEMU's STOP then RESUME events after migrate),
-        i.e. device state is captured and RAM is write-protected; RAM keeps streaming in QEMU's thread.
-        Waits on the QMP socket for the events; `query-migrate` only when none came for EVENT_POLL s (each
-        query takes QEMU's main-loop lock, which the pause itself needs: polling every 0.5 ms lengthened it)."""
+    def _stop_events(self) -> list[dict]:
+        return [self.paused_event] if self.paused_event else [e for e in self.qmp.events if e.get("event") == "STOP"]
+
+    def _await(self, seen: Callable[[], bool], timeout: float, what: str) -> bool:
+        """Wait until `seen()` (True), or the migration completed first (False; tiny guests finish before the
+        events are read). Waits on the QMP socket for events; `query-migrate` only when none came for EVENT_POLL
+        s (each query takes QEMU's main-loop lock, which the pause itself needs: polling every 0.5 ms
+        lengthened it)."""
         deadline = time.monotonic() + timeout
-        while True:
-            stop = [e for e in self.qmp.events if e.get("event") == "STOP"]
-            stop = [self.paused_event] if self.paused_event else stop
-            resume = [e for e in self.qmp.events if e.get("event") == "RESUME"]
-            if stop and resume:
-                self.resumed_at = time.perf_counter()
-                self.timings["stop_event_after_migrate"] = (_event_time(stop[0]) - self.t_wall) * 1000.0
-                self.stop_resume_ms = (_event_time(resume[-1]) - _event_time(stop[0])) * 1000.0
-                return
+        while not seen():
             if self.qmp.next_event(min(EVENT_POLL, max(0.0, deadline - time.monotonic()))) is not None:
                 continue
             info = self.qmp.execute("query-migrate") or {}
             status = info.get("status")
             if status in ("failed", "cancelled"):
                 raise CaptureError(f"migration to the stream {status}: {info.get('error-desc', 'no reason given')}")
-            if status == "completed":  # finished before we saw the events (tiny guests): it is running again
-                self.resumed_at = time.perf_counter()
-                return
+            if status == "completed":
+                return False
             if time.monotonic() > deadline:
-                raise CaptureError(f"the source did not resume within {timeout:.0f}s of the branch start "
+                raise CaptureError(f"the source did not {what} within {timeout:.0f}s of the branch start "
                                   f"(migration status {status})")
+        return True
+
+    def wait_stopped(self, timeout: float = 60.0) -> None:
+        """Live mode: return once the source stopped for the capture (QEMU's STOP after migrate): the instant the
+        snapshot holds is fixed, nothing the guest does later is in it. It resumes by itself (wait_resumed)."""
+        self._await(lambda: bool(self._stop_events()), timeout, "stop")
+
+    def wait_resumed(self, timeout: float = 60.0) -> None:
+        """Live mode: return as soon as the source runs again (QEMU's STOP then RESUME events after migrate),
+        i.e. device state is captured and RAM is write-protected; RAM keeps streaming in QEMU's thread."""
+        resumes = lambda: [e for e in self.qmp.events if e.get("event") == "RESUME"]  # noqa: E731
+        evented = self._await(lambda: bool(self._stop_events() and resumes()), timeout, "resume")
+        self.resumed_at = time.perf_counter()
+        if evented:
+            stop = self._stop_events()[0]
+            self.timings["stop_event_after_migrate"] = (_event_time(stop) - self.t_wall) * 1000.0
+            self.stop_resume_ms = (_event_time(resumes()[-1]) - _event_time(stop)) * 1000.0
 
     def wait_done(self, timeout: float = 600.0) -> dict:
         try:

@@ -173,6 +173,11 @@ class Capture(ABC):
         """Start writing the stream. Raises if another capture of this VM is in flight."""
 
     @abstractmethod
+    def wait_stopped(self, timeout: float = 60.0) -> None:
+        """Live: return once the VM stopped for the capture (the captured instant is fixed: nothing the guest does
+        afterwards is in the stream); it resumes by itself (`wait_resumed`)."""
+
+    @abstractmethod
     def wait_resumed(self, timeout: float = 60.0) -> None:
         """Live: return once the VM runs again (device state captured, RAM protected); RAM keeps streaming."""
 
@@ -186,7 +191,8 @@ class Capture(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Put the VM's settings back to what a running child has, and close the stream (idempotent)."""
+        """Close the stream (idempotent). The VM keeps the capture settings (the next capture need not set them
+        again); other uses of the VMM set their own."""
 
     @property
     def downtime_ms(self) -> float | None:

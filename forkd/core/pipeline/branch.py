@@ -5,6 +5,10 @@ Modes:
   * `live`: a live capture (QEMU: `background-snapshot`, userfaultfd write-protect). The source stops only while
     the VMM saves its device state and arms write-protect (the VMM's reported `downtime`, a few ms), then runs
     while RAM streams out.
+    With `wait=False` (`--no-wait`) and no disk, the call returns as soon as the source stopped for the capture
+    (QEMU's STOP event): the instant the snapshot holds is fixed from then on, and the source resumes by itself a
+    few ms later (awaited in the background, with the stream). A caller's next request to the source simply waits
+    for that resume.
   * `full`: stop-the-world: pause, the whole RAM and device state to the stream, resume.
   * `diff`: on this QEMU-based runtime the same as `full` (a stop-the-world save of a self-contained snapshot).
     A true dirty-pages-only diff needs the child's device state *without* its RAM; a child's RAM is a `share=off`
@@ -191,7 +195,8 @@ class BranchJob(Job):
 
     def finish_steps(self) -> list[Step]:
         disk = [("disk_rebase", self.rebase_disk)] if self.machine.disk is not None else []
-        return [("stream", self.wait_stream), ("convert", self.convert), *disk, ("hash", self.seal)]
+        resumed = [("resume_wait", self.await_resume)] if self.returns_at_stop else []
+        return [*resumed, ("stream", self.wait_stream), ("convert", self.convert), *disk, ("hash", self.seal)]
 
     def start(self) -> BranchResult:
         with self.stack:
@@ -298,6 +303,12 @@ class BranchJob(Job):
         self.stack.callback(self._drop_capture)
         return self.capture
 
+    @property
+    def returns_at_stop(self) -> bool:
+        """A live `wait=False` branch of a child without a disk returns once the source stopped (the instant is
+        fixed); the source's resume is awaited in the background. With a disk, the thaw needs the resume first."""
+        return self.req.mode == "live" and not self.req.wait and self.machine.disk is None
+
     def capture_live(self) -> None:
         cap = self.open_capture()
         frozen = None
@@ -308,18 +319,37 @@ class BranchJob(Job):
                     cap.pause()
                 _copy_disk(self.child_files.disk, self.work / DISK, self.timings)
             cap.start()
-            cap.wait_resumed(timeout=60)
+            if self.returns_at_stop:
+                cap.wait_stopped(timeout=60)
+            else:
+                cap.wait_resumed(timeout=60)
         except BaseException as exc:
             self._resume_after(exc)  # never leave the source paused, whatever failed
             raise
         else:
-            # QEMU's RESUME event after our STOP already says the source runs: the usual check (a QMP round trip
-            # before the call returns) is skipped then
-            if self.was_running and cap.stop_resume_ms is None:
-                self._resume()
+            if self.returns_at_stop:
+                self.timings["stopped"] = (time.perf_counter() - self.t0) * 1000.0
+            else:
+                self.live_resumed()
         finally:
             if frozen is not None:
                 _thaw_fs(frozen, self.timings)
+
+    def await_resume(self) -> None:
+        """After an early return (`returns_at_stop`): wait for the source to run again, in the background."""
+        try:
+            self.capture.wait_resumed(timeout=60)
+        except BaseException as exc:
+            self._resume_after(exc)
+            raise
+        self.live_resumed()
+
+    def live_resumed(self) -> None:
+        cap = self.capture
+        # QEMU's RESUME event after our STOP already says the source runs: the usual check (a QMP round trip
+        # before the call returns) is skipped then
+        if self.was_running and cap.stop_resume_ms is None:
+            self._resume()
         self.timings["resumed"] = (cap.resumed_at - self.t0) * 1000.0
         self.timings.update(cap.timings)
         self.result.pause_ms = cap.stop_resume_ms
