@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from forkd.core.branch import branch, wait_background
+from forkd.core.pipeline.branch import BranchJob
 from forkd.core.requests import Branch, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.vmm import capture
@@ -97,6 +98,13 @@ def branch_as(rt: Runtime, mode: str, req: Branch):
         capture.EVENT_POLL = saved
 
 
+# --no-wait variants: (capabilities reset before each branch, return at the source's stop instead of its resume)
+NOWAIT = {"before": (True, False), "caps-kept": (False, False), "now": (False, True)}
+NOWAIT_WHAT = {"before": "capabilities reset after each branch, returns after the resume (before)",
+               "caps-kept": "capabilities kept, returns after the resume",
+               "now": "capabilities kept, returns at the stop (now)"}
+
+
 def reset_caps(rt: Runtime, cid: str) -> None:
     """Put the source's migration capabilities back as a branch left them before issue 18's change (background
     snapshot off after every branch), so the next live branch pays QEMU's write-protect check again."""
@@ -141,25 +149,29 @@ def bench_size(rt: Runtime, mib: int, reps: int, modes: tuple[str, ...] = MODES)
         for mode in modes:
             out["modes"][mode] = {k: {"p50": pct(v, 50), "p90": pct(v, 90), "samples": v}
                                   for k, v in rows[mode].items()}
-        returns: dict[str, list[float]] = {"kept": [], "reset": []}
-        steps: dict[str, list[dict]] = {"kept": [], "reset": []}
-        for i in range(reps):  # interleaved: capabilities kept from the last branch (now) vs reset (before)
-            for caps in ("reset", "kept"):
-                if caps == "reset":
+        returns: dict[str, list[float]] = {v: [] for v in NOWAIT}
+        steps: dict[str, list[dict]] = {v: [] for v in NOWAIT}
+        for i in range(reps):  # the variants interleaved
+            for variant, (reset, at_stop) in NOWAIT.items():
+                if reset:
                     reset_caps(rt, src.id)
-                btag = f"bench-br-{mib}-nowait-{caps}-{i}"
-                res = branch(rt, Branch.of(child_id=src.id, tag=btag, mode="live", wait=False))
-                returns[caps].append(res.returned_ms)
-                steps[caps].append(dict(res.timings_ms))  # copied now: the background conversion adds to it
+                btag = f"bench-br-{mib}-nowait-{variant}-{i}"
+                saved, BranchJob.returns_at_stop = BranchJob.returns_at_stop, property(lambda job, s=at_stop: s)
+                try:
+                    res = branch(rt, Branch.of(child_id=src.id, tag=btag, mode="live", wait=False))
+                finally:
+                    BranchJob.returns_at_stop = saved
+                returns[variant].append(res.returned_ms)
+                steps[variant].append(dict(res.timings_ms))  # copied now: the background conversion adds to it
                 res.thread.join(600)
                 assert rt.store.get(btag).status == "ready", rt.store.get(btag).error
                 rt.store.remove(btag)
-                progress(f"{mib} MiB live --no-wait #{i + 1} (caps {caps}): returned in {res.returned_ms:.1f} ms")
+                progress(f"{mib} MiB live --no-wait #{i + 1} ({variant}): returned in {res.returned_ms:.1f} ms")
         out["nowait_return_ms"] = {
-            caps: {"p50": pct(r, 50), "p90": pct(r, 90), "samples": r,
-                   "steps_p50_ms": {k: pct([s[k] for s in steps[caps] if k in s], 50)
-                                    for k in sorted({k for s in steps[caps] for k in s})}}
-            for caps, r in returns.items()}
+            v: {"p50": pct(r, 50), "p90": pct(r, 90), "samples": r,
+                "steps_p50_ms": {k: pct([s[k] for s in steps[v] if k in s], 50)
+                                 for k in sorted({k for s in steps[v] for k in s})}}
+            for v, r in returns.items()}
     finally:
         wait_background(600)
         rt.kill([src.id])
@@ -207,13 +219,12 @@ def main() -> None:
                            if live and mode in m and mode != "live")
         print(f"      live pause vs stop-the-world pause (p50): {ratios}")
         nw = size["nowait_return_ms"]
-        for caps, what in (("reset", "capabilities reset after each branch (before)"),
-                           ("kept", "capabilities kept from the last branch (now)")):
-            print(f"      --no-wait returns, {what}: p50 {fmt(nw[caps]['p50'])} ms, p90 {fmt(nw[caps]['p90'])} ms; "
-                  "steps p50 (ms): " + ", ".join(f"{k} {fmt(v)}" for k, v in nw[caps]["steps_p50_ms"].items()
-                                                  if k in RETURN_STEPS))
-        if nw["kept"]["p50"]:
-            print(f"      >>> --no-wait before / now (p50) = {nw['reset']['p50'] / nw['kept']['p50']:.2f}x")
+        for v, what in NOWAIT_WHAT.items():
+            print(f"      --no-wait, {what}: p50 {fmt(nw[v]['p50'])} ms, p90 {fmt(nw[v]['p90'])} ms")
+            print("          steps p50 (ms): " + ", ".join(f"{k} {fmt(x)}" for k, x in nw[v]["steps_p50_ms"].items()
+                                                       if k in RETURN_STEPS))
+        if nw["now"]["p50"]:
+            print(f"      >>> --no-wait before / now (p50) = {nw['before']['p50'] / nw['now']['p50']:.2f}x")
     print("note: under TCG the guest clock stops while the VM is stopped, so the guest probe cannot see a "
           "stop-the-world pause; host pause is the honest figure for diff/full.")
 

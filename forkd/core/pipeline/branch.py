@@ -329,6 +329,7 @@ class BranchJob(Job):
         else:
             if self.returns_at_stop:
                 self.timings["stopped"] = (time.perf_counter() - self.t0) * 1000.0
+                self.timings.update(cap.timings)
             else:
                 self.live_resumed()
         finally:
