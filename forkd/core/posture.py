@@ -13,7 +13,8 @@ from forkd.base.settings import settings
 from forkd.core.doctor import PASS, UNPRIVILEGED_UFFD_SYSCTL, WARN, Check, _line, _sysctl
 from forkd.sandbox import netns
 from forkd.vmm import ksm
-from forkd.vmm.qemu import SANDBOX, find_qemu
+from forkd.vmm.qemu import find_qemu
+from forkd.vmm.qemu_cmdline import SANDBOX
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime

@@ -49,7 +49,7 @@ from forkd.base.errors import ForkdError
 from forkd.base.locks import file_lock
 from forkd.base.procs import run
 from forkd.base.settings import settings
-from forkd.vmm.qemu import TAP_NAME
+from forkd.vmm.qemu_cmdline import TAP_NAME
 
 BRIDGE = "forkd0"
 BRIDGE_ADDR = "10.200.0.1"
