@@ -12,8 +12,8 @@ fenced off from the host and from each other.
           unless a child's egress allows it (sets allow4 / internet4, keyed by the child's leased address);
           never IPv6, never another child; masquerade 10.200.0.0/16 leaving by any other interface.
 
-The nftables tables and the host grants are forkd.sandbox.firewall's; the bridge's names and addresses
-forkd.sandbox.netlayout's.
+The nftables tables and the host grants live in forkd.sandbox.firewall; the bridge's names and addresses, the
+leases' directory and NetworkError in forkd.sandbox.netlayout.
 
 Per-child addresses are leased with O_EXCL files under /run/forkd/leases/ (tmpfs: gone with the namespaces at
 reboot); each lease names its namespace, host veth and FORKD_HOME, which is how `gc` tells its own leftovers from
