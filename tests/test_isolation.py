@@ -14,7 +14,7 @@ import pytest
 
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.core.requests import ParentBuild, Spawn
-from forkd.sandbox import cgroups, netns
+from forkd.sandbox import cgroups, netlayout, netns
 from tests.conftest import BASE_TAG, qemu_pids
 
 pytestmark = pytest.mark.vm
@@ -68,16 +68,16 @@ def host_http():
         def log_message(self, *a):
             pass
 
-    srv = http.server.ThreadingHTTPServer((netns.BRIDGE_ADDR, 0), Handler)
+    srv = http.server.ThreadingHTTPServer((netlayout.BRIDGE_ADDR, 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://{netns.BRIDGE_ADDR}:{srv.server_address[1]}/"
+    yield f"http://{netlayout.BRIDGE_ADDR}:{srv.server_address[1]}/"
     srv.shutdown()
     srv.server_close()
 
 
 def host_allow(url: str) -> dict:
     """The egress that lets a child reach the host service at `url` (and nothing else)."""
-    return {"allow": [f"{netns.BRIDGE_ADDR}/32:{url.rsplit(':', 1)[1].strip('/')}"]}
+    return {"allow": [f"{netlayout.BRIDGE_ADDR}/32:{url.rsplit(':', 1)[1].strip('/')}"]}
 
 
 def sh(rt, cid, cmd, timeout=30):
@@ -163,7 +163,7 @@ def test_kill_removes_namespace_veth_tap_and_cgroup(rt, nfork):
     assert not netns.exists(c.netns)
     assert netns.host_if_name(c.id) not in netns.host_links()
     assert not any(os.path.exists(p) for p in c.cgroup)
-    assert not (netns.leases_dir() / c.net_addr).exists()
+    assert not (netlayout.leases_dir() / c.net_addr).exists()
 
 
 def test_vmm_hardening_private_dir_and_unprivileged_uid(rt, nfork, monkeypatch, host_http):

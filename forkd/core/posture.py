@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
 from forkd.core.doctor import PASS, UNPRIVILEGED_UFFD_SYSCTL, WARN, Check, _line, _sysctl
-from forkd.sandbox import netns
+from forkd.sandbox import firewall
 from forkd.vmm import ksm
-from forkd.vmm.qemu import SANDBOX, find_qemu
+from forkd.vmm.qemu import find_qemu
+from forkd.vmm.qemu_cmdline import SANDBOX
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -127,13 +128,13 @@ def check_store_permissions(rt: Runtime) -> Check:
 
 def check_egress() -> Check:
     """Children's egress: forkd's host table (`inet forkd_host`: traffic from the bridge denied unless a child's
-    policy grants it) is loaded, and an older forkd's permissive table is gone (forkd.sandbox.netns.posture)."""
-    p = netns.posture()
-    found = (f"host table inet {netns.HOST_TABLE} {'loaded' if p['host_table'] else 'not loaded'}; default child "
+    policy grants it) is loaded, and an older forkd's permissive table is gone (forkd.sandbox.firewall.posture)."""
+    p = firewall.posture()
+    found = (f"host table inet {firewall.HOST_TABLE} {'loaded' if p['host_table'] else 'not loaded'}; default child "
              f"egress {p['default_egress']}; net.ipv4.ip_forward={int(bool(p['ip_forward']))}")
     if p["legacy_table"]:
-        return Check(SEC + "egress", WARN, f"{found}; an older forkd's permissive table ip {netns.HOST_TABLE} is "
-                     "loaded", f"nft delete table ip {netns.HOST_TABLE} (or restart the daemon: it replaces it)")
+        return Check(SEC + "egress", WARN, f"{found}; an older forkd's permissive table ip {firewall.HOST_TABLE} is "
+                     "loaded", f"nft delete table ip {firewall.HOST_TABLE} (or restart the daemon: it replaces it)")
     if not p["host_table"]:
         return Check(SEC + "egress", WARN, found, "start the daemon or fork an isolated child (forkd installs its "
                      "table); each child's own namespace denies by default either way")

@@ -13,7 +13,7 @@ InvalidInput naming the field and the rule (`Request.of(...)` turns pydantic's V
 Egress (what an isolated child may reach on the network) is declared here once: `none` (nothing: the default),
 `internet` (public addresses only: never link-local, RFC 1918, CGNAT, loopback, multicast or the host), or
 `{allow: ["CIDR:port", ...]}` (exactly those IPv4 destinations, TCP and UDP). IPv6 is always denied.
-forkd.sandbox.netns turns it into nftables rules.
+forkd.sandbox.firewall turns it into nftables rules.
 """
 
 from __future__ import annotations

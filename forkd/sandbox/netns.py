@@ -12,14 +12,8 @@ fenced off from the host and from each other.
           unless a child's egress allows it (sets allow4 / internet4, keyed by the child's leased address);
           never IPv6, never another child; masquerade 10.200.0.0/16 leaving by any other interface.
 
-Egress (forkd.core.requests.Egress) is enforced twice, by tables forkd owns: in the child's namespace (exactly its
-policy) and on the host (the same policy, keyed by the child's address: a floor that holds even if a namespace's
-rules were changed). `none` (the default): nothing at all, not even the host. `internet`: public IPv4 only (never
-BLOCKED_V4: link-local and cloud metadata, RFC 1918, CGNAT, loopback, multicast...; never a host address, since
-traffic to the host is INPUT and only an allow list admits it). `{allow: [CIDR:port]}`: exactly those, the host's
-10.200.0.1 included when named. Children cannot reach one another (bridge port isolation at layer 2, the namespace
-input filter and the host forward filter behind it); the guest listens on nothing (the agent talks over
-virtio-serial). The host's ip_forward is left as it is: with it off children reach at most the host.
+The nftables tables and the host grants live in forkd.sandbox.firewall; the bridge's names and addresses, the
+leases' directory and NetworkError in forkd.sandbox.netlayout.
 
 Per-child addresses are leased with O_EXCL files under /run/forkd/leases/ (tmpfs: gone with the namespaces at
 reboot); each lease names its namespace, host veth and FORKD_HOME, which is how `gc` tells its own leftovers from
@@ -47,22 +41,17 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.base.locks import file_lock
-from forkd.base.procs import run
 from forkd.base.settings import settings
-from forkd.vmm.qemu import TAP_NAME
+from forkd.sandbox.firewall import Egress, ensure_host_table, grant, load_rules, netns_rules, revoke
+from forkd.sandbox.netlayout import BRIDGE, BRIDGE_ADDR, BRIDGE_NET, BRIDGE_PREFIX, INNER_VETH, NetworkError, leases_dir
+from forkd.vmm.qemu_cmdline import TAP_NAME
 
-BRIDGE = "forkd0"
-BRIDGE_ADDR = "10.200.0.1"
-BRIDGE_NET = "10.200.0.0/16"
-BRIDGE_PREFIX = 16
 GUEST_GW = "10.42.0.1"
 GUEST_ADDR = "10.42.0.2"
 GUEST_PREFIX = 24
-INNER_VETH = "veth0"
 NETNS_PREFIX = "forkd-"
 HOST_IF_PREFIX = "fkh"
 NETNS_DIR = Path("/run/netns")
-HOST_TABLE = "forkd_host"
 CLONE_NEWNET = 0x40000000
 MS_BIND, MNT_DETACH = 4096, 2
 TUNSETIFF, TUNSETPERSIST = 0x400454CA, 0x400454CB
@@ -71,101 +60,6 @@ IFF_TAP, IFF_NO_PI = 0x0002, 0x1000
 _libc = ctypes.CDLL(None, use_errno=True)
 _host_ready = threading.Lock()
 _host_done = False
-
-# never reachable with `internet` egress: not globally routed, or the node's own neighbourhood (IANA special
-# purpose: this network, RFC 1918, CGNAT, loopback, link-local incl. 169.254.169.254, IETF protocol assignments,
-# benchmarking, multicast, reserved and broadcast). Only an allow list names one of these.
-BLOCKED_V4 = ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
-              "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4")
-_BLOCKED = ", ".join(BLOCKED_V4)
-
-NETNS_RULES = f"""
-table inet forkd {{
-  chain nat_out {{ type nat hook postrouting priority srcnat; policy accept;
-    oifname "{INNER_VETH}" masquerade; }}
-  chain filter_fwd {{ type filter hook forward priority filter; policy drop;
-    iifname "{INNER_VETH}" oifname "{TAP_NAME}" ct state established,related accept;
-    iifname "{TAP_NAME}" oifname "{INNER_VETH}" meta nfproto ipv4 jump egress; }}
-  chain filter_in {{ type filter hook input priority filter; policy drop;
-    iif "lo" accept;
-    ct state established,related accept; }}
-  chain egress {{
-    ct state established,related accept;
-{{egress}}
-    drop; }}
-}}
-"""
-
-HOST_RULES = f"""
-table inet {HOST_TABLE} {{
-  set blocked4 {{ type ipv4_addr; flags interval; elements = {{ {_BLOCKED} }}; }}
-  set allow4 {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }}
-  set internet4 {{ type ipv4_addr; }}
-  chain filter_fwd {{ type filter hook forward priority filter; policy accept;
-    iifname "{BRIDGE}" jump from_child;
-    oifname "{BRIDGE}" ct state established,related accept;
-    oifname "{BRIDGE}" drop; }}
-  chain from_child {{
-    oifname "{BRIDGE}" drop;
-    meta nfproto ipv6 drop;
-    ct state established,related accept;
-    ip saddr . ip daddr . meta l4proto . th dport @allow4 accept;
-    ip daddr @blocked4 drop;
-    ip saddr @internet4 accept;
-    drop; }}
-  chain filter_in {{ type filter hook input priority filter; policy accept;
-    iifname "{BRIDGE}" jump to_host; }}
-  chain to_host {{
-    ct state established,related accept;
-    meta nfproto ipv6 drop;
-    ip saddr . ip daddr . meta l4proto . th dport @allow4 accept;
-    drop; }}
-  chain nat_out {{ type nat hook postrouting priority srcnat; policy accept;
-    ip saddr {BRIDGE_NET} oifname != "{BRIDGE}" masquerade; }}
-}}
-"""
-LEGACY_HOST_TABLE = ("ip", HOST_TABLE)  # before egress: forward policy accept, any port of the bridge address
-Egress = str | dict[str, list[str]]  # as recorded: "none" | "internet" | {"allow": ["CIDR:port", ...]} (validated
-#                                      by forkd.core.requests.Egress before it gets here)
-
-
-def _rule_parts(rule: str) -> tuple[str, str]:
-    """"10.0.0.0/8:5432" -> ("10.0.0.0/8", "5432"); ports may be a range lo-hi."""
-    cidr, _, ports = rule.rpartition(":")
-    return cidr, ports
-
-
-def netns_rules(egress: Egress) -> str:
-    """The child namespace's table for `egress` (see the module doc)."""
-    if egress == "internet":
-        body = f"    ip daddr {{ {_BLOCKED} }} drop;\n    accept;"
-    elif egress == "none":
-        body = ""
-    else:
-        body = "\n".join(f"    ip daddr {c} meta l4proto {{ tcp, udp }} th dport {p} accept;"
-                         for c, p in map(_rule_parts, _allow(egress)))
-    return NETNS_RULES.replace("{egress}", body)
-
-
-def host_grants(addr: str, egress: Egress) -> list[str]:
-    """The host-table elements that let the child at `addr` out as `egress` allows ([] for none)."""
-    if egress == "none":
-        return []
-    if egress == "internet":
-        return [f"internet4 {{ {addr} }}"]
-    return [f"allow4 {{ {addr} . {c} . {proto} . {p} }}" for c, p in map(_rule_parts, _allow(egress))
-            for proto in ("tcp", "udp")]
-
-
-def _allow(egress: Egress) -> list[str]:
-    if not isinstance(egress, dict) or not isinstance(egress.get("allow"), list | tuple):
-        raise NetworkError(f"egress {egress!r} is not none, internet or {{allow: [...]}}",
-                           hint="build it with forkd.core.requests.Egress")
-    return list(egress["allow"])
-
-
-class NetworkError(ForkdError):
-    pass
 
 
 def _iproute():
@@ -269,11 +163,6 @@ def pids_in(name: str) -> list[int]:
 
 
 # -- leases --------------------------------------------------------------------------------------------------
-def leases_dir() -> Path:
-    """$FORKD_RUN_DIR/leases: one file per leased address, naming its namespace, veth and FORKD_HOME."""
-    return settings().run_dir / "leases"
-
-
 def _addr(index: int) -> str:
     return f"10.200.{index >> 8}.{index & 255}"
 
@@ -292,7 +181,7 @@ def _lease(net: ChildNet) -> ChildNet:
         net = ChildNet(net.netns, net.host_if, addr, net.home, net.child, time.time())
         with os.fdopen(fd, "w") as f:
             json.dump(net.to_json(), f)
-        _revoke(addr)  # grants a crashed owner of this address left behind are not this child's
+        revoke(addr)  # grants a crashed owner of this address left behind are not this child's
         return net
     raise NetworkError(f"no free address left in {BRIDGE_NET}")
 
@@ -316,61 +205,6 @@ def leases() -> list[tuple[Path, ChildNet | None]]:
 
 
 # -- host side -------------------------------------------------------------------------------------------
-def _nft(rules: str) -> None:
-    run(["nft", "-f", "-"], "loading forkd's nft rules", input=rules, error=NetworkError,
-        hint="apt-get install nftables (scripts/setup.sh)")
-
-
-def _grants_file(addr: str) -> Path:
-    return leases_dir() / f"{addr}.grants"
-
-
-def _grant(addr: str, egress: Egress) -> None:
-    """Let `addr` out through the host table as `egress` allows. The grants are written down (next to the lease)
-    before they are loaded, so whoever next leases or releases the address can always take them back."""
-    grants = host_grants(addr, egress)
-    if not grants:
-        return
-    path = _grants_file(addr)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(grants, f)
-    _nft("".join(f"add element inet {HOST_TABLE} {g}\n" for g in grants))
-
-
-def _revoke(addr: str) -> None:
-    """Take back the host grants of `addr`, if any (add-then-delete: no error for one already gone)."""
-    path = _grants_file(addr)
-    try:
-        grants = json.loads(path.read_text())
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError):
-        grants = []
-    if grants:
-        _nft("".join(f"add element inet {HOST_TABLE} {g}\ndelete element inet {HOST_TABLE} {g}\n"
-                     for g in grants))
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-
-
-def host_table_loaded() -> bool:
-    return run(["nft", "list", "table", "inet", HOST_TABLE], ok=None, error=NetworkError,
-               hint="apt-get install nftables (scripts/setup.sh)").returncode == 0
-
-
-def posture() -> dict[str, object]:
-    """What `forkd doctor` can report about egress on this host: forkd's host table (default deny from the
-    bridge), an older forkd's permissive table still loaded, and the host's ip_forward."""
-    legacy = run(["nft", "list", "table", *LEGACY_HOST_TABLE], ok=None, error=NetworkError).returncode == 0
-    try:
-        forward = Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
-    except OSError:
-        forward = False
-    return {"host_table": host_table_loaded(), "legacy_table": legacy, "ip_forward": forward,
-            "default_egress": "none"}
-
-
 def ensure_host() -> None:
     """The bridge forkd0 (10.200.0.1/16) and the host's nft table: created once, idempotent across processes."""
     global _host_done
@@ -389,10 +223,7 @@ def ensure_host() -> None:
             if BRIDGE_ADDR not in have:
                 ipr.addr("add", index=idx, address=BRIDGE_ADDR, prefixlen=BRIDGE_PREFIX)
             ipr.link("set", index=idx, state="up")
-            if not host_table_loaded():
-                fam, name = LEGACY_HOST_TABLE  # an older forkd's table admitted every port of 10.200.0.1
-                run(["nft", "delete", "table", fam, name], ok=None, error=NetworkError)
-                _nft(HOST_RULES)
+            ensure_host_table()
         _host_done = True
 
 
@@ -464,7 +295,7 @@ def setup(child_id: str, home: str, egress: Egress = "none") -> tuple[ChildNet, 
             ipr.route("add", dst="default", gateway=BRIDGE_ADDR)
             with open("/proc/sys/net/ipv4/ip_forward", "w") as f:  # per namespace: this thread's
                 f.write("1")
-            _nft(netns_rules(egress))  # forked from this thread: runs in the child's namespace
+            load_rules(netns_rules(egress))  # forked from this thread: runs in the child's namespace
         timings["inside"] = (time.perf_counter() - t1) * 1000.0
         t3 = time.perf_counter()
         with _iproute() as ipr:
@@ -473,7 +304,7 @@ def setup(child_id: str, home: str, egress: Egress = "none") -> tuple[ChildNet, 
             ipr.link("set", index=idx, master=br)
             ipr.brport("set", index=idx, isolated=1)
             ipr.link("set", index=idx, state="up")
-        _grant(net.addr, egress)
+        grant(net.addr, egress)
         timings["host_port"] = (time.perf_counter() - t3) * 1000.0
     except BaseException as exc:
         teardown(net)
@@ -516,7 +347,7 @@ def release(addr: str, netns: str | None = None) -> None:
                 return
         except (OSError, ValueError):
             pass
-    _revoke(addr)
+    revoke(addr)
     with contextlib.suppress(FileNotFoundError):
         p.unlink()
 

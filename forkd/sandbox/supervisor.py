@@ -11,6 +11,7 @@ from pathlib import Path
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.sandbox import cgroups, netns
+from forkd.sandbox.firewall import Egress
 from forkd.sandbox.registry import ChildRecord, Claim, Registry
 from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
@@ -26,7 +27,7 @@ class Supervisor:
     def spawn(self, snapshot: str, machine: Machine, memory: Path, vmstate: Path,
               timeout: float = 30.0, pool: str | None = None, memory_limit_mib: int | None = None,
               allow_unconstrained: bool = False, cpu_weight: int = cgroups.DEFAULT_CPU_WEIGHT,
-              egress: netns.Egress = "none", claim: Claim | None = None) -> tuple[ChildRecord, Vm]:
+              egress: Egress = "none", claim: Claim | None = None) -> tuple[ChildRecord, Vm]:
         """Restore one child, reseed it, and return once its agent answered. Recorded before it runs.
 
         Isolation: `machine.network == "isolated"` runs the VMM in its own network namespace (forkd.sandbox.netns);

@@ -14,7 +14,8 @@ from forkd.base.errors import InvalidInput, ProtocolViolation
 from forkd.reconciler.control import Control
 from forkd.vmm.agent_client import MAX_FILE, MAX_FRAME, MAX_OUTPUT
 from forkd.vmm.driver import RunFiles
-from forkd.vmm.qemu import CONSOLE_RING, QemuDriver, save_console
+from forkd.vmm.qemu import QemuDriver, save_console
+from forkd.vmm.qemu_cmdline import CONSOLE_RING
 
 pytestmark = pytest.mark.vm
 

@@ -145,10 +145,10 @@ def _set(name: str) -> str:
 def _stale_grant() -> dict:
     """A spawner died after granting 10.200.250.250 `internet` and its lease went (gc): the next child leased that
     address must not inherit the grant."""
-    from forkd.sandbox import netns
+    from forkd.sandbox import firewall, netns
 
     addr = "10.200.250.250"
-    netns._grant(addr, "internet")
+    firewall.grant(addr, "internet")
     granted = addr in _set("internet4")
     listed = [p.name for p, _ in netns.leases()]
     real = netns.secrets.randbelow
@@ -305,14 +305,15 @@ def test_egress_spec_is_validated_and_reaches_the_request():
 
 
 def test_egress_rules_are_built_from_the_policy():
-    from forkd.sandbox import netns
+    from forkd.sandbox import firewall
 
-    assert "accept" not in netns.netns_rules("none").split("chain egress")[1].replace("established,related accept", "")
-    assert netns.host_grants("10.200.1.2", "none") == []
-    assert netns.host_grants("10.200.1.2", "internet") == ["internet4 { 10.200.1.2 }"]
-    assert netns.host_grants("10.200.1.2", {"allow": ["10.0.0.0/8:5432-5440"]}) == [
+    egress_chain = firewall.netns_rules("none").split("chain egress")[1]
+    assert "accept" not in egress_chain.replace("established,related accept", "")
+    assert firewall.host_grants("10.200.1.2", "none") == []
+    assert firewall.host_grants("10.200.1.2", "internet") == ["internet4 { 10.200.1.2 }"]
+    assert firewall.host_grants("10.200.1.2", {"allow": ["10.0.0.0/8:5432-5440"]}) == [
         "allow4 { 10.200.1.2 . 10.0.0.0/8 . tcp . 5432-5440 }", "allow4 { 10.200.1.2 . 10.0.0.0/8 . udp . 5432-5440 }"]
-    assert "169.254.0.0/16" in netns.netns_rules("internet") and "ip daddr 10.0.0.0/8" in netns.netns_rules(
+    assert "169.254.0.0/16" in firewall.netns_rules("internet") and "ip daddr 10.0.0.0/8" in firewall.netns_rules(
         {"allow": ["10.0.0.0/8:1"]})
 
 

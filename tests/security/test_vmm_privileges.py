@@ -18,7 +18,7 @@ from forkd.base.settings import settings
 from forkd.core.branch import branch, wait_background
 from forkd.core.requests import Branch, Spawn
 from forkd.vmm.driver import RunFiles
-from forkd.vmm.qemu import BUILD_UID_BASE
+from forkd.vmm.qemu_cmdline import BUILD_UID_BASE
 from tests.conftest import BASE_TAG
 
 pytestmark = pytest.mark.vm
@@ -199,7 +199,7 @@ def test_disk_backed_vmms_are_the_documented_exception(tmp_path):
     """SECURITY.md: VMMs with a disk keep root (QEMU 7.2 reopens qcow2 files by path when migrating); every other
     VMM gets an identity of its own."""
     from forkd.vmm.driver import Machine
-    from forkd.vmm.qemu import build_identity, may_drop
+    from forkd.vmm.qemu_cmdline import build_identity, may_drop
     plain = Machine(kernel=tmp_path / "k", initrd=tmp_path / "i", memory_mib=256)
     disk = Machine(kernel=tmp_path / "k", initrd=tmp_path / "i", memory_mib=256, disk=tmp_path / "d.qcow2")
     assert may_drop(plain) and not may_drop(disk)
