@@ -64,6 +64,11 @@ export class Controller {
   deleteSnapshot(tag: string, opts?: { cascade?: boolean; force?: boolean }): Promise<void>;
   compactSnapshot(tag: string, to: string): Promise<SnapshotInfo>;
   spawnSandboxes(opts: { snapshotTag: string; n?: number; perChildNetns?: boolean; memoryLimitMib?: number;
+    labels?: Record<string, string>; lifetimeSecs?: number }): Promise<SandboxInfo[]>;
+  /** Keepalive: the sandbox now expires `timeoutSecs` from now. */
+  setSandboxTimeout(id: string, timeoutSecs: number): Promise<SandboxInfo>;
+  /** `n` running sandboxes continuing from this instant of `id` (a live branch; `id` keeps running). */
+  forkSandbox(id: string, n?: number, opts?: { tag?: string; keep?: boolean; lifetimeSecs?: number;
     labels?: Record<string, string> }): Promise<SandboxInfo[]>;
   listSandboxes(): Promise<SandboxInfo[]>;
   getSandbox(id: string): Promise<SandboxInfo>;
@@ -82,7 +87,7 @@ export class Controller {
   sendStdin(id: string, pid: number, data: string | Uint8Array, opts?: { eof?: boolean }): Promise<void>;
   killProcess(id: string, pid: number): Promise<boolean>;
   signalProcess(id: string, pid: number, signal?: string | number): Promise<boolean>;
-  claim(pool: string, n?: number): Promise<SandboxInfo[]>;
+  claim(pool: string, n?: number, opts?: { lifetimeSecs?: number }): Promise<SandboxInfo[]>;
   apply(docs: object[], opts?: { applyset?: string; prune?: boolean; manager?: string; force?: boolean }):
     Promise<Array<Record<string, unknown>>>;
   listPools(): Promise<Array<Record<string, unknown>>>;
@@ -147,8 +152,14 @@ export class Sandbox implements AsyncDisposable {
     read(path: string, opts?: { format?: "text" }): Promise<string>;
     read(path: string, opts: { format: "bytes" }): Promise<Uint8Array>;
   };
-  static create(opts: SandboxOptions & { template?: string; pool?: string; metadata?: Record<string, string> }):
-    Promise<Sandbox>;
+  /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT). */
+  static create(opts: SandboxOptions & { template?: string; pool?: string; metadata?: Record<string, string>;
+    timeout?: number }): Promise<Sandbox>;
+  /** Keepalive: this sandbox now expires `seconds` from now. */
+  setTimeout(seconds: number): Promise<SandboxInfo>;
+  /** `n` sandboxes continuing from this instant (this one keeps running); each is killed when disposed. */
+  fork(n?: number, opts?: { timeout?: number; keep?: boolean; tag?: string; metadata?: Record<string, string> }):
+    Promise<Sandbox[]>;
   static connect(id: string, opts?: SandboxOptions): Promise<Sandbox>;
   static list(opts?: ControllerOptions & { controller?: Controller; metadata?: Record<string, string> }):
     Promise<SandboxInfo[]>;

@@ -90,8 +90,17 @@ export class Controller {
   compactSnapshot(tag, to) { return this.request("POST", `/v1/snapshots/${seg(tag)}/compact`, { to }); }
 
   // -- sandboxes
-  spawnSandboxes({ snapshotTag, n = 1, perChildNetns = false, memoryLimitMib, labels } = {}) {
-    return this.request("POST", "/v1/sandboxes", { snapshotTag, n, perChildNetns, memoryLimitMib, labels });
+  spawnSandboxes({ snapshotTag, n = 1, perChildNetns = false, memoryLimitMib, labels, lifetimeSecs } = {}) {
+    return this.request("POST", "/v1/sandboxes",
+      { snapshotTag, n, perChildNetns, memoryLimitMib, labels, lifetimeSecs });
+  }
+  /** Keepalive: the sandbox now expires `timeoutSecs` from now. */
+  setSandboxTimeout(id, timeoutSecs) {
+    return this.request("POST", `/v1/sandboxes/${seg(id)}/timeout`, { timeoutSecs });
+  }
+  /** `n` running sandboxes continuing from this instant of `id` (a live branch; `id` keeps running). */
+  forkSandbox(id, n = 1, { tag, keep, lifetimeSecs, labels } = {}) {
+    return this.request("POST", `/v1/sandboxes/${seg(id)}/fork`, { n, tag, keep, lifetimeSecs, labels });
   }
   listSandboxes() { return this.request("GET", "/v1/sandboxes"); }
   getSandbox(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}`); }
@@ -130,7 +139,9 @@ export class Controller {
   }
 
   // -- forkd's own
-  async claim(pool, n = 1) { return (await this.request("POST", `/v1/pools/${seg(pool)}/claim`, { n })).sandboxes; }
+  async claim(pool, n = 1, { lifetimeSecs } = {}) {
+    return (await this.request("POST", `/v1/pools/${seg(pool)}/claim`, { n, lifetimeSecs })).sandboxes;
+  }
   async apply(docs, { applyset = "sdk", prune = false, manager = "sdk", force = false } = {}) {
     const items = docs.map((d) => ({ document: d, source: "sdk-ts" }));
     return (await this.request("POST", "/v1/apply", { items, applyset, prune, manager, force })).changes;
@@ -296,14 +307,27 @@ export class Sandbox {
     return background ? handle : handle.wait();
   }
 
-  static async create({ template, pool, envs, metadata, controller, ...opts } = {}) {
+  /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT). */
+  static async create({ template, pool, envs, metadata, timeout, controller, ...opts } = {}) {
     if ((template === undefined) === (pool === undefined)) {
       throw new Error("Sandbox.create needs exactly one of template (a snapshot tag) or pool");
     }
     const ctrl = controller ?? new Controller(opts);
-    const [info] = pool !== undefined ? await ctrl.claim(pool, 1)
-      : await ctrl.spawnSandboxes({ snapshotTag: template, labels: metadata });
+    const [info] = pool !== undefined ? await ctrl.claim(pool, 1, { lifetimeSecs: timeout })
+      : await ctrl.spawnSandboxes({ snapshotTag: template, labels: metadata, lifetimeSecs: timeout });
     return new Sandbox(info, ctrl, { owned: true, envs });
+  }
+
+  /** Keepalive: this sandbox now expires `seconds` from now. */
+  async setTimeout(seconds) {
+    this.info = await this.controller.setSandboxTimeout(this.id, seconds);
+    return this.info;
+  }
+
+  /** `n` sandboxes continuing from this instant (this one keeps running); each is killed when disposed. */
+  async fork(n = 1, { timeout, keep, tag, metadata } = {}) {
+    const infos = await this.controller.forkSandbox(this.id, n, { tag, keep, lifetimeSecs: timeout, labels: metadata });
+    return infos.map((info) => new Sandbox(info, this.controller, { owned: true, envs: this.envs }));
   }
 
   /** Attach to a running sandbox: `await using` / dispose never kills it. */

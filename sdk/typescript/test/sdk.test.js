@@ -89,3 +89,26 @@ test("Sandbox over the unix socket: streaming commands, envs, files, eval; conne
   }
   await assert.rejects(new Controller({ socketPath: SOCK }).getSandbox(sb.id), (e) => e instanceof NotFound);
 });
+
+test("lifetimes and fork(n): create({timeout}), setTimeout, fork(2) continuing from this instant", { skip }, async () => {
+  const sb = await Sandbox.create({ template: TAG, timeout: 600 });
+  const made = [sb];
+  try {
+    const left = sb.info.expiresAtUnix - Date.now() / 1000;
+    assert.ok(left > 500 && left <= 601, `expires in ${left} s, asked 600`);
+    await sb.setTimeout(1200);
+    assert.ok(sb.info.expiresAtUnix - Date.now() / 1000 > 1100);
+    assert.equal((await sb.commands.run("echo fork-mark > /root/f.txt")).exitCode, 0);
+    const kids = await sb.fork(2, { timeout: 300 });
+    made.push(...kids);
+    assert.equal(kids.length, 2);
+    assert.equal(new Set(kids.map((k) => k.id)).size, 2);
+    for (const k of kids) {
+      assert.ok(k.id !== sb.id && k.info.expiresAtUnix - Date.now() / 1000 <= 301);
+      assert.equal((await k.commands.run("cat /root/f.txt")).stdout, "fork-mark\n");
+    }
+    assert.equal((await sb.ping()).pong, true); // the source keeps running
+  } finally {
+    for (const s of made) await s.kill().catch(() => {});
+  }
+});
