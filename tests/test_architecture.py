@@ -1,5 +1,6 @@
 """The shape rules of the code base that the layer contract (import-linter, run by scripts/test.sh) does not cover:
-no function over MAX_LINES outside route tables, and the import contracts the redesign relies on exist."""
+no function over MAX_LINES outside route tables; and that the import contracts the redesign relies on exist and
+name every package (lint-imports checks only what a contract names)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,34 @@ def test_long_function_check_can_fail(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
     (pkg / "m.py").write_text(f"def too_long():\n{body}\n")
     assert [s.split()[1] for s in long_functions(tmp_path)] == ["too_long"]
+
+
+def _contracts() -> dict[str, dict]:
+    import tomllib
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return {c["name"].split(":")[0]: c for c in cfg["contracts"]}
+
+
+def _packages() -> set[str]:
+    return {f"forkd.{p.name}" for p in (ROOT / "forkd").iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_the_layer_contract_holds_every_package_in_the_briefs_order():
+    """A package added later cannot sit outside the layers (lint-imports only checks the packages it names)."""
+    layers = [[m.strip() for m in layer.split("|")] for layer in _contracts()["layers"]["layers"]]
+    assert layers == [["forkd.cli", "forkd.api", "forkd.operator", "forkd.mcp"], ["forkd.sdk"], ["forkd.client"],
+                      ["forkd.reconciler"], ["forkd.spec"], ["forkd.core"],
+                      ["forkd.sandbox", "forkd.store", "forkd.image"], ["forkd.vmm"], ["forkd.guest", "forkd.base"]]
+    assert {m for layer in layers for m in layer} == _packages()
+
+
+def test_the_other_contracts_exist_and_cover_every_package():
+    c = _contracts()
+    assert {"plan is pure", "one front door", "the driver owns the VMM"} <= set(c)
+    assert set(c["plan is pure"]["source_modules"]) == {"forkd.reconciler.plan", "forkd.reconciler.world",
+                                                        "forkd.reconciler.status"}
+    assert c["one front door"]["source_modules"] == ["forkd.cli"]
+    assert {"forkd.core", "forkd.vmm"} <= set(c["one front door"]["forbidden_modules"])
+    vmm = c["the driver owns the VMM"]
+    assert set(vmm["source_modules"]) == _packages() - {"forkd.vmm"}  # QMP never leaves vmm/, whoever is added
+    assert set(vmm["forbidden_modules"]) == {"forkd.vmm.qmp", "forkd.vmm.capture"}

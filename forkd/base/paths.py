@@ -4,7 +4,8 @@
       images/<image-id>/{vmlinuz, initrd.img, image.json}    content-addressed guest images
       images/<image-id>/rootfs.ext4                          disk-backed images: the root disk (raw, 0444)
       images/default                                         id of the default image (text)
-      cache/debs/                                            downloaded Debian packages
+      cache/debs/                                            downloaded Debian packages (the default image)
+      cache/debian/<suite>/                                  mmdebstrap's package cache (forkd.image.debian)
       cache/accel.json                                       accelerator probe results by kernel hash
       cache/overlays/<key>.qcow2                             fresh child overlays, one per snapshot disk
     $FORKD_SHM (default /dev/shm)/forkd-<hash of FORKD_HOME>/   this home's private directory on tmpfs (0700)

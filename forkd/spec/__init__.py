@@ -1,1 +1,1 @@
-"""Spec: pydantic models of ForkParent / ForkLayer / ForkPool / ForkBranch (issue 3). Pure, no I/O."""
+"""Spec: pydantic models of ForkParent / ForkLayer / ForkPool / ForkBranch / ForkClaim. Pure, no I/O."""
