@@ -61,7 +61,9 @@ class Settings(BaseModel):
     url: str | None = _env(None, "daemon API over TCP, e.g. http://node:8889 (default: the local unix socket)")
     token: SecretStr | None = _env(None, "bearer token for the daemon's TCP API", secret=True)
     no_daemon: bool = _env(False, "1: run verbs in-process even when a daemon answers")
-    daemon_socket: Path | None = _env(None, "the operator's node daemon socket (default $FORKD_HOME/forkd.sock)")
+    daemon_socket: Path | None = _env(None, "the daemon socket the operator and the forkd-client SDK (and MCP server) "
+                                            "reach (default $FORKD_HOME/forkd.sock); the CLI always uses "
+                                            "$FORKD_HOME/forkd.sock or FORKD_URL")
     hub: str | None = _env(None, "pack hub for push/pull: http://host:port/path or file:///dir")
     pack_max_bytes: int = _env(64 << 30, "unpack: the most bytes a pack may unpack to (the sum of its members' "
                                          "sizes; zeros count too)", ge=1 << 20)
