@@ -1,5 +1,5 @@
-"""plan() and compute_status() as tables over plain values: no VMs, no disk, no clock."""
-
+"""plan() and compute_status() as tables over plain values: no VMs, no disk, no clock. Parents, pools, layers,
+determinism, status and the World; ForkClaim and namespaces are in tests/test_plan_claims.py."""
 from __future__ import annotations
 
 import random
@@ -10,53 +10,17 @@ from forkd.reconciler.actions import (
     BuildBranch,
     BuildLayer,
     BuildParent,
-    ClaimChildren,
     CompactSnapshot,
     DeleteSnapshot,
-    ForgetClaim,
     RetireChild,
     SpawnChildren,
 )
 from forkd.reconciler.plan import backoff_seconds, plan
-from forkd.reconciler.state import Actual, ChildState, ClaimRecord, Desired, Failure, SnapshotState
+from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
 from forkd.reconciler.status import compute_status
 from forkd.reconciler.world import Stuck, branch_tag, compact_tag, layer_tag, parent_tag, resolve, resolve_tags
-from forkd.spec.models import ForkBranch, ForkClaim, ForkLayer, ForkParent, ForkPool, spec_hash
-
-NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
-
-PY = ForkParent(metadata={"name": "py"}, spec={"warmup": {"imports": ["json"]}})
-PY2 = ForkParent(metadata={"name": "py", "generation": 2}, spec={"warmup": {"imports": ["json", "decimal"]}})
-TAG, TAG2 = parent_tag(PY), parent_tag(PY2)
-BUILD = BuildParent("py", TAG, spec_hash(PY))
-
-
-def pool(warm: int = 3, name: str = "agents", src: str = "py", **spec) -> ForkPool:
-    return ForkPool(metadata={"name": name}, spec={"from": src, "warm": warm, **spec})
-
-
-def snap(tag: str = TAG, status: str = "ready", owner: str | None = "py") -> SnapshotState:
-    return SnapshotState(tag=tag, status=status, owner=owner)
-
-
-def kids(n: int, tag: str = TAG, pool: str | None = "agents", start: int = 0, **kw) -> tuple[ChildState, ...]:
-    kw.setdefault("status", "running")
-    return tuple(ChildState(id=f"{pool or 'x'}-{tag}-{i}", snapshot=tag, pool=pool, created_at=float(i), **kw)
-                 for i in range(start, start + n))
-
-
-def world(parents=(PY,), pools=(), snapshots=(), children=(), failures=(), in_flight=(), layers=()):
-    return (Desired(parents=tuple(parents), pools=tuple(pools), layers=tuple(layers)),
-            Actual(snapshots=tuple(snapshots), children=tuple(children), failures=tuple(failures), now=NOW,
-                   in_flight=frozenset(in_flight)))
-
-
-def retired(actions, reason: str | None = None) -> list[str]:
-    return [a.child for a in actions if isinstance(a, RetireChild) and reason in (None, a.reason)]
-
-
-def spawns(actions) -> list[tuple[str, int]]:
-    return [(a.tag, a.count) for a in actions if isinstance(a, SpawnChildren)]
+from forkd.spec.models import ForkBranch, ForkLayer, ForkParent, spec_hash
+from tests.plan_world import BUILD, NOW, PY, PY2, TAG, TAG2, conds, kids, pool, retired, snap, spawns, world
 
 
 # -- parents --------------------------------------------------------------------------------------------
@@ -342,10 +306,6 @@ def test_plan_is_deterministic_whatever_the_input_order():
 
 
 # -- status ---------------------------------------------------------------------------------------------
-def conds(status) -> dict[str, tuple[str, str]]:
-    return {c.type: (c.status, c.reason) for c in status.conditions}
-
-
 def test_status_parent_ready_building_failed():
     st = compute_status(*world(snapshots=(snap(),)), previous={})["ForkParent/py"]
     assert conds(st) == {"Ready": ("True", "SnapshotReady"), "Reconciling": ("False", "SnapshotReady"),
@@ -501,162 +461,3 @@ def test_every_action_type_has_a_handler():
     assert set(HANDLERS) == set(get_args(Action))
     slow = {t.__name__ for t, h in HANDLERS.items() if h.slow}
     assert slow == {"BuildParent", "BuildLayer", "BuildBranch", "CompactSnapshot", "SpawnChildren", "ClaimChildren"}
-
-
-# -- ForkClaim ------------------------------------------------------------------------------------------------
-def claim(name: str = "c1", **spec) -> ForkClaim:
-    spec.setdefault("pool", "agents")
-    return ForkClaim(metadata={"name": name, "creationTimestamp": "2027-01-15T07:00:00Z"}, spec=spec)
-
-
-def claim_world(claims=(), records=(), children=(), **kw):
-    d, a = world(pools=(pool(2, child={"ttlSeconds": 600}),), snapshots=(snap(),), children=children, **kw)
-    return (Desired(parents=d.parents, pools=d.pools, claims=tuple(claims)),
-            Actual(snapshots=a.snapshots, children=a.children, failures=a.failures, now=NOW, in_flight=a.in_flight,
-                   claims=tuple(records)))
-
-
-def rec(name="c1", ids=("agents-x-0",), expires=None, uid="2027-01-15T07:00:00Z") -> ClaimRecord:
-    return ClaimRecord(name, tuple(ids), NOW - 60, expires, uid)
-
-
-@pytest.mark.parametrize("spec, ttl, shutdown", [
-    ({}, 600.0, None),  # the pool's child.ttlSeconds, as `forkd claim` has it
-    ({"ttl": "5m"}, 300.0, None),
-    ({"shutdownTime": "2027-01-15T09:00:00Z"}, None, NOW + 3600),
-])
-def test_claim_is_planned_once_with_its_expiry(spec, ttl, shutdown):
-    warm = kids(2)
-    d, a = claim_world(claims=(claim(count=2, **spec),), children=warm)
-    assert [x for x in plan(d, a) if isinstance(x, ClaimChildren)] == [ClaimChildren("c1", "agents", 2, None, ttl,
-                                                                                     shutdown)]
-    st = compute_status(d, a, previous={})["ForkClaim/c1"]
-    assert conds(st)["Ready"] == ("False", "WaitingForPool") and st.children == []
-    # claimed: nothing more to do; status lists the children and how to reach them
-    held = kids(2, claimed=True, claimed_at=NOW - 60, agent_socket="/run/x/agent.sock")
-    d, a = claim_world(claims=(claim(count=2, **spec),), children=held, records=(rec(ids=[c.id for c in held]),))
-    assert not [x for x in plan(d, a) if not isinstance(x, SpawnChildren)]
-    st = compute_status(d, a, previous={})["ForkClaim/c1"]
-    assert conds(st)["Ready"] == ("True", "Claimed") and conds(st)["Expired"] == ("False", "AsExpected")
-    assert [(c.id, c.status, c.agentSocket) for c in st.children] == [(c.id, "running", "/run/x/agent.sock")
-                                                                      for c in held]
-    assert st.claimed == 2
-
-
-def test_claim_waits_for_a_ready_pool_and_stalls_on_a_missing_one():
-    d, a = claim_world(claims=(claim(pool="nope"), claim("c2", **{"from": "nobranch"})))
-    assert not [x for x in plan(d, a) if isinstance(x, ClaimChildren)]
-    st = compute_status(d, a, previous={})
-    assert conds(st["ForkClaim/c1"])["Stalled"] == ("True", "PoolNotFound")
-    assert conds(st["ForkClaim/c2"])["Stalled"] == ("True", "BranchNotFound")
-    d, a = world(pools=(pool(2),), snapshots=(snap(status="writing"),))
-    d = Desired(parents=d.parents, pools=d.pools, claims=(claim(),))
-    assert not [x for x in plan(d, a) if isinstance(x, ClaimChildren)]  # the pool's snapshot is not ready yet
-
-
-def test_expired_claim_retires_its_children_and_says_expired():
-    held = kids(2, claimed=True, claimed_at=NOW - 60)
-    d, a = claim_world(claims=(claim(),), children=held, records=(rec(ids=[c.id for c in held], expires=NOW - 1),))
-    assert retired(plan(d, a), "expired") == [c.id for c in held]
-    st = compute_status(d, a, previous={})["ForkClaim/c1"]
-    assert conds(st)["Expired"] == ("True", "Expired") and conds(st)["Ready"] == ("False", "Expired")
-    # a shutdownTime already past: never claimed
-    d, a = claim_world(claims=(claim(shutdownTime="2027-01-15T07:59:00Z"),), children=kids(2))
-    assert not [x for x in plan(d, a) if isinstance(x, ClaimChildren)]
-    assert conds(compute_status(d, a, previous={})["ForkClaim/c1"])["Expired"][0] == "True"
-
-
-def test_deleted_claim_retires_its_children_then_forgets_them():
-    held = kids(2, claimed=True, claimed_at=NOW - 60)
-    d, a = claim_world(children=held, records=(rec(ids=[c.id for c in held]),))
-    actions = plan(d, a)
-    assert retired(actions, "claim-deleted") == [c.id for c in held]
-    assert ForgetClaim("c1") not in actions
-    d, a = claim_world(records=(rec(ids=[c.id for c in held]),))  # children gone
-    assert ForgetClaim("c1") in plan(d, a)
-    # the same name applied again is another claim: the old one's children go first, then it claims
-    d, a = claim_world(claims=(claim(),), children=held, records=(rec(ids=[c.id for c in held], uid="old"),))
-    actions = plan(d, a)
-    assert retired(actions, "claim-deleted") and not [x for x in actions if isinstance(x, ClaimChildren)]
-    assert conds(compute_status(d, a, previous={})["ForkClaim/c1"])["Reconciling"] == ("True", "ReleasingPrevious")
-
-
-def test_claim_spec_rules():
-    import pydantic
-
-    with pytest.raises(pydantic.ValidationError, match="not both"):
-        claim(ttl="5m", shutdownTime="2027-01-15T09:00:00Z")
-    with pytest.raises(pydantic.ValidationError):
-        claim(ttl="5 minutes")
-    with pytest.raises(pydantic.ValidationError, match="time zone"):
-        claim(shutdownTime="2027-01-15T09:00:00")
-    with pytest.raises(pydantic.ValidationError):
-        claim(count=0)
-
-
-def test_pool_status_carries_the_scale_subresource_fields():
-    d, a = world(pools=(pool(2),), snapshots=(snap(),), children=kids(2))
-    st = compute_status(d, a, previous={})["ForkPool/agents"]
-    assert (st.replicas, st.selector) == (2, "forkd.dev/pool=agents")
-
-
-# -- namespaces -----------------------------------------------------------------------------------------------
-def in_ns(obj, ns: str):
-    return obj.model_copy(update={"metadata": obj.metadata.model_copy(update={"namespace": ns})})
-
-
-def test_the_same_names_in_two_namespaces_plan_apart():
-    """One parent and one pool named alike in "default" and "team-a": two builds with different tags, two spawns
-    into differently named pools; "default" keeps today's names."""
-    a_py, a_pool = in_ns(PY, "team-a"), in_ns(pool(1), "team-a")
-    a_tag = parent_tag(in_ns(PY, "team-a").model_copy(update={"metadata": PY.metadata.model_copy(
-        update={"name": "team-a.py", "namespace": "team-a"})}))
-    assert a_tag.startswith("team-a.py-") and a_tag != TAG
-    d, a = world(parents=(PY, a_py), pools=(pool(1), a_pool))
-    actions = plan(d, a)
-    assert [(x.parent, x.tag) for x in actions if isinstance(x, BuildParent)] == [("py", TAG), ("team-a.py", a_tag)]
-    d, a = world(parents=(PY, a_py), pools=(pool(1), a_pool), snapshots=(snap(), snap(a_tag, owner="team-a.py")))
-    assert [(x.pool, x.tag, x.count) for x in plan(d, a) if isinstance(x, SpawnChildren)] == [
-        ("agents", TAG, 1), ("team-a.agents", a_tag, 1)]
-    # a child of "team-a.agents" is not a child of "agents": each pool is full with its own
-    children = kids(1) + kids(1, tag=a_tag, pool="team-a.agents")
-    d, a = world(parents=(PY, a_py), pools=(pool(1), a_pool), snapshots=(snap(), snap(a_tag, owner="team-a.py")),
-                 children=children)
-    assert plan(d, a) == []
-
-
-@pytest.mark.parametrize("refs, stuck", [
-    # (namespace of the parent, of the layer, of the pool) -> what cannot resolve: references stay in a namespace
-    (("team-a", "team-a", "team-a"), set()),
-    (("default", "team-a", "team-a"), {"ForkLayer/team-a.lay", "ForkPool/team-a.agents"}),
-    (("team-a", "team-a", "team-b"), {"ForkPool/team-b.agents"}),
-    (("default", "default", "default"), set()),
-])
-def test_references_resolve_within_the_namespace(refs, stuck):
-    p_ns, l_ns, pool_ns = refs
-    layer = in_ns(ForkLayer(metadata={"name": "lay"}, spec={"from": "py", "run": ["true"]}), l_ns)
-    d, a = world(parents=(in_ns(PY, p_ns),), layers=(layer,), pools=(in_ns(pool(1, src="lay"), pool_ns),))
-    w = resolve(d, a)
-    assert set(w.stuck) == stuck
-
-
-def test_a_claim_and_a_branch_name_their_pool_in_their_namespace():
-    a_pool, d_pool = in_ns(pool(1), "team-a"), pool(1)
-    c = in_ns(claim(), "team-a")
-    br = in_ns(ForkBranch(metadata={"name": "b"}, spec={"sandbox": "pool/agents"}), "team-a")
-    w = resolve(Desired(parents=(PY, in_ns(PY, "team-a")), pools=(d_pool, a_pool), claims=(c,), branches=(br,)),
-                Actual(children=kids(1, pool="agents", claimed=True), now=NOW))
-    assert [x.spec.pool for x in w.claims] == ["team-a.agents"]
-    assert "ForkClaim/team-a.c1" not in w.stuck
-    assert "b" not in w.sources and "team-a.b" not in w.sources  # the claimed child is default's, not team-a's
-    assert "ForkBranch/team-a.b" in w.stuck
-
-
-def test_long_qualified_names_still_make_valid_tags():
-    from forkd.base.names import check_tag
-
-    ns, name = "n" * 63, "p" * 52
-    obj = in_ns(ForkParent(metadata={"name": name}, spec={}), ns)
-    d, a = world(parents=(obj,))
-    (build,) = plan(d, a)
-    assert build.parent == f"{ns}.{name}" and check_tag(build.tag) == build.tag
