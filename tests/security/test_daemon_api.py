@@ -386,3 +386,17 @@ def test_websocket_upgrade_on_tcp_is_not_accepted(tcp):
     out = tcp.raw(b"GET /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
     assert not out.startswith(b"HTTP/1.1 101"), out[:200]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 30 * 86400 + 1, float("inf"), float("nan"), "forever", [1]])
+def test_a_claims_lifetime_from_a_client_is_bounded(bad):
+    """POST /v1/pools/{name}/claim {"lifetime_secs": ...} (the route validates with this model): no zero, negative,
+    unbounded, non-finite or non-number lifetime reaches the registry; and no field beyond the model's."""
+    from pydantic import ValidationError
+
+    from forkd.client.wire import ClaimRequest
+    with pytest.raises(ValidationError):
+        ClaimRequest.model_validate({"n": 1, "lifetime_secs": bad})
+    with pytest.raises(ValidationError):
+        ClaimRequest.model_validate({"n": 1, "ttl": 5})
+    assert ClaimRequest.model_validate({"n": 2, "lifetime_secs": 60}).lifetime_secs == 60
