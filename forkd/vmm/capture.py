@@ -268,6 +268,9 @@ class QemuCapture(Capture):
     def _stop_events(self) -> list[dict]:
         return [self.paused_event] if self.paused_event else [e for e in self.qmp.events if e.get("event") == "STOP"]
 
+    def _resume_events(self) -> list[dict]:
+        return [e for e in self.qmp.events if e.get("event") == "RESUME"]
+
     def _await(self, seen: Callable[[], bool], timeout: float, what: str) -> bool:
         """Wait until `seen()` (True), or the migration completed first (False; tiny guests finish before the
         events are read). Waits on the QMP socket for events; `query-migrate` only when none came for EVENT_POLL
@@ -296,13 +299,12 @@ class QemuCapture(Capture):
     def wait_resumed(self, timeout: float = 60.0) -> None:
         """Live mode: return as soon as the source runs again (QEMU's STOP then RESUME events after migrate),
         i.e. device state is captured and RAM is write-protected; RAM keeps streaming in QEMU's thread."""
-        resumes = lambda: [e for e in self.qmp.events if e.get("event") == "RESUME"]  # noqa: E731
-        evented = self._await(lambda: bool(self._stop_events() and resumes()), timeout, "resume")
+        evented = self._await(lambda: bool(self._stop_events() and self._resume_events()), timeout, "resume")
         self.resumed_at = time.perf_counter()
         if evented:
             stop = self._stop_events()[0]
             self.timings["stop_event_after_migrate"] = (_event_time(stop) - self.t_wall) * 1000.0
-            self.stop_resume_ms = (_event_time(resumes()[-1]) - _event_time(stop)) * 1000.0
+            self.stop_resume_ms = (_event_time(self._resume_events()[-1]) - _event_time(stop)) * 1000.0
 
     def wait_done(self, timeout: float = 600.0) -> dict:
         try:
