@@ -1,7 +1,8 @@
 // Types of the forkd SDK. The API's shapes come from ./wire.d.ts, generated from the daemon's /openapi.json
 // (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
-import type { EvalResult, ExecResult, FileWritten, PingResult, SandboxInfo, SnapshotDetail, SnapshotInfo }
-  from "./wire.js";
+import type { Readable } from "node:stream";
+import type { EntryInfo, EvalResult, ExecResult, FileWritten, PathResult, PingResult, SandboxInfo, SnapshotDetail,
+  SnapshotInfo, Written } from "./wire.js";
 export type * from "./wire.js";
 
 /** POST /v1/sandboxes/{id}/branch: the new snapshot, and how the branch went. */
@@ -13,6 +14,10 @@ export class ForkdError extends Error {
   body?: unknown;
   url?: string;
   hint?: string;
+  /** The daemon's name for the error (problem+json `title`, e.g. "NotFound", "InvalidRequest"). */
+  title?: string;
+  /** The request field a validation error (422) names, e.g. "path" or "mode". */
+  field?: string;
   detail: string;
 }
 export class InvalidInput extends ForkdError {}
@@ -36,6 +41,15 @@ export interface ControllerOptions {
 export function findDaemon(opts?: ControllerOptions): { baseUrl?: string; socketPath?: string; token?: string };
 export function toWire<T>(v: T): unknown;
 export function fromWire<T>(v: unknown): T;
+
+/** What an upload sends: a string (UTF-8), bytes, or a Node Readable / (async) iterable of chunks (read one at a
+ * time, with backpressure: never held whole). */
+export type UploadData = string | Uint8Array | Readable | AsyncIterable<Uint8Array | string>
+  | Iterable<Uint8Array | string>;
+
+/** One line of a watch's NDJSON stream. `type`: create, write, remove, rename, chmod, or overflow (events were
+ * lost); `name` is relative to the watched directory. */
+export interface WatchEvent { type: string; name: string; kind?: string | null }
 
 export type ProcessEvent =
   | { type: "start"; pid: number | null }
@@ -81,6 +95,18 @@ export class Controller {
   pingSandbox(id: string): Promise<PingResult>;
   readFile(id: string, path: string): Promise<Uint8Array>;
   writeFile(id: string, path: string, data: string | Uint8Array, opts?: { mode?: number }): Promise<FileWritten>;
+  /** The files routes (/v1/sandboxes/{id}/files/*), streamed both ways; `sandbox.files` wraps them. */
+  listFiles(id: string, path: string, opts?: { depth?: number }): Promise<EntryInfo[]>;
+  statFile(id: string, path: string): Promise<EntryInfo>;
+  fileExists(id: string, path: string): Promise<boolean>;
+  removeFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void>;
+  renameFile(id: string, src: string, dst: string): Promise<PathResult>;
+  makeDir(id: string, path: string, opts?: { parents?: boolean; mode?: number }): Promise<boolean>;
+  chmodFile(id: string, path: string, mode: number): Promise<PathResult>;
+  downloadFile(id: string, path: string): Promise<Readable>;
+  uploadFile(id: string, path: string, data: UploadData, opts?: { mode?: number; mkdir?: boolean }):
+    Promise<Written>;
+  watchFiles(id: string, path: string, opts?: { recursive?: boolean; timeout?: number }): Promise<Readable>;
   startProcess(id: string, opts: StartProcess): AsyncGenerator<ProcessEvent>;
   attachProcess(id: string, pid: number): AsyncGenerator<ProcessEvent>;
   listProcesses(id: string): Promise<Array<Record<string, unknown>>>;
@@ -95,6 +121,10 @@ export class Controller {
   deletePool(name: string): Promise<void>;
   request<T = unknown>(method: string, path: string, body?: unknown,
     opts?: { query?: Record<string, string>; raw?: boolean }): Promise<T>;
+  /** The answer as a Readable once its status is known (an error status throws its kind). A streamed `body` is
+   * sent as it is read and never retried. */
+  open(method: string, path: string, opts?: { body?: unknown; query?: Record<string, string | number | boolean> }):
+    Promise<Readable>;
   stream(method: string, path: string, body?: unknown): AsyncGenerator<ProcessEvent>;
 }
 
@@ -129,6 +159,47 @@ export class CommandHandle {
   sendStdin(data: string | Uint8Array, opts?: { eof?: boolean }): Promise<void>;
 }
 
+/** A running watch (from `files.watchDir`). */
+export class WatchHandle {
+  /** How the guest watches: "inotify" or "poll". */
+  readonly kind: string | null;
+  /** Why the stream ended early (undefined while it runs, at its timeout, or after stop()). */
+  readonly error: unknown;
+  /** Events dropped because getNewEvents() was not called for 10000 of them. */
+  readonly dropped: number;
+  /** Settles when the stream has ended. */
+  readonly done: Promise<void>;
+  /** The events since the last call (never waits). */
+  getNewEvents(): WatchEvent[];
+  /** End the watch (the daemon then stops the guest's); resolves once the stream is closed. */
+  stop(): Promise<void>;
+}
+
+/** `sandbox.files`: the sandbox's filesystem, streamed through the daemon. Paths are absolute paths in the guest. */
+export class Filesystem {
+  constructor(sandbox: Sandbox);
+  read(path: string, opts?: { format?: "text" }): Promise<string>;
+  read(path: string, opts: { format: "bytes" }): Promise<Uint8Array>;
+  /** A Node Readable of Buffers, read as the daemon sends them. */
+  read(path: string, opts: { format: "stream" }): Promise<Readable>;
+  /** Write (streamed; missing parents created unless `mkdir` is false) and return the new entry. */
+  write(path: string, data: UploadData, opts?: { mode?: number; mkdir?: boolean }): Promise<EntryInfo>;
+  /** The entries under a directory, `depth` levels down (default 1; symlinks are listed, not followed). */
+  list(path: string, opts?: { depth?: number }): Promise<EntryInfo[]>;
+  exists(path: string): Promise<boolean>;
+  getInfo(path: string): Promise<EntryInfo>;
+  stat(path: string): Promise<EntryInfo>;
+  /** Remove a file, link or directory (with what is in it, unless `recursive` is false: then Conflict). */
+  remove(path: string, opts?: { recursive?: boolean }): Promise<void>;
+  rename(oldPath: string, newPath: string): Promise<EntryInfo>;
+  /** Create a directory and its parents: true if made, false if it existed. */
+  makeDir(path: string, opts?: { mode?: number }): Promise<boolean>;
+  chmod(path: string, mode: number): Promise<void>;
+  /** Resolves once the watch runs; `timeout` (seconds, default 3600) ends it. */
+  watchDir(path: string, onEvent?: (ev: WatchEvent) => void | Promise<void>, opts?: { recursive?: boolean;
+    timeout?: number; onExit?: (err?: unknown) => void | Promise<void> }): Promise<WatchHandle>;
+}
+
 export interface SandboxOptions extends ControllerOptions { controller?: Controller; envs?: Record<string, string> }
 
 export class Sandbox implements AsyncDisposable {
@@ -147,11 +218,7 @@ export class Sandbox implements AsyncDisposable {
     kill(pid: number): Promise<boolean>;
     sendStdin(pid: number, data: string | Uint8Array, opts?: { eof?: boolean }): Promise<void>;
   };
-  files: {
-    write(path: string, data: string | Uint8Array, opts?: { mode?: number }): Promise<FileWritten>;
-    read(path: string, opts?: { format?: "text" }): Promise<string>;
-    read(path: string, opts: { format: "bytes" }): Promise<Uint8Array>;
-  };
+  files: Filesystem;
   /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT). */
   static create(opts: SandboxOptions & { template?: string; pool?: string; metadata?: Record<string, string>;
     timeout?: number }): Promise<Sandbox>;

@@ -8,24 +8,13 @@ import https from "node:https";
 import path from "node:path";
 import { createInterface } from "node:readline";
 
-/** Every failure: `status` (HTTP code; undefined when the daemon was not reached), `body`, `detail`, `hint`. */
-export class ForkdError extends Error {
-  constructor(message, { status, body, url, hint } = {}) {
-    super(hint ? `${message}\n  hint: ${hint}` : message);
-    this.name = new.target.name;
-    Object.assign(this, { status, body, url, hint, detail: message });
-  }
-}
-export class InvalidInput extends ForkdError {}
-export class NotFound extends ForkdError {}
-export class Conflict extends ForkdError {}
-export class Timeout extends ForkdError {}
-export class Unavailable extends ForkdError {}
-export class ProtocolViolation extends ForkdError {}
-export const ControllerError = ForkdError; // the older name of the base class
+import { ForkdError, NotFound, Timeout, Unavailable, apiError } from "./errors.js";
+import { Filesystem, isChunkStream } from "./files.js";
 
-const KINDS = { 400: InvalidInput, 401: InvalidInput, 403: InvalidInput, 404: NotFound, 408: Timeout, 409: Conflict,
-  415: InvalidInput, 421: InvalidInput, 422: InvalidInput, 502: ProtocolViolation, 503: Unavailable, 504: Timeout };
+export { Conflict, ControllerError, ForkdError, InvalidInput, NotFound, ProtocolViolation, Timeout, Unavailable }
+  from "./errors.js";
+export { Filesystem, WatchHandle } from "./files.js";
+
 const IDEMPOTENT = new Set(["GET", "HEAD", "PUT", "DELETE"]);
 const CONNECT_ERRORS = new Set(["ECONNREFUSED", "ENOENT", "EAI_AGAIN", "ECONNRESET", "EPIPE"]);
 const OPAQUE = new Set(["labels", "env", "envs", "metadata", "document", "body"]); // keys kept as the user wrote them
@@ -43,13 +32,6 @@ function mapKeys(v, f) {
 }
 export const toWire = (v) => mapKeys(v, snake);
 export const fromWire = (v) => mapKeys(v, camel);
-
-function apiError(status, body, url) {
-  let detail = body && typeof body === "object" ? body.detail ?? body.error ?? JSON.stringify(body) : String(body);
-  if (Array.isArray(detail)) detail = detail.map((d) => `${(d.loc ?? []).join(".")}: ${d.msg}`).join("; ");
-  const Kind = KINDS[status] ?? ForkdError;
-  return new Kind(String(detail || `HTTP ${status}`), { status, body, url, hint: body?.hint });
-}
 
 /** Where the daemon is: socketPath / baseUrl options, $FORKD_URL, the local socket, else http://127.0.0.1:8889. */
 export function findDaemon(opts = {}) {
@@ -121,6 +103,36 @@ export class Controller {
     return this.request("PUT", `/v1/sandboxes/${seg(id)}/files`, bytes, { query: { path: p, mode: String(mode) } });
   }
 
+  // -- files, streamed both ways (the daemon's /v1/sandboxes/{id}/files/* routes; sb.files wraps these)
+  listFiles(id, p, { depth = 1 } = {}) {
+    return this.request("GET", `${filesOf(id)}/list`, undefined, { query: { path: p, depth } }).then((r) => r.entries);
+  }
+  statFile(id, p) { return this.request("GET", `${filesOf(id)}/stat`, undefined, { query: { path: p } }); }
+  async fileExists(id, p) {
+    return (await this.request("GET", `${filesOf(id)}/exists`, undefined, { query: { path: p } })).exists;
+  }
+  async removeFile(id, p, { recursive = false } = {}) {
+    await this.request("DELETE", filesOf(id), undefined, { query: { path: p, recursive } });
+  }
+  renameFile(id, src, dst) { return this.request("POST", `${filesOf(id)}/rename`, { src, dst }); }
+  /** Create a directory (and its parents unless `parents` is false): true if made, false if it existed. */
+  async makeDir(id, p, { parents = true, mode = 0o755 } = {}) {
+    return (await this.request("POST", `${filesOf(id)}/mkdir`, { path: p, parents, mode })).created;
+  }
+  chmodFile(id, p, mode) { return this.request("POST", `${filesOf(id)}/chmod`, { path: p, mode }); }
+  /** The file's bytes as a Node Readable (an async iterable of Buffers), streamed as the guest reads them. */
+  downloadFile(id, p) { return this.open("GET", `${filesOf(id)}/content`, { query: { path: p } }); }
+  /** Write `data` (a string, bytes, or a Readable / (async) iterable of chunks, sent as it is read) to `p`. */
+  async uploadFile(id, p, data, { mode = 0o644, mkdir = true } = {}) {
+    const body = typeof data === "string" ? Buffer.from(data, "utf8") : data;
+    const resp = await this.open("PUT", `${filesOf(id)}/content`, { body, query: { path: p, mode, mkdir } });
+    return fromWire(parse(await collect(resp)));
+  }
+  /** A watch's NDJSON answer (one WatchEvent a line) as a Readable; sb.files.watchDir reads it. */
+  watchFiles(id, p, { recursive = false, timeout = 3600 } = {}) {
+    return this.open("GET", `${filesOf(id)}/watch`, { query: { path: p, recursive, timeout } });
+  }
+
   // -- processes (streamed as NDJSON events; `data` is a Uint8Array here)
   startProcess(id, { argv, cmd, env: e, cwd, user, stdin = false, pty, tag, maxOutput, timeoutSecs } = {}) {
     const body = { argv, cmd, env: e, cwd, user, stdin: stdin || undefined, pty, tag, maxOutput, timeoutSecs };
@@ -159,6 +171,19 @@ export class Controller {
     return buf.length ? fromWire(JSON.parse(buf.toString("utf8"))) : null;
   }
 
+  /** A request whose answer is read as it arrives: resolves to the response (a Node Readable) once its status is
+   * known, or throws the answer's error kind. `body` may be bytes or a Readable / (async) iterable of chunks, sent
+   * with backpressure as it is read (never held whole; such a request is not retried, as it cannot be replayed). */
+  async open(method, p, { body, query } = {}) {
+    const resp = await this.#send(method, p, body, query, true);
+    if (resp.statusCode >= 400) {
+      const err = apiError(resp.statusCode, parse(await collect(resp)), this.#url(p));
+      if (isChunkStream(body)) resp.req?.destroy(); // stops an upload the daemon refused
+      throw err;
+    }
+    return resp;
+  }
+
   /** A streamed request: an async iterator of camelCased NDJSON events. */
   async *stream(method, p, body) {
     const resp = await this.#send(method, p, body, undefined, true);
@@ -174,13 +199,14 @@ export class Controller {
   #url(p) { return `${this.baseUrl ?? `unix:${this.socketPath}`}${p}`; }
 
   async #send(method, p, body, query, streaming = false) {
+    const retries = isChunkStream(body) ? 0 : this.retries; // a stream read once cannot be sent again
     for (let attempt = 0; ; attempt++) {
       try {
         const resp = await this.#once(method, p, body, query, streaming);
-        if (resp.statusCode !== 503 || !IDEMPOTENT.has(method) || attempt >= this.retries) return resp;
+        if (resp.statusCode !== 503 || !IDEMPOTENT.has(method) || attempt >= retries) return resp;
         resp.resume();
       } catch (err) {
-        if (!CONNECT_ERRORS.has(err.code) || attempt >= this.retries) {
+        if (!CONNECT_ERRORS.has(err.code) || attempt >= retries) {
           if (err instanceof ForkdError) throw err;
           throw new Unavailable(`cannot reach the forkd daemon at ${this.where} (${attempt + 1} attempt(s)): ${err.message}`,
             { url: this.#url(p), hint: "start it with 'forkd serve', or pass baseUrl/socketPath or set FORKD_URL" });
@@ -194,9 +220,10 @@ export class Controller {
     const qs = query && Object.keys(query).length ? `?${new URLSearchParams(query)}` : "";
     const headers = {};
     let payload;
-    if (body instanceof Uint8Array) {
+    const chunks = isChunkStream(body) ? body : undefined;
+    if (body instanceof Uint8Array || chunks) {
       headers["content-type"] = "application/octet-stream";
-      payload = body;
+      payload = chunks ? undefined : body;
     } else if (body !== undefined) {
       headers["content-type"] = "application/json";
       payload = JSON.stringify(toWire(dropUndefined(body)));
@@ -210,10 +237,37 @@ export class Controller {
     return new Promise((resolve, reject) => {
       const req = lib.request({ ...target, method, headers }, resolve);
       req.on("error", reject);
-      req.setTimeout(streaming ? 0 : this.timeoutMs, () =>
+      req.setTimeout(streaming && !chunks ? 0 : this.timeoutMs, () =>
         req.destroy(new Timeout(`${method} ${this.where}${p}: the daemon did not answer in ${this.timeoutMs} ms`)));
-      req.end(payload);
+      if (chunks) pump(chunks, req);
+      else req.end(payload);
     });
+  }
+}
+
+const filesOf = (id) => `/v1/sandboxes/${seg(id)}/files`;
+
+/** Send `chunks` into `req`, waiting whenever its buffer is full; a failure of the source fails the request. */
+async function pump(chunks, req) {
+  const drained = () => new Promise((resolve) => {
+    const done = () => { req.off("drain", done); req.off("close", done); resolve(); };
+    req.on("drain", done);
+    req.on("close", done);
+  });
+  try {
+    for await (const c of chunks) {
+      if (req.destroyed) return;
+      const buf = typeof c === "string" ? Buffer.from(c, "utf8") : c;
+      if (!(buf instanceof Uint8Array)) throw new TypeError(`an upload chunk must be bytes or a string, not ${typeof c}`);
+      if (buf.length && !req.write(buf)) await drained();
+    }
+    if (!req.destroyed) req.end();
+  } catch (err) {
+    if (req.destroyed) return;
+    const e = new ForkdError(`reading the upload's data failed: ${err.message}`,
+      { hint: "the upload was aborted: the daemon keeps no partial file, the destination is as it was" });
+    e.cause = err;
+    req.destroy(e);
   }
 }
 
@@ -278,13 +332,7 @@ export class Sandbox {
       kill: (pid) => controller.killProcess(this.id, pid),
       sendStdin: (pid, data, opts) => controller.sendStdin(this.id, pid, data, opts),
     };
-    this.files = {
-      write: (p, data, opts) => controller.writeFile(this.id, p, data, opts),
-      read: async (p, { format = "text" } = {}) => {
-        const bytes = await controller.readFile(this.id, p);
-        return format === "bytes" ? bytes : new TextDecoder().decode(bytes);
-      },
-    };
+    this.files = new Filesystem(this);
   }
 
   get id() { return this.info.id; }

@@ -1,9 +1,12 @@
 // Runs against a real daemon: FORKD_URL, FORKD_TOKEN, FORKD_SOCKET and FORKD_TEST_SNAPSHOT are set by
 // tests/test_sdk.py (real VMs).
 import assert from "node:assert/strict";
+import crypto from "node:crypto";
 import net from "node:net";
+import { Readable } from "node:stream";
 import { test } from "node:test";
-import { Controller, ControllerError, NotFound, Sandbox, Unavailable, fromWire, toWire } from "../src/index.js";
+import { Conflict, Controller, ControllerError, InvalidInput, NotFound, Sandbox, Unavailable, fromWire, toWire }
+  from "../src/index.js";
 
 const TAG = process.env.FORKD_TEST_SNAPSHOT;
 const SOCK = process.env.FORKD_SOCKET;
@@ -110,5 +113,91 @@ test("lifetimes and fork(n): create({timeout}), setTimeout, fork(2) continuing f
     assert.equal((await sb.ping()).pong, true); // the source keeps running
   } finally {
     for (const s of made) await s.kill().catch(() => {});
+  }
+});
+
+/** n bytes that differ at every offset (a misplaced chunk shows), yielded `size` at a time: never held whole. */
+function* pattern(n, size = 256 << 10) {
+  for (let i = 0, k = 0; i < n; i += size, k++) {
+    const block = Buffer.alloc(Math.min(size, n - i));
+    for (let j = 0; j < block.length; j += 32) crypto.createHash("sha256").update(`${k}:${j}`).digest().copy(block, j);
+    yield block;
+  }
+}
+const sha256 = async (chunks) => {
+  const h = crypto.createHash("sha256");
+  let n = 0;
+  for await (const c of chunks) { h.update(c); n += c.length; }
+  return [n, h.digest("hex")];
+};
+
+test("files: a 3 MiB streamed upload and download, list/exists/getInfo/makeDir/rename/remove, errors", { skip },
+  async () => {
+    const sb = await Sandbox.create({ template: TAG });
+    try {
+      const size = 3 * (1 << 20) + 12345; // over the 1 MiB chunk, not a multiple of it
+      const [n, want] = await sha256(pattern(size));
+      const up = await sb.files.write("/root/fs/big.bin", Readable.from(pattern(size)));
+      assert.deepEqual([up.type, up.size, up.path, up.name], ["file", size, "/root/fs/big.bin", "big.bin"]);
+      const down = await sb.files.read("/root/fs/big.bin", { format: "stream" });
+      assert.equal(typeof down.pipe, "function"); // a Node Readable
+      assert.deepEqual(await sha256(down), [n, want]);
+      const sum = await sb.commands.run("sha256sum /root/fs/big.bin");
+      assert.equal(sum.stdout.split(" ")[0], want); // what the guest holds, not only what came back
+      assert.equal((await sb.files.write("/root/fs/gen.bin", pattern(1000, 300), { mode: 0o600 })).mode, 0o600);
+      assert.equal((await sb.files.write("/root/fs/a.txt", "hello")).size, 5);
+      assert.equal(await sb.files.read("/root/fs/a.txt"), "hello");
+      assert.deepEqual(await sb.files.read("/root/fs/a.txt", { format: "bytes" }), new TextEncoder().encode("hello"));
+      assert.deepEqual((await sb.files.list("/root/fs")).map((e) => [e.name, e.type]),
+        [["a.txt", "file"], ["big.bin", "file"], ["gen.bin", "file"]]);
+      assert.equal(await sb.files.makeDir("/root/fs/sub/deep"), true);
+      assert.equal(await sb.files.makeDir("/root/fs/sub/deep"), false);
+      assert.deepEqual((await sb.files.list("/root/fs", { depth: 3 })).map((e) => e.path).filter((x) => x.includes("sub")),
+        ["/root/fs/sub", "/root/fs/sub/deep"]);
+      assert.equal((await sb.files.rename("/root/fs/a.txt", "/root/fs/sub/a.txt")).path, "/root/fs/sub/a.txt");
+      assert.equal(await sb.files.exists("/root/fs/sub/a.txt"), true);
+      assert.equal(await sb.files.exists("/root/fs/a.txt"), false);
+      assert.equal((await sb.files.getInfo("/root/fs/sub")).type, "dir");
+      await assert.rejects(sb.files.remove("/root/fs/sub", { recursive: false }), (e) => e instanceof Conflict);
+      await sb.files.remove("/root/fs");
+      assert.equal(await sb.files.exists("/root/fs"), false);
+      await assert.rejects(sb.files.read("/root/missing.txt", { format: "stream" }), (e) => e instanceof NotFound &&
+        e.status === 404 && e.title === "NotFound" && e.detail.includes("/root/missing.txt") && Boolean(e.hint));
+      await assert.rejects(sb.files.getInfo("/root/missing.txt"), (e) => e instanceof NotFound);
+      await assert.rejects(sb.controller.makeDir(sb.id, "relative/dir"), (e) => e instanceof InvalidInput &&
+        e.status === 422 && e.field === "path");
+      await assert.rejects(sb.files.write("/root/x.bin", (function* () { yield Buffer.from("x"); throw new Error("gone"); })()),
+        (e) => e instanceof ControllerError && e.cause?.message === "gone");
+      assert.equal(await sb.files.exists("/root/x.bin"), false); // an aborted upload leaves nothing behind
+    } finally {
+      await sb.kill().catch(() => {});
+    }
+  });
+
+test("files: watchDir streams a directory's events to onEvent until stop()", { skip }, async () => {
+  const sb = await Sandbox.create({ template: TAG });
+  try {
+    await sb.files.makeDir("/root/w");
+    const seen = [];
+    let exited = false;
+    const h = await sb.files.watchDir("/root/w", (ev) => seen.push(ev), { onExit: () => { exited = true; } });
+    assert.ok(["inotify", "poll"].includes(h.kind), h.kind);
+    await sb.files.write("/root/w/new.txt", "x");
+    await sb.commands.run("echo more >> /root/w/new.txt && rm /root/w/new.txt");
+    const events = [];
+    for (let i = 0; i < 300 && !events.some((e) => e.type === "remove"); i++) {
+      events.push(...h.getNewEvents());
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    await h.stop();
+    assert.ok(events.some((e) => e.type === "remove" && e.name === "new.txt"), JSON.stringify(events));
+    assert.ok(events.some((e) => e.type === "create" && (e.name === "new.txt" || e.name.startsWith(".new.txt.forkd-"))),
+      JSON.stringify(events));
+    assert.deepEqual(seen.slice(0, events.length), events); // onEvent got the same ones
+    assert.equal(exited, true);
+    assert.equal(h.error, undefined);
+    await assert.rejects(sb.files.watchDir("/root/no-such-dir"), (e) => e instanceof NotFound);
+  } finally {
+    await sb.kill().catch(() => {});
   }
 });
