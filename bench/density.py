@@ -19,6 +19,12 @@ stayed within 100 ms.
 interleaved, `--n` children each: before/after figures from one run, so load from other users of the host hits
 all variants alike. Variants with another kernel command line fork from a parent of their own.
 
+With `--pageout SECS` (or the `pageout` variant), children idle that long have their VMM's anonymous memory paged
+out to the host's swap, as the daemon does with FORKD_IDLE_PAGEOUT_SECS (forkd.core.idle); it needs swap, zram for
+these figures. Pss then leaves out what went to swap, so the judged figure is Pss + zram (the children's Pss plus
+what zram grew by since they started: their pages, compressed, in RAM), beside the MemAvailable drop, which counts
+zram too.
+
 What the figures leave out: the host kernel's own per-process memory (page tables of the QEMU processes are in
 MemAvailable but not in Pss), and idle CPU of host threads that are not QEMU's (none for forkd children). The run
 stops adding children when MemAvailable falls under `--reserve-gib`, or when it has used `--max-gib`.
@@ -46,8 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from forkd.base.errors import ForkdError, NotFound  # noqa: E402
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
+from forkd.core.idle import IdleReclaimer  # noqa: E402
+from forkd.core.posture import ZRAM_FIX  # noqa: E402
 from forkd.core.requests import ParentBuild, Spawn  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
+from forkd.vmm.pageout import swap_total_kib  # noqa: E402
 
 TAG = "bench-density"
 WARM_IMPORTS = ("json", "decimal")
@@ -68,6 +77,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "quiet-guest": {"FORKD_TCG_TB_MIB": "32", "FORKD_VMM_MALLOC_ARENA_MAX": "0"},  # this tree's command line
     "after": {},  # this tree's defaults
     "ksm": {"FORKD_VMM_KSM": "1"},  # opt-in page merging (off by default: SECURITY.md section 9); see KsmScanner
+    "pageout": {"FORKD_IDLE_PAGEOUT_SECS": "3"},  # opt-in: idle children's VMM memory to swap (zram); page_out_idle
 }
 KSM = Path("/sys/kernel/mm/ksm")
 KSM_SCAN = {"pages_to_scan": "1000", "sleep_millisecs": "20", "run": "1"}  # ~195 MiB/s scanned while it runs
@@ -195,8 +205,46 @@ def _comm(d: Path) -> str:
 
 
 # -- one level of N ---------------------------------------------------------------------------------
-def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = ()) -> dict:
-    """One level's figures; `helpers`: host processes working for the children (ksmd) whose CPU counts too."""
+def swap_kib(pid: int) -> int:
+    """The process's pages in swap (VmSwap), or 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmSwap:"):
+                    return int(line.split()[1])
+    except OSError:
+        return 0
+    return 0
+
+
+def zram_used_kib() -> int:
+    """RAM the host's zram devices use for what they hold (mem_used_total of every /sys/block/zram*/mm_stat)."""
+    total = 0
+    for stat in Path("/sys/block").glob("zram*/mm_stat"):
+        total += int(stat.read_text().split()[2]) // 1024
+    return total
+
+
+def page_out_idle(rt: Runtime, recs: list, idle_s: float, limit_s: float = 120.0) -> dict:
+    """What the daemon's sweeper does with FORKD_IDLE_PAGEOUT_SECS=idle_s (forkd.core.idle), run here in-process:
+    look every second until every child was paged out once (or `limit_s`)."""
+    if swap_total_kib() == 0:
+        raise ForkdError("the pageout variant needs swap and the host has none", hint=ZRAM_FIX)
+    reclaimer, paged, t0 = IdleReclaimer(idle_s), {}, time.monotonic()
+    want = {r.id for r in recs}
+    while not want <= set(paged) and time.monotonic() - t0 < limit_s:
+        paged.update(reclaimer.tick(rt))
+        time.sleep(1.0)
+    moved = [p.moved_kib / 1024.0 for cid, p in paged.items() if cid in want]
+    progress(f"paged out {len(moved)} of {len(want)} idle children in {time.monotonic() - t0:.0f} s, "
+             f"{pct(moved, 50) or 0:.1f} MiB each (p50)")
+    return {"paged": len(moved), "of": len(want), "moved_mib_p50": pct(moved, 50)}
+
+
+def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = (),
+           zram0: int = 0) -> dict:
+    """One level's figures; `helpers`: host processes working for the children (ksmd) whose CPU counts too;
+    `zram0`: zram's use before the children (what it grew by since holds their paged-out pages, compressed)."""
     pids = [r.pid for r in recs]
     time.sleep(min(2.0, window))  # let the last forks settle
     cpu = idle_cpu_pct(pids + list(helpers), window)
@@ -204,9 +252,12 @@ def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, help
     n = len(recs)
     drop = (avail0 - mem_available_kib()) / 1024.0
     pss = sum(pss_kib(p) for p in pids) / 1024.0
+    swapped = sum(swap_kib(p) for p in pids) / 1024.0
     split = [rt.memory(r.id) for r in random.sample(recs, min(10, n))]  # smaps of a few: what a child adds
     return {"n": n, "mem_available_drop_mib": round(drop, 1), "mem_per_child_mib": round(drop / n, 2),
             "pss_sum_mib": round(pss, 1), "pss_per_child_mib": round(pss / n, 2),
+            "swap_per_child_mib": round(swapped / n, 2),
+            "own_per_child_mib": round((pss + (zram_used_kib() - zram0) / 1024.0) / n, 2),
             "guest_private_mib_p50": round(pct([m["guest_private_kib"] / 1024.0 for m in split], 50), 2),
             "vmm_pss_mib_p50": round(pct([m["vmm_pss_kib"] / 1024.0 for m in split], 50), 2),
             "idle_cpu_pct_per_child": round(cpu / n, 4), "idle_cpu_pct_total": round(cpu, 2),
@@ -215,13 +266,14 @@ def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, help
 
 
 def limits(points: list[dict], avail0_mib: float, nproc: int) -> dict:
-    """Where this host runs out, projected from the last point: memory by the children's own Pss (MemAvailable
+    """Where this host runs out, projected from the last point: memory by the children's own Pss plus their pages
+    in zram (MemAvailable
     also moves with everything else on the host; its projection is given beside it), CPU by their idle CPU
     (None when below the 10 ms tick resolution of the window)."""
     last = points[-1]
     ok = [p["n"] for p in points if p["exec_ms"]["p99"] <= EXEC_LIMIT_MS]
     cpu = last["idle_cpu_pct_per_child"]
-    return {"n_memory_runs_out": int(avail0_mib / max(last["pss_per_child_mib"], 1e-6)),
+    return {"n_memory_runs_out": int(avail0_mib / max(last["own_per_child_mib"], 1e-6)),
             "n_memory_runs_out_by_mem_available": int(avail0_mib / last["mem_per_child_mib"])
             if last["mem_per_child_mib"] > 0 else None,
             "n_cpu_runs_out": int(nproc * 100.0 / cpu) if cpu > 0 else None,
@@ -251,7 +303,7 @@ def fill(rt: Runtime, args: argparse.Namespace, tag: str, made: set[str], on_lev
 def run_levels(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
     tag = parent_tag()
     reused = ensure_snapshot(rt, tag, args.memory_mib)
-    avail0 = mem_available_kib()
+    avail0, zram0 = mem_available_kib(), zram_used_kib()
     nproc = len(os.sched_getaffinity(0))
     points: list[dict] = []
     t0 = time.perf_counter()
@@ -259,7 +311,9 @@ def run_levels(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
 
     def level(recs: list) -> None:
         timeline.append((time.perf_counter() - t0, len(recs)))
-        p = sample(rt, recs, avail0, args.sample_s, args.sample_execs)
+        paged = page_out_idle(rt, recs, args.pageout) if args.pageout else None
+        p = sample(rt, recs, avail0, args.sample_s, args.sample_execs, zram0=zram0)
+        p["pageout"] = paged
         points.append(p)
         progress(f"N={p['n']}: {p['mem_per_child_mib']:.1f} MiB/child (MemAvailable), {p['pss_per_child_mib']:.1f} "
                  f"MiB/child (Pss), idle CPU {p['idle_cpu_pct_per_child']:.3f} %/child, exec p50 "
@@ -267,7 +321,9 @@ def run_levels(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
 
     recs = fill(rt, args, tag, made, level)
     progress(f"all {len(recs)} idle: {args.idle_s:.0f} s CPU window, {args.execs} execs")
-    final = sample(rt, recs, avail0, args.idle_s, args.execs)
+    paged = page_out_idle(rt, recs, args.pageout) if args.pageout else None
+    final = sample(rt, recs, avail0, args.idle_s, args.execs, zram0=zram0)
+    final["pageout"] = paged
     return {"snapshot": {"tag": tag, "reused": reused, "memory_mib": args.memory_mib},
             "mem_available_at_start_mib": round(avail0 / 1024.0), "levels": points, "final": final,
             "fork_timeline_s": timeline, "limits": limits([*points[:-1], final], avail0 / 1024.0, nproc)}
@@ -306,11 +362,13 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
             restore = with_env(VARIANTS[name])
             try:
                 with KsmScanner() if VARIANTS[name].get("FORKD_VMM_KSM") == "1" else nullcontext() as scan:
-                    avail0 = mem_available_kib()
+                    avail0, zram0 = mem_available_kib(), zram_used_kib()
                     recs = fill(rt, args, tags[name], made)
                     merged = scan.settle() if scan else None
-                    p = sample(rt, recs, avail0, args.idle_s, args.execs, tuple(scan.pids) if scan else ())
-                    p["ksm"] = merged
+                    pageout = VARIANTS[name].get("FORKD_IDLE_PAGEOUT_SECS")
+                    paged = page_out_idle(rt, recs, float(pageout)) if pageout else None
+                    p = sample(rt, recs, avail0, args.idle_s, args.execs, tuple(scan.pids) if scan else (), zram0)
+                    p["ksm"], p["pageout"] = merged, paged
                 p["fork_ready_ms_p50"] = pct([r.timings_ms.get("ready", 0.0) for r in recs], 50)
                 rows[name].append(p)
                 progress(f"round {rnd + 1} {name}: {p['pss_per_child_mib']:.1f} MiB/child Pss, "
@@ -325,7 +383,7 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
     for name, ps in rows.items():
         out[name] = {k: statistics.median([p[k] for p in ps]) for k in
                      ("pss_per_child_mib", "mem_per_child_mib", "idle_cpu_pct_per_child", "fork_ready_ms_p50",
-                      "guest_private_mib_p50", "vmm_pss_mib_p50")}
+                      "guest_private_mib_p50", "vmm_pss_mib_p50", "swap_per_child_mib", "own_per_child_mib")}
         out[name]["exec_p50_ms"] = statistics.median([p["exec_ms"]["p50"] for p in ps])
         out[name]["rounds"] = ps
         out[name]["env"] = VARIANTS[name]
@@ -339,22 +397,25 @@ def table(r: dict) -> str:
              f"load {m['loadavg_at_start'][0]:.2f}->{m['loadavg_at_end'][0]:.2f})"]
     if "variants" in r:
         lines.append(f"  {r['n_per_variant']} children per variant, {r['rounds']} rounds interleaved, medians:")
-        lines.append(f"  {'variant':<14}{'Pss MiB/child':>14}{'MemAvail MiB/child':>20}{'idle %core/child':>18}"
-                     f"{'exec p50 ms':>13}{'ready p50 ms':>14}")
+        lines.append(f"  {'variant':<14}{'Pss MiB/child':>14}{'MemAvail MiB/child':>20}{'Pss+zram MiB/child':>19}"
+                     f"{'idle %core/child':>18}{'exec p50 ms':>13}{'ready p50 ms':>14}")
         for name, v in r["variants"].items():
             lines.append(f"  {name:<14}{v['pss_per_child_mib']:>14.2f}{v['mem_per_child_mib']:>20.2f}"
-                         f"{v['idle_cpu_pct_per_child']:>18.4f}{v['exec_p50_ms']:>13.1f}{v['fork_ready_ms_p50']:>14.0f}")
+                         f"{v['own_per_child_mib']:>19.2f}{v['idle_cpu_pct_per_child']:>18.4f}"
+                         f"{v['exec_p50_ms']:>13.1f}{v['fork_ready_ms_p50']:>14.0f}")
         return "\n".join(lines)
-    lines.append(f"  {'N':>6}{'MemAvail MiB/child':>20}{'Pss MiB/child':>15}{'idle %core/child':>18}"
-                 f"{'exec p50':>10}{'exec p99':>10}")
+    lines.append(f"  {'N':>6}{'MemAvail MiB/child':>20}{'Pss MiB/child':>15}{'Pss+zram MiB/child':>19}"
+                 f"{'idle %core/child':>18}{'exec p50':>10}{'exec p99':>10}")
     for p in [*r["levels"], r["final"]]:
         e = p["exec_ms"]
         lines.append(f"  {p['n']:>6}{p['mem_per_child_mib']:>20.2f}{p['pss_per_child_mib']:>15.2f}"
-                     f"{p['idle_cpu_pct_per_child']:>18.4f}{e['p50']:>10.1f}{e['p99']:>10.1f}")
+                     f"{p['own_per_child_mib']:>19.2f}{p['idle_cpu_pct_per_child']:>18.4f}{e['p50']:>10.1f}"
+                     f"{e['p99']:>10.1f}")
     f, lim = r["final"], r["limits"]
-    mem = f["pss_per_child_mib"]
+    mem = f["own_per_child_mib"]
     lines += ["",
-              f"  at N={f['n']} over {r['idle_s']:.0f} s: {mem:.2f} MiB/child by Pss (target <= {TARGET_MEM_MIB:.0f}: "
+              f"  at N={f['n']} over {r['idle_s']:.0f} s: {mem:.2f} MiB/child by Pss + zram "
+              f"(target <= {TARGET_MEM_MIB:.0f}: "
               f"{'PASS' if mem <= TARGET_MEM_MIB else 'MISS'}), idle CPU {f['idle_cpu_pct_per_child']:.3f} % of a "
               f"core/child (target <= {TARGET_CPU_PCT}: "
               f"{'PASS' if f['idle_cpu_pct_per_child'] <= TARGET_CPU_PCT else 'MISS'})",
@@ -378,6 +439,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sample-execs", type=int, default=20, help="execs after each batch (default 20)")
     ap.add_argument("--reserve-gib", type=float, default=2.0, help="stop adding children under this MemAvailable")
     ap.add_argument("--max-gib", type=float, default=12.0, help="stop adding children once they use this much")
+    ap.add_argument("--pageout", type=float, default=0.0, metavar="SECS",
+                    help="page out children idle SECS (as the daemon does with FORKD_IDLE_PAGEOUT_SECS) after each "
+                         "batch and before the final window; needs swap (zram)")
     ap.add_argument("--compare", action="store_true", help="variants side by side instead of one climb")
     ap.add_argument("--variants", default="before,after", help=f"with --compare: any of {', '.join(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=2, help="with --compare: interleaved rounds (default 2)")

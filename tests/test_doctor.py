@@ -23,7 +23,8 @@ from tests.conftest import forkd_cli
 
 STATUSES = {"PASS", "WARN", "FAIL"}
 SECURITY = {"security:vmm-uid", "security:seccomp", "security:daemon-socket", "security:store-perms",
-            "security:egress", "security:protected-links", "security:unprivileged-uffd", "security:ksm"}
+            "security:egress", "security:protected-links", "security:unprivileged-uffd", "security:ksm",
+            "security:swap"}
 
 
 @pytest.fixture

@@ -149,10 +149,11 @@ def _cli(daemon, *args: str, stdin: str | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=600)
 
 
-def test_children_claimed_from_a_pool_without_a_ttl_have_a_timeout_too(daemon):
+def test_children_claimed_from_a_pool_without_a_ttl_have_a_timeout_too(daemon, tmp_path):
     """Before: a child claimed from a pool with no child.ttlSeconds (`forkd claim`, POST /v1/pools/{name}/claim,
     `Sandbox.create(pool=...)`) never expired: an agent that crashed after claiming leaked it. Now it gets the call's
-    lifetime, else the daemon's FORKD_SANDBOX_TIMEOUT, and the reconciler retires it when that ends."""
+    lifetime, else the daemon's FORKD_SANDBOX_TIMEOUT, and the reconciler retires it when that ends. The CLI gives
+    its own with `forkd claim --lifetime`, and finds the daemon by FORKD_DAEMON_SOCKET as the SDK does."""
     run = _cli(daemon, "apply", "-f", "-", "--wait", "--timeout", "10m", stdin=POOL)
     assert run.returncode == 0, run.stderr
     ctrl = Controller(socket=daemon.sock)
@@ -165,6 +166,19 @@ def test_children_claimed_from_a_pool_without_a_ttl_have_a_timeout_too(daemon):
         (cli_claimed,) = json.loads(run.stdout)["children"]
         assert cli_claimed["expires_at"] - time.time() >= 800
         assert ctrl.get_sandbox(cli_claimed["id"]).expires_at_unix - time.time() >= 800
+        # the CLI's own lifetime, reaching the daemon by FORKD_DAEMON_SOCKET from a home that has no daemon
+        env = {**daemon.env(), "FORKD_HOME": str(tmp_path / "elsewhere"), "FORKD_DAEMON_SOCKET": str(daemon.sock)}
+        run = subprocess.run([sys.executable, "-m", "forkd.cli.main", "claim", "life-pool", "--lifetime", "2m",
+                              "-o", "json"], env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr
+        (timed,) = json.loads(run.stdout)["children"]
+        assert 100 <= ctrl.get_sandbox(timed["id"]).expires_at_unix - time.time() <= 121
+        run = subprocess.run([sys.executable, "-m", "forkd.cli.main", "exec", timed["id"], "--", "echo", "via-env"],
+                             env=env, capture_output=True, text=True, timeout=600)  # the CLI's fast exec path too
+        assert (run.returncode, run.stdout.strip()) == (0, "via-env"), run.stderr
+        ctrl.kill_sandbox(timed["id"])
+        bad = _cli(daemon, "claim", "life-pool", "--lifetime", "0")
+        assert bad.returncode == 2 and "at most 30 days" in bad.stderr, bad.stderr
         short = Sandbox.create(pool="life-pool", controller=ctrl, timeout=2)  # the call's own lifetime
         assert short.info.expires_at_unix - time.time() <= 3
         with daemon.unix() as c:

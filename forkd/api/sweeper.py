@@ -1,6 +1,7 @@
 """The daemon's sweeper: a thread that enforces sandbox lifetimes and the branch-snapshot policy
 (forkd.core.lifetimes.sweep) every FORKD_SWEEP_INTERVAL seconds, so a sandbox dies on time even if the caller that
-made it vanished. Each expiry is an audit event (`sweeper expire <id>`)."""
+made it vanished. Each expiry is an audit event (`sweeper expire <id>`). With FORKD_IDLE_PAGEOUT_SECS set, the same
+pass pages out children idle that long (forkd.core.idle)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 
 from forkd.base.settings import settings
 from forkd.core.audit import AuditLog
+from forkd.core.idle import IdleReclaimer
 from forkd.core.lifetimes import sweep
 
 log = logging.getLogger(__name__)
@@ -24,8 +26,14 @@ def _record(audit: AuditLog | None, action: str, target: str, **extra) -> None:
 
 
 def run(rt, stop: threading.Event, audit: AuditLog | None = None) -> None:
+    idle = IdleReclaimer(settings().idle_pageout_secs)
     while not stop.is_set():
         s = settings()
+        try:
+            for cid, paged in idle.tick(rt).items():
+                log.info("paged out idle child %s: %d KiB of its VMM to swap", cid, paged.moved_kib)
+        except Exception:  # noqa: BLE001 - as below: the sweep goes on
+            log.exception("idle page-out failed")
         try:
             out = sweep(rt, branch_ttl=s.branch_ttl,
                         on_expire=lambda r: _record(audit, "expire", r.id, expires_at=r.expires_at))

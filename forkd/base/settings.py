@@ -61,9 +61,9 @@ class Settings(BaseModel):
     url: str | None = _env(None, "daemon API over TCP, e.g. http://node:8889 (default: the local unix socket)")
     token: SecretStr | None = _env(None, "bearer token for the daemon's TCP API", secret=True)
     no_daemon: bool = _env(False, "1: run verbs in-process even when a daemon answers")
-    daemon_socket: Path | None = _env(None, "the daemon socket the operator and the forkd-client SDK (and MCP server) "
-                                            "reach (default $FORKD_HOME/forkd.sock); the CLI always uses "
-                                            "$FORKD_HOME/forkd.sock or FORKD_URL")
+    daemon_socket: Path | None = _env(None, "the daemon socket the CLI, the operator, the forkd-client SDK and the MCP "
+                                            "server reach (default $FORKD_HOME/forkd.sock, used when a daemon "
+                                            "answers there); FORKD_URL wins over it")
     hub: str | None = _env(None, "pack hub for push/pull: http://host:port/path or file:///dir")
     pack_max_bytes: int = _env(64 << 30, "unpack: the most bytes a pack may unpack to (the sum of its members' "
                                          "sizes; zeros count too)", ge=1 << 20)
@@ -111,6 +111,10 @@ class Settings(BaseModel):
                                 "start mergeable (guest RAM, heap, TCG code buffer; PR_SET_MEMORY_MERGE) and "
                                 "/sys/kernel/mm/ksm/run=1 must be set by the host's admin. Off by default: merged "
                                 "pages are a timing side channel between children (SECURITY.md section 9)")
+    idle_pageout_secs: float = _env(0.0, "seconds a running child's VMM must be idle (under 1 % of a core) before "
+                                         "the daemon pages its anonymous memory (TCG code buffer, heap) out to the "
+                                         "host's swap; 0 = never. Needs swap, ideally zram (`forkd doctor`); with a "
+                                         "disk swap, guest memory reaches the disk (SECURITY.md section 9)", ge=0)
     guest_cmdline: str = _env("console=ttyS0 quiet panic=-1 nowatchdog nmi_watchdog=0 tsc=reliable clocksource=tsc "
                               "sysctl.vm.stat_interval=3600 sysctl.vm.dirty_writeback_centisecs=0 "
                               "sysctl.vm.compaction_proactiveness=0 sysctl.kernel.hung_task_timeout_secs=0 "

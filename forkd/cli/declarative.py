@@ -15,7 +15,7 @@ import yaml
 
 from forkd.base.atomic import write_bytes
 from forkd.base.errors import InvalidInput
-from forkd.cli.options import complete_pools, count, count_option, format_or_old_path, timeout_option
+from forkd.cli.options import complete_pools, count, count_option, format_or_old_path, lifetime_option, timeout_option
 from forkd.cli.output import Fmt, emit, err, out
 from forkd.client import LocalBackend, applyset_id, backend, parse_ref, resolve_kind
 from forkd.spec.loader import build_values, load_paths
@@ -319,8 +319,15 @@ def delete(ref: str | None = typer.Argument(None, help="KIND/NAME"),
         out.print(f"{kind}/{_shown({'name': name, 'namespace': ns})} deleted")
 
 
+def _when(epoch: float | None) -> str:
+    return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
 def claim(pool: str = typer.Argument(..., help="the ForkPool", autocompletion=complete_pools),
           n: int = count_option(1, "how many children"),
+          lifetime: float | None = lifetime_option("each claimed child is killed this long after the claim "
+                                                   "(default: the pool's child.ttlSeconds, else "
+                                                   "FORKD_SANDBOX_TIMEOUT); extend it with forkd set-timeout"),
           output: Fmt = typer.Option(Fmt.table, "-o", "--output"),
           namespace: str | None = typer.Option(None, "--namespace", help="the pool's namespace (default: default)"),
           n_flag: str | None = typer.Option(None, "-n", metavar="NAMESPACE", help="the pool's namespace; a number "
@@ -329,14 +336,16 @@ def claim(pool: str = typer.Argument(..., help="the ForkPool", autocompletion=co
     if n_flag is not None and n_flag.isdigit():  # `claim POOL -n 2` meant a count before -n meant a namespace
         n, n_flag = count(n, int(n_flag)), None
     t0 = time.perf_counter()
-    recs = backend().claim(qname(_ns(namespace or n_flag), pool), n)
+    recs = backend().claim(qname(_ns(namespace or n_flag), pool), n, lifetime)
     took = (time.perf_counter() - t0) * 1000.0
     data = [{"id": r["id"], "pool": pool, "snapshot": r["snapshot"], "agent_socket": r["agent_socket"],
              "expires_at": r.get("expires_at")} for r in recs]
     if output == Fmt.json:
         print(json.dumps({"children": data, "claim_ms": took}, indent=2))
         return
-    emit({"children": data, "claim_ms": took}, output, [("ID", "left"), ("SNAPSHOT", "left"), ("AGENT SOCKET", "left")],
-         [[d["id"], d["snapshot"], d["agent_socket"] or "- (on the daemon's host)"] for d in data])
+    emit({"children": data, "claim_ms": took}, output,
+         [("ID", "left"), ("SNAPSHOT", "left"), ("EXPIRES AT", "left"), ("AGENT SOCKET", "left")],
+         [[d["id"], d["snapshot"], _when(d["expires_at"]), d["agent_socket"] or "- (on the daemon's host)"]
+          for d in data])
     if output == Fmt.table:
         out.print(f"claimed {len(data)} in {took:.1f} ms; use: forkd exec ID -- CMD, forkd eval ID EXPR")

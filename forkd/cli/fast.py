@@ -37,11 +37,11 @@ class Failure(Exception):
 
 
 # -- where the daemon is ----------------------------------------------------------------------------------
-# The five variables that locate the daemon, read here WITHOUT forkd.base.settings (whose pydantic model costs
+# The six variables that locate the daemon, read here WITHOUT forkd.base.settings (whose pydantic model costs
 # more than the rest of `forkd exec` together). They are declared and documented there like every FORKD_*;
 # here a value is taken only when it is unambiguous (blank = unset, as there), else settings() parses them all.
 RAW = {"url": "FORKD_URL", "token": "FORKD_TOKEN", "home": "FORKD_HOME", "no_daemon": "FORKD_NO_DAEMON",
-       "ca": "FORKD_CA"}
+       "ca": "FORKD_CA", "daemon_socket": "FORKD_DAEMON_SOCKET"}
 DEFAULT_HOME = "/var/lib/forkd"  # Settings.home's default
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
@@ -60,7 +60,7 @@ def _full_settings() -> dict:
 
     s = settings()
     return {"url": s.url, "token": s.token_value, "home": str(s.home), "no_daemon": s.no_daemon,
-            "ca": str(s.ca) if s.ca else None}
+            "ca": str(s.ca) if s.ca else None, "daemon_socket": str(s.daemon_socket) if s.daemon_socket else None}
 
 
 # -- the daemon over http.client -----------------------------------------------------------------------
@@ -92,6 +92,8 @@ class Daemon:
         ca = s["ca"]
         if s["url"]:
             return cls(s["url"].rstrip("/"), None, s["token"], ca)
+        if s["daemon_socket"]:  # named explicitly: that daemon or an error, as forkd.client.http.find_daemon
+            return cls(None, s["daemon_socket"], s["token"], ca)
         sock = os.path.join(s["home"], "forkd.sock")
         if not os.path.exists(sock):
             return None
@@ -131,7 +133,8 @@ class Daemon:
         except OSError as exc:
             conn.close()
             raise Failure(f"cannot reach the forkd daemon at {self.sock or self.url}: {exc}",
-                          "start it with 'forkd serve', or fix FORKD_URL; FORKD_NO_DAEMON=1 runs in-process",
+                          "start it with 'forkd serve', or fix FORKD_URL / FORKD_DAEMON_SOCKET; FORKD_NO_DAEMON=1 runs "
+                          "in-process",
                           6) from None
         if resp.status >= 400:
             raise self._problem(resp)

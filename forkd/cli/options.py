@@ -38,6 +38,21 @@ def timeout_option(default: str | None, what: str) -> Any:
                         help=f"{what} ({EXAMPLES})")
 
 
+MAX_LIFETIME_S = 30 * 86400.0  # the daemon's bound on a client-given lifetime (forkd.client.wire)
+
+
+def _lifetime(value: Any) -> float | None:
+    secs = _duration(value)
+    if secs is not None and not 0 < secs <= MAX_LIFETIME_S:
+        raise typer.BadParameter(f"{value!r}: a lifetime is more than 0 and at most 30 days")
+    return secs
+
+
+def lifetime_option(what: str) -> Any:
+    """--lifetime DURATION (seconds, a float, in (0, 30 days]); None when not given."""
+    return typer.Option(None, "--lifetime", callback=_lifetime, metavar="DURATION", help=f"{what} ({EXAMPLES})")
+
+
 def count_option(default: int, what: str) -> Any:
     return typer.Option(default, "--count", min=1, help=what)
 

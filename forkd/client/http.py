@@ -57,6 +57,8 @@ def find_daemon(url: str | None = None, socket: str | None = None, token: str | 
         return Endpoint("http://forkd", str(socket), token)
     if env.url:
         return Endpoint(env.url.rstrip("/"), None, token)
+    if env.daemon_socket:  # named explicitly: that daemon or an error, never a silent fall-back
+        return Endpoint("http://forkd", str(env.daemon_socket), token)
     sock = Layout.from_env().daemon_socket
     if sock.exists() and (not probe or _answers(str(sock))):
         return Endpoint("http://forkd", str(sock), token)

@@ -51,8 +51,8 @@ class LocalBackend:
     def delete(self, kind, name):
         self.control.delete(kind, name)
 
-    def claim(self, pool, n=1):
-        return [child_view(r) for r in self.control.claim(pool, n)]
+    def claim(self, pool, n=1, lifetime=None):
+        return [child_view(r) for r in self.control.claim(pool, n, lifetime=lifetime)]
 
     def wait(self, targets, timeout, progress=_quiet):
         return self.control.reconciler.run_until_converged(timeout, targets, progress)

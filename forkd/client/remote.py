@@ -74,8 +74,9 @@ class RemoteBackend:
         """The node's capacity (GET /v1/node: memoryAvailableMiB, childrenRunning, pools)."""
         return self._call("GET", "/v1/node")
 
-    def claim(self, pool, n=1):
-        return self._here(self._call("POST", f"/v1/pools/{quote(pool)}/claim", json={"n": n})["children"])
+    def claim(self, pool, n=1, lifetime=None):
+        body = {"n": n} if lifetime is None else {"n": n, "lifetime_secs": lifetime}
+        return self._here(self._call("POST", f"/v1/pools/{quote(pool)}/claim", json=body)["children"])
 
     def wait(self, targets, timeout, progress=_quiet):
         res = self._call("POST", "/v1/wait", json={"targets": targets, "timeout": timeout}, timeout=timeout + 30)

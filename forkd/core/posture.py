@@ -1,5 +1,6 @@
 """forkd doctor's security posture (checks named `security:...`): VMM uid, seccomp, daemon socket, store
-permissions, egress, protected links, unprivileged userfaultfd. Each is PASS or WARN with the fix."""
+permissions, egress, protected links, unprivileged userfaultfd, page merging, swap. Each is PASS or WARN with
+the fix."""
 
 from __future__ import annotations
 
@@ -176,12 +177,41 @@ def check_ksm() -> Check:
                  "timing side channel between children", "unset FORKD_VMM_KSM unless every child is one tenant's")
 
 
+def swap_devices() -> list[str]:
+    """The host's active swap devices and files (/proc/swaps)."""
+    with open("/proc/swaps") as f:
+        return [line.split()[0] for line in f.readlines()[1:] if line.strip()]
+
+
+ZRAM_FIX = ("zramctl --find --size 4G (prints /dev/zramN), then mkswap /dev/zramN && swapon /dev/zramN; "
+            "or unset FORKD_IDLE_PAGEOUT_SECS")
+
+
+def check_swap() -> Check:
+    """Idle page-out (forkd.core.idle): off unless FORKD_IDLE_PAGEOUT_SECS > 0; then it needs swap, and a swap that
+    is not zram (RAM) puts guest memory on a disk (SECURITY.md section 9)."""
+    secs, devices = settings().idle_pageout_secs, swap_devices()
+    found = f"swap: {', '.join(devices) or 'none'}"
+    if secs <= 0:
+        return Check(SEC + "swap", PASS, f"idle children are never paged out (FORKD_IDLE_PAGEOUT_SECS=0; {found})",
+                     None)
+    if not devices:
+        return Check(SEC + "swap", WARN, f"FORKD_IDLE_PAGEOUT_SECS={secs:g} but the host has no swap: nothing is "
+                     "paged out", ZRAM_FIX)
+    on_disk = [d for d in devices if not Path(d).name.startswith("zram")]
+    if on_disk:
+        return Check(SEC + "swap", WARN, f"idle children are paged out after {secs:g} s to {found}: "
+                     f"{', '.join(on_disk)} is not zram, so guest memory reaches a disk",
+                     "swapoff those devices and use zram (" + ZRAM_FIX + "), or encrypt that swap")
+    return Check(SEC + "swap", PASS, f"idle children are paged out after {secs:g} s to compressed RAM ({found})", None)
+
+
 def security_steps(rt: Runtime) -> list[tuple[str, Callable[[], Check]]]:
     return [(SEC + "vmm-uid", lambda: check_vmm_uid(rt)), (SEC + "seccomp", lambda: check_seccomp(rt)),
             (SEC + "daemon-socket", lambda: check_daemon_socket(rt)),
             (SEC + "store-perms", lambda: check_store_permissions(rt)), (SEC + "egress", check_egress),
             (SEC + "protected-links", check_protected_links), (SEC + "unprivileged-uffd", check_unprivileged_uffd),
-            (SEC + "ksm", check_ksm)]
+            (SEC + "ksm", check_ksm), (SEC + "swap", check_swap)]
 
 
 # -- all of them -----------------------------------------------------------------------------------------------

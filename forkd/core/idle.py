@@ -1,0 +1,101 @@
+"""Idle children cost less (issue 18): once a running child's VMM has been idle for FORKD_IDLE_PAGEOUT_SECS, its
+anonymous memory (TCG's translation buffer, QEMU's heap) is paged out to the host's swap (forkd.vmm.pageout).
+
+Off by default (0). With a zram swap device the pages stay in RAM, compressed; with a disk swap they go to disk
+(SECURITY.md section 9 says what that means for a guest's secrets). forkd never turns swap on: the host's admin
+does (`forkd doctor` says whether there is any).
+
+Idle means: between two looks, the VMM used at most IDLE_CPU_PCT of a core (an idle TCG child uses ~0.05 %). A
+child is paged out once per idle stretch: when it runs again (a request, its own work), its pages fault back in and
+the clock starts over. The daemon's sweeper calls `IdleReclaimer.tick` every FORKD_SWEEP_INTERVAL seconds; the
+decision (`Watch.observe`) is pure and table-tested."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from forkd.base.errors import ForkdError
+from forkd.vmm.pageout import PagedOut, page_out, swap_total_kib
+
+log = logging.getLogger(__name__)
+IDLE_CPU_PCT = 1.0  # at most this much of one core between two looks counts as idle
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime of every thread of `pid` so far (clock ticks), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+@dataclass
+class Watch:
+    """One child's idleness: its VMM's identity, its CPU at the last look, since when it has been idle, and whether
+    this idle stretch was paged out already."""
+
+    started: int | None
+    ticks: int
+    at: float  # when `ticks` was read
+    idle_since: float
+    paged: bool = False
+
+    def observe(self, started: int | None, ticks: int, now: float, idle_secs: float) -> bool:
+        """Take a new look; True when the child should be paged out now."""
+        if started != self.started:  # another process: start over
+            self.started, self.ticks, self.at, self.idle_since, self.paged = started, ticks, now, now, False
+            return False
+        allowed = max(1.0, (now - self.at) * CLK_TCK * IDLE_CPU_PCT / 100.0)
+        if ticks - self.ticks > allowed:  # it ran: a new idle stretch starts
+            self.idle_since, self.paged = now, False
+        self.ticks, self.at = ticks, now
+        return not self.paged and now - self.idle_since >= idle_secs
+
+
+@dataclass
+class IdleReclaimer:
+    idle_secs: float
+    clock: Any = time.monotonic
+    watches: dict[str, Watch] = field(default_factory=dict)
+    warned_no_swap: bool = False
+
+    def tick(self, rt: Any) -> dict[str, PagedOut]:
+        """Look at every running child once; page out those idle long enough. Returns what was paged out."""
+        if self.idle_secs <= 0 or not self._swap():
+            return {}
+        now, out = self.clock(), {}
+        running = {r.id: r for r in rt.registry.list() if r.state == "running" and r.pid is not None}
+        for gone in set(self.watches) - set(running):
+            del self.watches[gone]
+        for cid, rec in running.items():
+            ticks = cpu_ticks(rec.pid)
+            if ticks is None:
+                continue
+            w = self.watches.get(cid)
+            if w is None:
+                self.watches[cid] = Watch(rec.started, ticks, now, now)
+                continue
+            if w.observe(rec.started, ticks, now, self.idle_secs):
+                w.paged = True
+                try:
+                    out[cid] = page_out(rec.pid, rec.started)
+                except ForkdError as exc:
+                    log.warning("idle page-out of %s: %s", cid, exc.message)
+        return out
+
+    def _swap(self) -> bool:
+        if swap_total_kib() > 0:
+            self.warned_no_swap = False
+            return True
+        if not self.warned_no_swap:
+            log.warning("FORKD_IDLE_PAGEOUT_SECS is set but the host has no swap: idle children are not paged out "
+                        "(add a zram swap device: see `forkd doctor`)")
+            self.warned_no_swap = True
+        return False

@@ -1,0 +1,149 @@
+"""Issue 18: idle children cost less. With FORKD_IDLE_PAGEOUT_SECS set, a child idle that long has its VMM's
+anonymous memory (TCG's translation buffer, QEMU's heap) paged out to the host's swap (forkd.core.idle,
+forkd.vmm.pageout); it answers its next request unchanged. Real VMs and a real swap: a zram device this module makes
+swap for itself and puts back (the host's own swap, if it has one, is used as it is)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from forkd.base.settings import settings
+from forkd.core.idle import CLK_TCK, IdleReclaimer, Watch
+from forkd.core.posture import check_swap, swap_devices
+from forkd.sdk import Controller, Sandbox
+from forkd.vmm.pageout import swap_total_kib
+from tests.test_api import start_api_daemon, stop_api_daemon
+
+MIB = 1024
+
+
+@pytest.fixture(scope="module")
+def swap():
+    """Swap for the module: the host's if it has some, else a free zram device of 1 GiB made swap until the end."""
+    if swap_total_kib() > 0:
+        yield swap_devices()
+        return
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a zram swap device (the host has no swap)")
+    made = subprocess.run(["zramctl", "--find", "--size", "1G"], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"no zram device to make swap on: {made.stderr.strip()} (modprobe zram)")
+    dev = made.stdout.strip()
+    try:
+        subprocess.run(["mkswap", dev], check=True, capture_output=True)
+        subprocess.run(["swapon", dev], check=True, capture_output=True)
+        yield [dev]
+    finally:
+        subprocess.run(["swapoff", dev], capture_output=True)
+        subprocess.run(["zramctl", "--reset", dev], capture_output=True)
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _settle(rec, limit: float = 60.0) -> None:
+    """Wait until the child's VMM is idle (at most one clock tick of CPU in 1 s), as the sweeper would see it."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        t0 = _ticks(rec.pid)
+        time.sleep(1.0)
+        if _ticks(rec.pid) - t0 <= 1:
+            return
+    raise AssertionError(f"child {rec.id} never went idle within {limit:.0f} s")
+
+
+def _ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.mark.parametrize("ticks_moved,seconds,idle_secs,was_paged,expect_page,expect_paged_after", [
+    (0, 2.0, 1.0, False, True, False),  # idle since the first look, long enough: page out
+    (0, 0.5, 1.0, False, False, False),  # idle, not long enough yet
+    (0, 2.0, 1.0, True, False, True),  # already paged this idle stretch: not again
+    (1, 2.0, 1.0, False, True, False),  # one tick of noise in 2 s (0.5 % of a core) is still idle
+    (int(CLK_TCK), 2.0, 1.0, True, False, False),  # it ran (50 % of a core): a new stretch, nothing paged yet
+])
+def test_idleness_is_decided_from_cpu_time(ticks_moved, seconds, idle_secs, was_paged, expect_page,
+                                           expect_paged_after):
+    w = Watch(started=7, ticks=100, at=0.0, idle_since=0.0, paged=was_paged)
+    assert w.observe(7, 100 + ticks_moved, seconds, idle_secs) is expect_page
+    assert w.paged is expect_paged_after
+
+
+def test_another_process_under_the_same_child_starts_over():
+    w = Watch(started=7, ticks=100, at=0.0, idle_since=0.0, paged=True)
+    assert w.observe(8, 5, 10.0, 1.0) is False  # a new VMM: never paged on its first look
+    assert (w.started, w.ticks, w.idle_since, w.paged) == (8, 5, 10.0, False)
+    assert w.observe(8, 5, 11.5, 1.0) is True
+
+
+def test_off_by_default_nothing_is_paged_out(rt, fork, swap):
+    """SECURITY.md section 9: the default never writes a child's memory to swap, even on a host that has swap."""
+    assert settings().idle_pageout_secs == 0
+    assert check_swap().status == "PASS" and "never paged out" in check_swap().detail
+    (rec,) = fork(1)
+    idle = IdleReclaimer(settings().idle_pageout_secs)
+    for _ in range(3):
+        assert idle.tick(rt) == {}
+        time.sleep(0.5)
+    assert _status_kib(rec.pid, "VmSwap") == 0
+
+
+def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
+    """The idle child's VMM gives most of its anonymous memory to swap; a busy sibling keeps its own; the paged-out
+    child then answers with its state intact (a global from before, a file from before), and is not paged out
+    again until it has been idle once more."""
+    idle_rec, busy_rec = fork(2)
+    assert rt.exec_code(idle_rec.id, "KEPT = 'before the page-out'")["error"] is None
+    assert rt.exec(idle_rec.id, ["sh", "-c", "echo on-disk > /root/kept.txt"])["exit_code"] == 0
+    assert rt.exec_code(busy_rec.id, "import threading\n"
+                              "def _spin():\n    while True:\n        sum(range(10000))\n"
+                              "threading.Thread(target=_spin, daemon=True).start()")["error"] is None
+    _settle(idle_rec)
+    before = _status_kib(idle_rec.pid, "RssAnon")
+    reclaimer = IdleReclaimer(idle_secs=1.0)
+    assert reclaimer.tick(rt) == {}  # first look
+    time.sleep(1.5)
+    paged = reclaimer.tick(rt)
+    assert list(paged) == [idle_rec.id], paged  # the busy one ran all along
+    assert paged[idle_rec.id].moved_kib >= 4 * MIB, paged
+    assert _status_kib(idle_rec.pid, "VmSwap") >= 4 * MIB
+    assert _status_kib(idle_rec.pid, "RssAnon") <= before - 4 * MIB
+    assert _status_kib(busy_rec.pid, "VmSwap") < MIB
+    assert rt.eval(idle_rec.id, "KEPT")["value"] == repr("before the page-out")
+    run = rt.exec(idle_rec.id, ["cat", "/root/kept.txt"])
+    assert (run["exit_code"], run["stdout"].strip()) == (0, "on-disk")
+    assert reclaimer.tick(rt) == {}  # it ran: a new idle stretch starts, not paged again at once
+
+
+def test_the_daemon_pages_out_an_idle_sandbox(home, rt, base, swap, tmp_path):
+    """FORKD_IDLE_PAGEOUT_SECS=1 on a real daemon: its sweeper pages an idle sandbox out, and the sandbox answers."""
+    old = {k: os.environ.get(k) for k in ("FORKD_IDLE_PAGEOUT_SECS", "FORKD_SWEEP_INTERVAL")}
+    os.environ.update({"FORKD_IDLE_PAGEOUT_SECS": "1", "FORKD_SWEEP_INTERVAL": "0.5"})
+    try:
+        d = start_api_daemon(home, tmp_path)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    try:
+        sb = Sandbox.create(template=base.tag, controller=Controller(socket=home / "forkd.sock"))
+        pid = rt.registry.get(sb.id).pid
+        deadline = time.monotonic() + 120
+        while _status_kib(pid, "VmSwap") < 4 * MIB:
+            assert time.monotonic() < deadline, "the daemon never paged the idle sandbox out:\n" + d.log.read_text()
+            time.sleep(0.5)
+        assert sb.eval("6 * 7").result == "42"
+        sb.kill()
+    finally:
+        stop_api_daemon(d)
+
