@@ -241,23 +241,32 @@ def page_out_idle(rt: Runtime, recs: list, idle_s: float, limit_s: float = 120.0
     return {"paged": len(moved), "of": len(want), "moved_mib_p50": pct(moved, 50)}
 
 
-def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = (),
-           zram0: int = 0) -> dict:
-    """One level's figures; `helpers`: host processes working for the children (ksmd) whose CPU counts too;
-    `zram0`: zram's use before the children (what it grew by since holds their paged-out pages, compressed)."""
-    pids = [r.pid for r in recs]
-    time.sleep(min(2.0, window))  # let the last forks settle
-    cpu = idle_cpu_pct(pids + list(helpers), window)
-    lat = exec_latencies(rt, [r.id for r in recs], execs)
-    n = len(recs)
+def memory_now(rt: Runtime, recs: list, avail0: int, zram0: int) -> dict:
+    """Host memory of the children now: MemAvailable drop, summed Pss, swapped, Pss + zram's growth, per child."""
+    pids, n = [r.pid for r in recs], len(recs)
     drop = (avail0 - mem_available_kib()) / 1024.0
     pss = sum(pss_kib(p) for p in pids) / 1024.0
     swapped = sum(swap_kib(p) for p in pids) / 1024.0
-    split = [rt.memory(r.id) for r in random.sample(recs, min(10, n))]  # smaps of a few: what a child adds
-    return {"n": n, "mem_available_drop_mib": round(drop, 1), "mem_per_child_mib": round(drop / n, 2),
+    return {"mem_available_drop_mib": round(drop, 1), "mem_per_child_mib": round(drop / n, 2),
             "pss_sum_mib": round(pss, 1), "pss_per_child_mib": round(pss / n, 2),
             "swap_per_child_mib": round(swapped / n, 2),
-            "own_per_child_mib": round((pss + (zram_used_kib() - zram0) / 1024.0) / n, 2),
+            "own_per_child_mib": round((pss + (zram_used_kib() - zram0) / 1024.0) / n, 2)}
+
+
+def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = (),
+           zram0: int = 0) -> dict:
+    """One level's figures; `helpers`: host processes working for the children (ksmd) whose CPU counts too;
+    `zram0`: zram's use before the children (what it grew by since holds their paged-out pages, compressed).
+    Memory is read twice: idle (after the CPU window, before any exec: the top-level figures) and `after_execs`
+    (each exec wakes a child: its first one translates ~9 MiB more code and pages back what it touches)."""
+    pids = [r.pid for r in recs]
+    time.sleep(min(2.0, window))  # let the last forks settle
+    cpu = idle_cpu_pct(pids + list(helpers), window)
+    idle = memory_now(rt, recs, avail0, zram0)
+    lat = exec_latencies(rt, [r.id for r in recs], execs)
+    n = len(recs)
+    split = [rt.memory(r.id) for r in random.sample(recs, min(10, n))]  # smaps of a few: what a child adds
+    return {"n": n, **idle, "after_execs": memory_now(rt, recs, avail0, zram0),
             "guest_private_mib_p50": round(pct([m["guest_private_kib"] / 1024.0 for m in split], 50), 2),
             "vmm_pss_mib_p50": round(pct([m["vmm_pss_kib"] / 1024.0 for m in split], 50), 2),
             "idle_cpu_pct_per_child": round(cpu / n, 4), "idle_cpu_pct_total": round(cpu, 2),
@@ -385,6 +394,7 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
                      ("pss_per_child_mib", "mem_per_child_mib", "idle_cpu_pct_per_child", "fork_ready_ms_p50",
                       "guest_private_mib_p50", "vmm_pss_mib_p50", "swap_per_child_mib", "own_per_child_mib")}
         out[name]["exec_p50_ms"] = statistics.median([p["exec_ms"]["p50"] for p in ps])
+        out[name]["own_after_execs_mib"] = statistics.median([p["after_execs"]["own_per_child_mib"] for p in ps])
         out[name]["rounds"] = ps
         out[name]["env"] = VARIANTS[name]
     return {"variants": out, "n_per_variant": args.n, "rounds": args.rounds}
@@ -398,10 +408,11 @@ def table(r: dict) -> str:
     if "variants" in r:
         lines.append(f"  {r['n_per_variant']} children per variant, {r['rounds']} rounds interleaved, medians:")
         lines.append(f"  {'variant':<14}{'Pss MiB/child':>14}{'MemAvail MiB/child':>20}{'Pss+zram MiB/child':>19}"
-                     f"{'idle %core/child':>18}{'exec p50 ms':>13}{'ready p50 ms':>14}")
+                     f"{'after execs':>12}{'idle %core/child':>18}{'exec p50 ms':>13}{'ready p50 ms':>14}")
         for name, v in r["variants"].items():
             lines.append(f"  {name:<14}{v['pss_per_child_mib']:>14.2f}{v['mem_per_child_mib']:>20.2f}"
-                         f"{v['own_per_child_mib']:>19.2f}{v['idle_cpu_pct_per_child']:>18.4f}"
+                         f"{v['own_per_child_mib']:>19.2f}{v['own_after_execs_mib']:>12.2f}"
+                         f"{v['idle_cpu_pct_per_child']:>18.4f}"
                          f"{v['exec_p50_ms']:>13.1f}{v['fork_ready_ms_p50']:>14.0f}")
         return "\n".join(lines)
     lines.append(f"  {'N':>6}{'MemAvail MiB/child':>20}{'Pss MiB/child':>15}{'Pss+zram MiB/child':>19}"
