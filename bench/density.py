@@ -78,6 +78,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "after": {},  # this tree's defaults
     "ksm": {"FORKD_VMM_KSM": "1"},  # opt-in page merging (off by default: SECURITY.md section 9); see KsmScanner
     "pageout": {"FORKD_IDLE_PAGEOUT_SECS": "3"},  # opt-in: idle children's VMM memory to swap (zram); page_out_idle
+    "pageout-anon": {"FORKD_IDLE_PAGEOUT_SECS": "3", "scope": "anon"},  # the same, anonymous mappings only
 }
 KSM = Path("/sys/kernel/mm/ksm")
 KSM_SCAN = {"pages_to_scan": "1000", "sleep_millisecs": "20", "run": "1"}  # ~195 MiB/s scanned while it runs
@@ -217,6 +218,17 @@ def swap_kib(pid: int) -> int:
     return 0
 
 
+BATCH_SWAP_KIB = 24 * 1024  # what one child pages out, with room (measured: ~19 MiB)
+
+
+def swap_free_kib() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("SwapFree:"):
+                return int(line.split()[1])
+    return 0
+
+
 def zram_used_kib() -> int:
     """RAM the host's zram devices use for what they hold (mem_used_total of every /sys/block/zram*/mm_stat)."""
     total = 0
@@ -225,12 +237,12 @@ def zram_used_kib() -> int:
     return total
 
 
-def page_out_idle(rt: Runtime, recs: list, idle_s: float, limit_s: float = 120.0) -> dict:
+def page_out_idle(rt: Runtime, recs: list, idle_s: float, limit_s: float = 120.0, scope: str = "private") -> dict:
     """What the daemon's sweeper does with FORKD_IDLE_PAGEOUT_SECS=idle_s (forkd.core.idle), run here in-process:
     look every second until every child was paged out once (or `limit_s`)."""
     if swap_total_kib() == 0:
         raise ForkdError("the pageout variant needs swap and the host has none", hint=ZRAM_FIX)
-    reclaimer, paged, t0 = IdleReclaimer(idle_s), {}, time.monotonic()
+    reclaimer, paged, t0 = IdleReclaimer(idle_s, scope), {}, time.monotonic()
     want = {r.id for r in recs}
     while not want <= set(paged) and time.monotonic() - t0 < limit_s:
         paged.update(reclaimer.tick(rt))
@@ -306,6 +318,10 @@ def fill(rt: Runtime, args: argparse.Namespace, tag: str, made: set[str], on_lev
             progress(f"stopping at {len(recs)} children: MemAvailable {avail / 2**20:.1f} GiB, used {used_gib:.1f} "
                      f"GiB (--reserve-gib {args.reserve_gib}, --max-gib {args.max_gib})")
             break
+        if args.pageout and swap_free_kib() < args.batch * BATCH_SWAP_KIB:  # a full swap pages out nothing more
+            progress(f"stopping at {len(recs)} children: swap has {swap_free_kib() / 2**20:.1f} GiB free, under what "
+                     f"{args.batch} more would page out (make the zram device larger)")
+            break
     return recs
 
 
@@ -339,7 +355,8 @@ def run_levels(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
 
 
 # -- --compare: variants side by side --------------------------------------------------------------
-def with_env(env: dict[str, str]):
+def with_env(variant: dict[str, str]):
+    env = {k: v for k, v in variant.items() if k.startswith("FORKD_")}  # other keys are the bench's own
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
 
@@ -375,7 +392,8 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
                     recs = fill(rt, args, tags[name], made)
                     merged = scan.settle() if scan else None
                     pageout = VARIANTS[name].get("FORKD_IDLE_PAGEOUT_SECS")
-                    paged = page_out_idle(rt, recs, float(pageout)) if pageout else None
+                    scope = VARIANTS[name].get("scope", "private")
+                    paged = page_out_idle(rt, recs, float(pageout), scope=scope) if pageout else None
                     p = sample(rt, recs, avail0, args.idle_s, args.execs, tuple(scan.pids) if scan else (), zram0)
                     p["ksm"], p["pageout"] = merged, paged
                 p["fork_ready_ms_p50"] = pct([r.timings_ms.get("ready", 0.0) for r in recs], 50)
@@ -448,7 +466,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sample-s", type=float, default=5.0, help="idle CPU window after each batch (default 5)")
     ap.add_argument("--execs", type=int, default=100, help="execs on random children at full N (default 100)")
     ap.add_argument("--sample-execs", type=int, default=20, help="execs after each batch (default 20)")
-    ap.add_argument("--reserve-gib", type=float, default=2.0, help="stop adding children under this MemAvailable")
+    ap.add_argument("--reserve-gib", type=float, default=4.0, help="stop adding children under this MemAvailable "
+                    "(keep it above what one batch costs before it is paged out: ~3 GiB for 100)")
     ap.add_argument("--max-gib", type=float, default=12.0, help="stop adding children once they use this much")
     ap.add_argument("--pageout", type=float, default=0.0, metavar="SECS",
                     help="page out children idle SECS (as the daemon does with FORKD_IDLE_PAGEOUT_SECS) after each "

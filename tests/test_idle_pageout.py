@@ -100,7 +100,8 @@ def test_off_by_default_nothing_is_paged_out(rt, fork, swap):
 
 
 def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
-    """The idle child's VMM gives most of its anonymous memory to swap; a busy sibling keeps its own; the paged-out
+    """The idle child's VMM gives most of its private memory to swap (its own heap and code buffer, and the guest
+    pages it copied from the snapshot); a busy sibling keeps its own; the paged-out
     child then answers with its state intact (a global from before, a file from before), and is not paged out
     again until it has been idle once more."""
     idle_rec, busy_rec = fork(2)
@@ -111,6 +112,7 @@ def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
                               "threading.Thread(target=_spin, daemon=True).start()")["error"] is None
     _settle(idle_rec)
     before = _status_kib(idle_rec.pid, "RssAnon")
+    guest_before = rt.memory(idle_rec.id)["guest_private_kib"]  # guest pages it copied from the snapshot
     reclaimer = IdleReclaimer(idle_secs=1.0)
     assert reclaimer.tick(rt) == {}  # first look
     time.sleep(1.5)
@@ -120,6 +122,7 @@ def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
     assert _status_kib(idle_rec.pid, "VmSwap") >= 4 * MIB
     assert _status_kib(idle_rec.pid, "RssAnon") <= before - 4 * MIB
     assert _status_kib(busy_rec.pid, "VmSwap") < MIB
+    assert guest_before > MIB and rt.memory(idle_rec.id)["guest_private_kib"] < guest_before / 2
     assert rt.eval(idle_rec.id, "KEPT")["value"] == repr("before the page-out")
     run = rt.exec(idle_rec.id, ["cat", "/root/kept.txt"])
     assert (run["exit_code"], run["stdout"].strip()) == (0, "on-disk")

@@ -1,5 +1,6 @@
 """Idle children cost less (issue 18): once a running child's VMM has been idle for FORKD_IDLE_PAGEOUT_SECS, its
-anonymous memory (TCG's translation buffer, QEMU's heap) is paged out to the host's swap (forkd.vmm.pageout).
+private memory (TCG's translation buffer, QEMU's heap, the guest pages it copied) is paged out to the host's swap
+(forkd.vmm.pageout).
 
 Off by default (0). With a zram swap device the pages stay in RAM, compressed; with a disk swap they go to disk
 (SECURITY.md section 9 says what that means for a guest's secrets). forkd never turns swap on: the host's admin
@@ -62,6 +63,7 @@ class Watch:
 @dataclass
 class IdleReclaimer:
     idle_secs: float
+    scope: str = "private"  # forkd.vmm.pageout.SCOPES ("anon": bench/density.py's comparison)
     clock: Any = time.monotonic
     watches: dict[str, Watch] = field(default_factory=dict)
     warned_no_swap: bool = False
@@ -85,7 +87,7 @@ class IdleReclaimer:
             if w.observe(rec.started, ticks, now, self.idle_secs):
                 w.paged = True
                 try:
-                    out[cid] = page_out(rec.pid, rec.started)
+                    out[cid] = page_out(rec.pid, rec.started, self.scope)
                 except ForkdError as exc:
                     log.warning("idle page-out of %s: %s", cid, exc.message)
         return out

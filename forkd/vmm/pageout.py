@@ -1,11 +1,13 @@
-"""Paging out an idle VMM's own memory: `process_madvise(MADV_PAGEOUT)` over the VMM's anonymous private mappings
-(its heap, TCG's translation buffer, thread stacks, the guest's and device's anonymous allocations), so an idle child
-costs the host what its compressed pages cost in the host's swap (zram) instead of their full size.
+"""Paging out an idle VMM's own memory: `process_madvise(MADV_PAGEOUT)` over the VMM's private mappings, so an idle
+child costs the host what its compressed pages cost in the host's swap (zram) instead of their full size.
 
-What it never touches: file mappings (QEMU's binary and libraries, and the guest RAM mapped from the snapshot's
-memory file, whose pages are shared with the child's siblings). The kernel only reclaims a page mapped by this one
-process, and only when the host has swap (without swap, anonymous pages cannot be reclaimed: the call is a no-op,
-`swap_total_kib()` says so). A paged-out child answers its next request after its pages fault back in from swap.
+Scope "private" (the default): every private mapping but the kernel's own ([vdso], [vvar], [vsyscall]): the
+anonymous ones (QEMU's heap, TCG's translation buffer, thread stacks) and the pages the VMM copied on write in its
+file mappings (the guest pages this child wrote, in the snapshot's memory file mapping; QEMU's and its libraries'
+data). Scope "anon": the anonymous mappings only (what bench/density.py compares it with). Either way the kernel
+reclaims only pages no other process maps: the snapshot pages this child shares with its siblings, and QEMU's code,
+stay where they are. It needs swap for anonymous pages (without swap the call moves nothing: `swap_total_kib()`).
+A paged-out child answers its next request once its pages fault back in from swap.
 
 Needs Linux 5.10+ (process_madvise), CAP_SYS_NICE and ptrace access to the VMM (root has both; a VMM that dropped to
 its own uid is still the daemon's to advise). Whether to page out, and when, is forkd.core.idle's decision.
@@ -25,6 +27,8 @@ SYS_PROCESS_MADVISE = 440  # x86_64 (and every architecture since 5.10 uses the 
 MADV_PAGEOUT = 21
 IOV_BATCH = 512  # < UIO_MAXIOV (1024)
 ANON_NAMES = ("", "[heap]", "[stack]")  # anonymous mappings as /proc/PID/maps names them (plus "[anon:...]")
+KERNEL_NAMES = ("[vdso]", "[vvar]", "[vvar_vclock]", "[vsyscall]")  # special mappings madvise refuses (EINVAL)
+SCOPES = ("private", "anon")
 
 
 class _Iovec(ctypes.Structure):
@@ -35,7 +39,7 @@ class _Iovec(ctypes.Structure):
 class PagedOut:
     """What one page-out asked for and what it moved."""
 
-    advised_kib: int  # the anonymous mappings advised (their whole size, touched or not)
+    advised_kib: int  # the mappings advised (their whole size, touched or not)
     rss_before_kib: int  # the VMM's RssAnon before
     rss_after_kib: int  # and after: the difference went to swap
 
@@ -53,15 +57,19 @@ def swap_total_kib() -> int:
     return 0
 
 
-def anon_ranges(pid: int) -> list[tuple[int, int]]:
-    """(start, length) of every private anonymous mapping of `pid` (from /proc/PID/maps; read as bytes, bounded
-    by the kernel: the file is the process's own mapping list)."""
+def _wanted(name: str, scope: str) -> bool:
+    anon = name in ANON_NAMES or name.startswith("[anon:")
+    return anon if scope == "anon" else name not in KERNEL_NAMES
+
+
+def private_ranges(pid: int, scope: str = "private") -> list[tuple[int, int]]:
+    """(start, length) of the private mappings of `pid` in `scope` (from /proc/PID/maps, the kernel's own list)."""
     out = []
     with open(f"/proc/{pid}/maps", "rb") as f:
         for line in f:
             fields = line.split(maxsplit=5)
             name = fields[5].strip().decode(errors="replace") if len(fields) > 5 else ""
-            if fields[1][3:4] != b"p" or not (name in ANON_NAMES or name.startswith("[anon:")):
+            if fields[1][3:4] != b"p" or not _wanted(name, scope):
                 continue
             lo, hi = (int(x, 16) for x in fields[0].split(b"-"))
             out.append((lo, hi - lo))
@@ -69,6 +77,7 @@ def anon_ranges(pid: int) -> list[tuple[int, int]]:
 
 
 def rss_anon_kib(pid: int) -> int:
+    """RssAnon: the process's resident anonymous pages (copied-on-write pages of file mappings included)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("RssAnon:"):
@@ -105,9 +114,11 @@ def _madvise(pidfd: int, ranges: list[tuple[int, int]]) -> None:
                         raise
 
 
-def page_out(pid: int, started: int | None) -> PagedOut:
-    """Ask the kernel to reclaim the anonymous memory of the VMM `pid` (which must still be the process that
+def page_out(pid: int, started: int | None, scope: str = "private") -> PagedOut:
+    """Ask the kernel to reclaim the private memory of the VMM `pid` (which must still be the process that
     started at `started`: a pidfd pins it, and the start time is checked after the pidfd is open)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope {scope!r} is not one of {SCOPES}")
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -116,7 +127,7 @@ def page_out(pid: int, started: int | None) -> PagedOut:
         if started is not None and start_time(pid) != started:
             raise ForkdError(f"pid {pid} is no longer the child's VMM", hint="the child stopped; nothing to do")
         before = rss_anon_kib(pid)
-        ranges = anon_ranges(pid)
+        ranges = private_ranges(pid, scope)
         try:
             _madvise(pidfd, ranges)
         except OSError as exc:
