@@ -325,7 +325,7 @@ def _when(epoch: float | None) -> str:
 
 def claim(pool: str = typer.Argument(..., help="the ForkPool", autocompletion=complete_pools),
           n: int = count_option(1, "how many children"),
-          lifetime: float | None = lifetime_option("each claimed child is killed this long after the claim "
+          lifetime: str | None = lifetime_option("each claimed child is killed this long after the claim "
                                                    "(default: the pool's child.ttlSeconds, else "
                                                    "FORKD_SANDBOX_TIMEOUT); extend it with forkd set-timeout"),
           output: Fmt = typer.Option(Fmt.table, "-o", "--output"),
