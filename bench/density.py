@@ -56,7 +56,7 @@ from forkd.core.idle import IdleReclaimer  # noqa: E402
 from forkd.core.posture import ZRAM_FIX  # noqa: E402
 from forkd.core.requests import ParentBuild, Spawn  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
-from forkd.vmm.pageout import swap_total_kib  # noqa: E402
+from forkd.vmm.pageout import meminfo_kib, swap_total_kib  # noqa: E402
 
 TAG = "bench-density"
 WARM_IMPORTS = ("json", "decimal")
@@ -221,14 +221,6 @@ def swap_kib(pid: int) -> int:
 BATCH_SWAP_KIB = 24 * 1024  # what one child pages out, with room (measured: ~19 MiB)
 
 
-def swap_free_kib() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("SwapFree:"):
-                return int(line.split()[1])
-    return 0
-
-
 def zram_used_kib() -> int:
     """RAM the host's zram devices use for what they hold (mem_used_total of every /sys/block/zram*/mm_stat)."""
     total = 0
@@ -318,8 +310,9 @@ def fill(rt: Runtime, args: argparse.Namespace, tag: str, made: set[str], on_lev
             progress(f"stopping at {len(recs)} children: MemAvailable {avail / 2**20:.1f} GiB, used {used_gib:.1f} "
                      f"GiB (--reserve-gib {args.reserve_gib}, --max-gib {args.max_gib})")
             break
-        if args.pageout and swap_free_kib() < args.batch * BATCH_SWAP_KIB:  # a full swap pages out nothing more
-            progress(f"stopping at {len(recs)} children: swap has {swap_free_kib() / 2**20:.1f} GiB free, under what "
+        swap_free = meminfo_kib("SwapFree")
+        if args.pageout and swap_free < args.batch * BATCH_SWAP_KIB:  # a full swap pages out nothing more
+            progress(f"stopping at {len(recs)} children: swap has {swap_free / 2**20:.1f} GiB free, under what "
                      f"{args.batch} more would page out (make the zram device larger)")
             break
     return recs

@@ -48,13 +48,18 @@ class PagedOut:
         return max(0, self.rss_before_kib - self.rss_after_kib)
 
 
-def swap_total_kib() -> int:
-    """The host's swap (SwapTotal in /proc/meminfo): 0 means a page-out can move nothing."""
+def meminfo_kib(field: str) -> int:
+    """One /proc/meminfo figure in KiB (0 if this kernel has no such field)."""
     with open("/proc/meminfo") as f:
         for line in f:
-            if line.startswith("SwapTotal:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def swap_total_kib() -> int:
+    """The host's swap (SwapTotal): 0 means a page-out can move nothing."""
+    return meminfo_kib("SwapTotal")
 
 
 def _wanted(name: str, scope: str) -> bool:
