@@ -116,6 +116,9 @@ def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
     reclaimer = IdleReclaimer(idle_secs=1.0)
     assert reclaimer.tick(rt) == {}  # first look
     time.sleep(1.5)
+    reclaimer.budget_s = 0.0  # a tick out of time pages nothing out ...
+    assert reclaimer.tick(rt) == {}
+    reclaimer.budget_s = 0.5  # ... and the idle child is still due on the next one
     paged = reclaimer.tick(rt)
     assert list(paged) == [idle_rec.id], paged  # the busy one ran all along
     assert paged[idle_rec.id].moved_kib >= 4 * MIB, paged

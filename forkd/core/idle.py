@@ -64,15 +64,17 @@ class Watch:
 class IdleReclaimer:
     idle_secs: float
     scope: str = "private"  # forkd.vmm.pageout.SCOPES ("anon": bench/density.py's comparison)
+    budget_s: float = 0.5  # paging out stops for this tick after this long (the sweeper has lifetimes to enforce)
     clock: Any = time.monotonic
     watches: dict[str, Watch] = field(default_factory=dict)
     warned_no_swap: bool = False
 
     def tick(self, rt: Any) -> dict[str, PagedOut]:
-        """Look at every running child once; page out those idle long enough. Returns what was paged out."""
+        """Look at every running child once; page out those idle long enough, for at most `budget_s` (the rest
+        stay due and are paged out on the next ticks). Returns what was paged out."""
         if self.idle_secs <= 0 or not self._swap():
             return {}
-        now, out = self.clock(), {}
+        now, out, t0 = self.clock(), {}, time.monotonic()
         running = {r.id: r for r in rt.registry.list() if r.state == "running" and r.pid is not None}
         for gone in set(self.watches) - set(running):
             del self.watches[gone]
@@ -84,7 +86,7 @@ class IdleReclaimer:
             if w is None:
                 self.watches[cid] = Watch(rec.started, ticks, now, now)
                 continue
-            if w.observe(rec.started, ticks, now, self.idle_secs):
+            if w.observe(rec.started, ticks, now, self.idle_secs) and time.monotonic() - t0 < self.budget_s:
                 w.paged = True
                 try:
                     out[cid] = page_out(rec.pid, rec.started, self.scope)
