@@ -400,3 +400,17 @@ def test_a_claims_lifetime_from_a_client_is_bounded(bad):
     with pytest.raises(ValidationError):
         ClaimRequest.model_validate({"n": 1, "ttl": 5})
     assert ClaimRequest.model_validate({"n": 2, "lifetime_secs": 60}).lifetime_secs == 60
+
+
+def test_a_child_id_from_a_client_is_checked_before_it_names_a_file(tcp):
+    """Every /v1/sandboxes/{id} route reads the child's directory: an over-long, non-ASCII or dotted id is a 400
+    that names the rule, never a 500 from the filesystem (a 256-byte id was ENAMETOOLONG, a 500, found by
+    tests/test_schemathesis.py on 2026-12-02)."""
+    auth = {"Authorization": f"Bearer {tcp.token}"}
+    with httpx.Client(base_url=f"http://127.0.0.1:{tcp.port}", headers=auth, timeout=30) as c:
+        for bad in ("0" * 27 + "\u0080" * 60 + "\u0130" * 40, "c" * 300, ".hidden", "c\u00e9"):
+            for path in (f"/v1/sandboxes/{bad}", f"/v1/sandboxes/{bad}/logs"):
+                r = c.get(path)
+                assert r.status_code == 400, (path[:60], r.status_code, r.text[:300])
+                assert "invalid child id" in r.json()["detail"] and "1-64 letters" in r.json()["hint"]
+        assert c.get("/v1/sandboxes/cnope/logs").status_code == 404  # a well-formed id that does not exist
