@@ -58,13 +58,20 @@ from forkd.core.requests import ParentBuild, Spawn  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.vmm.pageout import meminfo_kib, swap_total_kib  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lib.density_probes import (  # noqa: E402
+    idle_cpu_pct,
+    mem_available_kib,
+    memory_now,
+    zram_used_kib,
+)
+
 TAG = "bench-density"
 WARM_IMPORTS = ("json", "decimal")
 EXEC_LIMIT_MS = 100.0
 TARGET_MEM_MIB = 12.0
 TARGET_CPU_PCT = 0.1
 TARGET_N = 1500
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 OLD_CMDLINE = "console=ttyS0 quiet panic=-1"  # the guest kernel command line before issue 18
 # name -> FORKD_* environment for the VMMs and the parents (each distinct FORKD_GUEST_CMDLINE gets a parent of its own)
@@ -101,44 +108,6 @@ def pct(xs: list[float], p: float) -> float | None:
 
 
 # -- host measurements ------------------------------------------------------------------------------
-def mem_available_kib() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1])
-    raise ForkdError("no MemAvailable in /proc/meminfo (Linux before 3.14?)")
-
-
-def pss_kib(pid: int) -> int:
-    """The process's Pss (all mappings), or 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        return 0
-    return 0
-
-
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of every thread of `pid` so far (clock ticks), or 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
-
-
-def idle_cpu_pct(pids: list[int], seconds: float) -> float:
-    """Summed CPU of `pids` over `seconds` of nothing asked of them, in % of one core."""
-    t0, c0 = time.monotonic(), sum(cpu_ticks(p) for p in pids)
-    time.sleep(seconds)
-    t1, c1 = time.monotonic(), sum(cpu_ticks(p) for p in pids)
-    return (c1 - c0) / CLK_TCK / (t1 - t0) * 100.0
-
-
 def exec_latencies(rt: Runtime, ids: list[str], n: int) -> list[float]:
     out = []
     for cid in random.sample(ids, min(n, len(ids))) if n <= len(ids) else random.choices(ids, k=n):
@@ -206,27 +175,7 @@ def _comm(d: Path) -> str:
 
 
 # -- one level of N ---------------------------------------------------------------------------------
-def swap_kib(pid: int) -> int:
-    """The process's pages in swap (VmSwap), or 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmSwap:"):
-                    return int(line.split()[1])
-    except OSError:
-        return 0
-    return 0
-
-
 BATCH_SWAP_KIB = 24 * 1024  # what one child pages out, with room (measured: ~19 MiB)
-
-
-def zram_used_kib() -> int:
-    """RAM the host's zram devices use for what they hold (mem_used_total of every /sys/block/zram*/mm_stat)."""
-    total = 0
-    for stat in Path("/sys/block").glob("zram*/mm_stat"):
-        total += int(stat.read_text().split()[2]) // 1024
-    return total
 
 
 def page_out_idle(rt: Runtime, recs: list, idle_s: float, limit_s: float = 120.0, scope: str = "private") -> dict:
@@ -245,18 +194,6 @@ def page_out_idle(rt: Runtime, recs: list, idle_s: float, limit_s: float = 120.0
     return {"paged": len(moved), "of": len(want), "moved_mib_p50": pct(moved, 50)}
 
 
-def memory_now(rt: Runtime, recs: list, avail0: int, zram0: int) -> dict:
-    """Host memory of the children now: MemAvailable drop, summed Pss, swapped, Pss + zram's growth, per child."""
-    pids, n = [r.pid for r in recs], len(recs)
-    drop = (avail0 - mem_available_kib()) / 1024.0
-    pss = sum(pss_kib(p) for p in pids) / 1024.0
-    swapped = sum(swap_kib(p) for p in pids) / 1024.0
-    return {"mem_available_drop_mib": round(drop, 1), "mem_per_child_mib": round(drop / n, 2),
-            "pss_sum_mib": round(pss, 1), "pss_per_child_mib": round(pss / n, 2),
-            "swap_per_child_mib": round(swapped / n, 2),
-            "own_per_child_mib": round((pss + (zram_used_kib() - zram0) / 1024.0) / n, 2)}
-
-
 def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = (),
            zram0: int = 0) -> dict:
     """One level's figures; `helpers`: host processes working for the children (ksmd) whose CPU counts too;
@@ -266,11 +203,11 @@ def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, help
     pids = [r.pid for r in recs]
     time.sleep(min(2.0, window))  # let the last forks settle
     cpu = idle_cpu_pct(pids + list(helpers), window)
-    idle = memory_now(rt, recs, avail0, zram0)
+    idle = memory_now(recs, avail0, zram0)
     lat = exec_latencies(rt, [r.id for r in recs], execs)
     n = len(recs)
     split = [rt.memory(r.id) for r in random.sample(recs, min(10, n))]  # smaps of a few: what a child adds
-    return {"n": n, **idle, "after_execs": memory_now(rt, recs, avail0, zram0),
+    return {"n": n, **idle, "after_execs": memory_now(recs, avail0, zram0),
             "guest_private_mib_p50": round(pct([m["guest_private_kib"] / 1024.0 for m in split], 50), 2),
             "vmm_pss_mib_p50": round(pct([m["vmm_pss_kib"] / 1024.0 for m in split], 50), 2),
             "idle_cpu_pct_per_child": round(cpu / n, 4), "idle_cpu_pct_total": round(cpu, 2),
