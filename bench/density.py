@@ -86,6 +86,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "ksm": {"FORKD_VMM_KSM": "1"},  # opt-in page merging (off by default: SECURITY.md section 9); see KsmScanner
     "pageout": {"FORKD_IDLE_PAGEOUT_SECS": "3"},  # opt-in: idle children's VMM memory to swap (zram); page_out_idle
     "pageout-anon": {"FORKD_IDLE_PAGEOUT_SECS": "3", "scope": "anon"},  # the same, anonymous mappings only
+    "primed": {"prime": "true"},  # each child runs `true` once at fork (Spawn.prime): its first exec is translated
+    "pageout-primed": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true"},  # both
 }
 KSM = Path("/sys/kernel/mm/ksm")
 KSM_SCAN = {"pages_to_scan": "1000", "sleep_millisecs": "20", "run": "1"}  # ~195 MiB/s scanned while it runs
@@ -230,13 +232,15 @@ def limits(points: list[dict], avail0_mib: float, nproc: int) -> dict:
             "largest_n_exec_p99_within_100ms": max(ok, default=0), "measured_up_to_n": last["n"]}
 
 
-def fill(rt: Runtime, args: argparse.Namespace, tag: str, made: set[str], on_level=None) -> list:
-    """Fork `args.n` children of `tag` in batches, calling on_level(recs) after each; stops early at the limits."""
+def fill(rt: Runtime, args: argparse.Namespace, tag: str, made: set[str], on_level=None,
+         prime: tuple[str, ...] = ()) -> list:
+    """Fork `args.n` children of `tag` in batches (each running `prime` once: Spawn.prime), calling on_level(recs)
+    after each; stops early at the limits."""
     recs: list = []
     avail0 = mem_available_kib()
     while len(recs) < args.n:
         k = min(args.batch, args.n - len(recs))
-        got = rt.fork(Spawn.of(tag=tag, n=k, timeout=120.0))
+        got = rt.fork(Spawn.of(tag=tag, n=k, timeout=120.0, prime=prime))
         made.update(r.id for r in got)
         recs += got
         if on_level:
@@ -274,7 +278,7 @@ def run_levels(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
                  f"MiB/child (Pss), idle CPU {p['idle_cpu_pct_per_child']:.3f} %/child, exec p50 "
                  f"{p['exec_ms']['p50']:.1f} p99 {p['exec_ms']['p99']:.1f} ms")
 
-    recs = fill(rt, args, tag, made, level)
+    recs = fill(rt, args, tag, made, level, prime=tuple(args.prime))
     progress(f"all {len(recs)} idle: {args.idle_s:.0f} s CPU window, {args.execs} execs")
     paged = page_out_idle(rt, recs, args.pageout) if args.pageout else None
     final = sample(rt, recs, avail0, args.idle_s, args.execs, zram0=zram0)
@@ -319,7 +323,7 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
             try:
                 with KsmScanner() if VARIANTS[name].get("FORKD_VMM_KSM") == "1" else nullcontext() as scan:
                     avail0, zram0 = mem_available_kib(), zram_used_kib()
-                    recs = fill(rt, args, tags[name], made)
+                    recs = fill(rt, args, tags[name], made, prime=tuple(filter(None, [VARIANTS[name].get("prime")])))
                     merged = scan.settle() if scan else None
                     pageout = VARIANTS[name].get("FORKD_IDLE_PAGEOUT_SECS")
                     scope = VARIANTS[name].get("scope", "private")
@@ -342,6 +346,7 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
                      ("pss_per_child_mib", "mem_per_child_mib", "idle_cpu_pct_per_child", "fork_ready_ms_p50",
                       "guest_private_mib_p50", "vmm_pss_mib_p50", "swap_per_child_mib", "own_per_child_mib")}
         out[name]["exec_p50_ms"] = statistics.median([p["exec_ms"]["p50"] for p in ps])
+        out[name]["exec_p90_ms"] = statistics.median([p["exec_ms"]["p90"] for p in ps])
         out[name]["own_after_execs_mib"] = statistics.median([p["after_execs"]["own_per_child_mib"] for p in ps])
         out[name]["rounds"] = ps
         out[name]["env"] = VARIANTS[name]
@@ -356,12 +361,13 @@ def table(r: dict) -> str:
     if "variants" in r:
         lines.append(f"  {r['n_per_variant']} children per variant, {r['rounds']} rounds interleaved, medians:")
         lines.append(f"  {'variant':<14}{'Pss MiB/child':>14}{'MemAvail MiB/child':>20}{'Pss+zram MiB/child':>19}"
-                     f"{'after execs':>12}{'idle %core/child':>18}{'exec p50 ms':>13}{'ready p50 ms':>14}")
+                     f"{'after execs':>12}{'idle %core/child':>18}{'exec p50 ms':>13}{'exec p90 ms':>13}"
+                     f"{'ready p50 ms':>14}")
         for name, v in r["variants"].items():
             lines.append(f"  {name:<14}{v['pss_per_child_mib']:>14.2f}{v['mem_per_child_mib']:>20.2f}"
                          f"{v['own_per_child_mib']:>19.2f}{v['own_after_execs_mib']:>12.2f}"
                          f"{v['idle_cpu_pct_per_child']:>18.4f}"
-                         f"{v['exec_p50_ms']:>13.1f}{v['fork_ready_ms_p50']:>14.0f}")
+                         f"{v['exec_p50_ms']:>13.1f}{v['exec_p90_ms']:>13.1f}{v['fork_ready_ms_p50']:>14.0f}")
         return "\n".join(lines)
     lines.append(f"  {'N':>6}{'MemAvail MiB/child':>20}{'Pss MiB/child':>15}{'Pss+zram MiB/child':>19}"
                  f"{'idle %core/child':>18}{'exec p50':>10}{'exec p99':>10}")
@@ -402,6 +408,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pageout", type=float, default=0.0, metavar="SECS",
                     help="page out children idle SECS (as the daemon does with FORKD_IDLE_PAGEOUT_SECS) after each "
                          "batch and before the final window; needs swap (zram)")
+    ap.add_argument("--prime", action="append", default=[], metavar="CMD",
+                    help="each child runs CMD once when forked (Spawn.prime; e.g. true: its first exec is then "
+                         "translated at fork time); repeat for more")
     ap.add_argument("--compare", action="store_true", help="variants side by side instead of one climb")
     ap.add_argument("--variants", default="before,after", help=f"with --compare: any of {', '.join(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=2, help="with --compare: interleaved rounds (default 2)")
@@ -425,8 +434,9 @@ def run(args: argparse.Namespace) -> dict:
     result: dict = {"machine": {"accel": decision.accel, "nproc": len(os.sched_getaffinity(0)),
                                 "guest_memory_mib": args.memory_mib, "qemu_version": rt.driver.version(),
                                 "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
-                    "idle_s": args.idle_s, "targets": {"mem_mib": TARGET_MEM_MIB, "idle_cpu_pct": TARGET_CPU_PCT,
-                                                       "n": TARGET_N, "exec_ms": EXEC_LIMIT_MS}}
+                    "idle_s": args.idle_s, "prime": args.prime, "pageout_secs": args.pageout,
+                    "targets": {"mem_mib": TARGET_MEM_MIB, "idle_cpu_pct": TARGET_CPU_PCT, "n": TARGET_N,
+                                "exec_ms": EXEC_LIMIT_MS}}
     try:
         result.update(compare(rt, args, made) if args.compare else run_levels(rt, args, made))
     finally:

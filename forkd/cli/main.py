@@ -211,6 +211,9 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
          memory_limit_mib: int | None = typer.Option(None, "--memory-limit-mib", help="cgroup memory limit"),
          allow_unconstrained: bool = typer.Option(False, "--allow-unconstrained",
                                                   help="start children even where no cgroup can constrain them"),
+         prime: list[str] = typer.Option([], "--prime", help="shell command each child runs once before it counts "
+                                         "as answering (repeat); `--prime true` makes its first exec ~30 ms "
+                                         "instead of ~250 ms under TCG, for ~14 MiB more memory per child"),
          output: Fmt = OUTPUT) -> None:
     """Fork N children of a snapshot (--tag), or of a running child as it is now (--from-sandbox ID); returns when
     every child answered. Children outlive this command; through the daemon they live FORKD_SANDBOX_TIMEOUT."""
@@ -224,7 +227,7 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         emit({"children": recs}, output, CHILD_COLUMNS, _child_rows(recs))
         return
     req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
-                   memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained)
+                   memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime))
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
     emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, _child_rows(recs))

@@ -30,6 +30,12 @@ from forkd.base.names import check_tag
 MAX_FORK = 1000
 MIN_MEMORY_LIMIT_MIB = 64
 MAX_EGRESS_RULES = 64
+MAX_PRIME = 8
+PRIME_DOC = ("shell commands each new child runs once, right after it is forked and before it answers as ready "
+             "(before a pool counts or hands it out); a command that exits non-zero fails the child. Under TCG a "
+             "child's first exec translates the guest's fork/exec code (~250 ms): `true` here moves that to fork "
+             "time, so its first exec answers in ~30 ms, for ~14 MiB more host memory per child (README, "
+             "Benchmarks). At most 8, each 1-4096 characters")
 
 
 def _module_name(name: str) -> str:
@@ -53,6 +59,8 @@ NetworkMode = Literal["none", "isolated"]
 BranchMode = Literal["live", "diff", "full"]
 MemoryLimitMiB = Annotated[int, Field(ge=MIN_MEMORY_LIMIT_MIB, description="the child's host memory limit in MiB")]
 Labels = dict[str, str]
+PrimeCommand = Annotated[str, Field(min_length=1, max_length=4096)]
+Prime = Annotated[tuple[PrimeCommand, ...], Field(max_length=MAX_PRIME, description=PRIME_DOC)]
 
 
 def _allow_rule(rule: str) -> str:
@@ -171,3 +179,4 @@ class Spawn(Request):
     memory_limit_mib: MemoryLimitMiB | None = None
     allow_unconstrained: bool = False
     cpu_weight: int = Field(100, ge=1, le=10000)
+    prime: Prime = ()

@@ -27,7 +27,8 @@ class Supervisor:
     def spawn(self, snapshot: str, machine: Machine, memory: Path, vmstate: Path,
               timeout: float = 30.0, pool: str | None = None, memory_limit_mib: int | None = None,
               allow_unconstrained: bool = False, cpu_weight: int = cgroups.DEFAULT_CPU_WEIGHT,
-              egress: Egress = "none", claim: Claim | None = None) -> tuple[ChildRecord, Vm]:
+              egress: Egress = "none", claim: Claim | None = None,
+              prime: tuple[str, ...] = ()) -> tuple[ChildRecord, Vm]:
         """Restore one child, reseed it, and return once its agent answered. Recorded before it runs.
 
         Isolation: `machine.network == "isolated"` runs the VMM in its own network namespace (forkd.sandbox.netns);
@@ -37,7 +38,8 @@ class Supervisor:
         under FORKD_VMM_RUNAS=per-child (the default) the VMM drops to a uid:gid of its own (runas_identity, kept
         in the record) with no capabilities once its files, sockets and tap are open (not yet with a disk:
         the driver's may_drop). `claim`: the child is handed out from birth (its first record says so), so a
-        pool never counts it as idle."""
+        pool never counts it as idle. `prime`: shell commands run once after the reseed, while the child is still
+        `starting` (forkd.core.requests.PRIME_DOC); one that exits non-zero fails the spawn."""
         t0 = time.perf_counter()
         home = str(self.registry.layout.home)
         hier = cgroups.detect()
@@ -65,6 +67,10 @@ class Supervisor:
                                      on_start=on_start, netns=rec.netns, runas=rec.runas)
             t_restored = time.perf_counter()
             self._reseed(vm, rec, timeout)
+            if prime:
+                t = time.perf_counter()
+                self._prime(vm, rec, prime, timeout)
+                setup_ms["prime"] = (time.perf_counter() - t) * 1000.0
         except BaseException as exc:
             self._abandon(rec, net, group, exc)
             raise
@@ -108,6 +114,18 @@ class Supervisor:
         vm.agent.call("forked", {"entropy": base64.b64encode(os.urandom(ENTROPY_BYTES)).decode(),
                                  "child_id": rec.id, "hostname": rec.id, "time": time.time()},
                       timeout=timeout)
+
+    @staticmethod
+    def _prime(vm: Vm, rec: ChildRecord, prime: tuple[str, ...], timeout: float) -> None:
+        """Run the spawn's prime commands in the new child, each within `timeout`; the first that fails fails it."""
+        for cmd in prime:
+            res = vm.agent.exec(["/bin/sh", "-c", cmd], timeout=timeout)
+            if res["exit_code"] != 0 or res.get("timed_out"):
+                why = f"timed out after {timeout:g} s" if res.get("timed_out") else f"exited {res['exit_code']}"
+                raise ForkdError(f"child {rec.id}: prime command {cmd!r} {why}: "
+                                 f"{(res['stderr'] or res['stdout']).strip()[-400:]}",
+                                 hint="fix the command (ForkPool spec.child.prime, forkd fork --prime): it runs in "
+                                      "every new child before the child counts as ready")
 
     def _abandon(self, rec: ChildRecord, net: netns.ChildNet | None, group: cgroups.ChildCgroup | None,
                  exc: BaseException) -> None:

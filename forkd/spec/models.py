@@ -218,6 +218,7 @@ class ChildSpec(Strict):
     network: NetworkMode = Field("none", description="none (no NIC) or isolated (a NIC in the child's own network "
                                                      "namespace); must match the ForkParent's spec.network")
     egress: EgressField = "none"
+    prime: list[rq.PrimeCommand] = Field(default_factory=list, max_length=rq.MAX_PRIME, description=rq.PRIME_DOC)
 
     @model_validator(mode="after")
     def _egress_needs_a_nic(self) -> ChildSpec:
@@ -269,7 +270,7 @@ class ForkPool(Strict):
         """The core's request to restore `n` children of snapshot `tag` for this pool (their network follows the
         snapshot's; the reconciler refuses a pool whose child.network does not match its parent's)."""
         return rq.Spawn.of(tag=tag, n=n, pool=self.metadata.name, memory_limit_mib=self.spec.child.memoryLimitMiB,
-                           egress=self.spec.child.egress)
+                           egress=self.spec.child.egress, prime=tuple(self.spec.child.prime))
 
 
 # -- ForkBranch -------------------------------------------------------------------------------------

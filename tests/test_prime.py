@@ -1,0 +1,112 @@
+"""Priming: shell commands each new child runs once, after its reseed and before it counts as ready (Spawn.prime,
+`forkd fork --prime`, ForkPool spec.child.prime). Real VMs; the validation table needs none."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forkd.base.errors import ForkdError, InvalidInput
+from forkd.core.requests import MAX_PRIME, Spawn
+from forkd.reconciler.control import Control
+from forkd.spec.loader import load_text
+from tests.conftest import BASE_TAG, forkd_cli, qemu_pids
+
+MARK = "/root/primed"
+
+
+@pytest.mark.parametrize("prime, field", [
+    (("",), "prime.0"),
+    (("x" * 4097,), "prime.0"),
+    (("true",) * (MAX_PRIME + 1), "prime"),
+])
+def test_a_prime_the_rules_refuse_names_the_field(prime, field):
+    with pytest.raises(InvalidInput) as exc:
+        Spawn.of(tag="t", prime=prime)
+    assert f"{field}:" in exc.value.message
+
+
+def test_a_pool_with_too_many_prime_commands_is_refused_at_load():
+    doc = ("apiVersion: forkd.dev/v1alpha1\nkind: ForkPool\nmetadata: {name: p}\n"
+           f"spec: {{from: x, child: {{prime: {['true'] * (MAX_PRIME + 1)}}}}}\n")
+    loaded, errors = load_text(doc, "pool.yaml")
+    assert not loaded and errors
+    assert "child.prime" in str(errors[0]) and "pool.yaml" in str(errors[0])
+
+
+@pytest.mark.vm
+def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, base):
+    plain = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
+    primed = rt.fork(Spawn.of(tag=BASE_TAG, n=2, prime=(f"echo $$ >> {MARK}", "true")))
+    try:
+        assert rt.exec(plain[0].id, ["test", "-e", MARK])["exit_code"] == 1  # not from the parent
+        assert "prime" not in plain[0].timings_ms
+        for r in primed:
+            lines = rt.exec(r.id, ["cat", MARK])["stdout"].split()
+            assert len(lines) == 1, lines  # once, in this child
+            assert r.timings_ms["prime"] > 0 and r.timings_ms["ready"] >= r.timings_ms["prime"]
+            assert rt.eval(r.id, "WARM_GLOBAL")["error"] is None  # the warm parent underneath
+    finally:
+        rt.kill([r.id for r in plain + primed])
+
+
+@pytest.mark.vm
+def test_a_failing_prime_fails_the_spawn_and_keeps_nothing(rt, base, home):
+    before_ids, before_vmms = {r.id for r in rt.children()}, set(qemu_pids(home))
+    with pytest.raises(ForkdError) as exc:
+        rt.fork(Spawn.of(tag=BASE_TAG, n=2, prime=("true", "echo boom >&2; exit 3")))
+    msg = str(exc.value)
+    assert "prime command 'echo boom >&2; exit 3' exited 3" in msg and "boom" in msg
+    assert "spec.child.prime" in (exc.value.hint or "")
+    assert {r.id for r in rt.children()} == before_ids
+    assert set(qemu_pids(home)) <= before_vmms
+
+
+@pytest.mark.vm
+def test_forkd_fork_prime_on_the_command_line(base):
+    res = forkd_cli("fork", "-t", BASE_TAG, "--prime", "exit 4", "-o", "json")
+    assert res.returncode != 0
+    assert "prime command 'exit 4' exited 4" in res.stderr
+    res = forkd_cli("fork", "-t", BASE_TAG, "--prime", f"touch {MARK}", "-o", "json", check=True)
+    child = json.loads(res.stdout)["children"][0]["id"]
+    try:
+        assert forkd_cli("exec", child, "--", "test", "-e", MARK).returncode == 0
+    finally:
+        forkd_cli("kill", child, check=True)
+
+
+POOL = """\
+apiVersion: forkd.dev/v1alpha1
+kind: ForkParent
+metadata: {name: primep}
+spec: {memoryMiB: 256}
+---
+apiVersion: forkd.dev/v1alpha1
+kind: ForkPool
+metadata: {name: primepool}
+spec: {from: primep, warm: 1, child: {prime: ["date +%s > /root/primed"]}}
+"""
+
+
+@pytest.mark.vm
+def test_a_pool_primes_its_warm_children(rt):
+    loaded, errors = load_text(POOL, "pool.yaml")
+    assert not errors, errors
+    control = Control(rt)
+    try:
+        control.apply([(x.obj, f"{x.file}:{x.line}") for x in loaded], "test")
+        ok, problems = control.reconciler.run_until_converged(180)
+        assert ok, problems
+        warm = [r for r in rt.children() if r.pool == "primepool" and r.status == "running"]
+        assert len(warm) == 1
+        assert rt.exec(warm[0].id, ["cat", MARK])["stdout"].strip().isdigit()
+        assert warm[0].timings_ms["prime"] > 0
+    finally:
+        for kind, name in (("ForkPool", "primepool"), ("ForkParent", "primep")):
+            control.delete(kind, name)
+        control.reconciler.run_until_converged(60)
+        left = [r.id for r in rt.children() if r.pool == "primepool"]
+        if left:
+            rt.kill(left)
+        control.reconciler.close()
