@@ -136,3 +136,26 @@ def test_files_and_eval_errors(rt, fork):
     res = rt.exec_code(c.id, "print('hi')\nX = 5")
     assert res["stdout"] == "hi\n" and res["error"] is None
     assert rt.eval(c.id, "X")["value"] == "5"
+
+
+@pytest.mark.vm
+def test_a_flat_image_forkd_did_not_seal_is_rebuilt_not_mapped(rt, base):
+    """QEMU creates a missing mem-path as an empty 0644 file: if the flat cache is deleted under a fork, that file
+    takes the image's name, and children restored over its zeros fail (seen: 'load of migration failed'). The
+    store trusts only images it sealed (0400) and builds any other one again."""
+    from forkd.base.hashing import sha256_file
+    from forkd.core.requests import Spawn
+
+    target = rt.store.materialize(BASE_TAG)
+    size = target.stat().st_size
+    target.unlink()
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    os.ftruncate(fd, size)
+    os.close(fd)
+    recs = rt.fork(Spawn.of(tag=BASE_TAG))
+    try:
+        assert rt.eval(recs[0].id, "WARM_GLOBAL")["value"] == repr(WARM_GLOBAL)
+    finally:
+        rt.kill([r.id for r in recs])
+    assert stat.S_IMODE(os.lstat(target).st_mode) == 0o400
+    assert sha256_file(target) == rt.store.get(BASE_TAG).memory_sha256

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from forkd.base.errors import Conflict
 from forkd.base.procs import start_time
 from forkd.reconciler.control import Control
 from forkd.reconciler.world import parent_tag
@@ -117,6 +118,25 @@ def test_claim_hands_out_and_pool_refills(rt, control):
     assert len(pool_children(rt, claimed=False)) == 3
     claimed_ids = {r.id for r in pool_children(rt, claimed=True)}
     assert {r.id for r in got} <= claimed_ids
+
+
+def test_a_claim_past_max_children_is_refused_and_gives_its_warm_back(rt, control):
+    converge(control)
+    live = [r for r in rt.children() if r.pool == "rpool" and r.status in ("running", "starting")]
+    idle = {r.id for r in pool_children(rt, claimed=False)}
+    room = 8 - len(live)  # maxChildren 8
+    assert idle and room > 0
+    with pytest.raises(Conflict) as exc:
+        control.claim("rpool", len(idle) + room + 1)
+    assert f"maxChildren (8) leaves room for {room}" in exc.value.message
+    assert f"claim at most {len(idle) + room}" in exc.value.hint
+    assert {r.id for r in pool_children(rt, claimed=False)} == idle  # the warm ones taken were given back
+    got = control.claim("rpool", len(idle) + room)  # exactly up to the cap: the rest forked on the spot
+    try:
+        assert len(got) == len(idle) + room and all(r.claimed for r in got)
+        assert len([r for r in rt.children() if r.pool == "rpool" and r.status == "running"]) == 8
+    finally:
+        rt.kill([r.id for r in got])
 
 
 def test_dry_run_and_diff_change_nothing(rt, control):

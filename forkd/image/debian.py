@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from forkd.base.errors import ForkdError, InvalidInput
+from forkd.base.mounts import private_mounts
 from forkd.base.paths import Layout
 from forkd.base.procs import run
 from forkd.base.settings import settings
@@ -102,6 +103,9 @@ def _mmdebstrap(root: Path, suite: str, packages: list[str], cache: Path, progre
             "--customize-hook=rm -f \"$1\"/var/cache/apt/archives/*.deb"]
     argv += [f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES]
     argv += [suite, str(root), mirror()]
+    # its binds of the host's /dev, /dev/shm, /proc, /sys into root/ live in a namespace of its own: a killed
+    # mmdebstrap leaves none behind for a later delete of the work tree to walk into (forkd.base.mounts)
+    argv = private_mounts(argv)
     progress(f"mmdebstrap {suite}: essential + {', '.join(BASE_PACKAGES + packages)} (downloads cached)")
     run(argv, f"mmdebstrap {suite}", tail=_apt_errors,
         hint="check the package names and that the Debian mirror is reachable (FORKD_DEBIAN_MIRROR overrides it)")

@@ -27,6 +27,7 @@ from pathlib import Path
 from forkd.base.atomic import rename_into_place, write_json
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.base.hashing import sha256_file
+from forkd.base.mounts import remove_tree
 from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.private import make_private_dir
@@ -97,8 +98,8 @@ def workspace(layout: Layout, image_id: str) -> Iterator[tuple[Path, Path, Path]
         os.chmod(root, 0o755)  # the guest's / (inside the private work directory)
         os.chmod(out, 0o755)  # becomes images/<id>: as readable as before (an unprivileged VMM reads it)
         yield root, out, stage
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    finally:  # never through a mount a killed mmdebstrap left in root/ (forkd.base.mounts); gc retries what stays
+        remove_tree(work)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
 from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore, key
 from forkd.reconciler.state import Actual
-from forkd.reconciler.world import parent_tag, resolve
+from forkd.reconciler.world import parent_tag, pool_room, resolve
 from forkd.sandbox.registry import Claim
 from forkd.spec.models import MODELS, RESOURCE_NAMES, ForkObject, to_document
 from forkd.spec.namespaces import DEFAULT, qualify
@@ -70,6 +72,8 @@ class Control:
         self.objects = ObjectStore(rt.layout)
         self._reconciler = reconciler
         self._target_cache: dict[str, Any] = {}
+        self._spot_locks: dict[str, threading.Lock] = {}
+        self._spot_locks_lock = threading.Lock()
 
     @property
     def reconciler(self) -> Reconciler:
@@ -186,8 +190,10 @@ class Control:
         ForkClaim then records its own end instead).
 
         If fewer than `n` are warm, the rest are forked on the spot from the pool's snapshot (slower); those are
-        claimed from birth, so the reconciler never sees them as idle. All or nothing: if that fork fails, the
-        warm children taken are given back to the pool."""
+        claimed from birth, so the reconciler never sees them as idle. They count against the pool's maxChildren:
+        a claim that would pass it is refused (Conflict). Forks on the spot for one pool run one claim at a time in
+        this process, so two claims cannot both pass the check (the reconciler's own spawns respect the cap too).
+        All or nothing: if the fork fails or is refused, the warm children taken are given back to the pool."""
         if not 1 <= n <= 1000:
             raise InvalidInput(f"-n {n}: use 1..1000")
         obj = qualify(self.objects.get("ForkPool", pool).obj)  # its children's pool: the qualified name
@@ -201,13 +207,29 @@ class Control:
                 raise Conflict(f"pool {pool!r} has {len(got)} warm children and no ready snapshot to fork more",
                                hint=f"see 'forkd describe pool/{pool}'")
             try:
-                got += self.rt.fork(obj.to_request(target, n - len(got)), claim=Claim.now(ttl))
+                with self._spot_lock(pool):
+                    self._check_room(pool, obj.spec.maxChildren, n, len(got))
+                    got += self.rt.fork(obj.to_request(target, n - len(got)), claim=Claim.now(ttl))
             except BaseException:
                 if got:
                     self.rt.unclaim([r.id for r in got])
                 raise
         self.reconciler.wake.set()
         return got
+
+    def _spot_lock(self, pool: str) -> threading.Lock:
+        with self._spot_locks_lock:
+            return self._spot_locks.setdefault(pool, threading.Lock())
+
+    def _check_room(self, pool: str, cap: int, n: int, warm_taken: int) -> None:
+        """Refuse forking `n - warm_taken` on the spot when the pool's maxChildren has no room for them (the
+        `warm_taken` just claimed already count)."""
+        room = pool_room(observe.child_states(self.rt, pool), cap, time.time())
+        if n - warm_taken > room:
+            raise Conflict(f"pool {pool!r}: a claim of {n} needs {n - warm_taken} more children than are warm, "
+                           f"and its maxChildren ({cap}) leaves room for {room}",
+                           hint=f"claim at most {warm_taken + room} now, wait for children to be released, or raise "
+                                f"spec.maxChildren of ForkPool {pool}")
 
     def _pool_target(self, pool: str) -> str | None:
         """The ready snapshot the pool spawns from now, as the World of a reconcile pass has it, or None. The World

@@ -50,15 +50,18 @@ def actual_snapshots(rt: Runtime) -> list[SnapshotState]:
     return out
 
 
+def child_states(rt: Runtime, pool: str | None = None) -> list[ChildState]:
+    """Every child as the planner sees it (or those of one pool)."""
+    return [ChildState(id=r.id, snapshot=r.snapshot, pool=r.pool, status=r.status, claimed=r.claimed,
+                       claimed_at=r.claimed_at, expires_at=r.expires_at, created_at=r.created_at,
+                       agent_socket=str(r.agent_socket))
+            for r in rt.children() if pool is None or r.pool == pool]
+
+
 def actual(rt: Runtime, failures: tuple[Failure, ...] = (), in_flight: frozenset[str] = frozenset(),
            spawn_p50_ms: tuple[tuple[str, float], ...] = (), objects: ObjectStore | None = None) -> Actual:
     now = time.time()
     snaps = actual_snapshots(rt)
-    children = []
-    for r in rt.children():
-        children.append(ChildState(id=r.id, snapshot=r.snapshot, pool=r.pool, status=r.status, claimed=r.claimed,
-                                   claimed_at=r.claimed_at, expires_at=r.expires_at, created_at=r.created_at,
-                                   agent_socket=str(r.agent_socket)))
-    return Actual(snapshots=tuple(snaps), children=tuple(children), failures=failures, now=now,
+    return Actual(snapshots=tuple(snaps), children=tuple(child_states(rt)), failures=failures, now=now,
                   in_flight=in_flight, spawn_p50_ms=spawn_p50_ms,
                   claims=tuple(objects.claims()) if objects is not None else ())

@@ -157,6 +157,12 @@ class PoolChildren:
         return len(self.claimed) + len(self.idle_current) + len(self.idle_old) + len(self.other)
 
 
+def pool_room(children: Sequence[ChildState], cap: int, now: float) -> int:
+    """How many more children a pool whose maxChildren is `cap` may have now: its live ones count as plan_pool
+    counts them (claimed, idle, starting; not the dead, nor claimed ones whose ttl ended)."""
+    return max(0, cap - split_children(children, None, now).live)
+
+
 def split_children(children: Sequence[ChildState], target: str | None, now: float) -> PoolChildren:
     p = PoolChildren([], [], [], [], [], [])
     for c in children:

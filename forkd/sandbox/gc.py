@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forkd.base.mounts import remove_tree
 from forkd.base.owners import dead_under, owner_alive
 from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.base.private import UnsafePath, check_private_dir
@@ -41,6 +43,7 @@ from forkd.sandbox import cgroups, netns
 from forkd.sandbox.registry import RECORD, Registry
 from forkd.sandbox.supervisor import release_isolation
 
+log = logging.getLogger("forkd.gc")
 GRACE_SECONDS = 60.0  # objects younger than this with no record may be a spawn in progress
 # temporaries named by a forkd before owned names (forkd.base.owners): the maker's pid only
 LEGACY = re.compile(r"^(?:forkd-.+-(\d+)(?:-[0-9a-f]+)?\.mem|(?:p|l|b|branch-.+|unpack)-(\d+)-[0-9a-f]+"
@@ -128,7 +131,7 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
                     and not os.path.exists(os.path.join(entry.path, RECORD)) and _age(Path(entry.path)) > grace:
                 report.dirs.append(entry.path)
                 if not dry_run:
-                    shutil.rmtree(entry.path, ignore_errors=True)
+                    _remove(Path(entry.path))
     _collect_network(home, keep, report, dry_run, grace)
     _collect_cgroups(home, keep, report, dry_run)
     _collect_files(layout, report, dry_run, grace)
@@ -137,7 +140,7 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
     for d in stale_flat_dirs():
         report.flat_dirs.append(str(d))
         if not dry_run:
-            shutil.rmtree(d, ignore_errors=True)
+            _remove(d)
     return report
 
 
@@ -219,8 +222,13 @@ def _scratch_dirs(layout: Layout) -> list[Path]:
 
 
 def _remove(path: Path) -> None:
+    """Delete a file, or a directory tree without walking into a mount a killed builder left in it (mmdebstrap's
+    bind of the host's /dev/shm: forkd.base.mounts); a mount that cannot be detached keeps its tree, logged."""
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+        left = remove_tree(path)
+        if left:
+            log.warning("gc: left %s in place: mounts beneath it could not be detached: %s", path,
+                        ", ".join(map(str, left)))
     else:
         path.unlink(missing_ok=True)
 

@@ -10,6 +10,7 @@ data files, so a crash never leaves a half-written snapshot that looks usable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable
@@ -240,7 +241,7 @@ class SnapshotStore:
         or left for the caller to delete afterwards."""
         self.layout.make_flat_cache()  # verified private (UnsafePath otherwise) before anything goes in
         target = self.flat_cache_path(content_hash)
-        if check_private_file(target):
+        if self._sealed_flat(target):
             return self._populated(target)
         if image.stat().st_dev == self.layout.flat_cache.stat().st_dev:
             self._populated(image)  # the scratch file becomes the cached image: populated before it is shared
@@ -252,6 +253,19 @@ class SnapshotStore:
                 self.populate(fd)
                 chain.copy_extents(image, fd)
         return target
+
+    @staticmethod
+    def _sealed_flat(target: Path) -> bool:
+        """True if `target` is a flat image forkd published (private, sealed 0400). Anything else at that name is
+        not trusted and goes, so the caller builds the image again: QEMU creates a missing mem-path as an empty
+        0644 file, and children restored over such zeros fail (seen when the flat cache was deleted under a
+        fork), as would every later fork if it stayed; a crash while holes were filled leaves 0600."""
+        if check_private_file(target) and os.lstat(target).st_mode & 0o7777 == SEALED_MODE:
+            return True
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            if not os.path.isdir(target) or os.path.islink(target):
+                os.unlink(target)
+        return False
 
     def _populated(self, image: Path) -> Path:
         """`image` with every page allocated (see `populate`); an image already whole is not opened for writing."""
@@ -322,7 +336,7 @@ class SnapshotStore:
         head = chain_[-1]
         self.layout.make_flat_cache()
         target = self.flat_path(head)
-        if check_private_file(target):
+        if self._sealed_flat(target):
             return self._populated(target)
         with publish(target, mode=SEALED_MODE) as fd:
             root = self.dir(chain_[0].tag) / MEMORY
