@@ -226,6 +226,23 @@ def test_kill_waits_for_a_child_another_operation_is_starting(local):
     assert not (rt.layout.children / rec.id).exists() and not is_alive(rec.pid, rec.started)
 
 
+def test_gc_leaves_a_child_to_its_live_stopper_and_reaps_it_once_the_stopper_is_gone(local):
+    rt, child = local
+    rec = child()
+    stopper = subprocess.Popen(["sleep", "300"])
+    try:
+        rt.registry.save(rec.with_(state="stopping", stopper_pid=stopper.pid, stopper_started=start_time(stopper.pid)))
+        report = rt.gc()
+        assert rec.id not in report["reaped"] and is_alive(rec.pid, rec.started)  # the stopper's to finish
+        assert rt.registry.get(rec.id).status == "stopping"
+    finally:
+        stopper.kill()
+        stopper.wait()
+    assert rt.registry.get(rec.id).status == "dead"  # its stopper died mid-stop
+    assert rec.id in rt.gc()["reaped"]
+    assert not (rt.layout.children / rec.id).exists()
+
+
 def test_kill_of_a_child_another_operation_is_stopping_waits_and_leaves_it_to_that_one(local):
     rt, child = local
     rec = child()

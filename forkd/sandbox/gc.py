@@ -107,8 +107,9 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
     keep: set[str] = set()  # child ids whose kernel objects stay
     for rec in registry.list():
         status = rec.status
-        if status == "running" or (status == "starting" and rec.spawner_pid
-                                   and is_alive(rec.spawner_pid, rec.spawner_started)):
+        # a live spawner (`starting`) or stopper (`stopping`: the status says its stopper lives) owns the child
+        if status in ("running", "stopping") or (status == "starting" and rec.spawner_pid
+                                                 and is_alive(rec.spawner_pid, rec.spawner_started)):
             keep.add(rec.id)
             if status == "running":
                 report.adopted.append(rec.id)
