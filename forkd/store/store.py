@@ -24,6 +24,7 @@ from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.private import UnsafePath, check_private_file, make_private_dir, set_mode
 from forkd.base.procs import is_alive, start_time
+from forkd.base.space import require_room
 from forkd.store import chain
 from forkd.store.chain import ChainError
 from forkd.store.snapshot import DISK, MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot, is_sha256
@@ -248,6 +249,7 @@ class SnapshotStore:
             set_mode(image, SEALED_MODE)
             os.rename(image, target)
         else:  # another filesystem
+            require_room(target.parent, image.stat().st_size, f"the flat image {content_hash[:12]}")
             with publish(target, mode=SEALED_MODE) as fd:
                 os.ftruncate(fd, image.stat().st_size)
                 self.populate(fd)
@@ -338,8 +340,9 @@ class SnapshotStore:
         target = self.flat_path(head)
         if self._sealed_flat(target):
             return self._populated(target)
+        root = self.dir(chain_[0].tag) / MEMORY
+        require_room(target.parent, root.stat().st_size, f"the flat image of snapshot {tag!r}")
         with publish(target, mode=SEALED_MODE) as fd:
-            root = self.dir(chain_[0].tag) / MEMORY
             os.ftruncate(fd, root.stat().st_size)
             self.populate(fd)  # every page allocated (and charged) before any is written: see `populate`
             chain.copy_extents(root, fd)

@@ -195,7 +195,7 @@ def test_parent_scratch_ram_is_created_private_and_unfindable(open_home):
     rt = Runtime(open_home)
     job = Job(rt)
     with job.stack:
-        path = job.scratch_memory("victim")
+        path = job.scratch_memory("victim", 1)
         qemu = _qemu_maps(path)
         try:
             with open(path, "r+b") as f:  # what the guest writes into its RAM
@@ -242,7 +242,7 @@ def test_foreign_tmpfs_dir_is_refused_and_never_written_through(open_home, who, 
         store.materialize("s1")
     assert str(shm_dir) in str(ei.value) and ei.value.hint
     with pytest.raises(ForkdError):
-        Job(Runtime(open_home)).scratch_memory("x")
+        Job(Runtime(open_home)).scratch_memory("x", 1)
     assert list(victim.iterdir()) == []  # root wrote nothing through the planted link
     if not shm_dir.is_symlink():
         assert [p.name for p in shm_dir.iterdir()] == (["home"] if who == "nobody" else [])

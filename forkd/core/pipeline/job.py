@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from forkd.base.owners import owned_name
 from forkd.base.private import create_private_file, ensure_private_dir, make_private_dir
+from forkd.base.space import require_room
 from forkd.base.steps import Step, run_steps
 from forkd.store.snapshot import Snapshot
 from forkd.store.writer import SnapshotWriter
@@ -85,12 +86,14 @@ class Job:
         self.stack.callback(shutil.rmtree, d, ignore_errors=True)
         return d
 
-    def scratch_memory(self, name: str) -> Path:
+    def scratch_memory(self, name: str, size_mib: int) -> Path:
         """A new, empty scratch guest-memory file (0600, created O_EXCL|O_NOFOLLOW) in this home's private
         directory on tmpfs ($FORKD_SHM/forkd-<home hash>/, else $FORKD_HOME/tmp), named as gc expects
         (`forkd-<name>-<pid>@<start>-<random>.mem`), removed on unwind (unless the store adopted it). A VMM opening it
         by path finds forkd's file, in a directory nobody else can enter."""
-        path = self.rt.layout.scratch_dir() / owned_name(f"forkd-{name}", ".mem", nbytes=16)
+        where = self.rt.layout.scratch_dir()
+        require_room(where, size_mib << 20, f"the guest memory of {name} ({size_mib} MiB)")
+        path = where / owned_name(f"forkd-{name}", ".mem", nbytes=16)
         os.close(create_private_file(path))
         self.stack.callback(path.unlink, missing_ok=True)
         return path

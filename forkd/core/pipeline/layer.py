@@ -55,7 +55,7 @@ class LayerJob(Job):
     def restore(self) -> None:
         req, rt = self.req, self.rt
         self.progress(f"copying {req.parent_tag}'s memory image")
-        self.memory = self.scratch_memory(f"layer-{req.tag}")
+        self.memory = self.scratch_memory(f"layer-{req.tag}", self.parent.memory_mib)
         with publish(self.memory, durable=False) as fd:
             chain.copy_extents(self.parent_flat, fd)
         self.progress(f"restoring {req.parent_tag} over the copy")

@@ -56,7 +56,7 @@ class ParentJob(Job):
             create_overlay(w.disk, self.image.disk)
         self.progress(f"booting the parent ({req.memory_mib} MiB, {req.vcpus} vCPU, {self.accel}"
                       f"{', disk-backed' if self.image.disk else ''})")
-        self.memory = self.scratch_memory(req.tag)
+        self.memory = self.scratch_memory(req.tag, req.memory_mib)
         work = self.workdir("p")
         try:
             vm = self.rt.driver.boot(self.machine, self.memory, RunFiles(work), timeout=req.boot_timeout)

@@ -1,0 +1,26 @@
+"""Room on a filesystem before forkd writes a large file there (guest RAM on tmpfs: a parent's or layer's scratch
+memory, a flat image): an error that says what needs how much where and how to make room, instead of ENOSPC half
+way through, or a SIGBUS that kills a VMM whose guest touched a page of a full tmpfs.
+
+The check is made once, before the write: builds started at the same moment may each find room that only one of
+them gets (they then fail with ENOSPC, or their VMM with SIGBUS, as before)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from forkd.base.errors import Unavailable
+
+MIB = 1 << 20
+
+
+def require_room(directory: Path, need_bytes: int, what: str) -> None:
+    """Unavailable naming `what`, the sizes and `directory` when its filesystem has less than `need_bytes` free."""
+    st = os.statvfs(directory)
+    free = st.f_bavail * st.f_frsize
+    if free < need_bytes:
+        raise Unavailable(f"{what} needs {need_bytes / MIB:.0f} MiB in {directory}, whose filesystem has "
+                          f"{free / MIB:.0f} MiB free",
+                          hint="make room: delete snapshots nothing uses ('forkd rmi TAG'; 'forkd gc' removes flat "
+                               "images no snapshot needs), or set FORKD_SHM to a larger tmpfs")
