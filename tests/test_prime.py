@@ -45,7 +45,7 @@ def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, base):
         for r in primed:
             lines = rt.exec(r.id, ["cat", MARK])["stdout"].split()
             assert len(lines) == 1, lines  # once, in this child
-            assert r.timings_ms["prime"] > 0 and r.timings_ms["ready"] >= r.timings_ms["prime"]
+            assert r.timings_ms["prime"] > 0
             assert rt.eval(r.id, "WARM_GLOBAL")["error"] is None  # the warm parent underneath
     finally:
         rt.kill([r.id for r in plain + primed])
@@ -61,6 +61,11 @@ def test_a_failing_prime_fails_the_spawn_and_keeps_nothing(rt, base, home):
     assert "spec.child.prime" in (exc.value.hint or "")
     assert {r.id for r in rt.children()} == before_ids
     assert set(qemu_pids(home)) <= before_vmms
+
+
+def test_prime_is_refused_with_from_sandbox():
+    res = forkd_cli("fork", "--from-sandbox", "c0123456789", "--prime", "true")
+    assert res.returncode == 2 and "--prime applies to children of a snapshot" in res.stderr
 
 
 @pytest.mark.vm

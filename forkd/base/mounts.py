@@ -24,6 +24,7 @@ import ctypes
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -62,7 +63,14 @@ def detach(point: Path) -> None:
 
 def remove_tree(path: Path) -> list[Path]:
     """Delete the directory `path` and everything in it without crossing into a mount: the mounts beneath it are
-    detached first. Returns the mount points still there (nothing was deleted then); [] once the tree is gone."""
+    detached first. Returns the mount points still there (nothing was deleted then); [] once the tree is gone.
+    Only a real directory (not a symbolic link: nothing beneath its target is detached) other than /."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(st.st_mode) or os.path.realpath(path) == "/":
+        raise ValueError(f"remove_tree: {path} is not a directory forkd may remove (a link, a file, or /)")
     for point in mounts_beneath(path):
         try:
             detach(point)

@@ -32,10 +32,11 @@ MIN_MEMORY_LIMIT_MIB = 64
 MAX_EGRESS_RULES = 64
 MAX_PRIME = 8
 PRIME_DOC = ("shell commands each new child runs once, right after it is forked and before it answers as ready "
-             "(before a pool counts or hands it out); a command that exits non-zero fails the child. Under TCG a "
-             "child's first exec translates the guest's fork/exec code (~250 ms): `true` here moves that to fork "
-             "time, so its first exec answers in ~30 ms, for ~14 MiB more host memory per child (README, "
-             "Benchmarks). At most 8, each 1-4096 characters")
+             "(before a pool counts or hands it out); a command that exits non-zero (or outlasts the spawn's "
+             "timeout) fails the spawn, like any child that fails to start. Under TCG a child's first exec "
+             "translates the guest's fork/exec code (~250 ms): `true` here moves that to fork time, so its first "
+             "exec answers in ~40 ms, for ~14 MiB more host memory per child (README, Benchmarks). At most 8, each "
+             "1-4096 characters")
 
 
 def _module_name(name: str) -> str:

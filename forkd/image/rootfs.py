@@ -13,6 +13,7 @@ write the content-addressed image in one of two shapes:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -99,7 +100,8 @@ def workspace(layout: Layout, image_id: str) -> Iterator[tuple[Path, Path, Path]
         os.chmod(out, 0o755)  # becomes images/<id>: as readable as before (an unprivileged VMM reads it)
         yield root, out, stage
     finally:  # never through a mount a killed mmdebstrap left in root/ (forkd.base.mounts); gc retries what stays
-        remove_tree(work)
+        with contextlib.suppress(OSError):  # the build's own error, if any, is the one to report
+            remove_tree(work)
 
 
 @dataclass(frozen=True)

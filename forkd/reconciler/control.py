@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from forkd.base.telemetry import timed
 from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
 from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore, key
+from forkd.reconciler.poollocks import pool_lock
 from forkd.reconciler.state import Actual
 from forkd.reconciler.world import parent_tag, pool_room, resolve
 from forkd.sandbox.registry import Claim
@@ -72,8 +72,6 @@ class Control:
         self.objects = ObjectStore(rt.layout)
         self._reconciler = reconciler
         self._target_cache: dict[str, Any] = {}
-        self._spot_locks: dict[str, threading.Lock] = {}
-        self._spot_locks_lock = threading.Lock()
 
     @property
     def reconciler(self) -> Reconciler:
@@ -191,8 +189,8 @@ class Control:
 
         If fewer than `n` are warm, the rest are forked on the spot from the pool's snapshot (slower); those are
         claimed from birth, so the reconciler never sees them as idle. They count against the pool's maxChildren:
-        a claim that would pass it is refused (Conflict). Forks on the spot for one pool run one claim at a time in
-        this process, so two claims cannot both pass the check (the reconciler's own spawns respect the cap too).
+        a claim that would pass it is refused (Conflict). Forks for one pool (claims, the reconciler's refills) run one
+        at a time (forkd.reconciler.poollocks): a claim that waited for a refill first takes the children it made.
         All or nothing: if the fork fails or is refused, the warm children taken are given back to the pool."""
         if not 1 <= n <= 1000:
             raise InvalidInput(f"-n {n}: use 1..1000")
@@ -207,19 +205,17 @@ class Control:
                 raise Conflict(f"pool {pool!r} has {len(got)} warm children and no ready snapshot to fork more",
                                hint=f"see 'forkd describe pool/{pool}'")
             try:
-                with self._spot_lock(pool):
-                    self._check_room(pool, obj.spec.maxChildren, n, len(got))
-                    got += self.rt.fork(obj.to_request(target, n - len(got)), claim=Claim.now(ttl))
+                with pool_lock(obj.metadata.name):
+                    got += self.rt.claim_children(pool, n - len(got), ttl, prefer_tag=target)  # a refill's, if any
+                    if len(got) < n:
+                        self._check_room(obj.metadata.name, obj.spec.maxChildren, n, len(got))
+                        got += self.rt.fork(obj.to_request(target, n - len(got)), claim=Claim.now(ttl))
             except BaseException:
                 if got:
                     self.rt.unclaim([r.id for r in got])
                 raise
         self.reconciler.wake.set()
         return got
-
-    def _spot_lock(self, pool: str) -> threading.Lock:
-        with self._spot_locks_lock:
-            return self._spot_locks.setdefault(pool, threading.Lock())
 
     def _check_room(self, pool: str, cap: int, n: int, warm_taken: int) -> None:
         """Refuse forking `n - warm_taken` on the spot when the pool's maxChildren has no room for them (the

@@ -28,8 +28,9 @@ from forkd.reconciler.actions import (
     SpawnChildren,
 )
 from forkd.reconciler.objects import ObjectStore
+from forkd.reconciler.poollocks import pool_lock
 from forkd.reconciler.state import ClaimRecord
-from forkd.reconciler.world import GONE
+from forkd.reconciler.world import GONE, pool_room
 from forkd.spec.models import ImageRef
 from forkd.spec.namespaces import qualify
 
@@ -102,8 +103,14 @@ def compact(ctx: Context, a: CompactSnapshot) -> str:
 
 
 def spawn(ctx: Context, a: SpawnChildren) -> str:
+    """Fork what plan() asked for, as far as maxChildren still has room now: under the pool's lock, so a claim
+    forking on the spot meanwhile is counted (forkd.reconciler.poollocks)."""
     pool = qualify(ctx.objects.get("ForkPool", a.pool).obj)  # its children's pool: the qualified name
-    recs = ctx.rt.fork(_request(pool.to_request, a.tag, a.count))
+    with pool_lock(pool.metadata.name):
+        room = pool_room(observe.child_states(ctx.rt, pool.metadata.name), pool.spec.maxChildren, time.time())
+        if min(a.count, room) <= 0:
+            return ""
+        recs = ctx.rt.fork(_request(pool.to_request, a.tag, min(a.count, room)))
     samples = ctx.spawn_ms.setdefault(a.pool, deque(maxlen=SPAWN_SAMPLES))
     samples.extend(r.timings_ms.get("ready", 0.0) for r in recs)
     return f"spawned {len(recs)} children of {a.tag}"

@@ -222,16 +222,19 @@ def _scratch_dirs(layout: Layout) -> list[Path]:
     return out
 
 
-def _remove(path: Path) -> None:
+def _remove(path: Path) -> bool:
     """Delete a file, or a directory tree without walking into a mount a killed builder left in it (mmdebstrap's
-    bind of the host's /dev/shm: forkd.base.mounts); a mount that cannot be detached keeps its tree, logged."""
+    bind of the host's /dev/shm: forkd.base.mounts). False when a mount that cannot be detached keeps the tree
+    (logged; it is not reported as removed)."""
     if path.is_dir() and not path.is_symlink():
         left = remove_tree(path)
         if left:
             log.warning("gc: left %s in place: mounts beneath it could not be detached: %s", path,
                         ", ".join(map(str, left)))
+            return False
     else:
         path.unlink(missing_ok=True)
+    return True
 
 
 def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float) -> None:
@@ -244,9 +247,8 @@ def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float
             roots.append((check_private_dir(layout.shm_dir), 2))  # flat/ inside
     for root, depth in roots:
         for path in dead_under(root, depth):
-            report.temporaries.append(str(path))
-            if not dry_run:
-                _remove(path)
+            if dry_run or _remove(path):
+                report.temporaries.append(str(path))
     for d in [*_scratch_dirs(layout), *([layout.flat_cache] if layout.shm_dir else [])]:
         shared = d == settings().shm  # the shared tmpfs: only our own user's forkd-*.mem files, nothing else
         with contextlib.suppress(FileNotFoundError, NotADirectoryError, UnsafePath), os.scandir(d) as it:

@@ -122,8 +122,8 @@ class Supervisor:
             res = vm.agent.exec(["/bin/sh", "-c", cmd], timeout=timeout)
             if res["exit_code"] != 0 or res.get("timed_out"):
                 why = f"timed out after {timeout:g} s" if res.get("timed_out") else f"exited {res['exit_code']}"
-                raise ForkdError(f"child {rec.id}: prime command {cmd!r} {why}: "
-                                 f"{(res['stderr'] or res['stdout']).strip()[-400:]}",
+                said = "".join(c if c.isprintable() else " " for c in (res["stderr"] or res["stdout"]).strip()[-400:])
+                raise ForkdError(f"child {rec.id}: prime command {cmd!r} {why}: {said}",
                                  hint="fix the command (ForkPool spec.child.prime, forkd fork --prime): it runs in "
                                       "every new child before the child counts as ready")
 

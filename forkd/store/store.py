@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -22,7 +23,7 @@ from forkd.base.errors import Conflict, NotFound, first_line
 from forkd.base.names import check_tag
 from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
-from forkd.base.private import UnsafePath, check_private_file, make_private_dir, set_mode
+from forkd.base.private import UnsafePath, make_private_dir, set_mode
 from forkd.base.procs import is_alive, start_time
 from forkd.base.space import require_room
 from forkd.store import chain
@@ -258,14 +259,20 @@ class SnapshotStore:
 
     @staticmethod
     def _sealed_flat(target: Path) -> bool:
-        """True if `target` is a flat image forkd published (private, sealed 0400). Anything else at that name is
-        not trusted and goes, so the caller builds the image again: QEMU creates a missing mem-path as an empty
-        0644 file, and children restored over such zeros fail (seen when the flat cache was deleted under a
-        fork), as would every later fork if it stayed; a crash while holes were filled leaves 0600."""
-        if check_private_file(target) and os.lstat(target).st_mode & 0o7777 == SEALED_MODE:
+        """True if `target` is a flat image forkd made: its own regular file, one link, no permission for group or
+        others (0400 sealed, 0600 while `_populated` fills holes). Any other file at that name goes, so the caller
+        builds the image again: QEMU creates a missing mem-path as an empty 0644 file; the VMM that made it fails
+        its restore over those zeros (seen when the flat cache was deleted under a fork), and without this every
+        later fork would too. Removed only if it is still the file judged (same inode)."""
+        try:
+            st = os.lstat(target)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1 and not st.st_mode & 0o077:
             return True
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            if not os.path.isdir(target) or os.path.islink(target):
+        with contextlib.suppress(FileNotFoundError):
+            now = os.lstat(target)
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) and not stat.S_ISDIR(now.st_mode):
                 os.unlink(target)
         return False
 
