@@ -259,3 +259,23 @@ def test_kill_of_a_child_another_operation_is_stopping_waits_and_leaves_it_to_th
     assert rt.kill([rec.id]) == [(rec.id, False)]  # it was not this kill that stopped it
     t.join()
     assert not (rt.layout.children / rec.id).exists()
+
+
+def test_a_refill_never_forks_past_max_children(local):
+    """The reconciler's SpawnChildren re-counts the pool under its lock (forkd.reconciler.poollocks): with the cap
+    full it forks nothing (a fork here would fail loudly: the tag names no snapshot)."""
+    from forkd.reconciler.actions import SpawnChildren
+    from forkd.reconciler.control import Control
+    from forkd.reconciler.handlers import spawn
+    from forkd.spec.loader import load_text
+
+    rt, child = local
+    loaded, errors = load_text("apiVersion: forkd.dev/v1alpha1\nkind: ForkPool\nmetadata: {name: p}\n"
+                               "spec: {from: rp, warm: 2, maxChildren: 2}\n", "p.yaml")
+    assert not errors
+    Control(rt).apply([(x.obj, "p.yaml") for x in loaded], "test")
+    child()
+    child(claimed_at=Claim.now(60).at)
+    ctx = Context(rt, ObjectStore(rt.layout), {}, claim=lambda pool, n: [])
+    assert spawn(ctx, SpawnChildren("p", "no-such-snapshot", 3)) == ""
+    assert len(rt.children()) == 2

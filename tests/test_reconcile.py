@@ -206,7 +206,6 @@ def test_a_request_the_spec_refuses_is_a_terminal_failure(tmp_path):
     """The executor records a TerminalError as a failure it does not retry (its event says so, `converged` reports
     the object at once); any other failure is retried after a back-off."""
     from forkd.base.paths import Layout
-    from forkd.core.requests import MAX_FORK
     from forkd.core.runtime import Runtime
     from forkd.reconciler.actions import RetireChild, SpawnChildren
 
@@ -217,9 +216,9 @@ def test_a_request_the_spec_refuses_is_a_terminal_failure(tmp_path):
     control.apply([(x.obj, "tp.yaml") for x in loaded], "test")
     rec = control.reconciler
     try:
-        rec._run(SpawnChildren("tp", "rp-0", MAX_FORK + 1))
+        rec._run(SpawnChildren("tp", "rp 0!", 1))  # a tag the request refuses (a count over maxChildren is capped)
         f = rec.failures["ForkPool/tp"]
-        assert f.terminal and f.action == SpawnChildren("tp", "rp-0", MAX_FORK + 1) and "invalid Spawn: n" in f.message
+        assert f.terminal and f.action == SpawnChildren("tp", "rp 0!", 1) and "invalid Spawn: tag" in f.message
         event = control.describe("ForkPool", "tp")["events"][-1]
         assert event["reason"] == "Failed" and event["message"].endswith("(not retried until the spec changes)")
         rec._run(RetireChild("tp", "no-such-child", "dead"))  # NotFound: retryable
