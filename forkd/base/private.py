@@ -134,12 +134,12 @@ def create_private_file(path: Path, mode: int = FILE_MODE) -> int:
     return fd
 
 
-def check_private_file(path: Path) -> bool:
-    """True if `path` is a regular file (not a symbolic link, no other hard link) owned by forkd's user that
-    nobody else may write."""
+def check_private_file(path: Path, forbid: int = 0o022) -> os.stat_result | None:
+    """`path`'s stat (truthy) if it is a regular file (not a symbolic link, no other hard link) owned by forkd's
+    user with none of the `forbid` permission bits (default: nobody else may write it), else None."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return False
-    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
-            and st.st_nlink == 1)
+        return None
+    ok = stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & forbid and st.st_nlink == 1
+    return st if ok else None

@@ -23,7 +23,4 @@ def warm_up(agent: AgentClient, imports: tuple[str, ...] = (), code: tuple[str, 
             raise ForkdError(f"warm-up code failed: {res['error']['type']}: {res['error']['message']}")
     for cmd in run:
         progress(f"warming up: {cmd}")
-        res = agent.exec(["/bin/sh", "-c", cmd], timeout=600)
-        if res["exit_code"] != 0:
-            raise ForkdError(f"warm-up command {cmd!r} exited {res['exit_code']}: "
-                             f"{(res['stderr'] or res['stdout']).strip()[-400:]}")
+        agent.run_shell(cmd, timeout=600, what="warm-up command")

@@ -119,13 +119,9 @@ class Supervisor:
     def _prime(vm: Vm, rec: ChildRecord, prime: tuple[str, ...], timeout: float) -> None:
         """Run the spawn's prime commands in the new child, each within `timeout`; the first that fails fails it."""
         for cmd in prime:
-            res = vm.agent.exec(["/bin/sh", "-c", cmd], timeout=timeout)
-            if res["exit_code"] != 0 or res.get("timed_out"):
-                why = f"timed out after {timeout:g} s" if res.get("timed_out") else f"exited {res['exit_code']}"
-                said = "".join(c if c.isprintable() else " " for c in (res["stderr"] or res["stdout"]).strip()[-400:])
-                raise ForkdError(f"child {rec.id}: prime command {cmd!r} {why}: {said}",
-                                 hint="fix the command (ForkPool spec.child.prime, forkd fork --prime): it runs in "
-                                      "every new child before the child counts as ready")
+            vm.agent.run_shell(cmd, timeout, what=f"child {rec.id}: prime command",
+                               hint="fix the command (ForkPool spec.child.prime, forkd fork --prime): it runs in "
+                                    "every new child before the child counts as ready")
 
     def _abandon(self, rec: ChildRecord, net: netns.ChildNet | None, group: cgroups.ChildCgroup | None,
                  exc: BaseException) -> None:

@@ -23,7 +23,7 @@ from forkd.base.errors import Conflict, NotFound, first_line
 from forkd.base.names import check_tag
 from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
-from forkd.base.private import UnsafePath, make_private_dir, set_mode
+from forkd.base.private import UnsafePath, check_private_file, make_private_dir, set_mode
 from forkd.base.procs import is_alive, start_time
 from forkd.base.space import require_room
 from forkd.store import chain
@@ -264,16 +264,12 @@ class SnapshotStore:
         builds the image again: QEMU creates a missing mem-path as an empty 0644 file; the VMM that made it fails
         its restore over those zeros (seen when the flat cache was deleted under a fork), and without this every
         later fork would too. Removed only if it is still the file judged (same inode)."""
-        try:
-            st = os.lstat(target)
-        except FileNotFoundError:
-            return False
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1 and not st.st_mode & 0o077:
+        if check_private_file(target, forbid=0o077):
             return True
         with contextlib.suppress(FileNotFoundError):
-            now = os.lstat(target)
-            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) and not stat.S_ISDIR(now.st_mode):
-                os.unlink(target)
+            st = os.lstat(target)
+            if not stat.S_ISDIR(st.st_mode) and not check_private_file(target, forbid=0o077):
+                os.unlink(target)  # judged again just before: a file forkd published meanwhile stays
         return False
 
     def _populated(self, image: Path) -> Path:

@@ -386,6 +386,17 @@ class AgentClient:
                 args[k] = v
         return self.call("exec", args, timeout=(timeout or 300) + 10, max_output=cap)
 
+    def run_shell(self, cmd: str, timeout: float, what: str, hint: str | None = None) -> dict:
+        """`cmd` run by the guest's /bin/sh -c (a warm-up or prime step). ForkdError "{what} {cmd!r} exited N: ..."
+        when it fails or outlasts `timeout`, quoting the end of its output (the guest's: cut to 400 characters and
+        made printable, so no terminal escape reaches a log or a status)."""
+        res = self.exec(["/bin/sh", "-c", cmd], timeout=timeout)
+        if res["exit_code"] != 0 or res.get("timed_out"):
+            why = f"timed out after {timeout:g} s" if res.get("timed_out") else f"exited {res['exit_code']}"
+            said = "".join(c if c.isprintable() else " " for c in (res["stderr"] or res["stdout"]).strip()[-400:])
+            raise ForkdError(f"{what} {cmd!r} {why}: {said}", hint=hint)
+        return res
+
     def eval(self, code: str, timeout: float = 60.0) -> dict:
         return self.call("eval", {"code": code, "max_output": MAX_OUTPUT}, timeout=timeout)
 
