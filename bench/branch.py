@@ -50,7 +50,7 @@ PROBE = ("import threading, time\n"
 MODES = ("live", "diff", "full")
 POLLED = "live-polled"  # --poll-ab: live with the pre-issue-18 wait (query-migrate every 0.5 ms) instead of events
 RETURN_STEPS = ("prepare", "stage", "connect", "set_caps", "migrate_cmd", "stop_event_after_migrate", "stopped",
-                "resumed", "pause", "capture")
+                "resumed", "pause", "capture", "capture_stop", "read_pages", "capture_devices", "prepare_pages", "pages")
 
 
 def progress(msg: str) -> None:
@@ -99,10 +99,13 @@ def branch_as(rt: Runtime, mode: str, req: Branch):
 
 
 # --no-wait variants: (capabilities reset before each branch, return at the source's stop instead of its resume)
-NOWAIT = {"before": (True, False), "caps-kept": (False, False), "now": (False, True)}
-NOWAIT_WHAT = {"before": "capabilities reset after each branch, returns after the resume (before)",
-               "caps-kept": "capabilities kept, returns after the resume",
-               "now": "capabilities kept, returns at the stop (now)"}
+# (mode, capabilities reset before each branch, return at the source's stop instead of its resume)
+NOWAIT = {"before": ("live", True, False), "caps-kept": ("live", False, False), "now": ("live", False, True),
+          "diff": ("diff", False, False)}
+NOWAIT_WHAT = {"before": "live, capabilities reset after each branch, returns after the resume (before)",
+               "caps-kept": "live, capabilities kept, returns after the resume",
+               "now": "live, capabilities kept, returns at the stop",
+               "diff": "diff: returns once the source runs again (pages and device state taken)"}
 
 
 def reset_caps(rt: Runtime, cid: str) -> None:
@@ -119,10 +122,13 @@ def reset_caps(rt: Runtime, cid: str) -> None:
 
 def bench_size(rt: Runtime, mib: int, reps: int, modes: tuple[str, ...] = MODES) -> dict:
     tag = ensure_snapshot(rt, mib)
-    (src,) = rt.fork(Spawn.of(tag=tag, n=1))
+    # one source per branch mode (same snapshot, same probe): a live branch reads all of guest RAM, which maps
+    # every page into the source's page tables, and a diff branch's page scan then walks them all
+    srcs = {mode: rt.fork(Spawn.of(tag=tag, n=1))[0].id for mode in {m.split("-")[0] for m in modes}}
     out: dict = {"memory_mib": mib, "modes": {}}
     try:
-        rt.exec_code(src.id, PROBE)
+        for cid in srcs.values():
+            rt.exec_code(cid, PROBE)
         time.sleep(1.0)
         keys = ("qemu_downtime_ms", "host_pause_ms", "guest_gap_ms", "ready_ms", "baseline_gap_ms")
         rows = {mode: {k: [] for k in keys} for mode in modes}
@@ -130,17 +136,18 @@ def bench_size(rt: Runtime, mib: int, reps: int, modes: tuple[str, ...] = MODES)
             for mode in modes:
                 r = rows[mode]
                 btag = f"bench-br-{mib}-{mode}-{i}"
-                g0 = guest_now(rt, src.id)
-                res = branch_as(rt, mode, Branch.of(child_id=src.id, tag=btag, mode=mode.split("-")[0], wait=True))
-                g1 = guest_now(rt, src.id)
-                r["guest_gap_ms"].append(largest_gap(rt, src.id, g0, g1))
+                src = srcs[mode.split("-")[0]]
+                g0 = guest_now(rt, src)
+                res = branch_as(rt, mode, Branch.of(child_id=src, tag=btag, mode=mode.split("-")[0], wait=True))
+                g1 = guest_now(rt, src)
+                r["guest_gap_ms"].append(largest_gap(rt, src, g0, g1))
                 r["qemu_downtime_ms"].append(res.qemu_downtime_ms)
                 r["host_pause_ms"].append(res.timings_ms.get("pause"))
                 r["ready_ms"].append(res.returned_ms)
                 # noise floor: the same probe over an equally long quiet window
-                b0 = guest_now(rt, src.id)
+                b0 = guest_now(rt, src)
                 time.sleep(max(0.0, g1 - g0))
-                r["baseline_gap_ms"].append(largest_gap(rt, src.id, b0, guest_now(rt, src.id)))
+                r["baseline_gap_ms"].append(largest_gap(rt, src, b0, guest_now(rt, src)))
                 assert res.snapshot.status == "ready", res.snapshot.error
                 rt.store.remove(btag)
                 progress(f"{mib} MiB {mode} #{i + 1}: downtime {res.qemu_downtime_ms} ms, pause "
@@ -152,13 +159,15 @@ def bench_size(rt: Runtime, mib: int, reps: int, modes: tuple[str, ...] = MODES)
         returns: dict[str, list[float]] = {v: [] for v in NOWAIT}
         steps: dict[str, list[dict]] = {v: [] for v in NOWAIT}
         for i in range(reps):  # the variants interleaved
-            for variant, (reset, at_stop) in NOWAIT.items():
+            for variant, (mode, reset, at_stop) in NOWAIT.items():
+                if mode not in modes:
+                    continue
                 if reset:
-                    reset_caps(rt, src.id)
+                    reset_caps(rt, srcs[mode])
                 btag = f"bench-br-{mib}-nowait-{variant}-{i}"
                 saved, BranchJob.returns_at_stop = BranchJob.returns_at_stop, property(lambda job, s=at_stop: s)
                 try:
-                    res = branch(rt, Branch.of(child_id=src.id, tag=btag, mode="live", wait=False))
+                    res = branch(rt, Branch.of(child_id=srcs[mode], tag=btag, mode=mode, wait=False))
                 finally:
                     BranchJob.returns_at_stop = saved
                 returns[variant].append(res.returned_ms)
@@ -166,15 +175,15 @@ def bench_size(rt: Runtime, mib: int, reps: int, modes: tuple[str, ...] = MODES)
                 res.thread.join(600)
                 assert rt.store.get(btag).status == "ready", rt.store.get(btag).error
                 rt.store.remove(btag)
-                progress(f"{mib} MiB live --no-wait #{i + 1} ({variant}): returned in {res.returned_ms:.1f} ms")
+                progress(f"{mib} MiB {mode} --no-wait #{i + 1} ({variant}): returned in {res.returned_ms:.1f} ms")
         out["nowait_return_ms"] = {
             v: {"p50": pct(r, 50), "p90": pct(r, 90), "samples": r,
                 "steps_p50_ms": {k: pct([s[k] for s in steps[v] if k in s], 50)
                                  for k in sorted({k for s in steps[v] for k in s})}}
-            for v, r in returns.items()}
+            for v, r in returns.items() if r}
     finally:
         wait_background(600)
-        rt.kill([src.id])
+        rt.kill(list(srcs.values()))
     return out
 
 
@@ -220,11 +229,17 @@ def main() -> None:
         print(f"      live pause vs stop-the-world pause (p50): {ratios}")
         nw = size["nowait_return_ms"]
         for v, what in NOWAIT_WHAT.items():
+            if v not in nw:
+                continue
             print(f"      --no-wait, {what}: p50 {fmt(nw[v]['p50'])} ms, p90 {fmt(nw[v]['p90'])} ms")
             print("          steps p50 (ms): " + ", ".join(f"{k} {fmt(x)}" for k, x in nw[v]["steps_p50_ms"].items()
                                                        if k in RETURN_STEPS))
-        if nw["now"]["p50"]:
+        if "now" in nw and nw["now"]["p50"]:
             print(f"      >>> --no-wait before / now (p50) = {nw['before']['p50'] / nw['now']['p50']:.2f}x")
+        if "now" in nw and "diff" in nw and nw["diff"]["p50"]:
+            print(f"      >>> --no-wait live (at the stop) / diff (p50) = {nw['now']['p50'] / nw['diff']['p50']:.2f}x")
+        if live and "diff" in m and m["diff"]["host_pause_ms"]["p50"]:
+            print(f"      >>> pause live / diff (p50) = {live / m['diff']['host_pause_ms']['p50']:.2f}x")
     print("note: under TCG the guest clock stops while the VM is stopped, so the guest probe cannot see a "
           "stop-the-world pause; host pause is the honest figure for diff/full.")
 

@@ -346,7 +346,7 @@ def test_forkbranch_object_branches_once_and_feeds_a_pool(srt, sfork):
     assert not [s for s in srt.store.list() if getattr(s, "labels", {}).get("forkd.dev/branch") == "step7"]
 
 
-@pytest.mark.parametrize("mode", ["live", "full"])
+@pytest.mark.parametrize("mode", ["live", "full", "diff"])
 def test_process_killed_mid_branch_leaves_a_failed_snapshot_and_a_running_source(srt, sfork, mode):
     """kill -9 the process that is branching: at the next start (recover) the snapshot is failed and the source,
     which QEMU may have left paused (full mode pauses it), runs and answers again. Live mode is killed while RAM

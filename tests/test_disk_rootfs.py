@@ -135,7 +135,7 @@ def test_layer_and_compaction_of_a_disk_backed_chain(rt, fork, disk_snap):
 
 
 @pytest.mark.vm
-@pytest.mark.parametrize("mode", ["full", "live"])
+@pytest.mark.parametrize("mode", ["full", "live", "diff"])
 def test_branch_of_a_disk_backed_child_captures_its_disk(rt, fork, disk_snap, mode):
     from forkd.core.branch import branch
 
@@ -150,9 +150,13 @@ def test_branch_of_a_disk_backed_child_captures_its_disk(rt, fork, disk_snap, mo
     # the source goes on (its filesystem writable at once, not after the guest's own 10 s freeze limit), and
     # what it writes after the branch is not in the branch
     sh(rt, src.id, "timeout 5 sh -c 'echo after-branch > /srv/state.txt && sync'")
-    # the branch's disk depends on the image only (its source snapshot may be deleted)
-    assert [Path(i["filename"]).name for i in vdisk.chain(rt.store.disk_path(snap.tag))] == \
-        ["disk.qcow2", "rootfs.ext4"]
+    # full/live: the branch's disk depends on the image only (its source snapshot may be deleted); diff: a layer's
+    # overlay, backed by its source snapshot's disk
+    chain = [Path(i["filename"]) for i in vdisk.chain(rt.store.disk_path(snap.tag))]
+    if mode == "diff":
+        assert snap.parent_tag == TAG and chain[1].resolve() == rt.store.disk_path(TAG).resolve(), chain
+    else:
+        assert [p.name for p in chain] == ["disk.qcow2", "rootfs.ext4"]
     (c,) = fork(1, tag=snap.tag)
     assert sh(rt, c.id, "cat /srv/state.txt") == "before-branch\n"
     sh(rt, c.id, "timeout 5 sh -c 'echo child > /srv/child.txt && sync'")  # restored frozen, thawed by forked

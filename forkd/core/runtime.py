@@ -17,7 +17,7 @@ from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Prot
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
 from forkd.base.telemetry import spawned, timed
-from forkd.core.pipeline.branch import BranchResult, branch
+from forkd.core.branch import BranchResult, branch
 from forkd.core.pipeline.compaction import CompactJob
 from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob

@@ -203,7 +203,7 @@ def ensure_running(qmp: QMPClient) -> bool:
     return True
 
 
-def _event_time(ev: dict) -> float:
+def event_time(ev: dict) -> float:
     ts = ev.get("timestamp") or {}
     return ts.get("seconds", 0) + ts.get("microseconds", 0) / 1e6
 
@@ -303,8 +303,8 @@ class QemuCapture(Capture):
         self.resumed_at = time.perf_counter()
         if evented:
             stop = self._stop_events()[0]
-            self.timings["stop_event_after_migrate"] = (_event_time(stop) - self.t_wall) * 1000.0
-            self.stop_resume_ms = (_event_time(self._resume_events()[-1]) - _event_time(stop)) * 1000.0
+            self.timings["stop_event_after_migrate"] = (event_time(stop) - self.t_wall) * 1000.0
+            self.stop_resume_ms = (event_time(self._resume_events()[-1]) - event_time(stop)) * 1000.0
 
     def wait_done(self, timeout: float = 600.0) -> dict:
         try:

@@ -75,6 +75,16 @@ class Vm:
     agent: object = None  # AgentClient while connected
 
 
+class DiffTaken(ABC):
+    """A diff capture whose pause is over (VmmDriver.capture_diff)."""
+
+    timings: dict[str, float]  # ms so far: `pause`, ...; `write` adds its own
+
+    @abstractmethod
+    def write(self) -> int:
+        """Write the captured pages to their files (after the VM runs again); returns how many."""
+
+
 class VmmDriver(ABC):
     name: str
 
@@ -141,6 +151,15 @@ class VmmDriver(ABC):
     def open_capture(self, vm: Vm, stream: Path, live: bool) -> Capture:
         """Create the stream file (an unwritable destination fails here, before anything is paused) and return
         the capture of `vm` into it; nothing runs until `Capture.start`."""
+
+    @abstractmethod
+    def capture_diff(self, vm: Vm, mem_path: Path, vmstate: Path, pages: Path, data: Path,
+                     while_paused: Callable[[], None] | None = None) -> DiffTaken:
+        """Pause `vm` only while its device state (without RAM) goes to `vmstate` and the guest pages it wrote
+        since its restore (its private copies of `mem_path`, the image it maps) are read; run `while_paused` then
+        (e.g. a disk copy); resume it if it ran. The pause grows with the pages written, not with guest RAM.
+        `DiffTaken.write()` (once it runs again) writes the pages to `pages` + `data` in the store's layer
+        format; `DiffTaken.timings` in ms (`pause`, ...)."""
 
     @abstractmethod
     def stream_to_snapshot(self, machine: Machine, stream: Path, memory: Path, vmstate: Path, work: Path,

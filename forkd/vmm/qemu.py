@@ -23,10 +23,11 @@ from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.base.settings import settings
 from forkd.base.steps import run_steps
-from forkd.vmm import capture, ksm
+from forkd.vmm import capture, diff_capture, ksm
 from forkd.vmm.agent_client import AgentClient, AgentError, AgentTimeout
+from forkd.vmm.diff_capture import state_format_args
 from forkd.vmm.disk import new_overlay
-from forkd.vmm.driver import Capture, Machine, RunFiles, Vm, VmmDriver
+from forkd.vmm.driver import Capture, DiffTaken, Machine, RunFiles, Vm, VmmDriver
 from forkd.vmm.qemu_cmdline import (
     CONSOLE_DEV,
     CONSOLE_RING,
@@ -189,6 +190,10 @@ class QemuDriver(VmmDriver):
     def open_capture(self, vm: Vm, stream: Path, live: bool) -> Capture:
         return capture.QemuCapture(self._qmp(vm), stream, live)
 
+    def capture_diff(self, vm: Vm, mem_path: Path, vmstate: Path, pages: Path, data: Path,
+                     while_paused: Callable[[], None] | None = None) -> DiffTaken:
+        return diff_capture.capture_diff(self._qmp(vm), vm.pid, mem_path, vmstate, pages, data, while_paused)
+
     # -- boot ------------------------------------------------------------------------------------
     def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0,
              netns: str | None = None) -> Vm:
@@ -289,6 +294,7 @@ class QemuDriver(VmmDriver):
         argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True,
                          netns=netns, runas=runas or build_identity(machine),  # layer builds name none
                          disk=files.disk if machine.disk is not None else None, private_net=share)
+        argv += state_format_args(state_path)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
@@ -342,7 +348,7 @@ class QemuDriver(VmmDriver):
         # guest would change `memory` before we save the device state
         argv = qemu_argv(self.binary, machine, memory, files, share=True, incoming=True, sandbox=True,
                          runas=build_identity(machine), disk=files.disk if machine.disk is not None else None,
-                         private_net=True) + ["-S"]
+                         private_net=True) + ["-S"] + state_format_args(stream)
         fd = os.open(stream, os.O_RDONLY)
         timings: dict[str, float] = {}
         vm: Vm | None = None

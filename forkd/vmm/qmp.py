@@ -44,6 +44,13 @@ class QMPClient:
 
     def execute(self, command: str, arguments: dict | None = None, fds: list[int] | None = None,
                 timeout: float | None = None) -> Any:
+        self.send(command, arguments, fds, timeout)
+        return self.result(command)
+
+    def send(self, command: str, arguments: dict | None = None, fds: list[int] | None = None,
+             timeout: float | None = None) -> None:
+        """Send a command without waiting for its answer: QEMU runs commands in the order they came, so several
+        can be in flight; each caller of `send` reads its answer with `result`, in the same order."""
         msg: dict[str, Any] = {"execute": command}
         if arguments:
             msg["arguments"] = arguments
@@ -57,6 +64,9 @@ class QMPClient:
                 self.sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise QMPDisconnected(f"QMP {command}: connection {self.path} lost ({exc}): the VMM has exited") from exc
+
+    def result(self, command: str) -> Any:
+        """The answer to the oldest command sent and not yet answered (events seen meanwhile go to `events`)."""
         while True:
             try:
                 reply = self._read()

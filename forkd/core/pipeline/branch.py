@@ -116,14 +116,6 @@ class BranchResult:
                 "qemu_downtime_ms": self.qemu_downtime_ms, "timings_ms": self.timings_ms}
 
 
-def branch(rt: Runtime, req: Branch) -> BranchResult:
-    """Snapshot the running child `req.child_id` as `req.tag`. See the module docstring.
-
-    `req.tmp_dir` (default $FORKD_HOME/tmp) holds the transient full-RAM stream. `req.labels` are added to the new
-    snapshot's (the source snapshot's labels are not inherited: they say who owns *that* snapshot)."""
-    return BranchJob(rt, req).start()
-
-
 def wait_background(timeout: float | None = None) -> None:
     """Wait for this process's background conversions (wait=False branches) to end."""
     with _threads_lock:
@@ -317,7 +309,7 @@ class BranchJob(Job):
                 frozen = _freeze_fs(self.child_files.agent, self.timings) if self.was_running else None
                 if frozen is None:
                     cap.pause()
-                _copy_disk(self.child_files.disk, self.work / DISK, self.timings)
+                copy_disk(self.child_files.disk, self.work / DISK, self.timings)
             cap.start()
             if self.returns_at_stop:
                 cap.wait_stopped(timeout=60)
@@ -362,7 +354,7 @@ class BranchJob(Job):
         try:
             cap.pause()
             if self.machine.disk is not None:
-                _copy_disk(self.child_files.disk, self.work / DISK, self.timings)
+                copy_disk(self.child_files.disk, self.work / DISK, self.timings)
             cap.start()
             cap.wait_done(timeout=self.req.timeout)
         except BaseException as exc:
@@ -472,7 +464,7 @@ def _thaw_fs(frozen: tuple[AgentClient, float], timings: dict[str, float]) -> No
         agent.close()
 
 
-def _copy_disk(disk: Path, dest: Path, timings: dict[str, float]) -> None:
+def copy_disk(disk: Path, dest: Path, timings: dict[str, float]) -> None:
     """Copy a child's overlay while nothing writes it (VM paused: the VMM flushed it when it stopped; or guest
     filesystem frozen: the guest flushed it): the branch's disk as of now."""
     t = time.perf_counter()

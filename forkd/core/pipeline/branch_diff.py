@@ -1,0 +1,79 @@
+"""Diff branch: a running child as a chain layer over its own snapshot (forkd.core.pipeline.branch, mode `diff`).
+
+The child maps its snapshot's flat image `MAP_PRIVATE`, so what it is now is that image plus the pages it wrote,
+and its device state. The driver pauses it only while it takes those two (VmmDriver.capture_diff: the pause grows
+with the pages the child wrote, not with its RAM), then the branch is sealed like any layer: the pages are applied
+to a copy of the snapshot's flat image, the store keeps the ones that differ and adopts the copy as the layer's
+flat image (its children then map it at no extra cost). A disk-backed child's overlay is copied while it is paused
+and kept as the layer's overlay, backed by its snapshot's disk, as a layer build's is.
+
+So the result depends on its source's snapshot (`parent_tag`, which `forkd rmi` then refuses to delete), as every
+layer does; `forkd snapshot-compact` writes it as a base when that is unwanted. The other modes write a
+self-contained snapshot but pause the source longer as its RAM grows (live) or for the whole copy (full).
+
+`wait=False` returns once the source runs again (its pause is over: the instant is fixed and its pages are
+copied); the layer is sealed in a daemon thread of this process, as for the other modes.
+"""
+
+from __future__ import annotations
+
+from forkd.base.atomic import publish
+from forkd.base.steps import Step
+from forkd.core.pipeline.branch import BranchJob, copy_disk
+from forkd.store import chain
+from forkd.store.snapshot import DISK, Snapshot
+from forkd.store.writer import Diff
+from forkd.vmm.disk import set_backing
+
+
+class DiffBranchJob(BranchJob):
+    def prepare(self) -> None:
+        super().prepare()
+        self.source_flat = self.rt.store.materialize(self.source.tag)  # the image the source maps
+
+    def record(self) -> Snapshot:
+        return super().record().with_(parent_tag=self.source.tag, parent_content_hash=self.source.memory_sha256,
+                                      qemu_version=self.rt.driver.version())
+
+    def steps(self) -> list[Step]:
+        return [("stage", self.stage), ("connect", self.connect), ("capture", self.capture_pages)]
+
+    def finish_steps(self) -> list[Step]:
+        return [("flatten", self.flatten), ("hash", self.seal)]
+
+    def capture_pages(self) -> None:
+        def disk() -> None:  # the VMM flushed its block layer when it stopped: nothing writes the overlay
+            copy_disk(self.child_files.disk, self.work / DISK, self.timings)
+
+        try:
+            self.taken = self.rt.driver.capture_diff(self.source_vm, self.source_flat, self.writer.vmstate,
+                                                     self.work / chain.PAGES_FILE, self.work / chain.DATA_FILE,
+                                                     while_paused=disk if self.machine.disk is not None else None)
+        except BaseException as exc:
+            self._resume_after(exc)  # the driver resumes on its own paths; this covers a VMM that broke mid-way
+            raise
+        self._timings()
+        self.result.pause_ms = self.taken.timings["pause"]
+        self.result.qemu_downtime_ms = self.taken.timings.get("pause_qemu")
+        self.rt.driver.release(self.source_vm)  # the source is free: another branch of it may start
+        self.child_lock.release()
+
+    def _timings(self) -> None:
+        self.timings.update({f"capture_{k}" if k in ("stop", "devices", "write") else k: v
+                             for k, v in self.taken.timings.items()})
+
+    def flatten(self) -> None:
+        """The layer's flat image: a copy of the source's image with the captured pages written over it."""
+        self.taken.write()
+        self._timings()
+        self.image = self.scratch_memory(f"branch-{self.req.tag}", self.source.memory_mib)
+        with publish(self.image, durable=False) as fd:
+            chain.copy_extents(self.source_flat, fd)
+            chain.apply_diff(self.work, fd)
+
+    def seal(self) -> None:
+        w, has_disk = self.writer, self.machine.disk is not None
+        if has_disk:  # the source's overlay as it was, still backed by its snapshot's disk (a layer's overlay)
+            set_backing(w.take(self.work / DISK, w.disk), self.rt.store.disk_path(self.source.tag))
+        w.seal(memory=Diff(base=self.source_flat, image=self.image), vmstate=w.vmstate,
+               disk=w.disk if has_disk else None)

@@ -1,0 +1,179 @@
+"""QEMU's side of a DIFF branch: the running child's device state without RAM, plus the guest pages it wrote.
+
+A child's RAM is its snapshot's flat image mapped `MAP_PRIVATE` plus the pages it wrote (forkd.vmm.private_pages),
+so a branch of it is a chain layer over its snapshot: those pages and its device state. The source stops only
+while both are taken, and for a time that grows with the pages it wrote, not with its RAM:
+
+    before the pause   hand QEMU a buffer for the device state (`add-fd`), size and fault in the page buffer
+    pause              `stop` and `xen-save-devices-state` sent together (QEMU's device-state-only save, every
+                       device but RAM, `live: false` so the block layer is left alone); once stopped, the private
+                       pages are scanned and read while QEMU writes the device state; the caller's `while_paused`
+                       (a disk copy); `cont` if it ran
+    after              the device state copied into the snapshot's file (StateBuffer); the pages and their
+                       numbers to their files (`PagesTaken.write`, which may run later, in the background)
+
+The device state has no `configuration` section (QEMU writes it only with RAM), so a VMM restoring it is started
+with `-global migration.send-configuration=off` (forkd.vmm.qemu detects the format from the file's header).
+Nothing writes guest RAM while the VM is stopped (no vCPU runs; devices are quiesced, as for QEMU's own
+stop-and-copy migration), so pages and device state are from one instant.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkd.base.errors import ForkdError
+from forkd.vmm import capture
+from forkd.vmm.driver import DiffTaken
+from forkd.vmm.private_pages import PageCopy, find_mapping
+from forkd.vmm.qmp import QMPClient
+
+FDSET = 4071  # our fd set id on the child's monitor (removed again after the save)
+# QEMU's migration stream (migration/savevm.c): magic "QEVM", version 3, then the configuration section (type 7)
+# when the machine sends one; a device-state-only save starts with a device section instead
+STREAM_MAGIC = b"QEVM\x00\x00\x00\x03"
+SECTION_CONFIGURATION = 7
+MAX_DEVICE_STATE = 64 << 20  # bytes: a device state is ~80 KB here; more than this is not one
+
+
+def state_format_args(state_path: Path) -> list[str]:
+    """What a VMM loading `state_path` needs on its command line: a stream without a configuration section (a
+    diff branch's device state, and everything a VMM restored from one saves) is refused unless the VMM is told
+    not to expect one."""
+    return [] if has_configuration(state_path) else ["-global", "migration.send-configuration=off"]
+
+
+def has_configuration(state_path: Path) -> bool:
+    """False if `state_path` starts without a configuration section (a device-state-only save)."""
+    with open(state_path, "rb") as f:
+        head = f.read(len(STREAM_MAGIC) + 1)
+    if len(head) < len(STREAM_MAGIC) + 1 or not head.startswith(STREAM_MAGIC):
+        raise ForkdError(f"{state_path} is not a QEMU device-state file (bad header)",
+                         hint="the snapshot's vmstate is damaged: delete the snapshot and make it again")
+    return head[len(STREAM_MAGIC)] == SECTION_CONFIGURATION
+
+
+class StateBuffer:
+    """Where QEMU writes the device state: a memfd of ours, never a descriptor of the snapshot's file. The source's
+    VMM keeps running the guest's code after the branch, so it must hold no way to rewrite the snapshot once it is
+    sealed: what it wrote is copied into the snapshot's file after its answer (at most MAX_DEVICE_STATE), and
+    anything it writes later goes into a buffer nobody reads. (QEMU truncates the file it is handed, so a pipe is
+    refused; the memfd is handed over write-only, as QEMU's fd sets require.)"""
+
+    def __init__(self) -> None:
+        self.fd = os.memfd_create("forkd-device-state", os.MFD_CLOEXEC)
+
+    def writer(self) -> int:
+        """A new write-only descriptor of the buffer, for QEMU (the caller closes it once handed over)."""
+        return os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_CLOEXEC)
+
+    def copy_to(self, dest: int) -> int:
+        """Copy what the buffer holds now into `dest`; the bytes copied."""
+        size = os.fstat(self.fd).st_size
+        if size > MAX_DEVICE_STATE:
+            raise ForkdError(f"the VMM wrote {size >> 20} MiB of device state (at most {MAX_DEVICE_STATE >> 20})",
+                             hint="the source's VMM misbehaves: kill the child; the branch is discarded")
+        data = os.pread(self.fd, size, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(dest, view):]
+        return len(data)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass
+class PagesTaken(DiffTaken):
+    """`write()` writes the pages out (after the source runs again; returns how many) and times itself."""
+
+    timings: dict[str, float]
+    copy: PageCopy
+    pages: Path
+
+    def write(self) -> int:
+        t0 = time.perf_counter()
+        n = self.copy.finish(self.pages)
+        self.timings["write"] = (time.perf_counter() - t0) * 1000.0
+        self.timings["pages"] = n
+        return n
+
+
+def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, vmstate: Path, pages: Path, data: Path,
+                 while_paused: Callable[[], None] | None = None) -> PagesTaken:
+    """Stop the VM, save its device state to `vmstate` and read its private guest pages (the ones beyond
+    READ_BATCH go to `data` at once), run `while_paused`, resume it if it was running. `DiffTaken.write` then
+    writes them out. Timings (ms): `pause` = stop sent .. `cont` answered, `pause_qemu` = QEMU's STOP -> RESUME
+    events."""
+    copy = PageCopy(pid, find_mapping(pid, mem_path))
+    state = StateBuffer()
+    t: dict[str, float] = {}
+    try:
+        wfd = state.writer()
+        try:
+            qmp.execute("add-fd", {"fdset-id": FDSET}, fds=[wfd])
+        finally:
+            os.close(wfd)  # QEMU holds its own copy, in its fd set
+        try:
+            _pause(qmp, copy, data, while_paused, t)
+        finally:
+            with suppress(ForkdError, OSError):
+                qmp.execute("remove-fd", {"fdset-id": FDSET})
+        fd = os.open(vmstate, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            t["state_bytes"] = state.copy_to(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        copy.discard()
+        raise
+    finally:
+        state.close()
+    stamps = {e["event"]: capture.event_time(e) for e in qmp.events if e.get("event") in ("STOP", "RESUME")}
+    if "STOP" in stamps and "RESUME" in stamps:
+        t["pause_qemu"] = (stamps["RESUME"] - stamps["STOP"]) * 1000.0
+    return PagesTaken(t, copy, pages)
+
+
+def _pause(qmp: QMPClient, copy: PageCopy, data: Path, while_paused: Callable[[], None] | None,
+           t: dict[str, float]) -> None:
+    """Prepare the page copy, then stop the VM, take its state and pages, and resume it if it ran."""
+    t1 = time.perf_counter()
+    copy.prepare()
+    t["prepare_pages"] = (time.perf_counter() - t1) * 1000.0
+    running = capture.run_state(qmp) == "running"
+    qmp.events.clear()
+    t0 = time.perf_counter()
+    try:
+        _paused(qmp, copy, data, while_paused, t, t0)
+    finally:
+        if running:
+            qmp.execute("cont")
+        t["pause"] = (time.perf_counter() - t0) * 1000.0
+
+
+def _paused(qmp: QMPClient, copy: PageCopy, data: Path, while_paused: Callable[[], None] | None,
+            t: dict[str, float], t0: float) -> None:
+    """`stop` and the device-state save go out together; once the VM stopped, the pages are read while QEMU's
+    main thread writes the device state (it writes no guest RAM), on the other core."""
+    save = "xen-save-devices-state"
+    qmp.send("stop")
+    qmp.send(save, {"filename": f"/dev/fdset/{FDSET}", "live": False})
+    try:
+        qmp.result("stop")
+        t["stop"] = (time.perf_counter() - t0) * 1000.0
+        copy.take(data)
+        t["read_pages"] = (time.perf_counter() - t0) * 1000.0 - t["stop"]
+    except BaseException:
+        with suppress(ForkdError, OSError):
+            qmp.result(save)  # its answer must not be taken for the `cont`'s
+        raise
+    qmp.result(save)
+    t["devices"] = (time.perf_counter() - t0) * 1000.0 - t["stop"]
+    if while_paused is not None:
+        while_paused()

@@ -1,0 +1,212 @@
+"""The guest pages a child wrote since its restore, read from its VMM's page tables: a diff branch's memory.
+
+A child maps its snapshot's flat image `MAP_PRIVATE`: every guest page it never wrote is still the file's page
+(shared with its siblings), and every page it wrote (or a device wrote for it) is a private copy of its own. So
+the child's memory *now* is its snapshot's image plus exactly those private pages, and a branch of it needs only
+them, not the whole of its RAM. They are found with Linux's `PAGEMAP_SCAN` ioctl on /proc/PID/pagemap (6.7+):
+the pages in the RAM mapping that are present or swapped and not the file's (`PAGE_IS_FILE` inverted), as ranges,
+in one call per 4,096 ranges. The scan costs what the mapping's page tables hold, not its size: a 1.5 GiB guest
+that touched 200 MiB is walked over 200 MiB. They are read with `process_vm_readv` (up to 1,024 ranges a call),
+straight into a buffer that goes to the data file. Swapped pages (an idle child paged out) are read back from
+swap by the read itself.
+
+The caller stops the VM first and resumes it afterwards: nothing writes guest RAM in between (QEMU runs no vCPU
+and no device of a stopped VM), so pages and device state are from one instant.
+
+Output, the store's layer format (forkd.store.chain): `pages` holds little-endian uint32 page numbers ascending,
+`data` those pages' 4 KiB contents in the same order. A page whose copy equals the image's page is still listed;
+the store drops it when it seals the layer.
+
+Needs ptrace access to the VMM (root, or the VMM's own uid) and Linux 6.7+ for PAGEMAP_SCAN
+(`PagesUnavailable` otherwise, naming the kernel).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+from forkd.base.errors import ForkdError
+
+PAGE = 4096
+# <linux/fs.h>: _IOWR('f', 16, struct pm_scan_arg) with sizeof(struct pm_scan_arg) == 96
+PAGEMAP_SCAN = (3 << 30) | (96 << 16) | (ord("f") << 8) | 16
+PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED = 1 << 2, 1 << 3, 1 << 4
+REGIONS = 4096  # ranges per PAGEMAP_SCAN call
+IOV_BATCH = 1024  # UIO_MAXIOV: ranges per process_vm_readv call
+READ_BATCH = 64 << 20  # bytes read per process_vm_readv batch before they go to the data file
+MAX_PAGE_NUMBER = 0xFFFFFFFF  # the layer format's page numbers are uint32 (16 TiB of guest RAM)
+
+
+class PagesUnavailable(ForkdError):
+    pass
+
+
+class _ScanArg(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "size", "flags", "start", "end", "walk_end", "vec", "vec_len", "max_pages", "category_inverted",
+        "category_mask", "category_anyof_mask", "return_mask")]
+
+
+class _Region(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("categories", ctypes.c_uint64)]
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+_libc.process_vm_readv.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                                   ctypes.c_ulong)
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Where a VMM maps guest RAM: [start, end) in its address space."""
+
+    start: int
+    end: int
+
+
+def find_mapping(pid: int, path: Path) -> Mapping:
+    """The one mapping of `path` (the child's flat image) in the VMM's address space."""
+    want = str(path)
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].rstrip("\n") == want:
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                return Mapping(start, end)
+    raise PagesUnavailable(f"VMM {pid} does not map {path}",
+                           hint="the child's memory image is not the one its record names; branch it with "
+                                "--mode live or --mode full")
+
+
+def private_ranges(pid: int, m: Mapping) -> list[tuple[int, int]]:
+    """[start, end) page numbers (relative to the mapping) of the pages the VMM holds a private copy of."""
+    fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
+    try:
+        vec = (_Region * REGIONS)()
+        arg = _ScanArg(size=ctypes.sizeof(_ScanArg), start=m.start, end=m.end, vec=ctypes.addressof(vec),
+                       vec_len=REGIONS, category_inverted=PAGE_IS_FILE, category_mask=PAGE_IS_FILE,
+                       category_anyof_mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED, return_mask=PAGE_IS_FILE)
+        out: list[tuple[int, int]] = []
+        while arg.start < m.end:
+            n = _libc.ioctl(fd, PAGEMAP_SCAN, ctypes.byref(arg))
+            if n < 0:
+                err = ctypes.get_errno()
+                raise PagesUnavailable(f"PAGEMAP_SCAN on VMM {pid}: {os.strerror(err)}",
+                                       hint="a diff branch needs Linux 6.7 or later (this kernel: "
+                                            f"{os.uname().release}); use --mode live or --mode full"
+                                       if err in (errno.ENOTTY, errno.EINVAL) else None)
+            for r in vec[:n]:
+                first, last = (r.start - m.start) // PAGE, (r.end - m.start) // PAGE
+                if out and out[-1][1] == first:
+                    out[-1] = (out[-1][0], last)
+                else:
+                    out.append((first, last))
+            if arg.walk_end <= arg.start:
+                break
+            arg.start = arg.walk_end
+        return out
+    finally:
+        os.close(fd)
+
+
+def _read(pid: int, m: Mapping, ranges: list[tuple[int, int]], buf: bytearray) -> None:
+    """Read `ranges` (page numbers) of the mapping into `buf`, back to back."""
+    local = (ctypes.c_char * len(buf)).from_buffer(buf)
+    off = 0
+    for i in range(0, len(ranges), IOV_BATCH):
+        batch = ranges[i:i + IOV_BATCH]
+        n_bytes = sum(b - a for a, b in batch) * PAGE
+        remote = (_Iovec * len(batch))(*[_Iovec(m.start + a * PAGE, (b - a) * PAGE) for a, b in batch])
+        liov = _Iovec(ctypes.addressof(local) + off, n_bytes)
+        got = _libc.process_vm_readv(pid, ctypes.byref(liov), 1, remote, len(batch), 0)
+        if got != n_bytes:
+            err = ctypes.get_errno() if got < 0 else errno.EIO
+            raise PagesUnavailable(f"reading guest pages of VMM {pid}: {os.strerror(err)}"
+                                   + ("" if got < 0 else f" (short read: {got} of {n_bytes} bytes)"))
+        off += n_bytes
+
+
+class PageCopy:
+    """A copy of a VMM's private guest pages, in three steps so that only the second runs while the VM is stopped:
+    `prepare()` sizes the buffer from a first scan and faults it in; `take(data)` scans again and reads every page
+    (into the buffer; pages beyond READ_BATCH go to `data` batch by batch, still within the pause); `finish(pages)`
+    writes what the buffer holds and the page numbers. Returns of `finish`: the number of pages."""
+
+    def __init__(self, pid: int, mapping: Mapping):
+        self.pid, self.mapping = pid, mapping
+        self.buf = bytearray()
+        self.pending = 0  # bytes of `buf` not yet written
+        self.numbers = array("I")
+        self.fd: int | None = None
+
+    def prepare(self) -> None:
+        guess = sum(b - a for a, b in private_ranges(self.pid, self.mapping))
+        self.buf = bytearray(min(READ_BATCH, (guess + guess // 4 + 256) * PAGE))  # zero-filled: faulted in now
+
+    def take(self, data: Path) -> None:
+        self.fd = os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        ranges = private_ranges(self.pid, self.mapping)
+        if ranges and ranges[-1][1] - 1 > MAX_PAGE_NUMBER:
+            raise PagesUnavailable(f"guest RAM of VMM {self.pid} is larger than a layer can describe")
+        total = sum(b - a for a, b in ranges) * PAGE
+        if total > len(self.buf):  # more than the first scan saw: grown here, inside the pause
+            self.buf = bytearray(min(READ_BATCH, total))
+        for batch, n in _batches(ranges, len(self.buf) // PAGE):
+            if self.pending:
+                self._write()
+            _read(self.pid, self.mapping, batch, self.buf)
+            self.pending = n * PAGE
+            for a, b in batch:
+                self.numbers.extend(range(a, b))
+
+    def _write(self) -> None:
+        view = memoryview(self.buf)[:self.pending]
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.pending = 0
+
+    def discard(self) -> None:
+        """Drop the buffer and close the data file (a capture that failed)."""
+        self.buf = bytearray()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def finish(self, pages: Path) -> int:
+        try:  # scratch files, not fsynced: the store writes and syncs what it keeps of them
+            if self.pending:
+                self._write()
+        finally:
+            self.discard()
+        fd = os.open(pages, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as f:
+            self.numbers.tofile(f)
+        return len(self.numbers)
+
+
+def _batches(ranges: list[tuple[int, int]], per: int):
+    """Split ranges into runs of at most `per` pages (a range longer than that is cut)."""
+    batch: list[tuple[int, int]] = []
+    size = 0
+    for a, b in ranges:
+        while a < b:
+            take = min(b - a, per - size)
+            batch.append((a, a + take))
+            size += take
+            a += take
+            if size == per:
+                yield batch, size
+                batch, size = [], 0
+    if batch:
+        yield batch, size

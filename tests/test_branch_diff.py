@@ -1,0 +1,100 @@
+"""Diff BRANCH with real QEMU guests (issue 18): a running child as a chain layer over its own snapshot, the
+source paused only while its device state and the pages it wrote are taken (forkd.core.pipeline.branch_diff).
+
+Runs in a FORKD_HOME of its own under /dev/shm (test_branch.py's fixtures), with the session's image."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from forkd.core.branch import branch
+from forkd.core.requests import Branch, Compaction
+from forkd.vmm.diff_capture import has_configuration
+from tests.test_branch import SBASE, WRITER, _mark, _seen, sfork, srt  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.vm
+
+
+def test_a_diff_branch_is_a_layer_of_the_pages_the_source_wrote(srt, sfork):
+    (c,) = sfork(1)
+    assert srt.exec_code(c.id, WRITER)["error"] is None  # a thread writing 16 MiB of memory, page after page
+    time.sleep(0.5)
+    _mark(srt, c.id, "before")
+    w0 = int(srt.eval(c.id, "WRITES[0]")["value"])
+    res = branch(srt, Branch.of(child_id=c.id, tag="diff1", mode="diff"))
+    _mark(srt, c.id, "after")
+    snap = res.snapshot
+    assert snap.status == "ready", snap.error
+    assert snap.parent_tag == SBASE and snap.parent_content_hash == srt.store.get(SBASE).memory_sha256
+    assert snap.labels["forkd.dev/branch-mode"] == "diff" and snap.labels["forkd.dev/branch-of"] == c.id
+    # only what the child wrote is stored: at least its 16 MiB buffer's pages, far from its 512 MiB of RAM
+    assert 4096 <= snap.diff_pages <= res.timings_ms["pages"] < (128 << 20) // 4096, res.timings_ms
+    assert res.pause_ms is not None and res.qemu_downtime_ms is not None
+    assert not has_configuration(srt.store.vmstate_path("diff1"))  # QEMU's device-state-only save
+    d = srt.store.dir("diff1")
+    for name in ("diff.pages", "diff.data", "vmstate", "snapshot.json"):
+        assert (d / name).stat().st_mode & 0o777 == 0o400, name
+    assert not (d / "memory.bin").exists()
+    assert not any(p.name.startswith("b-") for p in srt.layout.tmp.iterdir())  # the work dir is gone
+    assert int(srt.eval(c.id, "WRITES[0]")["value"]) > w0  # the source runs on
+    kids = sfork(2, tag="diff1")
+    for k in kids:
+        assert _seen(srt, k.id) == ("before", "'before'")
+        n0 = int(srt.eval(k.id, "WRITES[0]")["value"])  # the writer, caught mid-flight, runs on in each child
+        assert n0 >= w0
+        time.sleep(0.2)
+        assert int(srt.eval(k.id, "WRITES[0]")["value"]) > n0
+    assert _seen(srt, c.id) == ("after", "'after'")
+
+
+def test_diff_branches_of_diff_branches_then_live_and_compacted(srt, sfork):
+    """Depth 2 of diff branches; a live branch of a child restored from a device-state-only save (its stream has
+    no configuration section either); a compaction of a diff branch (a base with that device state)."""
+    (c,) = sfork(1)
+    _mark(srt, c.id, "gen0")
+    assert branch(srt, Branch.of(child_id=c.id, tag="dgen1", mode="diff")).snapshot.status == "ready"
+    (k1,) = sfork(1, tag="dgen1")
+    assert _seen(srt, k1.id) == ("gen0", "'gen0'")
+    _mark(srt, k1.id, "gen1")
+    res = branch(srt, Branch.of(child_id=k1.id, tag="dgen2", mode="diff"))
+    assert res.snapshot.status == "ready" and res.snapshot.parent_tag == "dgen1", res.snapshot.error
+    (k2,) = sfork(1, tag="dgen2")
+    assert _seen(srt, k2.id) == ("gen1", "'gen1'")
+    _mark(srt, k2.id, "gen2")
+    live = branch(srt, Branch.of(child_id=k2.id, tag="dgen3-live", mode="live"))
+    assert live.snapshot.status == "ready" and live.snapshot.parent_tag is None, live.snapshot.error
+    (k3,) = sfork(1, tag="dgen3-live")
+    assert _seen(srt, k3.id) == ("gen2", "'gen2'")
+    srt.compact(Compaction.of(from_tag="dgen2", to_tag="dgen2-flat"))
+    (k4,) = sfork(1, tag="dgen2-flat")
+    assert _seen(srt, k4.id) == ("gen1", "'gen1'")
+
+
+def test_no_wait_diff_branch_returns_once_the_source_runs(srt, sfork):
+    (c,) = sfork(1)
+    _mark(srt, c.id, "early")
+    res = branch(srt, Branch.of(child_id=c.id, tag="diff-nowait", mode="diff", wait=False))
+    assert res.snapshot.status == "writing" and res.thread is not None  # sealed in the background
+    assert "pause" in res.timings_ms and "flatten" not in res.timings_ms
+    _mark(srt, c.id, "later")  # the source answers at once, and the branch keeps the earlier instant
+    res.thread.join(300)
+    assert srt.store.get("diff-nowait").status == "ready"
+    (k,) = sfork(1, tag="diff-nowait")
+    assert _seen(srt, k.id) == ("early", "'early'")
+
+
+def test_the_source_vmm_holds_no_descriptor_of_the_snapshot(srt, sfork):
+    """The source's VMM runs the guest's code on after the branch: it must keep no way to rewrite the snapshot
+    once sealed. QEMU writes the device state into a memfd of forkd's (its fd set is removed afterwards) and
+    forkd copies it into the snapshot's file (SECURITY.md section 7)."""
+    (c,) = sfork(1)
+    res = branch(srt, Branch.of(child_id=c.id, tag="diff-fds", mode="diff"))
+    assert res.snapshot.status == "ready"
+    pid = srt.child(c.id).pid
+    store = str(srt.store.dir("diff-fds"))
+    held = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
+    assert not [h for h in held if h.startswith(store) or "forkd-device-state" in h], held
