@@ -50,7 +50,8 @@ PROBE = ("import threading, time\n"
 MODES = ("live", "diff", "full")
 POLLED = "live-polled"  # --poll-ab: live with the pre-issue-18 wait (query-migrate every 0.5 ms) instead of events
 RETURN_STEPS = ("prepare", "stage", "connect", "set_caps", "migrate_cmd", "stop_event_after_migrate", "stopped",
-                "resumed", "pause", "capture", "capture_stop", "read_pages", "capture_devices", "prepare_pages", "pages")
+                "resumed", "pause", "capture", "capture_stop", "read_pages", "capture_devices", "prepare_pages",
+                "pages")
 
 
 def progress(msg: str) -> None:

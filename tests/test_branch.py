@@ -20,78 +20,13 @@ from pathlib import Path
 import pytest
 
 from forkd.base.errors import Conflict
-from forkd.base.paths import Layout
-from forkd.core.branch import branch, wait_background
+from forkd.core.branch import branch
 from forkd.core.pipeline.branch import BranchError
-from forkd.core.requests import Branch, ParentBuild, Spawn
-from forkd.core.runtime import Runtime
+from forkd.core.requests import Branch, Spawn
 from forkd.store.snapshot import Snapshot
-from tests.conftest import qemu_pids
+from tests.branching import WRITER, _mark, _seen
 
 pytestmark = pytest.mark.vm
-
-SBASE = "sbase"
-WRITER = ("import threading, time\n"
-          "WRITES = [0]\n"
-          "def _writer():\n"
-          "    buf = bytearray(16 << 20)\n"
-          "    i = 0\n"
-          "    while True:\n"
-          "        buf[(i * 4096) % len(buf)] = i & 255\n"
-          "        i += 1\n"
-          "        WRITES[0] = i\n"
-          "        if i % 512 == 0:\n"
-          "            time.sleep(0.001)\n"
-          "threading.Thread(target=_writer, daemon=True).start()\n")
-
-
-@pytest.fixture(scope="module")
-def srt(rt, base):
-    """A runtime whose store is on tmpfs (/dev/shm), sharing the session's image and accelerator decision."""
-    home = Path(tempfile.mkdtemp(prefix="fkbr", dir="/dev/shm"))
-    layout = Layout(home).ensure()
-    shutil.rmtree(layout.images)
-    shutil.copytree(rt.layout.images, layout.images, symlinks=True)
-    if rt.layout.accel_cache.exists():
-        shutil.copy(rt.layout.accel_cache, layout.accel_cache)
-    r = Runtime(layout)
-    r.create_snapshot(ParentBuild.of(tag=SBASE, memory_mib=512, warm_imports=("decimal",),
-                                        warm_exec=("MARK = 'warm'",)))
-    yield r
-    wait_background(60)
-    r.kill(all_=True)
-    leaked = qemu_pids(home)
-    for pid in leaked:
-        os.kill(pid, 9)
-    shutil.rmtree(home, ignore_errors=True)
-    assert not leaked, f"QEMU processes leaked: {leaked}"
-
-
-@pytest.fixture
-def sfork(srt):
-    made: list[str] = []
-
-    def _fork(n=1, tag=SBASE):
-        recs = srt.fork(Spawn.of(tag=tag, n=n))
-        made.extend(r.id for r in recs)
-        return recs
-
-    yield _fork
-    ids = [i for i in made if (srt.layout.children / i).exists()]
-    if ids:
-        srt.kill(ids)
-
-
-def _mark(rt: Runtime, cid: str, value: str) -> None:
-    assert rt.exec(cid, ["sh", "-c", f"echo {value} > /root/mark.txt"])["exit_code"] == 0
-    assert rt.exec_code(cid, f"MARK = {value!r}")["error"] is None
-
-
-def _seen(rt: Runtime, cid: str) -> tuple[str, str]:
-    f = rt.exec(cid, ["cat", "/root/mark.txt"])["stdout"].strip()
-    g = rt.eval(cid, "MARK")["value"]
-    return f, g
-
 
 def test_live_branch_of_a_child_writing_memory_is_consistent(srt, sfork):
     (c,) = sfork(1)

@@ -1,7 +1,7 @@
 """Diff BRANCH with real QEMU guests (issue 18): a running child as a chain layer over its own snapshot, the
 source paused only while its device state and the pages it wrote are taken (forkd.core.pipeline.branch_diff).
 
-Runs in a FORKD_HOME of its own under /dev/shm (test_branch.py's fixtures), with the session's image."""
+Runs in a FORKD_HOME of its own under /dev/shm (tests.branching's fixtures), with the session's image."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from forkd.core.branch import branch
 from forkd.core.requests import Branch, Compaction
 from forkd.vmm.diff_capture import has_configuration
-from tests.test_branch import SBASE, WRITER, _mark, _seen, sfork, srt  # noqa: F401 - fixtures
+from tests.branching import SBASE, WRITER, _mark, _seen
 
 pytestmark = pytest.mark.vm
 

@@ -1,0 +1,80 @@
+"""Fixtures and helpers for the BRANCH tests (test_branch.py, test_branch_diff.py): a runtime whose home is on
+tmpfs, children forked in it, marks written into a child and read back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from forkd.base.paths import Layout
+from forkd.core.branch import wait_background
+from forkd.core.requests import ParentBuild, Spawn
+from forkd.core.runtime import Runtime
+
+SBASE = "sbase"
+WRITER = ("import threading, time\n"
+          "WRITES = [0]\n"
+          "def _writer():\n"
+          "    buf = bytearray(16 << 20)\n"
+          "    i = 0\n"
+          "    while True:\n"
+          "        buf[(i * 4096) % len(buf)] = i & 255\n"
+          "        i += 1\n"
+          "        WRITES[0] = i\n"
+          "        if i % 512 == 0:\n"
+          "            time.sleep(0.001)\n"
+          "threading.Thread(target=_writer, daemon=True).start()\n")
+
+
+@pytest.fixture(scope="module")
+def srt(rt, base):
+    """A runtime whose store is on tmpfs (/dev/shm), sharing the session's image and accelerator decision."""
+    home = Path(tempfile.mkdtemp(prefix="fkbr", dir="/dev/shm"))
+    layout = Layout(home).ensure()
+    shutil.rmtree(layout.images)
+    shutil.copytree(rt.layout.images, layout.images, symlinks=True)
+    if rt.layout.accel_cache.exists():
+        shutil.copy(rt.layout.accel_cache, layout.accel_cache)
+    r = Runtime(layout)
+    r.create_snapshot(ParentBuild.of(tag=SBASE, memory_mib=512, warm_imports=("decimal",),
+                                        warm_exec=("MARK = 'warm'",)))
+    yield r
+    wait_background(60)
+    r.kill(all_=True)
+    from tests.conftest import qemu_pids  # conftest imports this module's fixtures
+
+    leaked = qemu_pids(home)
+    for pid in leaked:
+        os.kill(pid, 9)
+    shutil.rmtree(home, ignore_errors=True)
+    assert not leaked, f"QEMU processes leaked: {leaked}"
+
+
+@pytest.fixture
+def sfork(srt):
+    made: list[str] = []
+
+    def _fork(n=1, tag=SBASE):
+        recs = srt.fork(Spawn.of(tag=tag, n=n))
+        made.extend(r.id for r in recs)
+        return recs
+
+    yield _fork
+    ids = [i for i in made if (srt.layout.children / i).exists()]
+    if ids:
+        srt.kill(ids)
+
+
+def _mark(rt: Runtime, cid: str, value: str) -> None:
+    assert rt.exec(cid, ["sh", "-c", f"echo {value} > /root/mark.txt"])["exit_code"] == 0
+    assert rt.exec_code(cid, f"MARK = {value!r}")["error"] is None
+
+
+def _seen(rt: Runtime, cid: str) -> tuple[str, str]:
+    f = rt.exec(cid, ["cat", "/root/mark.txt"])["stdout"].strip()
+    g = rt.eval(cid, "MARK")["value"]
+    return f, g
