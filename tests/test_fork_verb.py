@@ -36,7 +36,11 @@ def test_fork_n_continues_from_this_instant_and_cleans_up(daemon):
         assert len(kids) == 2 and len({k.id for k in kids} | {src.id}) == 3
         tag = kids[0].info.snapshot_tag
         assert {k.info.snapshot_tag for k in kids} == {tag}
-        assert ctrl.get_snapshot(tag).labels.get(lifetimes.AUTO) == "fork"
+        snap = ctrl.get_snapshot(tag)
+        assert snap.labels.get(lifetimes.AUTO) == "fork"
+        # a diff branch: a layer over the source's snapshot holding the pages the source wrote
+        assert snap.labels.get("forkd.dev/branch-mode") == "diff" and snap.parent_tag == BASE_TAG
+        assert 0 < snap.diff_pages < snap.memory_mib * 256 // 10
         src.run_code("STATE = 'after-fork'")  # the source goes on; the children keep the instant of the fork
         for k in kids:
             assert k.eval("STATE").result == repr("before-fork")

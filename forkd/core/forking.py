@@ -1,5 +1,6 @@
 """Fork as a verb: `fork(rt, id, n)` gives `n` running children that continue from this instant of sandbox `id`
-(a live branch, the source keeps running, then `n` spawns of it). Without `keep` or `tag` the branch snapshot is
+(a diff branch: the source pauses only while its device state and the pages it wrote are taken, a few ms; then
+`n` spawns of it). The branch is a layer over the source's snapshot, which therefore stays until the branch goes. Without `keep` or `tag` the branch snapshot is
 labelled `forkd.dev/auto: fork` and goes with the last of its children (the DELETE route releases it at once,
 the daemon's sweeper otherwise: forkd.core.lifetimes)."""
 
@@ -21,7 +22,7 @@ def fork(rt: Any, child_id: str, n: int, tag: str | None = None, keep: bool = Fa
 
     name = tag or f"fork-{child_id}-{int(time.time() * 1000)}"
     auto = {} if (tag or keep) else {lifetimes.AUTO: "fork"}
-    res = do_branch(rt, Branch.of(child_id=child_id, tag=name, mode="live", wait=True, labels=auto))
+    res = do_branch(rt, Branch.of(child_id=child_id, tag=name, mode="diff", wait=True, labels=auto))
     try:
         recs = rt.fork(Spawn.of(tag=name, n=n, timeout=timeout))
     except ForkdError:
