@@ -52,8 +52,12 @@ def snapshot_from_sandbox(ctx: typer.Context,
 def branch_cmd(child: str = typer.Argument(..., help="id of the running child to snapshot",
                                           autocompletion=complete_children),
                tag: str = typer.Option(..., "--tag", "-t", help="name of the new snapshot"),
-               mode: Mode = typer.Option(Mode.live, "--mode", help="live: the child keeps running (QEMU background "
-                                         "snapshot); diff/full: paused while its RAM is saved"),
+               mode: Mode = typer.Option(Mode.live, "--mode", help="live: the child runs on while its RAM is "
+                                         "copied (QEMU background snapshot; it stops while QEMU write-protects all "
+                                         "of its RAM, longer as RAM grows); diff: it stops only while its device "
+                                         "state and the pages it wrote are taken (a few ms), and the snapshot is a "
+                                         "layer over the child's own; full: it stops while all of its RAM is "
+                                         "saved"),
                no_wait: bool = typer.Option(False, "--no-wait", help="return once the child runs again; the "
                                             "snapshot stays 'writing' until converted"),
                output: Fmt = typer.Option(Fmt.table, "-o", "--output", help=OUTPUT_HELP)) -> None:

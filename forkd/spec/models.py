@@ -276,8 +276,11 @@ class ForkPool(Strict):
 # -- ForkBranch -------------------------------------------------------------------------------------
 class ForkBranchSpec(Strict):
     sandbox: str = Field(min_length=1, description="a child id, or pool/<name> for one of its claimed children")
-    mode: BranchMode = Field("live", description="live (the child keeps running; pages copied while it runs), "
-                                                 "diff (only pages changed since its snapshot) or full")
+    mode: BranchMode = Field("live", description="live (the child runs on while its RAM is copied; it stops for "
+                                                 "QEMU to write-protect all of its RAM, longer as RAM grows), diff "
+                                                 "(it stops only while its device state and the pages it wrote are "
+                                                 "taken, a few ms; the result is a layer over the child's snapshot) "
+                                                 "or full (it stops while all of its RAM is saved)")
     wait: bool = Field(False, description="kept for compatibility: the reconciler always waits for the snapshot")
 
 

@@ -10,10 +10,9 @@ Modes:
     few ms later (awaited in the background, with the stream). A caller's next request to the source simply waits
     for that resume.
   * `full`: stop-the-world: pause, the whole RAM and device state to the stream, resume.
-  * `diff`: on this QEMU-based runtime the same as `full` (a stop-the-world save of a self-contained snapshot).
-    A true dirty-pages-only diff needs the child's device state *without* its RAM; a child's RAM is a `share=off`
-    mapping, which `x-ignore-shared` does not skip, so QEMU 7.2 offers no tested way to get it. Kept as a mode so
-    the surface matches upstream; the result records `forkd.dev/branch-mode: diff`.
+  * `diff`: forkd.core.pipeline.branch_diff (DiffBranchJob, a subclass of this module's job): the source stops only
+    while its device state (without RAM) and the pages it wrote since its restore are taken, and the result is a
+    chain layer over the source's snapshot. Its pause grows with the pages written, not with guest RAM.
 
 Disk-backed children: the branch's disk is a copy of the child's overlay, taken while nothing can write it, so
 disk and memory are from one instant. In `full`/`diff` mode the VM is paused (the VMM flushes its block layer
@@ -25,15 +24,18 @@ another connection (or cannot freeze), live mode falls back to pausing the VM fo
 covers the VMM's capture set-up (55-270 ms measured here). Either way the copy is rebased onto the image's ext4
 afterwards (every cluster its old chain had is pulled in), so the branch's disk depends on the image only.
 
-The result is a self-contained snapshot (its own full memory file + device state) written through
-SnapshotStore.writing: `writing` until converted, fsynced and hashed, then `ready` (or `failed`). It records
-where it came from in labels (`forkd.dev/branch-of`, `forkd.dev/branch-source-snapshot`), not in `parent_tag`,
-because it does not depend on its source's files.
+The result of `live` and `full` is a self-contained snapshot (its own full memory file + device state) written
+through SnapshotStore.writing: `writing` until converted, fsynced and hashed, then `ready` (or `failed`). It
+records where it came from in labels (`forkd.dev/branch-of`, `forkd.dev/branch-source-snapshot`), not in
+`parent_tag`, because it does not depend on its source's files. (A `diff` branch does: its `parent_tag` is the
+source's snapshot.)
 
 Memory: a branch charges nothing to its source's memory group (issue 15): the guest RAM it reads is the source's
 flat image, populated and charged to forkd's `shared` group when it was materialized, and the stream is written
-by a process forkd starts, not by the VMM (forkd.vmm.stream_pump). A memory-limited source is never
-pushed over its limit by being branched.
+by a process forkd starts, not by the VMM (forkd.vmm.stream_pump). A diff branch reads the source's pages from
+forkd's process and writes them to forkd's files; only pages the source had in swap (idle page-out) come back into
+its memory as they are read, as they would for any request to it. A memory-limited source is never pushed over its
+limit by being branched.
 
 Safety:
   * the source is resumed on every path (VmmDriver.ensure_running whenever it was running before); a resume that
