@@ -1,8 +1,8 @@
 """Fork as a verb: `fork(rt, id, n)` gives `n` running children that continue from this instant of sandbox `id`
 (a diff branch: the source pauses only while its device state and the pages it wrote are taken, a few ms; then
-`n` spawns of it). The branch is a layer over the source's snapshot, which therefore stays until the branch goes. Without `keep` or `tag` the branch snapshot is
-labelled `forkd.dev/auto: fork` and goes with the last of its children (the DELETE route releases it at once,
-the daemon's sweeper otherwise: forkd.core.lifetimes)."""
+`n` spawns of it). The branch is a layer over the source's snapshot, which therefore stays until the branch goes.
+Without `keep` or `tag` the branch snapshot is labelled `forkd.dev/auto: fork` and goes with the last of its
+children (the DELETE route releases it at once, the daemon's sweeper otherwise: forkd.core.lifetimes)."""
 
 from __future__ import annotations
 
