@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,43 +32,57 @@ WRITER = ("import threading, time\n"
           "threading.Thread(target=_writer, daemon=True).start()\n")
 
 
-@pytest.fixture(scope="module")
-def srt(rt, base):
-    """A runtime whose store is on tmpfs (/dev/shm), sharing the session's image and accelerator decision."""
-    home = Path(tempfile.mkdtemp(prefix="fkbr", dir="/dev/shm"))
+@contextmanager
+def tmpfs_runtime(rt: Runtime, prefix: str, parent: ParentBuild) -> Iterator[Runtime]:
+    """A runtime whose home is on tmpfs (/dev/shm), sharing `rt`'s image and accelerator decision, with `parent`
+    built. Afterwards its children, home and flat images are gone; QEMU processes it left behind fail the test."""
+    from tests.conftest import qemu_pids  # conftest imports this module's fixtures
+
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
     layout = Layout(home).ensure()
     shutil.rmtree(layout.images)
     shutil.copytree(rt.layout.images, layout.images, symlinks=True)
     if rt.layout.accel_cache.exists():
         shutil.copy(rt.layout.accel_cache, layout.accel_cache)
     r = Runtime(layout)
-    r.create_snapshot(ParentBuild.of(tag=SBASE, memory_mib=512, warm_imports=("decimal",),
-                                        warm_exec=("MARK = 'warm'",)))
+    r.create_snapshot(parent)
     yield r
     wait_background(60)
     r.kill(all_=True)
-    from tests.conftest import qemu_pids  # conftest imports this module's fixtures
-
     leaked = qemu_pids(home)
     for pid in leaked:
         os.kill(pid, 9)
+    shutil.rmtree(layout.flat_cache.parent, ignore_errors=True)
     shutil.rmtree(home, ignore_errors=True)
     assert not leaked, f"QEMU processes leaked: {leaked}"
 
 
-@pytest.fixture
-def sfork(srt):
+def tracked_forks(runtime: Runtime, default_tag: str) -> Iterator:
+    """A fixture body: yields fork(n=1, tag=default_tag, **Spawn fields) and kills what it forked afterwards."""
     made: list[str] = []
 
-    def _fork(n=1, tag=SBASE):
-        recs = srt.fork(Spawn.of(tag=tag, n=n))
+    def _fork(n=1, tag=default_tag, **kw):
+        recs = runtime.fork(Spawn.of(tag=tag, n=n, **kw))
         made.extend(r.id for r in recs)
         return recs
 
     yield _fork
-    ids = [i for i in made if (srt.layout.children / i).exists()]
+    ids = [i for i in made if (runtime.layout.children / i).exists()]
     if ids:
-        srt.kill(ids)
+        runtime.kill(ids)
+
+
+@pytest.fixture(scope="module")
+def srt(rt, base):
+    """A runtime whose store is on tmpfs (/dev/shm), sharing the session's image and accelerator decision."""
+    with tmpfs_runtime(rt, "fkbr", ParentBuild.of(tag=SBASE, memory_mib=512, warm_imports=("decimal",),
+                                                   warm_exec=("MARK = 'warm'",))) as r:
+        yield r
+
+
+@pytest.fixture
+def sfork(srt):
+    yield from tracked_forks(srt, SBASE)
 
 
 def _mark(rt: Runtime, cid: str, value: str) -> None:

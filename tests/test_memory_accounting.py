@@ -13,19 +13,14 @@ tests/test_branch.py) and need the memory controller (v1 or v2)."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from forkd.base.errors import ForkdError
-from forkd.base.paths import Layout
-from forkd.core.branch import branch, wait_background
-from forkd.core.requests import Branch, ParentBuild, Spawn
-from forkd.core.runtime import Runtime
+from forkd.core.branch import branch
+from forkd.core.requests import Branch, ParentBuild
 from forkd.sandbox import cgroups
-from tests.conftest import qemu_pids
+from tests.branching import tmpfs_runtime, tracked_forks
 
 pytestmark = pytest.mark.vm
 MBASE = "mbase"
@@ -38,38 +33,13 @@ def mrt(rt, base):
     """A runtime whose store is on tmpfs, sharing the session's image; one 512 MiB parent."""
     if cgroups.detect() is None:
         pytest.skip("no memory cgroup controller here")
-    home = Path(tempfile.mkdtemp(prefix="fkmem", dir="/dev/shm"))
-    layout = Layout(home).ensure()
-    shutil.rmtree(layout.images)
-    shutil.copytree(rt.layout.images, layout.images, symlinks=True)
-    if rt.layout.accel_cache.exists():
-        shutil.copy(rt.layout.accel_cache, layout.accel_cache)
-    r = Runtime(layout)
-    r.create_snapshot(ParentBuild.of(tag=MBASE, memory_mib=512, warm_imports=("decimal",)))
-    yield r
-    wait_background(60)
-    r.kill(all_=True)
-    leaked = qemu_pids(home)
-    for pid in leaked:
-        os.kill(pid, 9)
-    shutil.rmtree(layout.flat_cache.parent, ignore_errors=True)
-    shutil.rmtree(home, ignore_errors=True)
-    assert not leaked, f"QEMU processes leaked: {leaked}"
+    with tmpfs_runtime(rt, "fkmem", ParentBuild.of(tag=MBASE, memory_mib=512, warm_imports=("decimal",))) as r:
+        yield r
 
 
 @pytest.fixture
 def mfork(mrt):
-    made: list[str] = []
-
-    def _fork(n=1, tag=MBASE, **kw):
-        recs = mrt.fork(Spawn.of(tag=tag, n=n, **kw))
-        made.extend(r.id for r in recs)
-        return recs
-
-    yield _fork
-    ids = [i for i in made if (mrt.layout.children / i).exists()]
-    if ids:
-        mrt.kill(ids)
+    yield from tracked_forks(mrt, MBASE)
 
 
 def shmem_mib(group: cgroups.ChildCgroup) -> float:
