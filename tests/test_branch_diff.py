@@ -98,3 +98,32 @@ def test_the_source_vmm_holds_no_descriptor_of_the_snapshot(srt, sfork):
     store = str(srt.store.dir("diff-fds"))
     held = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
     assert not [h for h in held if h.startswith(store) or "forkd-device-state" in h], held
+
+
+def test_a_stale_fd_set_left_by_a_killed_branch_is_not_written_into(srt, sfork):
+    """A branch killed between handing QEMU its buffer and taking it back leaves the fd set in the VMM. The next
+    diff branch clears the set before it adds its own buffer (QEMU 7.2 would also pick the newest descriptor of a
+    set; the clearing keeps that from mattering), so QEMU writes into the new buffer, not into the dead branch's."""
+    from forkd.vmm.diff_capture import FDSET
+    from forkd.vmm.driver import RunFiles
+
+    (c,) = sfork(1)
+    rec = srt.registry.get(c.id)
+    vm = srt.driver.attach(RunFiles(Path(rec.dir)), rec.pid, rec.started)
+    stale = os.memfd_create("stale-branch")
+    try:
+        srt.driver.connect(vm)
+        wfd = os.open(f"/proc/self/fd/{stale}", os.O_WRONLY)
+        try:
+            vm.qmp.execute("add-fd", {"fdset-id": FDSET}, fds=[wfd])
+        finally:
+            os.close(wfd)
+    finally:
+        srt.driver.release(vm)
+    _mark(srt, c.id, "fresh")
+    res = branch(srt, Branch.of(child_id=c.id, tag="diff-stale", mode="diff"))
+    assert res.snapshot.status == "ready", res.snapshot.error
+    assert os.fstat(stale).st_size == 0  # nothing went into the dead branch's buffer
+    os.close(stale)
+    (k,) = sfork(1, tag="diff-stale")
+    assert _seen(srt, k.id) == ("fresh", "'fresh'")

@@ -31,7 +31,7 @@ from forkd.base.errors import ForkdError
 from forkd.vmm import capture
 from forkd.vmm.driver import DiffTaken
 from forkd.vmm.private_pages import PageCopy, find_mapping
-from forkd.vmm.qmp import QMPClient
+from forkd.vmm.qmp import QMPClient, QMPError
 
 FDSET = 4071  # our fd set id on the child's monitor (removed again after the save)
 # QEMU's migration stream (migration/savevm.c): magic "QEVM", version 3, then the configuration section (type 7)
@@ -75,6 +75,9 @@ class StateBuffer:
     def copy_to(self, dest: int) -> int:
         """Copy what the buffer holds now into `dest`; the bytes copied."""
         size = os.fstat(self.fd).st_size
+        if size < len(STREAM_MAGIC) + 1 or os.pread(self.fd, len(STREAM_MAGIC), 0) != STREAM_MAGIC:
+            raise ForkdError(f"the VMM's device-state save left {size} bytes that are not a QEMU device state",
+                             hint="retry the branch; if it fails again, branch with --mode live or --mode full")
         if size > MAX_DEVICE_STATE:
             raise ForkdError(f"the VMM wrote {size >> 20} MiB of device state (at most {MAX_DEVICE_STATE >> 20})",
                              hint="the source's VMM misbehaves: kill the child; the branch is discarded")
@@ -114,6 +117,8 @@ def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, vmstate: Path, pages:
     state = StateBuffer()
     t: dict[str, float] = {}
     try:
+        with suppress(QMPError):  # a set a killed branch left behind: QEMU would write into its old buffer
+            qmp.execute("remove-fd", {"fdset-id": FDSET})
         wfd = state.writer()
         try:
             qmp.execute("add-fd", {"fdset-id": FDSET}, fds=[wfd])
