@@ -48,7 +48,8 @@ def test_fresh_home_without_image(rt):
     names = [c.name for c in checks]
     assert len(names) == len(set(names))
     assert set(names) == {"qemu", "image", "kernel", "accelerator", "userfaultfd-wp", "store-space", "shm-space",
-                          "cgroup", "netns", "snapshots", "kvm-device", "leftovers", "disk-tools", *SECURITY}
+                          "cgroup", "netns", "snapshots", "kvm-device", "leftovers", "disk-tools", "pagemap-scan",
+                          *SECURITY}
     for c in checks:
         assert c.status in STATUSES, c
         assert c.detail and "\n" not in c.detail, c
@@ -63,6 +64,13 @@ def test_fresh_home_without_image(rt):
     assert got["snapshots"].status == "PASS"
     assert got["store-space"].status in STATUSES
     assert "checking qemu" in seen
+
+
+def test_pagemap_scan_finds_written_pages():
+    """What a diff branch needs; this machine runs Linux 6.18, so it must pass (the probe scans two pages of its
+    own, one written)."""
+    c = doctor.check_pagemap_scan()
+    assert c.status == "PASS" and "PAGEMAP_SCAN" in c.detail, c
 
 
 def test_userfaultfd_write_protect_is_available():

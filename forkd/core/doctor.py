@@ -28,6 +28,7 @@ from forkd.base.errors import ForkdError
 from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
 from forkd.store.snapshot import CorruptManifest, Snapshot
+from forkd.vmm import private_pages
 from forkd.vmm.qemu import find_qemu
 
 if TYPE_CHECKING:
@@ -222,6 +223,14 @@ def check_userfaultfd() -> Check:
     return Check("userfaultfd-wp", WARN, detail, fix)
 
 
+def check_pagemap_scan() -> Check:
+    ok, what = private_pages.probe()
+    if ok:
+        return Check("pagemap-scan", PASS, what, None)
+    return Check("pagemap-scan", WARN, what, "diff branches need Linux 6.7+ (PAGEMAP_SCAN); on this kernel branch "
+                 "with --mode live or --mode full (sb.fork(n) and fork --from-sandbox fail here)")
+
+
 # -- disk and shared memory ---------------------------------------------------------------------------------
 def check_store_space(rt: Runtime) -> Check:
     home = rt.layout.home
@@ -385,6 +394,7 @@ def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s
         ("kernel", lambda: check_kernel(image)),
         ("accelerator", lambda: check_accelerator(rt, image, progress, reprobe)),
         ("userfaultfd-wp", check_userfaultfd),
+        ("pagemap-scan", check_pagemap_scan),
         ("store-space", lambda: check_store_space(rt)),
         ("shm-space", check_shm_space),
         ("cgroup", check_cgroup),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import os
 from array import array
 from dataclasses import dataclass
@@ -210,3 +211,22 @@ def _batches(ranges: list[tuple[int, int]], per: int):
                 batch, size = [], 0
     if batch:
         yield batch, size
+
+
+def probe() -> tuple[bool, str]:
+    """Whether this kernel finds a process's private pages (what a diff branch needs): two anonymous pages of our
+    own, one written, must scan as exactly that one. (available, what was seen)."""
+    mm = mmap.mmap(-1, 2 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mm[0] = 1
+        anchor = ctypes.c_char.from_buffer(mm)
+        start = ctypes.addressof(anchor)
+        del anchor  # the mapping may be closed only once no ctypes object points into it
+        got = private_ranges(os.getpid(), Mapping(start, start + 2 * PAGE))
+    except PagesUnavailable as exc:
+        return False, exc.message
+    finally:
+        mm.close()
+    if got != [(0, 1)]:
+        return False, f"PAGEMAP_SCAN found {got} where one written page was expected"
+    return True, f"PAGEMAP_SCAN finds written pages (Linux {os.uname().release})"
