@@ -79,7 +79,7 @@ def test_no_wait_diff_branch_returns_once_the_source_runs(srt, sfork):
     _mark(srt, c.id, "early")
     res = branch(srt, Branch.of(child_id=c.id, tag="diff-nowait", mode="diff", wait=False))
     assert res.snapshot.status == "writing" and res.thread is not None  # sealed in the background
-    assert "pause" in res.timings_ms and "flatten" not in res.timings_ms
+    assert "pause" in res.timings_ms
     _mark(srt, c.id, "later")  # the source answers at once, and the branch keeps the earlier instant
     res.thread.join(300)
     assert srt.store.get("diff-nowait").status == "ready"
@@ -100,10 +100,11 @@ def test_the_source_vmm_holds_no_descriptor_of_the_snapshot(srt, sfork):
     assert not [h for h in held if h.startswith(store) or "forkd-device-state" in h], held
 
 
-def test_a_stale_fd_set_left_by_a_killed_branch_is_not_written_into(srt, sfork):
+def test_a_stale_fd_set_left_by_a_killed_branch_is_cleared(srt, sfork):
     """A branch killed between handing QEMU its buffer and taking it back leaves the fd set in the VMM. The next
-    diff branch clears the set before it adds its own buffer (QEMU 7.2 would also pick the newest descriptor of a
-    set; the clearing keeps that from mattering), so QEMU writes into the new buffer, not into the dead branch's."""
+    diff branch clears the set before adding its own buffer (QEMU 7.2 would pick the newest descriptor of a set
+    anyway) and removes its own afterwards: the VMM ends up holding neither buffer, and nothing went into the dead
+    branch's."""
     from forkd.vmm.diff_capture import FDSET
     from forkd.vmm.driver import RunFiles
 
@@ -118,12 +119,53 @@ def test_a_stale_fd_set_left_by_a_killed_branch_is_not_written_into(srt, sfork):
             vm.qmp.execute("add-fd", {"fdset-id": FDSET}, fds=[wfd])
         finally:
             os.close(wfd)
+        srt.driver.release(vm)
+        _mark(srt, c.id, "fresh")
+        res = branch(srt, Branch.of(child_id=c.id, tag="diff-stale", mode="diff"))
+        assert res.snapshot.status == "ready", res.snapshot.error
+        assert os.fstat(stale).st_size == 0  # nothing went into the dead branch's buffer
+        srt.driver.connect(vm)
+        assert not [s for s in vm.qmp.execute("query-fdsets") if s["fdset-id"] == FDSET]
+        held = [os.readlink(f) for f in Path(f"/proc/{rec.pid}/fd").iterdir()]
+        assert not [h for h in held if "stale-branch" in h or "forkd-device-state" in h], held
     finally:
         srt.driver.release(vm)
-    _mark(srt, c.id, "fresh")
-    res = branch(srt, Branch.of(child_id=c.id, tag="diff-stale", mode="diff"))
-    assert res.snapshot.status == "ready", res.snapshot.error
-    assert os.fstat(stale).st_size == 0  # nothing went into the dead branch's buffer
-    os.close(stale)
+        os.close(stale)
     (k,) = sfork(1, tag="diff-stale")
     assert _seen(srt, k.id) == ("fresh", "'fresh'")
+
+
+def test_refused_up_front_while_another_connection_holds_the_agent(srt, sfork):
+    """QEMU serves one host connection per agent port; the diff branch must hold it (and send nothing on it while
+    the source is paused: virtio-serial would write what arrives into guest RAM after the device state was
+    saved). With another connection holding it, the branch is refused before anything is written or paused, and
+    the fork verb branches live instead."""
+    from forkd.core import forking
+    from forkd.core.pipeline.branch_diff import DiffUnavailable
+    from forkd.vmm.agent_client import AgentClient
+
+    (c,) = sfork(1)
+    holder = AgentClient(Path(c.dir) / "agent.sock")
+    try:
+        holder.ping()
+        with pytest.raises(DiffUnavailable, match="held by another connection"):
+            branch(srt, Branch.of(child_id=c.id, tag="diff-held", mode="diff"))
+        assert "diff-held" not in {s.tag for s in srt.store.list()}  # nothing written
+        res, kids = forking.fork(srt, c.id, 1, tag="fork-held")
+        assert res.snapshot.labels["forkd.dev/branch-mode"] == "live" and len(kids) == 1
+        assert holder.ping()["child_id"] == c.id  # the source ran on, its agent still ours
+    finally:
+        holder.close()
+    srt.kill([k.id for k in kids])
+
+
+def test_refused_up_front_past_the_depth_cap(srt, sfork, monkeypatch):
+    from forkd.core.pipeline import branch_diff
+
+    (c,) = sfork(1)
+    monkeypatch.setattr(branch_diff, "MAX_DEPTH", 0)
+    with pytest.raises(branch_diff.DiffUnavailable, match="layers deep") as ei:
+        branch(srt, Branch.of(child_id=c.id, tag="diff-deep", mode="diff"))
+    assert "snapshot-compact" in ei.value.hint
+    assert "diff-deep" not in {s.tag for s in srt.store.list()}
+    assert srt.ping(c.id)["child_id"] == c.id

@@ -1,6 +1,8 @@
 """Fork as a verb: `fork(rt, id, n)` gives `n` running children that continue from this instant of sandbox `id`
 (a diff branch: the source pauses only while its device state and the pages it wrote are taken, a few ms; then
 `n` spawns of it). The branch is a layer over the source's snapshot, which therefore stays until the branch goes.
+Where a diff branch is refused up front (an old kernel, another connection holding the agent, a deep chain), the
+branch is live instead.
 Without `keep` or `tag` the branch snapshot is labelled `forkd.dev/auto: fork` and goes with the last of its
 children (the DELETE route releases it at once, the daemon's sweeper otherwise: forkd.core.lifetimes)."""
 
@@ -11,6 +13,7 @@ from typing import Any
 
 from forkd.base.errors import ForkdError
 from forkd.core import lifetimes
+from forkd.core.pipeline.branch_diff import DiffUnavailable
 from forkd.core.requests import Branch, Spawn
 
 
@@ -22,7 +25,10 @@ def fork(rt: Any, child_id: str, n: int, tag: str | None = None, keep: bool = Fa
 
     name = tag or f"fork-{child_id}-{int(time.time() * 1000)}"
     auto = {} if (tag or keep) else {lifetimes.AUTO: "fork"}
-    res = do_branch(rt, Branch.of(child_id=child_id, tag=name, mode="diff", wait=True, labels=auto))
+    try:
+        res = do_branch(rt, Branch.of(child_id=child_id, tag=name, mode="diff", wait=True, labels=auto))
+    except DiffUnavailable:  # refused before anything was written or paused: a live branch instead
+        res = do_branch(rt, Branch.of(child_id=child_id, tag=name, mode="live", wait=True, labels=auto))
     try:
         recs = rt.fork(Spawn.of(tag=name, n=n, timeout=timeout))
     except ForkdError:

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import itertools
 import json
 import re
 import secrets
 import socket
 import struct
+import termios
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -193,6 +195,20 @@ def check_result(op: str, result: Any, max_output: int = MAX_OUTPUT) -> Any:
 _POOL: dict[str, AgentClient] = {}  # shared connections of this process, by socket path
 _POOL_LOCK = threading.Lock()
 _MAKING: dict[str, threading.Lock] = {}  # paths whose shared connection is being made
+OWN_TIMEOUT = 0.5  # s: a ping on a connection QEMU serves answers well within this
+QUIET_DRAIN = 0.1  # s: how long `quiet` waits for the VMM to read what was already sent
+
+
+class AgentBusy(ForkdError):
+    """Another host connection holds the child's agent (QEMU serves one at a time)."""
+
+
+def _unread_by_peer(sock: socket.socket) -> int:
+    """Bytes sent on a unix stream socket that its peer has not read yet (TIOCOUTQ)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 class AgentClient:
@@ -238,6 +254,31 @@ class AgentClient:
                 _POOL[key] = client
                 _MAKING.pop(key, None)
             return client
+
+    @classmethod
+    def owned(cls, path: Path, timeout: float = OWN_TIMEOUT) -> AgentClient:
+        """This process's (shared) connection to the agent on `path`, known to be the one QEMU serves: it answered
+        a ping within `timeout` (QEMU serves one host connection at a time; another waits unanswered, even one
+        this process made earlier). `AgentBusy` if another connection holds the agent."""
+        client = cls.shared(path, connect_timeout=timeout)
+        try:
+            client.ping(timeout=timeout)
+        except ForkdError as exc:
+            client.close()
+            raise AgentBusy(f"the agent on {path} is held by another connection (no answer in {timeout:g} s)",
+                            hint="retry once the other client (another forkd process?) is done") from exc
+        return client
+
+    @contextmanager
+    def quiet(self, drain: float = QUIET_DRAIN) -> Iterator[None]:
+        """Hold back every send on this connection while the block runs, once the VMM read what was sent (or
+        `drain` s passed: the guest then takes no more input, and a stopped guest cannot start to). With the
+        only connection held, no host byte reaches the guest's RAM meanwhile (forkd.vmm.diff_capture)."""
+        with self._send_lock:
+            deadline = time.monotonic() + drain
+            while _unread_by_peer(self.sock) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            yield
 
     @property
     def usable(self) -> bool:

@@ -14,8 +14,13 @@ while both are taken, and for a time that grows with the pages it wrote, not wit
 
 The device state has no `configuration` section (QEMU writes it only with RAM), so a VMM restoring it is started
 with `-global migration.send-configuration=off` (forkd.vmm.qemu detects the format from the file's header).
-Nothing writes guest RAM while the VM is stopped (no vCPU runs; devices are quiesced, as for QEMU's own
-stop-and-copy migration), so pages and device state are from one instant.
+While the VM is stopped no vCPU runs and no device but one writes guest RAM: virtio-serial still delivers what
+arrives on the agent's socket (and, once the host reads a full socket, completes guest output it had held back).
+So the caller holds the agent's only host connection and sends nothing on it meanwhile (AgentClient.quiet): pages
+and device state are then from one instant. Left: guest output QEMU held back because the host's socket was full
+when the pause began, completed during the pause by a read of this process, lands in RAM after the device state
+was saved; a child of such a branch may then find its agent port broken (not silently wrong data: the guest's
+virtio driver rejects the ring).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
-from forkd.vmm import capture
+from forkd.vmm import capture, private_pages
 from forkd.vmm.driver import DiffTaken
 from forkd.vmm.private_pages import PageCopy, find_mapping
 from forkd.vmm.qmp import QMPClient, QMPError
@@ -38,7 +43,17 @@ FDSET = 4071  # our fd set id on the child's monitor (removed again after the sa
 # when the machine sends one; a device-state-only save starts with a device section instead
 STREAM_MAGIC = b"QEVM\x00\x00\x00\x03"
 SECTION_CONFIGURATION = 7
+_PROBED: tuple[bool, str] | None = None
 MAX_DEVICE_STATE = 64 << 20  # bytes: a device state is ~80 KB here; more than this is not one
+
+
+def problem() -> tuple[str, str] | None:
+    """Why this host cannot take a diff capture, as (reason, hint), or None (probed once per process)."""
+    global _PROBED
+    if _PROBED is None:
+        _PROBED = private_pages.probe()
+    ok, what = _PROBED
+    return None if ok else (what, "a diff branch needs Linux 6.7+ (PAGEMAP_SCAN); branch with --mode live or full")
 
 
 def state_format_args(state_path: Path) -> list[str]:
@@ -61,31 +76,39 @@ def has_configuration(state_path: Path) -> bool:
 class StateBuffer:
     """Where QEMU writes the device state: a memfd of ours, never a descriptor of the snapshot's file. The source's
     VMM keeps running the guest's code after the branch, so it must hold no way to rewrite the snapshot once it is
-    sealed: what it wrote is copied into the snapshot's file after its answer (at most MAX_DEVICE_STATE), and
+    sealed: what it wrote is read at its answer, while the VM is still stopped (at most MAX_DEVICE_STATE), and
     anything it writes later goes into a buffer nobody reads. (QEMU truncates the file it is handed, so a pipe is
     refused; the memfd is handed over write-only, as QEMU's fd sets require.)"""
 
     def __init__(self) -> None:
         self.fd = os.memfd_create("forkd-device-state", os.MFD_CLOEXEC)
+        self.data = b""
 
     def writer(self) -> int:
         """A new write-only descriptor of the buffer, for QEMU (the caller closes it once handed over)."""
         return os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_CLOEXEC)
 
-    def copy_to(self, dest: int) -> int:
-        """Copy what the buffer holds now into `dest`; the bytes copied."""
+    def take(self) -> None:
+        """Read what QEMU saved (at its answer, while the VM is still stopped: nothing it does later counts)."""
         size = os.fstat(self.fd).st_size
-        if size < len(STREAM_MAGIC) + 1 or os.pread(self.fd, len(STREAM_MAGIC), 0) != STREAM_MAGIC:
-            raise ForkdError(f"the VMM's device-state save left {size} bytes that are not a QEMU device state",
-                             hint="retry the branch; if it fails again, branch with --mode live or --mode full")
         if size > MAX_DEVICE_STATE:
             raise ForkdError(f"the VMM wrote {size >> 20} MiB of device state (at most {MAX_DEVICE_STATE >> 20})",
                              hint="the source's VMM misbehaves: kill the child; the branch is discarded")
-        data = os.pread(self.fd, size, 0)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(dest, view):]
-        return len(data)
+        self.data = os.pread(self.fd, size, 0)
+        if len(self.data) < len(STREAM_MAGIC) + 1 or not self.data.startswith(STREAM_MAGIC):
+            raise ForkdError(f"the VMM's device-state save left {size} bytes that are not a QEMU device state",
+                             hint="retry the branch; if it fails again, branch with --mode live or --mode full")
+
+    def write(self, dest: Path) -> int:
+        """Write what `take` read to `dest` (a new file of the snapshot's); the bytes written."""
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(self.data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return len(self.data)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -99,6 +122,9 @@ class PagesTaken(DiffTaken):
     copy: PageCopy
     pages: Path
 
+    def discard(self) -> None:
+        self.copy.discard()
+
     def write(self) -> int:
         t0 = time.perf_counter()
         n = self.copy.finish(self.pages)
@@ -107,13 +133,14 @@ class PagesTaken(DiffTaken):
         return n
 
 
-def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, vmstate: Path, pages: Path, data: Path,
+def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, size: int, vmstate: Path, pages: Path, data: Path,
                  while_paused: Callable[[], None] | None = None) -> PagesTaken:
-    """Stop the VM, save its device state to `vmstate` and read its private guest pages (the ones beyond
-    READ_BATCH go to `data` at once), run `while_paused`, resume it if it was running. `DiffTaken.write` then
+    """Stop the VM, save its device state to `vmstate` and read its private guest pages (in its one mapping of
+    `mem_path`, `size` bytes; the ones beyond READ_BATCH go to `data` at once), run `while_paused`, resume it if it
+    was running. `DiffTaken.write` then
     writes them out. Timings (ms): `pause` = stop sent .. `cont` answered, `pause_qemu` = QEMU's STOP -> RESUME
     events."""
-    copy = PageCopy(pid, find_mapping(pid, mem_path))
+    copy = PageCopy(pid, find_mapping(pid, mem_path, size))
     state = StateBuffer()
     t: dict[str, float] = {}
     try:
@@ -125,15 +152,11 @@ def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, vmstate: Path, pages:
         finally:
             os.close(wfd)  # QEMU holds its own copy, in its fd set
         try:
-            _pause(qmp, copy, data, while_paused, t)
+            _pause(qmp, copy, state, data, while_paused, t)
         finally:
             with suppress(ForkdError, OSError):
                 qmp.execute("remove-fd", {"fdset-id": FDSET})
-        fd = os.open(vmstate, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            t["state_bytes"] = state.copy_to(fd)
-        finally:
-            os.close(fd)
+        t["state_bytes"] = state.write(vmstate)
     except BaseException:
         copy.discard()
         raise
@@ -145,8 +168,8 @@ def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, vmstate: Path, pages:
     return PagesTaken(t, copy, pages)
 
 
-def _pause(qmp: QMPClient, copy: PageCopy, data: Path, while_paused: Callable[[], None] | None,
-           t: dict[str, float]) -> None:
+def _pause(qmp: QMPClient, copy: PageCopy, state: StateBuffer, data: Path,
+           while_paused: Callable[[], None] | None, t: dict[str, float]) -> None:
     """Prepare the page copy, then stop the VM, take its state and pages, and resume it if it ran."""
     t1 = time.perf_counter()
     copy.prepare()
@@ -155,15 +178,15 @@ def _pause(qmp: QMPClient, copy: PageCopy, data: Path, while_paused: Callable[[]
     qmp.events.clear()
     t0 = time.perf_counter()
     try:
-        _paused(qmp, copy, data, while_paused, t, t0)
+        _paused(qmp, copy, state, data, while_paused, t, t0)
     finally:
         if running:
             qmp.execute("cont")
         t["pause"] = (time.perf_counter() - t0) * 1000.0
 
 
-def _paused(qmp: QMPClient, copy: PageCopy, data: Path, while_paused: Callable[[], None] | None,
-            t: dict[str, float], t0: float) -> None:
+def _paused(qmp: QMPClient, copy: PageCopy, state: StateBuffer, data: Path,
+            while_paused: Callable[[], None] | None, t: dict[str, float], t0: float) -> None:
     """`stop` and the device-state save go out together; once the VM stopped, the pages are read while QEMU's
     main thread writes the device state (it writes no guest RAM), on the other core."""
     save = "xen-save-devices-state"
@@ -179,6 +202,7 @@ def _paused(qmp: QMPClient, copy: PageCopy, data: Path, while_paused: Callable[[
             qmp.result(save)  # its answer must not be taken for the `cont`'s
         raise
     qmp.result(save)
+    state.take()
     t["devices"] = (time.perf_counter() - t0) * 1000.0 - t["stop"]
     if while_paused is not None:
         while_paused()

@@ -84,6 +84,10 @@ class DiffTaken(ABC):
     def write(self) -> int:
         """Write the captured pages to their files (after the VM runs again); returns how many."""
 
+    @abstractmethod
+    def discard(self) -> None:
+        """Drop what the capture still holds (its buffer, its open data file); a no-op once written."""
+
 
 class VmmDriver(ABC):
     name: str
@@ -151,6 +155,10 @@ class VmmDriver(ABC):
     def open_capture(self, vm: Vm, stream: Path, live: bool) -> Capture:
         """Create the stream file (an unwritable destination fails here, before anything is paused) and return
         the capture of `vm` into it; nothing runs until `Capture.start`."""
+
+    @abstractmethod
+    def diff_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
+        """Why a diff capture of `vm` cannot work here, as (reason, hint), or None if it can. No VMM I/O."""
 
     @abstractmethod
     def capture_diff(self, vm: Vm, mem_path: Path, vmstate: Path, pages: Path, data: Path,

@@ -10,15 +10,15 @@ that touched 200 MiB is walked over 200 MiB. They are read with `process_vm_read
 straight into a buffer that goes to the data file. Swapped pages (an idle child paged out) are read back from
 swap by the read itself.
 
-The caller stops the VM first and resumes it afterwards: nothing writes guest RAM in between (QEMU runs no vCPU
-and no device of a stopped VM), so pages and device state are from one instant.
+The caller stops the VM first and resumes it afterwards (forkd.vmm.diff_capture says what may still write guest
+RAM meanwhile, and how the caller keeps it from doing so).
 
 Output, the store's layer format (forkd.store.chain): `pages` holds little-endian uint32 page numbers ascending,
 `data` those pages' 4 KiB contents in the same order. A page whose copy equals the image's page is still listed;
 the store drops it when it seals the layer.
 
-Needs ptrace access to the VMM (root, or the VMM's own uid) and Linux 6.7+ for PAGEMAP_SCAN
-(`PagesUnavailable` otherwise, naming the kernel).
+Needs ptrace access to the VMM (root: a VMM that dropped to its own uid with `-runas` is not dumpable, so not even
+that uid may read it) and Linux 6.7+ for PAGEMAP_SCAN (`PagesUnavailable` otherwise, naming the kernel).
 """
 
 from __future__ import annotations
@@ -76,16 +76,23 @@ class Mapping:
     end: int
 
 
-def find_mapping(pid: int, path: Path) -> Mapping:
-    """The one mapping of `path` (the child's flat image) in the VMM's address space."""
+def find_mapping(pid: int, path: Path, size: int) -> Mapping:
+    """The VMM's mapping of `path` (the child's flat image): exactly one, of the whole file (`size` bytes from
+    offset 0), else PagesUnavailable (a split or partial mapping would misplace pages)."""
     want = str(path)
+    found: list[Mapping] = []
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             parts = line.split(maxsplit=5)
             if len(parts) == 6 and parts[5].rstrip("\n") == want:
                 start, end = (int(x, 16) for x in parts[0].split("-"))
-                return Mapping(start, end)
-    raise PagesUnavailable(f"VMM {pid} does not map {path}",
+                if int(parts[2], 16) != 0 or end - start != size:
+                    found.append(Mapping(0, 0))  # there, but not as the whole image
+                else:
+                    found.append(Mapping(start, end))
+    if len(found) == 1 and found[0].end:
+        return found[0]
+    raise PagesUnavailable(f"VMM {pid} does not map {path} once and whole ({len(found)} mappings of it)",
                            hint="the child's memory image is not the one its record names; branch it with "
                                 "--mode live or --mode full")
 

@@ -166,6 +166,8 @@ class QemuDriver(VmmDriver):
             vm.qmp = QMPClient(vm.files.qmp, timeout=timeout)
 
     def _qmp(self, vm: Vm) -> QMPClient:
+        if vm.qmp is not None and vm.qmp.broken:  # an answer timed out: its replies can no longer be matched
+            vm.qmp = None
         self.connect(vm)
         return vm.qmp
 
@@ -190,9 +192,15 @@ class QemuDriver(VmmDriver):
     def open_capture(self, vm: Vm, stream: Path, live: bool) -> Capture:
         return capture.QemuCapture(self._qmp(vm), stream, live)
 
+    def diff_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
+        return diff_capture.problem()
+
     def capture_diff(self, vm: Vm, mem_path: Path, vmstate: Path, pages: Path, data: Path,
                      while_paused: Callable[[], None] | None = None) -> DiffTaken:
-        return diff_capture.capture_diff(self._qmp(vm), vm.pid, mem_path, vmstate, pages, data, while_paused)
+        if start_time(vm.pid) != vm.started:  # its pages are read by pid: it must still be this VMM
+            raise ForkdError(f"VMM {vm.pid} is gone (its pid now names another process, or none)")
+        size = mem_path.stat().st_size  # the flat image is guest RAM, whole
+        return diff_capture.capture_diff(self._qmp(vm), vm.pid, mem_path, size, vmstate, pages, data, while_paused)
 
     # -- boot ------------------------------------------------------------------------------------
     def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0,

@@ -25,6 +25,7 @@ class QMPClient:
     def __init__(self, path: Path, timeout: float = 10.0):
         self.path = Path(path)
         self.events: list[dict] = []
+        self.broken = False  # an answer timed out: the connection is closed
         self._buf = b""
         self.sock = _connect_unix(self.path, timeout)
         self.sock.settimeout(timeout)
@@ -66,10 +67,16 @@ class QMPClient:
             raise QMPDisconnected(f"QMP {command}: connection {self.path} lost ({exc}): the VMM has exited") from exc
 
     def result(self, command: str) -> Any:
-        """The answer to the oldest command sent and not yet answered (events seen meanwhile go to `events`)."""
+        """The answer to the oldest command sent and not yet answered (events seen meanwhile go to `events`). A
+        timeout drops the connection (`broken`): a late answer would be taken for the next command's."""
         while True:
             try:
                 reply = self._read()
+            except TimeoutError as exc:
+                self.broken = True
+                self.close()
+                raise QMPDisconnected(f"QMP {command}: no answer on {self.path} in time; connection dropped") \
+                    from exc
             except ConnectionResetError as exc:
                 raise QMPDisconnected(f"QMP {command}: connection {self.path} lost ({exc}): the VMM has exited") \
                     from exc

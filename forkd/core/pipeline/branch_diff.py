@@ -18,18 +18,43 @@ copied); the layer is sealed in a daemon thread of this process, as for the othe
 from __future__ import annotations
 
 from forkd.base.atomic import publish
+from forkd.base.errors import Conflict
 from forkd.base.steps import Step
 from forkd.core.pipeline.branch import BranchJob, copy_disk
 from forkd.store import chain
 from forkd.store.snapshot import DISK, Snapshot
 from forkd.store.writer import Diff
+from forkd.vmm.agent_client import AgentBusy, AgentClient
 from forkd.vmm.disk import set_backing
+
+MAX_DEPTH = 32  # layers under a diff branch at most: each one more makes a new head's first flat image dearer
+
+
+class DiffUnavailable(Conflict):
+    """A diff branch of this child cannot be made here (checked before anything is written or paused)."""
 
 
 class DiffBranchJob(BranchJob):
     def prepare(self) -> None:
         super().prepare()
+        cid = self.req.child_id
+        problem = self.rt.driver.diff_capture_problem(self.source_vm)
+        if problem is not None:
+            raise DiffUnavailable(f"child {cid} cannot be branched in diff mode: {problem[0]}", hint=problem[1])
+        depth = self.rt.store.depth(self.source.tag)
+        if depth >= MAX_DEPTH:
+            raise DiffUnavailable(f"child {cid} runs from {self.source.tag!r}, already {depth} layers deep: a diff "
+                                  f"branch would be layer {depth + 1} (at most {MAX_DEPTH})",
+                                  hint=f"branch it with --mode live or full (a self-contained snapshot), or compact "
+                                       f"{self.source.tag!r} ('forkd snapshot-compact') and fork from that")
         self.source_flat = self.rt.store.materialize(self.source.tag)  # the image the source maps
+        try:  # the one host connection to its agent: held, and silent while the source is paused
+            self.agent: AgentClient | None = AgentClient.owned(self.child_files.agent)
+            self.stack.callback(self._release_agent)
+        except AgentBusy as exc:
+            raise DiffUnavailable(f"child {cid} cannot be branched in diff mode now: {exc.message}",
+                                  hint="a diff branch needs the child's agent quiet while it is paused; retry once "
+                                       "the other client is done, or branch with --mode live") from exc
 
     def record(self) -> Snapshot:
         return super().record().with_(parent_tag=self.source.tag, parent_content_hash=self.source.memory_sha256,
@@ -46,9 +71,11 @@ class DiffBranchJob(BranchJob):
             copy_disk(self.child_files.disk, self.work / DISK, self.timings)
 
         try:
-            self.taken = self.rt.driver.capture_diff(self.source_vm, self.source_flat, self.writer.vmstate,
-                                                     self.work / chain.PAGES_FILE, self.work / chain.DATA_FILE,
-                                                     while_paused=disk if self.machine.disk is not None else None)
+            with self.agent.quiet():  # no host byte reaches guest RAM between its device state and its pages
+                self.taken = self.rt.driver.capture_diff(
+                    self.source_vm, self.source_flat, self.writer.vmstate, self.work / chain.PAGES_FILE,
+                    self.work / chain.DATA_FILE, while_paused=disk if self.machine.disk is not None else None)
+            self.stack.callback(self.taken.discard)  # its buffer and data file, if the pages are never written
         except BaseException as exc:
             self._resume_after(exc)  # the driver resumes on its own paths; this covers a VMM that broke mid-way
             raise
@@ -56,7 +83,13 @@ class DiffBranchJob(BranchJob):
         self.result.pause_ms = self.taken.timings["pause"]
         self.result.qemu_downtime_ms = self.taken.timings.get("pause_qemu")
         self.rt.driver.release(self.source_vm)  # the source is free: another branch of it may start
+        self._release_agent()
         self.child_lock.release()
+
+    def _release_agent(self) -> None:
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            agent.close()
 
     def _timings(self) -> None:
         self.timings.update({f"capture_{k}" if k in ("stop", "devices", "write") else k: v
