@@ -138,70 +138,76 @@ def bench_size(rt: Runtime, mib: int, reps: int, modes: tuple[str, ...] = MODES)
     # one source per branch mode (same snapshot, same probe): a live branch reads all of guest RAM, which maps
     # every page into the source's page tables, and a diff branch's page scan then walks them all
     srcs = {mode: rt.fork(Spawn.of(tag=tag, n=1))[0].id for mode in {m.split("-")[0] for m in modes}}
-    out: dict = {"memory_mib": mib, "modes": {}}
     try:
         for cid in srcs.values():
             rt.exec_code(cid, PROBE)
         time.sleep(1.0)
-        keys = ("qemu_downtime_ms", "host_pause_ms", "guest_gap_ms", "ready_ms", "baseline_gap_ms")
-        rows = {mode: {k: [] for k in keys} for mode in modes}
-        for i in range(reps):  # modes interleaved: load from other users of the host hits them alike
-            for mode in modes:
-                r = rows[mode]
-                btag = f"bench-br-{mib}-{mode}-{i}"
-                src = srcs[mode.split("-")[0]]
-                probing(rt, src, True)
-                g0 = guest_now(rt, src)
-                res = branch_as(rt, mode, Branch.of(child_id=src, tag=btag, mode=mode.split("-")[0], wait=True))
-                g1 = guest_now(rt, src)
-                r["guest_gap_ms"].append(largest_gap(rt, src, g0, g1))
-                r["qemu_downtime_ms"].append(res.qemu_downtime_ms)
-                r["host_pause_ms"].append(res.timings_ms.get("pause"))
-                r["ready_ms"].append(res.returned_ms)
-                # noise floor: the same probe over an equally long quiet window
-                b0 = guest_now(rt, src)
-                time.sleep(max(0.0, g1 - g0))
-                r["baseline_gap_ms"].append(largest_gap(rt, src, b0, guest_now(rt, src)))
-                probing(rt, src, False)
-                assert res.snapshot.status == "ready", res.snapshot.error
-                rt.store.remove(btag)
-                progress(f"{mib} MiB {mode} #{i + 1}: downtime {res.qemu_downtime_ms} ms, pause "
-                         f"{r['host_pause_ms'][-1]:.1f} ms, guest gap {r['guest_gap_ms'][-1]:.1f} ms, "
-                         f"ready {res.returned_ms:.0f} ms")
-        for mode in modes:
-            out["modes"][mode] = {k: {"p50": pct(v, 50), "p90": pct(v, 90), "samples": v}
-                                  for k, v in rows[mode].items()}
-        returns: dict[str, list[float]] = {v: [] for v in NOWAIT}
-        steps: dict[str, list[dict]] = {v: [] for v in NOWAIT}
-        for i in range(reps):  # the variants interleaved
-            for variant, (mode, reset, at_stop) in NOWAIT.items():
-                if mode not in modes:
-                    continue
-                if reset:
-                    reset_caps(rt, srcs[mode])
-                btag = f"bench-br-{mib}-nowait-{variant}-{i}"
-                probing(rt, srcs[mode], True)
-                saved, BranchJob.returns_at_stop = BranchJob.returns_at_stop, property(lambda job, s=at_stop: s)
-                try:
-                    res = branch(rt, Branch.of(child_id=srcs[mode], tag=btag, mode=mode, wait=False))
-                finally:
-                    BranchJob.returns_at_stop = saved
-                probing(rt, srcs[mode], False)
-                returns[variant].append(res.returned_ms)
-                steps[variant].append(dict(res.timings_ms))  # copied now: the background conversion adds to it
-                res.thread.join(600)
-                assert rt.store.get(btag).status == "ready", rt.store.get(btag).error
-                rt.store.remove(btag)
-                progress(f"{mib} MiB {mode} --no-wait #{i + 1} ({variant}): returned in {res.returned_ms:.1f} ms")
-        out["nowait_return_ms"] = {
-            v: {"p50": pct(r, 50), "p90": pct(r, 90), "samples": r,
-                "steps_p50_ms": {k: pct([s[k] for s in steps[v] if k in s], 50)
-                                 for k in sorted({k for s in steps[v] for k in s})}}
-            for v, r in returns.items() if r}
+        return {"memory_mib": mib, "modes": pauses(rt, srcs, mib, reps, modes),
+                "nowait_return_ms": nowait_returns(rt, srcs, mib, reps, modes)}
     finally:
         wait_background(600)
         rt.kill(list(srcs.values()))
-    return out
+
+
+def pauses(rt: Runtime, srcs: dict[str, str], mib: int, reps: int, modes: tuple[str, ...]) -> dict:
+    """Per mode: QEMU's downtime, the host-side pause, the guest's largest gap (and a quiet window's), ready time."""
+    keys = ("qemu_downtime_ms", "host_pause_ms", "guest_gap_ms", "ready_ms", "baseline_gap_ms")
+    rows = {mode: {k: [] for k in keys} for mode in modes}
+    for i in range(reps):  # modes interleaved: load from other users of the host hits them alike
+        for mode in modes:
+            r = rows[mode]
+            btag = f"bench-br-{mib}-{mode}-{i}"
+            src = srcs[mode.split("-")[0]]
+            probing(rt, src, True)
+            g0 = guest_now(rt, src)
+            res = branch_as(rt, mode, Branch.of(child_id=src, tag=btag, mode=mode.split("-")[0], wait=True))
+            g1 = guest_now(rt, src)
+            r["guest_gap_ms"].append(largest_gap(rt, src, g0, g1))
+            r["qemu_downtime_ms"].append(res.qemu_downtime_ms)
+            r["host_pause_ms"].append(res.timings_ms.get("pause"))
+            r["ready_ms"].append(res.returned_ms)
+            # noise floor: the same probe over an equally long quiet window
+            b0 = guest_now(rt, src)
+            time.sleep(max(0.0, g1 - g0))
+            r["baseline_gap_ms"].append(largest_gap(rt, src, b0, guest_now(rt, src)))
+            probing(rt, src, False)
+            assert res.snapshot.status == "ready", res.snapshot.error
+            rt.store.remove(btag)
+            progress(f"{mib} MiB {mode} #{i + 1}: downtime {res.qemu_downtime_ms} ms, pause "
+                     f"{r['host_pause_ms'][-1]:.1f} ms, guest gap {r['guest_gap_ms'][-1]:.1f} ms, "
+                     f"ready {res.returned_ms:.0f} ms")
+    return {mode: {k: {"p50": pct(v, 50), "p90": pct(v, 90), "samples": v} for k, v in rows[mode].items()}
+            for mode in modes}
+
+
+def nowait_returns(rt: Runtime, srcs: dict[str, str], mib: int, reps: int, modes: tuple[str, ...]) -> dict:
+    """Per --no-wait variant (NOWAIT) whose mode runs: when the call returned, and its steps (p50)."""
+    returns: dict[str, list[float]] = {v: [] for v in NOWAIT}
+    steps: dict[str, list[dict]] = {v: [] for v in NOWAIT}
+    for i in range(reps):  # the variants interleaved
+        for variant, (mode, reset, at_stop) in NOWAIT.items():
+            if mode not in modes:
+                continue
+            if reset:
+                reset_caps(rt, srcs[mode])
+            btag = f"bench-br-{mib}-nowait-{variant}-{i}"
+            probing(rt, srcs[mode], True)
+            saved, BranchJob.returns_at_stop = BranchJob.returns_at_stop, property(lambda job, s=at_stop: s)
+            try:
+                res = branch(rt, Branch.of(child_id=srcs[mode], tag=btag, mode=mode, wait=False))
+            finally:
+                BranchJob.returns_at_stop = saved
+            probing(rt, srcs[mode], False)
+            returns[variant].append(res.returned_ms)
+            steps[variant].append(dict(res.timings_ms))  # copied now: the background conversion adds to it
+            res.thread.join(600)
+            assert rt.store.get(btag).status == "ready", rt.store.get(btag).error
+            rt.store.remove(btag)
+            progress(f"{mib} MiB {mode} --no-wait #{i + 1} ({variant}): returned in {res.returned_ms:.1f} ms")
+    return {v: {"p50": pct(r, 50), "p90": pct(r, 90), "samples": r,
+                "steps_p50_ms": {k: pct([s[k] for s in steps[v] if k in s], 50)
+                                 for k in sorted({k for s in steps[v] for k in s})}}
+            for v, r in returns.items() if r}
 
 
 def fmt(v: float | None) -> str:
