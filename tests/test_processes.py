@@ -100,7 +100,7 @@ def test_start_errors_are_clear(rt, fork):
 def test_guest_caps_processes_and_unread_output(rt, fork):
     """The agent holds at most MAX_PROCS processes and PROC_BUFFER unread bytes per process (the writer then
     blocks, as on a full pipe); the host reads at most MAX_READ bytes per reply."""
-    from forkd.vmm.agent_client import MAX_READ
+    from forkd.vmm.agent_replies import MAX_READ
 
     (c,) = fork(1)
     with rt.agent(c.id) as a:

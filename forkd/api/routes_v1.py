@@ -310,7 +310,7 @@ class _agent_errors:
         return self
 
     def __exit__(self, et, exc, tb):
-        from forkd.vmm.agent_client import AgentError
+        from forkd.vmm.agent_replies import AgentError
 
         if isinstance(exc, AgentError):
             typ = exc.error.get("type")

@@ -40,7 +40,7 @@ def events(rt: Any, child: str, start: dict | None = None, pid: int | None = Non
            max_output: int = MAX_OUTPUT, timeout: float | None = None) -> Iterator[Event]:
     """Start a process (`start`: AgentClient.start's arguments) or attach to `pid`, and yield its events. The
     first event (`start`) is yielded before any output is waited for; errors before it are raised."""
-    from forkd.vmm.agent_client import AgentError
+    from forkd.vmm.agent_replies import AgentError
 
     with rt.agent(child) as a:
         if start is not None:

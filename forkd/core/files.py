@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
-from forkd.vmm.agent_client import AgentError
 from forkd.vmm.agent_files import AgentFiles
+from forkd.vmm.agent_replies import AgentError
 
 NOT_FOUND = {"FileNotFoundError", "NotADirectoryError"}
 CONFLICT = {"FileExistsError", "IsADirectoryError"}

@@ -27,7 +27,7 @@ from forkd.vmm.agent_client import AgentClient
 
 CHUNK = 1 << 20  # default bytes per read/write request
 MAX_CHUNK = 4 << 20  # the most a chunk may be (the agent's FS_CHUNK_MAX)
-LIST_PAGE = 200  # entries per list page (the agent's FS_LIST_MAX; 2 strings each, agent_client.MAX_STRINGS)
+LIST_PAGE = 200  # entries per list page (the agent's FS_LIST_MAX; 2 strings each, agent_replies.MAX_STRINGS)
 MAX_ENTRIES = 100_000  # entries one list() returns, all pages and depths together
 MAX_EVENTS = 200  # events per watch poll (the agent's FS_EVENTS_MAX)
 MAX_NAME = 255  # bytes of one name
@@ -153,7 +153,7 @@ class AgentFiles:
             return self._bad(f"fs_list: {exc}")
 
     def exists(self, path: str) -> bool:
-        from forkd.vmm.agent_client import AgentError
+        from forkd.vmm.agent_replies import AgentError
 
         try:
             self.stat(path)
@@ -228,7 +228,7 @@ class AgentFiles:
 
     def tar_write(self, dest: str, chunks: Iterable[bytes]) -> int:
         """Extract a tar stream into the guest directory `dest` (created if missing). Returns the bytes sent."""
-        from forkd.vmm.agent_client import AgentError
+        from forkd.vmm.agent_replies import AgentError
 
         sid = self._call("fs_tar_open", {"path": dest, "mode": "write"}, {"stream": (int,)})["stream"]
         sent = 0

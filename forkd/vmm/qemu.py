@@ -24,7 +24,8 @@ from forkd.base.procs import kill_and_wait, start_time
 from forkd.base.settings import settings
 from forkd.base.steps import run_steps
 from forkd.vmm import capture, diff_capture, ksm
-from forkd.vmm.agent_client import AgentClient, AgentError, AgentTimeout
+from forkd.vmm.agent_client import AgentClient, AgentTimeout
+from forkd.vmm.agent_replies import AgentError
 from forkd.vmm.diff_capture import state_format_args
 from forkd.vmm.disk import new_overlay
 from forkd.vmm.driver import Capture, DiffTaken, Machine, RunFiles, Vm, VmmDriver

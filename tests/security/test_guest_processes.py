@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from forkd.api.app import create_app
 from forkd.base.errors import ProtocolViolation
 from forkd.reconciler.control import Control
-from forkd.vmm.agent_client import MAX_READ
+from forkd.vmm.agent_replies import MAX_READ
 from tests.security.test_guest_protocol import GUEST, assert_contained
 
 pytestmark = pytest.mark.vm

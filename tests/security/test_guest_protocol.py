@@ -12,7 +12,8 @@ from starlette.testclient import TestClient
 from forkd.api.app import create_app
 from forkd.base.errors import InvalidInput, ProtocolViolation
 from forkd.reconciler.control import Control
-from forkd.vmm.agent_client import MAX_FILE, MAX_FRAME, MAX_OUTPUT
+from forkd.vmm.agent_client import MAX_FRAME
+from forkd.vmm.agent_replies import MAX_FILE, MAX_OUTPUT
 from forkd.vmm.driver import RunFiles
 from forkd.vmm.qemu import QemuDriver, save_console
 from forkd.vmm.qemu_cmdline import CONSOLE_RING
