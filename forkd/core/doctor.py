@@ -29,6 +29,7 @@ from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
 from forkd.store.snapshot import CorruptManifest, Snapshot
 from forkd.vmm import private_pages
+from forkd.vmm.libc import LIBC
 from forkd.vmm.qemu import find_qemu
 
 if TYPE_CHECKING:
@@ -175,15 +176,13 @@ def _sysctl(path: Path) -> str:
 
 def _open_userfaultfd(nr: int) -> tuple[int, str]:
     """(fd, mode) from userfaultfd(2), retrying with UFFD_USER_MODE_ONLY; raises OSError when both fail."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
     flags = os.O_CLOEXEC | os.O_NONBLOCK
-    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_int(flags))
+    fd = LIBC.syscall(ctypes.c_long(nr), ctypes.c_int(flags))
     if fd >= 0:
         return fd, "full"
     err = ctypes.get_errno()
     if err in (errno.EPERM, errno.EINVAL):
-        fd = libc.syscall(ctypes.c_long(nr), ctypes.c_int(flags | UFFD_USER_MODE_ONLY))
+        fd = LIBC.syscall(ctypes.c_long(nr), ctypes.c_int(flags | UFFD_USER_MODE_ONLY))
         if fd >= 0:
             return fd, "user-mode-only"
         err = ctypes.get_errno()

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
+from forkd.vmm.libc import LIBC
 
 PR_SET_MEMORY_MERGE = 67
 PR_GET_MEMORY_MERGE = 68
@@ -27,8 +28,7 @@ _lock = threading.Lock()
 
 
 def _prctl(*args: int) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    res = libc.prctl(*(ctypes.c_ulong(a) for a in (*args, *([0] * (5 - len(args))))))
+    res = LIBC.prctl(*(ctypes.c_ulong(a) for a in (*args, *([0] * (5 - len(args))))))
     if res < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

@@ -22,17 +22,14 @@ from dataclasses import dataclass
 
 from forkd.base.errors import ForkdError
 from forkd.base.procs import start_time
+from forkd.vmm.libc import LIBC, UIO_MAXIOV, iovecs
 
 SYS_PROCESS_MADVISE = 440  # x86_64 (and every architecture since 5.10 uses the same number in the unified table)
 MADV_PAGEOUT = 21
-IOV_BATCH = 512  # < UIO_MAXIOV (1024)
+IOV_BATCH = UIO_MAXIOV // 2
 ANON_NAMES = ("", "[heap]", "[stack]")  # anonymous mappings as /proc/PID/maps names them (plus "[anon:...]")
 KERNEL_NAMES = ("[vdso]", "[vvar]", "[vvar_vclock]", "[vsyscall]")  # special mappings madvise refuses (EINVAL)
 SCOPES = ("private", "anon")
-
-
-class _Iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
 @dataclass(frozen=True)
@@ -91,10 +88,8 @@ def rss_anon_kib(pid: int) -> int:
 
 
 def _advise(pidfd: int, chunk: list[tuple[int, int]]) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    iov = (_Iovec * len(chunk))(*(_Iovec(base, size) for base, size in chunk))
-    res = libc.syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_int(pidfd), iov, ctypes.c_size_t(len(chunk)),
+    iov = iovecs(chunk)
+    res = LIBC.syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_int(pidfd), iov, ctypes.c_size_t(len(chunk)),
                        ctypes.c_int(MADV_PAGEOUT), ctypes.c_uint(0))
     if res < 0:
         err = ctypes.get_errno()

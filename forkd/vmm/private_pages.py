@@ -32,13 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
+from forkd.vmm.libc import LIBC, UIO_MAXIOV, Iovec, iovecs
 
 PAGE = 4096
 # <linux/fs.h>: _IOWR('f', 16, struct pm_scan_arg) with sizeof(struct pm_scan_arg) == 96
 PAGEMAP_SCAN = (3 << 30) | (96 << 16) | (ord("f") << 8) | 16
 PAGE_IS_FILE, PAGE_IS_PRESENT, PAGE_IS_SWAPPED = 1 << 2, 1 << 3, 1 << 4
 REGIONS = 4096  # ranges per PAGEMAP_SCAN call
-IOV_BATCH = 1024  # UIO_MAXIOV: ranges per process_vm_readv call
+IOV_BATCH = UIO_MAXIOV  # ranges per process_vm_readv call
 READ_BATCH = 64 << 20  # bytes read per process_vm_readv batch before they go to the data file
 MAX_PAGE_NUMBER = 0xFFFFFFFF  # the layer format's page numbers are uint32 (16 TiB of guest RAM)
 
@@ -55,17 +56,6 @@ class _ScanArg(ctypes.Structure):
 
 class _Region(ctypes.Structure):
     _fields_ = [("start", ctypes.c_uint64), ("end", ctypes.c_uint64), ("categories", ctypes.c_uint64)]
-
-
-class _Iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
-_libc.process_vm_readv.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                                   ctypes.c_ulong)
-_libc.process_vm_readv.restype = ctypes.c_ssize_t
 
 
 @dataclass(frozen=True)
@@ -107,7 +97,7 @@ def private_ranges(pid: int, m: Mapping) -> list[tuple[int, int]]:
                        category_anyof_mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED, return_mask=PAGE_IS_FILE)
         out: list[tuple[int, int]] = []
         while arg.start < m.end:
-            n = _libc.ioctl(fd, PAGEMAP_SCAN, ctypes.byref(arg))
+            n = LIBC.ioctl(fd, PAGEMAP_SCAN, ctypes.byref(arg))
             if n < 0:
                 err = ctypes.get_errno()
                 raise PagesUnavailable(f"PAGEMAP_SCAN on VMM {pid}: {os.strerror(err)}",
@@ -135,9 +125,9 @@ def _read(pid: int, m: Mapping, ranges: list[tuple[int, int]], buf: bytearray) -
     for i in range(0, len(ranges), IOV_BATCH):
         batch = ranges[i:i + IOV_BATCH]
         n_bytes = sum(b - a for a, b in batch) * PAGE
-        remote = (_Iovec * len(batch))(*[_Iovec(m.start + a * PAGE, (b - a) * PAGE) for a, b in batch])
-        liov = _Iovec(ctypes.addressof(local) + off, n_bytes)
-        got = _libc.process_vm_readv(pid, ctypes.byref(liov), 1, remote, len(batch), 0)
+        remote = iovecs([(m.start + a * PAGE, (b - a) * PAGE) for a, b in batch])
+        liov = Iovec(ctypes.addressof(local) + off, n_bytes)
+        got = LIBC.process_vm_readv(pid, ctypes.byref(liov), 1, remote, len(batch), 0)
         if got != n_bytes:
             err = ctypes.get_errno() if got < 0 else errno.EIO
             raise PagesUnavailable(f"reading guest pages of VMM {pid}: {os.strerror(err)}"
