@@ -82,6 +82,32 @@ def write_diff(parent_flat: Path, child_flat: Path, dest_dir: Path) -> tuple[int
     return len(pages), len(pages) * PAGE
 
 
+def write_known_diff(parent_flat: Path, candidates: Path, dest_dir: Path) -> tuple[int, int]:
+    """Store the pages of a layer-format directory `candidates` (pages a child may have changed, e.g. its private
+    copies) that differ from `parent_flat`: only those pages are compared, not the whole image. Returns (pages,
+    stored bytes). Page numbers must ascend and lie inside the image."""
+    size = parent_flat.stat().st_size
+    cand = read_pages(candidates)
+    if any(b <= a for a, b in zip(cand, cand[1:], strict=False)) or (cand and (cand[-1] + 1) * PAGE > size):
+        raise ChainError(f"{candidates}: page numbers out of order or beyond the {size}-byte image")
+    pages = array("I")
+    pa = os.open(parent_flat, os.O_RDONLY)
+    try:
+        with open(candidates / DATA_FILE, "rb") as src, \
+                publish(dest_dir / DATA_FILE, mode=0o600) as fd, open(fd, "wb", closefd=False) as data:
+            for page in cand:
+                mine = src.read(PAGE)
+                if len(mine) != PAGE:
+                    raise ChainError(f"{candidates}: fewer pages of data than page numbers")
+                if os.pread(pa, PAGE, page * PAGE).ljust(PAGE, b"\0") != mine:
+                    pages.append(page)
+                    data.write(mine)
+    finally:
+        os.close(pa)
+    write_bytes(dest_dir / PAGES_FILE, pages.tobytes(), mode=0o600)
+    return len(pages), len(pages) * PAGE
+
+
 def diff_hash(layer_dir: Path) -> str:
     h = hashlib.sha256()
     for name in (PAGES_FILE, DATA_FILE):

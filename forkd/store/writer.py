@@ -9,7 +9,8 @@
 `seal` takes each file either in place (the writer's own path, written by a VMM or a tool) or from elsewhere:
   memory   a Path: copied in sparse and hashed (a scratch memory file is then kept as the cached flat image of
            its content), or copied without re-hashing when `memory_sha256` is given (compaction of a verified
-           flat image); or a Diff: only the pages of `image` that differ from `base` are stored (a chain layer);
+           flat image); or a Diff: only the pages of `image` that differ from `base` are stored (a chain layer;
+           with `candidates`, only those pages are compared: a diff branch's captured pages);
   vmstate  a Path: copied in unless in place; fsynced and hashed;
   disk     a Path: moved in unless in place (a VMM's scratch overlay); fsynced and hashed.
 """
@@ -43,6 +44,7 @@ class Diff:
 
     base: Path
     image: Path
+    candidates: Path | None = None  # a layer-format dir of the only pages that may differ (compared alone)
 
 
 class SnapshotWriter:
@@ -112,7 +114,10 @@ class SnapshotWriter:
         self.store.record_writing(self.snap)
 
     def _seal_diff(self, diff: Diff) -> dict:
-        pages, stored = chain.write_diff(diff.base, diff.image, self.dir)
+        if diff.candidates is not None:
+            pages, stored = chain.write_known_diff(diff.base, diff.candidates, self.dir)
+        else:
+            pages, stored = chain.write_diff(diff.base, diff.image, self.dir)
         content, size = chain.hash_image(diff.image), diff.image.stat().st_size
         self._record_content(content)
         self.store.adopt_flat(diff.image, content)  # moved away when on the cache's filesystem

@@ -108,5 +108,5 @@ class DiffBranchJob(BranchJob):
         w, has_disk = self.writer, self.machine.disk is not None
         if has_disk:  # the source's overlay as it was, still backed by its snapshot's disk (a layer's overlay)
             set_backing(w.take(self.work / DISK, w.disk), self.rt.store.disk_path(self.source.tag))
-        w.seal(memory=Diff(base=self.source_flat, image=self.image), vmstate=w.vmstate,
+        w.seal(memory=Diff(base=self.source_flat, image=self.image, candidates=self.work), vmstate=w.vmstate,
                disk=w.disk if has_disk else None)
