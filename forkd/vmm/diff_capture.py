@@ -7,10 +7,11 @@ while both are taken, and for a time that grows with the pages it wrote, not wit
     before the pause   hand QEMU a buffer for the device state (`add-fd`), size and fault in the page buffer
     pause              `stop` and `xen-save-devices-state` sent together (QEMU's device-state-only save, every
                        device but RAM, `live: false` so the block layer is left alone); once stopped, the private
-                       pages are scanned and read while QEMU writes the device state; the caller's `while_paused`
-                       (a disk copy); `cont` if it ran
-    after              the device state copied into the snapshot's file (StateBuffer); the pages and their
-                       numbers to their files (`PagesTaken.write`, which may run later, in the background)
+                       pages are scanned and read while QEMU writes the device state, which is read from the
+                       buffer at QEMU's answer (StateBuffer); the caller's `while_paused` (a disk copy); `cont`
+                       if it ran
+    after              the device state written into the snapshot's file; the pages and their numbers to their
+                       files (`PagesTaken.write`, which may run later, in the background)
 
 The device state has no `configuration` section (QEMU writes it only with RAM), so a VMM restoring it is started
 with `-global migration.send-configuration=off` (forkd.vmm.qemu detects the format from the file's header).
