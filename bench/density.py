@@ -88,6 +88,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "pageout-anon": {"FORKD_IDLE_PAGEOUT_SECS": "3", "scope": "anon"},  # the same, anonymous mappings only
     "primed": {"prime": "true"},  # each child runs `true` once at fork (Spawn.prime): its first exec is translated
     "pageout-primed": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true"},  # both
+    # before the page-in on request (forkd.sandbox.wake): a request faults the child's pages back one by one
+    "pageout-nowake": {"FORKD_IDLE_PAGEOUT_SECS": "3", "FORKD_PAGE_IN_ON_REQUEST": "0"},
+    "pageout-primed-nowake": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_PAGE_IN_ON_REQUEST": "0"},
 }
 KSM = Path("/sys/kernel/mm/ksm")
 KSM_SCAN = {"pages_to_scan": "1000", "sleep_millisecs": "20", "run": "1"}  # ~195 MiB/s scanned while it runs

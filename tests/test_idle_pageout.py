@@ -15,8 +15,9 @@ import pytest
 from forkd.base.settings import settings
 from forkd.core.idle import CLK_TCK, IdleReclaimer, Watch
 from forkd.core.posture import check_swap, swap_devices
+from forkd.sandbox.wake import wake
 from forkd.sdk import Controller, Sandbox
-from forkd.vmm.pageout import swap_total_kib
+from forkd.vmm.pageout import page_out, swap_total_kib
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 MIB = 1024
@@ -153,3 +154,54 @@ def test_the_daemon_pages_out_an_idle_sandbox(home, rt, base, swap, tmp_path):
     finally:
         stop_api_daemon(d)
 
+
+
+def _paged_out(rt, rec) -> int:
+    """Page the child out as the sweeper would (once it is idle); its VMM's KiB in swap after."""
+    _settle(rec)
+    page_out(rec.pid, rec.started)
+    swapped = _status_kib(rec.pid, "VmSwap")
+    assert swapped >= 8 * MIB, swapped
+    return swapped
+
+
+def test_a_request_brings_a_paged_out_child_back_at_once(rt, fork, swap, monkeypatch):
+    """forkd.sandbox.wake: a request to a paged-out child starts paging its anonymous memory back in on another
+    thread (one at a time per VMM), so it leaves swap whole instead of as the request happens to touch it; with
+    FORKD_PAGE_IN_ON_REQUEST=0 only what the request touched comes back. What stays in swap either way is the
+    guest pages it had copied (a file mapping, which MADV_WILLNEED does not swap in)."""
+    woken, asleep = fork(2)
+    for rec in (woken, asleep):
+        assert rt.exec(rec.id, ["true"])["exit_code"] == 0  # a first exec: ~9 MiB more TCG code to page out
+    monkeypatch.setenv("FORKD_PAGE_IN_ON_REQUEST", "0")
+    off_before = _paged_out(rt, asleep)
+    assert wake(asleep.pid, asleep.started) is None  # off: nothing starts
+    assert rt.eval(asleep.id, "6 * 7")["value"] == "42"
+    off_after = _status_kib(asleep.pid, "VmSwap")
+    monkeypatch.setenv("FORKD_PAGE_IN_ON_REQUEST", "1")
+    on_before = _paged_out(rt, woken)
+    thread = wake(woken.pid, woken.started)
+    assert thread is not None and wake(woken.pid, woken.started) is None  # one page-in per VMM at a time
+    thread.join(30)
+    assert rt.eval(woken.id, "6 * 7")["value"] == "42"
+    on_after = _status_kib(woken.pid, "VmSwap")
+    guest = rt.memory(woken.id)["guest_private_kib"]
+    assert off_after > off_before / 2, (off_before, off_after)  # the request alone brought back little
+    assert on_after < on_before / 3, (on_before, on_after)  # the page-in brought back most of it
+    assert wake(woken.pid, woken.started) is None  # what is left in swap is under MIN_SWAPPED_KIB or file-backed
+    print(f"in swap before/after a request: off {off_before}/{off_after} KiB, on {on_before}/{on_after} KiB "
+          f"(guest private resident {guest} KiB)")
+
+
+def test_a_request_to_a_paged_out_child_pages_it_in_through_the_runtime(rt, fork, swap, monkeypatch):
+    """The same through the one front door: `rt.exec` on a paged-out child (FORKD_PAGE_IN_ON_REQUEST on, the
+    default) leaves little of its VMM in swap shortly after."""
+    monkeypatch.delenv("FORKD_PAGE_IN_ON_REQUEST", raising=False)
+    assert settings().page_in_on_request
+    (rec,) = fork(1)
+    before = _paged_out(rt, rec)
+    assert rt.exec(rec.id, ["true"])["exit_code"] == 0
+    deadline = time.monotonic() + 30
+    while _status_kib(rec.pid, "VmSwap") >= before / 3:
+        assert time.monotonic() < deadline, f"still {_status_kib(rec.pid, 'VmSwap')} of {before} KiB in swap"
+        time.sleep(0.2)

@@ -13,6 +13,7 @@ from forkd.base.procs import kill_and_wait, start_time
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.firewall import Egress
 from forkd.sandbox.registry import ChildRecord, Claim, Registry
+from forkd.sandbox.wake import wake
 from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
 
@@ -149,6 +150,7 @@ class Supervisor:
         if rec.status != "running":
             raise ForkdError(f"child {rec.id} is {rec.status}",
                              hint=f"remove it with 'forkd kill {rec.id}' and fork a new one")
+        wake(rec.pid, rec.started)  # memory it had paged out starts coming back while the request runs
         return AgentClient.shared(rec.agent_socket, connect_timeout=timeout)
 
     def ensure_running(self, rec: ChildRecord) -> bool:

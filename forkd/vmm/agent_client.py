@@ -22,6 +22,7 @@ import fcntl
 import itertools
 import json
 import secrets
+import select
 import socket
 import struct
 import termios
@@ -45,6 +46,7 @@ from forkd.vmm.agent_replies import (
     parse_reply,
 )
 from forkd.vmm.qmp import connect_unix
+from forkd.vmm.unix_peer import accepted
 
 MAGIC = b"FKD1"
 HEADER = 8  # MAGIC + 4-byte big-endian length
@@ -59,7 +61,8 @@ class AgentTimeout(ForkdError):
 _POOL: dict[str, AgentClient] = {}  # shared connections of this process, by socket path
 _POOL_LOCK = threading.Lock()
 _MAKING: dict[str, threading.Lock] = {}  # paths whose shared connection is being made
-OWN_TIMEOUT = 0.5  # s: a ping on a connection QEMU serves answers well within this
+OWN_TIMEOUT = 0.5  # s: QEMU accepts a free connection (and a ping on it answers) well within this
+OWN_POLL = 0.0005  # s between two looks at whether QEMU accepted our connection
 QUIET_DRAIN = 0.1  # s: how long `quiet` waits for the VMM to read what was already sent
 
 
@@ -92,6 +95,7 @@ class AgentClient:
         self._received = 0  # bytes received since the last reply someone waited for (budget: two frames + a chunk)
         self.violation: ProtocolViolation | None = None
         self._dead: ForkdError | None = None
+        self.served = False  # QEMU accepted this connection (it sent bytes on it, or the kernel said so)
         # ids unique across connections: a reply to an abandoned request of an earlier connection can
         # still arrive on this one and must not be taken for ours
         self._ids = itertools.count(secrets.randbits(48))
@@ -121,17 +125,41 @@ class AgentClient:
 
     @classmethod
     def owned(cls, path: Path, timeout: float = OWN_TIMEOUT) -> AgentClient:
-        """This process's (shared) connection to the agent on `path`, known to be the one QEMU serves: it answered
-        a ping within `timeout` (QEMU serves one host connection at a time; another waits unanswered, even one
-        this process made earlier). `AgentBusy` if another connection holds the agent."""
+        """This process's (shared) connection to the agent on `path`, known to be the one QEMU serves. QEMU serves
+        one host connection at a time, until it closes it, and accepts no other meanwhile: another waits in its
+        backlog, even one this process made earlier. So a connection is the served one when it is open and QEMU
+        accepted it (it sent us bytes, or the kernel says its server end was accepted: forkd.vmm.unix_peer), which
+        needs no round trip through the guest; where the kernel cannot say, it must answer a ping. Either within
+        `timeout`, else `AgentBusy`: another connection holds the agent."""
         client = cls.shared(path, connect_timeout=timeout)
-        try:
-            client.ping(timeout=timeout)
-        except ForkdError as exc:
+        deadline = time.monotonic() + timeout
+        known = client._accepted_by(deadline)
+        if known is None:  # the kernel cannot say: only the connection QEMU serves answers a ping
+            try:
+                client.ping(timeout=max(0.01, deadline - time.monotonic()))
+                known = True
+            except ForkdError:
+                known = False
+        if not known:
             client.close()
-            raise AgentBusy(f"the agent on {path} is held by another connection (no answer in {timeout:g} s)",
-                            hint="retry once the other client (another forkd process?) is done") from exc
+            raise AgentBusy(f"the agent on {path} is held by another connection (ours was not served in "
+                            f"{timeout:g} s)", hint="retry once the other client (another forkd process?) is done")
         return client
+
+    def _accepted_by(self, deadline: float) -> bool | None:
+        """Whether QEMU accepted this connection, and has not closed it, by `deadline`; None if the kernel cannot
+        say."""
+        while self._open():
+            if self.served:
+                return True
+            known = accepted(self.sock)
+            if known is not False:
+                self.served = bool(known)
+                return known
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(OWN_POLL)
+        return False
 
     @contextmanager
     def quiet(self, drain: float = QUIET_DRAIN) -> Iterator[None]:
@@ -143,6 +171,13 @@ class AgentClient:
             while _unread_by_peer(self.sock) and time.monotonic() < deadline:
                 time.sleep(0.0005)
             yield
+
+    def _open(self) -> bool:
+        """The peer has not closed (or shut down) the connection: a poll that does not wait and reads nothing."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLRDHUP)
+        return not any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL)
+                       for _, ev in poller.poll(0))
 
     @property
     def usable(self) -> bool:
@@ -177,6 +212,7 @@ class AgentClient:
         if not n:
             self._dead = self._dead or ForkdError(f"guest agent connection {self.path} closed (VMM exited?)")
             raise self._dead
+        self.served = True
         self._received += n
         if self._received > 2 * self.max_frame + CHUNK:
             self._violate(f"sent over {2 * self.max_frame} bytes without answering")

@@ -145,18 +145,16 @@ def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, size: int, vmstate: P
     state = StateBuffer()
     t: dict[str, float] = {}
     try:
-        with suppress(QMPError):  # a set a killed branch left behind: QEMU would write into its old buffer
-            qmp.execute("remove-fd", {"fdset-id": FDSET})
-        wfd = state.writer()
+        running = _hand_buffer(qmp, state)
+        t1 = time.perf_counter()
+        copy.prepare()
+        t["prepare_pages"] = (time.perf_counter() - t1) * 1000.0
+        qmp.events.clear()
+        t0 = time.perf_counter()
         try:
-            qmp.execute("add-fd", {"fdset-id": FDSET}, fds=[wfd])
+            _paused(qmp, copy, state, data, while_paused, t, t0)
         finally:
-            os.close(wfd)  # QEMU holds its own copy, in its fd set
-        try:
-            _pause(qmp, copy, state, data, while_paused, t)
-        finally:
-            with suppress(ForkdError, OSError):
-                qmp.execute("remove-fd", {"fdset-id": FDSET})
+            _resume(qmp, running, t, t0)
         t["state_bytes"] = state.write(vmstate)
     except BaseException:
         copy.discard()
@@ -169,21 +167,35 @@ def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, size: int, vmstate: P
     return PagesTaken(t, copy, pages)
 
 
-def _pause(qmp: QMPClient, copy: PageCopy, state: StateBuffer, data: Path,
-           while_paused: Callable[[], None] | None, t: dict[str, float]) -> None:
-    """Prepare the page copy, then stop the VM, take its state and pages, and resume it if it ran."""
-    t1 = time.perf_counter()
-    copy.prepare()
-    t["prepare_pages"] = (time.perf_counter() - t1) * 1000.0
-    running = capture.run_state(qmp) == "running"
-    qmp.events.clear()
-    t0 = time.perf_counter()
+def _hand_buffer(qmp: QMPClient, state: StateBuffer) -> bool:
+    """Put the device-state buffer in our fd set (clearing a set a killed branch left behind: QEMU would write
+    into its old buffer) and say whether the VM runs; one round trip (QEMU keeps descriptors that came with the
+    `add-fd` bytes until that command takes them)."""
+    wfd = state.writer()
     try:
-        _paused(qmp, copy, state, data, while_paused, t, t0)
+        _, status, added = qmp.batch([("remove-fd", {"fdset-id": FDSET}, None), ("query-status", None, None),
+                                      ("add-fd", {"fdset-id": FDSET}, [wfd])])
     finally:
+        os.close(wfd)  # QEMU holds its own copy, in its fd set
+    for answer in (status, added):
+        if isinstance(answer, QMPError):
+            raise answer
+    return (status or {}).get("status") == "running"
+
+
+def _resume(qmp: QMPClient, running: bool, t: dict[str, float], t0: float) -> None:
+    """`cont` if the VM ran, and the fd set's removal, sent together; `pause` ends at `cont`'s answer."""
+    if running:
+        qmp.send("cont")
+    with suppress(ForkdError, OSError):
+        qmp.send("remove-fd", {"fdset-id": FDSET})
+    try:
         if running:
-            qmp.execute("cont")
+            qmp.result("cont")
+    finally:
         t["pause"] = (time.perf_counter() - t0) * 1000.0
+        with suppress(ForkdError, OSError):
+            qmp.result("remove-fd")
 
 
 def _paused(qmp: QMPClient, copy: PageCopy, state: StateBuffer, data: Path,

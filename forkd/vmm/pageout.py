@@ -7,7 +7,8 @@ file mappings (the guest pages this child wrote, in the snapshot's memory file m
 data). Scope "anon": the anonymous mappings only (what bench/density.py compares it with). Either way the kernel
 reclaims only pages no other process maps: the snapshot pages this child shares with its siblings, and QEMU's code,
 stay where they are. It needs swap for anonymous pages (without swap the call moves nothing: `swap_total_kib()`).
-A paged-out child answers its next request once its pages fault back in from swap.
+A paged-out child answers its next request once its pages fault back in from swap; `page_in` reads them back
+on another thread meanwhile (forkd.sandbox.wake starts it when a request comes).
 
 Needs Linux 5.10+ (process_madvise), CAP_SYS_NICE and ptrace access to the VMM (root has both; a VMM that dropped to
 its own uid is still the daemon's to advise). Whether to page out, and when, is forkd.core.idle's decision.
@@ -23,9 +24,12 @@ from dataclasses import dataclass
 from forkd.base.errors import ForkdError
 from forkd.base.procs import start_time
 from forkd.vmm.libc import LIBC, UIO_MAXIOV, iovecs
+from forkd.vmm.private_pages import PAGE, PagesUnavailable, batches, read_spans, swapped_spans
 
 SYS_PROCESS_MADVISE = 440  # x86_64 (and every architecture since 5.10 uses the same number in the unified table)
 MADV_PAGEOUT = 21
+PAGE_IN_CHUNK = 1 << 20  # bytes read back per process_vm_readv call of a page-in
+PAGE_IN_MAX_KIB = 256 << 10  # a page-in reads back at most this much (an idle TCG child has ~20-40 MiB in swap)
 IOV_BATCH = UIO_MAXIOV // 2
 ANON_NAMES = ("", "[heap]", "[stack]")  # anonymous mappings as /proc/PID/maps names them (plus "[anon:...]")
 KERNEL_NAMES = ("[vdso]", "[vvar]", "[vvar_vclock]", "[vsyscall]")  # special mappings madvise refuses (EINVAL)
@@ -64,8 +68,9 @@ def _wanted(name: str, scope: str) -> bool:
     return anon if scope == "anon" else name not in KERNEL_NAMES
 
 
-def private_ranges(pid: int, scope: str = "private") -> list[tuple[int, int]]:
-    """(start, length) of the private mappings of `pid` in `scope` (from /proc/PID/maps, the kernel's own list)."""
+def private_ranges(pid: int, scope: str = "private", code_first: bool = False) -> list[tuple[int, int]]:
+    """(start, length) of the private mappings of `pid` in `scope` (from /proc/PID/maps, the kernel's own list);
+    with `code_first`, the executable ones (TCG's translation buffer) come first."""
     out = []
     with open(f"/proc/{pid}/maps", "rb") as f:
         for line in f:
@@ -74,17 +79,24 @@ def private_ranges(pid: int, scope: str = "private") -> list[tuple[int, int]]:
             if fields[1][3:4] != b"p" or not _wanted(name, scope):
                 continue
             lo, hi = (int(x, 16) for x in fields[0].split(b"-"))
-            out.append((lo, hi - lo))
-    return out
+            out.append((fields[1][2:3] != b"x", lo, hi - lo))
+    if code_first:
+        out.sort(key=lambda r: r[0])  # stable: address order within each kind
+    return [(lo, n) for _, lo, n in out]
+
+
+def status_kib(pid: int, field: str) -> int:
+    """One /proc/PID/status figure in KiB (RssAnon, VmSwap, ...; 0 if absent)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
 
 
 def rss_anon_kib(pid: int) -> int:
     """RssAnon: the process's resident anonymous pages (copied-on-write pages of file mappings included)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    return 0
+    return status_kib(pid, "RssAnon")
 
 
 def _advise(pidfd: int, chunk: list[tuple[int, int]]) -> int:
@@ -114,18 +126,26 @@ def _madvise(pidfd: int, ranges: list[tuple[int, int]]) -> None:
                         raise
 
 
-def page_out(pid: int, started: int | None, scope: str = "private") -> PagedOut:
-    """Ask the kernel to reclaim the private memory of the VMM `pid` (which must still be the process that
-    started at `started`: a pidfd pins it, and the start time is checked after the pidfd is open)."""
-    if scope not in SCOPES:
-        raise ValueError(f"scope {scope!r} is not one of {SCOPES}")
+def _pidfd(pid: int, started: int | None) -> int:
+    """A pidfd of the VMM `pid`, which must still be the process that started at `started` (checked after the
+    pidfd is open, which pins it)."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        raise ForkdError(f"VMM {pid} is gone", hint="the child stopped; nothing to page out") from None
+        raise ForkdError(f"VMM {pid} is gone", hint="the child stopped; nothing to do") from None
+    if started is not None and start_time(pid) != started:
+        os.close(pidfd)
+        raise ForkdError(f"pid {pid} is no longer the child's VMM", hint="the child stopped; nothing to do")
+    return pidfd
+
+
+def page_out(pid: int, started: int | None, scope: str = "private") -> PagedOut:
+    """Ask the kernel to reclaim the private memory of the VMM `pid` (which must still be the process that
+    started at `started`)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope {scope!r} is not one of {SCOPES}")
+    pidfd = _pidfd(pid, started)
     try:
-        if started is not None and start_time(pid) != started:
-            raise ForkdError(f"pid {pid} is no longer the child's VMM", hint="the child stopped; nothing to do")
         before = rss_anon_kib(pid)
         ranges = private_ranges(pid, scope)
         try:
@@ -135,5 +155,27 @@ def page_out(pid: int, started: int | None, scope: str = "private") -> PagedOut:
                              hint="needs Linux 5.10+ and CAP_SYS_NICE (run the daemon as root), or set "
                                   "FORKD_IDLE_PAGEOUT_SECS=0") from None
         return PagedOut(sum(n for _, n in ranges) // 1024, before, rss_anon_kib(pid))
+    finally:
+        os.close(pidfd)
+
+
+def page_in(pid: int, started: int | None, limit_kib: int = PAGE_IN_MAX_KIB) -> int:
+    """Bring the VMM's swapped memory back now: the pages of its private mappings that are in swap (PAGEMAP_SCAN)
+    are read with `process_vm_readv`, which faults each one back in and maps it, so the VMM touches them later
+    without a fault; executable mappings (TCG's translation buffer) first, then the rest in address order, guest
+    pages it had copied included; at most `limit_kib` (a big child swapped under memory pressure is not pulled
+    back whole by one request). Returns the KiB read back."""
+    pidfd = _pidfd(pid, started)
+    try:
+        buf, done = bytearray(PAGE_IN_CHUNK), 0
+        for lo, n in private_ranges(pid, "private", code_first=True):
+            pages = [(a // PAGE, b // PAGE) for a, b in swapped_spans(pid, lo, lo + n)]
+            for batch, _ in batches(pages, PAGE_IN_CHUNK // PAGE):  # what is read is dropped: mapping it was the point
+                if done >= limit_kib * 1024:
+                    return done // 1024
+                done += read_spans(pid, [(a * PAGE, b * PAGE) for a, b in batch], buf)
+        return done // 1024
+    except PagesUnavailable as exc:
+        raise ForkdError(f"page-in of VMM {pid}: {exc.message}") from None
     finally:
         os.close(pidfd)

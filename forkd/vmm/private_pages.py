@@ -27,6 +27,7 @@ import ctypes
 import errno
 import mmap
 import os
+import threading
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,10 @@ REGIONS = 4096  # ranges per PAGEMAP_SCAN call
 IOV_BATCH = UIO_MAXIOV  # ranges per process_vm_readv call
 READ_BATCH = 64 << 20  # bytes read per process_vm_readv batch before they go to the data file
 MAX_PAGE_NUMBER = 0xFFFFFFFF  # the layer format's page numbers are uint32 (16 TiB of guest RAM)
+SPARE_MAX = 16 << 20  # bytes: a buffer up to this size is kept, faulted in, for this process's next capture
+
+_spare: list[bytearray] = []  # at most one: faulting a new buffer in costs ~2 us a page on this host
+_spare_lock = threading.Lock()
 
 
 class PagesUnavailable(ForkdError):
@@ -68,18 +73,21 @@ class Mapping:
 
 def find_mapping(pid: int, path: Path, size: int) -> Mapping:
     """The VMM's mapping of `path` (the child's flat image): exactly one, of the whole file (`size` bytes from
-    offset 0), else PagesUnavailable (a split or partial mapping would misplace pages)."""
-    want = str(path)
+    offset 0), else PagesUnavailable (a split or partial mapping would misplace pages). Only the lines that end
+    in the path are parsed (QEMU has hundreds of mappings; this runs just before a diff branch's pause)."""
+    with open(f"/proc/{pid}/maps", "rb") as f:
+        maps = f.read()
+    want = b" " + os.fsencode(path) + b"\n"
     found: list[Mapping] = []
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].rstrip("\n") == want:
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                if int(parts[2], 16) != 0 or end - start != size:
-                    found.append(Mapping(0, 0))  # there, but not as the whole image
-                else:
-                    found.append(Mapping(start, end))
+    at = maps.find(want)
+    while at >= 0:
+        line = maps[maps.rfind(b"\n", 0, at) + 1:at + len(want)]
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].rstrip(b"\n") == os.fsencode(path):
+            start, end = (int(x, 16) for x in parts[0].split(b"-"))
+            whole = int(parts[2], 16) == 0 and end - start == size
+            found.append(Mapping(start, end) if whole else Mapping(0, 0))  # else: there, but not the whole image
+        at = maps.find(want, at + len(want))
     if len(found) == 1 and found[0].end:
         return found[0]
     raise PagesUnavailable(f"VMM {pid} does not map {path} once and whole ({len(found)} mappings of it)",
@@ -89,14 +97,27 @@ def find_mapping(pid: int, path: Path, size: int) -> Mapping:
 
 def private_ranges(pid: int, m: Mapping) -> list[tuple[int, int]]:
     """[start, end) page numbers (relative to the mapping) of the pages the VMM holds a private copy of."""
+    return [((a - m.start) // PAGE, (b - m.start) // PAGE) for a, b in
+            _scan(pid, m.start, m.end, mask=PAGE_IS_FILE, inverted=PAGE_IS_FILE,
+                  anyof=PAGE_IS_PRESENT | PAGE_IS_SWAPPED)]
+
+
+def swapped_spans(pid: int, start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end) addresses of the pages of `pid` between `start` and `end` that are in swap."""
+    return _scan(pid, start, end, mask=PAGE_IS_SWAPPED, inverted=0, anyof=0)
+
+
+def _scan(pid: int, start: int, end: int, *, mask: int, inverted: int, anyof: int) -> list[tuple[int, int]]:
+    """PAGEMAP_SCAN of `pid` over [start, end): the [start, end) addresses of the pages whose categories (XOR
+    `inverted`) include all of `mask` and, if `anyof`, one of it; adjacent runs merged."""
     fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
     try:
         vec = (_Region * REGIONS)()
-        arg = _ScanArg(size=ctypes.sizeof(_ScanArg), start=m.start, end=m.end, vec=ctypes.addressof(vec),
-                       vec_len=REGIONS, category_inverted=PAGE_IS_FILE, category_mask=PAGE_IS_FILE,
-                       category_anyof_mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED, return_mask=PAGE_IS_FILE)
+        arg = _ScanArg(size=ctypes.sizeof(_ScanArg), start=start, end=end, vec=ctypes.addressof(vec),
+                       vec_len=REGIONS, category_inverted=inverted, category_mask=mask, category_anyof_mask=anyof,
+                       return_mask=mask | anyof)
         out: list[tuple[int, int]] = []
-        while arg.start < m.end:
+        while arg.start < end:
             n = LIBC.ioctl(fd, PAGEMAP_SCAN, ctypes.byref(arg))
             if n < 0:
                 err = ctypes.get_errno()
@@ -104,8 +125,8 @@ def private_ranges(pid: int, m: Mapping) -> list[tuple[int, int]]:
                                        hint="a diff branch needs Linux 6.7 or later (this kernel: "
                                             f"{os.uname().release}); use --mode live or --mode full"
                                        if err in (errno.ENOTTY, errno.EINVAL) else None)
-            for r in vec[:n]:
-                first, last = (r.start - m.start) // PAGE, (r.end - m.start) // PAGE
+            words = memoryview(vec).cast("B").cast("Q")[:3 * n]  # (start, end, categories) per region
+            for first, last in zip(words[0::3].tolist(), words[1::3].tolist(), strict=True):
                 if out and out[-1][1] == first:
                     out[-1] = (out[-1][0], last)
                 else:
@@ -118,21 +139,33 @@ def private_ranges(pid: int, m: Mapping) -> list[tuple[int, int]]:
         os.close(fd)
 
 
-def _read(pid: int, m: Mapping, ranges: list[tuple[int, int]], buf: bytearray) -> None:
-    """Read `ranges` (page numbers) of the mapping into `buf`, back to back."""
+def read_spans(pid: int, spans: list[tuple[int, int]], buf: bytearray) -> int:
+    """Read the [start, end) address spans of `pid` into `buf`, back to back (they must fit); the bytes read,
+    short if a span was unmapped meanwhile."""
     local = (ctypes.c_char * len(buf)).from_buffer(buf)
     off = 0
-    for i in range(0, len(ranges), IOV_BATCH):
-        batch = ranges[i:i + IOV_BATCH]
-        n_bytes = sum(b - a for a, b in batch) * PAGE
-        remote = iovecs([(m.start + a * PAGE, (b - a) * PAGE) for a, b in batch])
+    for i in range(0, len(spans), IOV_BATCH):
+        batch = spans[i:i + IOV_BATCH]
+        n_bytes = sum(b - a for a, b in batch)
+        remote = iovecs([(a, b - a) for a, b in batch])
         liov = Iovec(ctypes.addressof(local) + off, n_bytes)
         got = LIBC.process_vm_readv(pid, ctypes.byref(liov), 1, remote, len(batch), 0)
+        if got < 0:
+            err = ctypes.get_errno()
+            raise PagesUnavailable(f"reading the memory of VMM {pid}: {os.strerror(err)}")
+        off += got
         if got != n_bytes:
-            err = ctypes.get_errno() if got < 0 else errno.EIO
-            raise PagesUnavailable(f"reading guest pages of VMM {pid}: {os.strerror(err)}"
-                                   + ("" if got < 0 else f" (short read: {got} of {n_bytes} bytes)"))
-        off += n_bytes
+            break
+    return off
+
+
+def _read(pid: int, m: Mapping, ranges: list[tuple[int, int]], buf: bytearray) -> None:
+    """Read `ranges` (page numbers) of the mapping into `buf`, back to back."""
+    want = sum(b - a for a, b in ranges) * PAGE
+    got = read_spans(pid, [(m.start + a * PAGE, m.start + b * PAGE) for a, b in ranges], buf)
+    if got != want:
+        raise PagesUnavailable(f"reading guest pages of VMM {pid}: {os.strerror(errno.EIO)} (short read: {got} of "
+                               f"{want} bytes)")
 
 
 class PageCopy:
@@ -149,8 +182,10 @@ class PageCopy:
         self.fd: int | None = None
 
     def prepare(self) -> None:
-        guess = sum(b - a for a, b in private_ranges(self.pid, self.mapping))
-        self.buf = bytearray(min(READ_BATCH, (guess + guess // 4 + 256) * PAGE))  # zero-filled: faulted in now
+        self.buf = _spare_buffer()  # an earlier capture's, faulted in; `take` grows it if the pages outgrew it
+        if not self.buf:
+            guess = sum(b - a for a, b in private_ranges(self.pid, self.mapping))
+            self.buf = _buffer(min(READ_BATCH, (guess + guess // 4 + 256) * PAGE))
 
     def take(self, data: Path) -> None:
         self.fd = os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -158,9 +193,9 @@ class PageCopy:
         if ranges and ranges[-1][1] - 1 > MAX_PAGE_NUMBER:
             raise PagesUnavailable(f"guest RAM of VMM {self.pid} is larger than a layer can describe")
         total = sum(b - a for a, b in ranges) * PAGE
-        if total > len(self.buf):  # more than the first scan saw: grown here, inside the pause
+        if total > len(self.buf):  # more than the buffer holds: grown here, inside the pause
             self.buf = bytearray(min(READ_BATCH, total))
-        for batch, n in _batches(ranges, len(self.buf) // PAGE):
+        for batch, n in batches(ranges, len(self.buf) // PAGE):
             if self.pending:
                 self._write()
             _read(self.pid, self.mapping, batch, self.buf)
@@ -175,7 +210,8 @@ class PageCopy:
         self.pending = 0
 
     def discard(self) -> None:
-        """Drop the buffer and close the data file (a capture that failed)."""
+        """Drop the buffer (kept for the next capture if it is small enough) and close the data file."""
+        _keep(self.buf)
         self.buf = bytearray()
         if self.fd is not None:
             os.close(self.fd)
@@ -193,7 +229,30 @@ class PageCopy:
         return len(self.numbers)
 
 
-def _batches(ranges: list[tuple[int, int]], per: int):
+def _spare_buffer() -> bytearray:
+    """The spare buffer (see `_keep`), or an empty one. It still holds an earlier capture's pages beyond what the
+    next one reads; only the `pending` bytes a capture read are ever written out."""
+    with _spare_lock:
+        return _spare.pop() if _spare else bytearray()
+
+
+def _buffer(size: int) -> bytearray:
+    """A new buffer of at least `size` bytes, zero-filled, so every page is touched before the VM stops."""
+    if size <= SPARE_MAX:  # rounded up to a power of two, so a source that wrote a few pages more reuses it
+        size = 1 << (size - 1).bit_length()
+    return bytearray(size)
+
+
+def _keep(buf: bytearray) -> None:
+    """Keep `buf` as the spare buffer if it is within SPARE_MAX and bigger than the one kept."""
+    if not buf or len(buf) > SPARE_MAX:
+        return
+    with _spare_lock:
+        if not _spare or len(_spare[0]) < len(buf):
+            _spare[:] = [buf]
+
+
+def batches(ranges: list[tuple[int, int]], per: int):
     """Split ranges into runs of at most `per` pages (a range longer than that is cut)."""
     batch: list[tuple[int, int]] = []
     size = 0

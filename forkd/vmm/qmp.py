@@ -66,6 +66,19 @@ class QMPClient:
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise QMPDisconnected(f"QMP {command}: connection {self.path} lost ({exc}): the VMM has exited") from exc
 
+    def batch(self, commands: list[tuple[str, dict | None, list[int] | None]]) -> list[Any]:
+        """Send every (command, arguments, fds) at once and read their answers in order: one round trip for all.
+        A command QEMU refused gives its QMPError in its place (the later answers are still read)."""
+        for command, arguments, fds in commands:
+            self.send(command, arguments, fds)
+        out: list[Any] = []
+        for command, _, _ in commands:
+            try:
+                out.append(self.result(command))
+            except QMPError as exc:
+                out.append(exc)
+        return out
+
     def result(self, command: str) -> Any:
         """The answer to the oldest command sent and not yet answered (events seen meanwhile go to `events`). A
         timeout drops the connection (`broken`): a late answer would be taken for the next command's."""

@@ -195,7 +195,9 @@ class BranchJob(Job):
     def start(self) -> BranchResult:
         with self.stack:
             self.prepare()
+            self.timings["prepare"] = (time.perf_counter() - self.t_call) * 1000.0
             self.begin()
+            self.timings["begin"] = (time.perf_counter() - self.t_call) * 1000.0 - self.timings["prepare"]
             with self.source_fate():
                 self.run(self.steps())
                 if self.req.wait:

@@ -1,0 +1,52 @@
+"""Waking a paged-out child: a request to a child whose VMM has memory in swap (forkd.core.idle paged it out, or
+the kernel did under pressure) first starts bringing that memory back on another thread, so the request does not
+fault it in page by page on the vCPU's own thread (forkd.vmm.pageout.page_in: TCG's translation buffer first).
+
+The request does not wait for it: it runs at once, and each page it touches that the page-in already brought back
+costs it nothing more (the page-in maps it) instead of a fault and a read from swap. One page-in per VMM at a
+time; a VMM with less than MIN_SWAPPED_KIB in swap is left to fault its pages back itself.
+FORKD_PAGE_IN_ON_REQUEST=0 turns it off."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from forkd.base.errors import ForkdError
+from forkd.base.settings import settings
+from forkd.vmm.pageout import page_in, status_kib
+
+log = logging.getLogger(__name__)
+MIN_SWAPPED_KIB = 1024  # less than this in swap is not worth a thread
+
+_busy: set[int] = set()  # VMM pids being paged in now
+_lock = threading.Lock()
+
+
+def wake(pid: int | None, started: int | None) -> threading.Thread | None:
+    """Start paging the VMM `pid` back in if it has memory in swap; the thread, or None when there is nothing to
+    do (off, little in swap, one already running, the VMM gone)."""
+    if pid is None or not settings().page_in_on_request:
+        return None
+    try:
+        if status_kib(pid, "VmSwap") < MIN_SWAPPED_KIB:
+            return None
+    except OSError:  # the VMM is gone: the request will say so
+        return None
+    with _lock:
+        if pid in _busy:
+            return None
+        _busy.add(pid)
+    t = threading.Thread(target=_page_in, args=(pid, started), name=f"forkd-page-in-{pid}", daemon=True)
+    t.start()
+    return t
+
+
+def _page_in(pid: int, started: int | None) -> None:
+    try:
+        page_in(pid, started)
+    except (ForkdError, OSError) as exc:  # the request still runs; its pages fault back in as it touches them
+        log.debug("page-in of VMM %s: %s", pid, exc)
+    finally:
+        with _lock:
+            _busy.discard(pid)
