@@ -43,6 +43,7 @@ import random
 import signal
 import statistics
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -187,17 +188,49 @@ BATCH_SWAP_PRIMED_KIB = 44 * 1024  # the same for a primed child (measured: ~38 
 def page_out_idle(rt: Runtime, recs: list, idle_s: float, limit_s: float = 120.0, scope: str = "private") -> dict:
     """What the daemon's sweeper does with FORKD_IDLE_PAGEOUT_SECS=idle_s (forkd.core.idle), run here in-process:
     look every second until every child was paged out once (or `limit_s`)."""
-    if swap_total_kib() == 0:
-        raise ForkdError("the pageout variant needs swap and the host has none", hint=ZRAM_FIX)
-    reclaimer, paged, t0 = IdleReclaimer(idle_s, scope), {}, time.monotonic()
-    want = {r.id for r in recs}
-    while not want <= set(paged) and time.monotonic() - t0 < limit_s:
-        paged.update(reclaimer.tick(rt))
-        time.sleep(1.0)
-    moved = [p.moved_kib / 1024.0 for cid, p in paged.items() if cid in want]
-    progress(f"paged out {len(moved)} of {len(want)} idle children in {time.monotonic() - t0:.0f} s, "
-             f"{pct(moved, 50) or 0:.1f} MiB each (p50)")
-    return {"paged": len(moved), "of": len(want), "moved_mib_p50": pct(moved, 50)}
+    with Sweeper(rt, idle_s, scope) as sweeper:
+        return sweeper.wait_paged(recs, limit_s)
+
+
+class Sweeper:
+    """The daemon's sweeper in this process: a thread calling IdleReclaimer.tick every second while the block runs
+    (a climb keeps one for the whole run, so a child is paged out once per idle stretch, and again once a request
+    woke it, as in the daemon)."""
+
+    def __init__(self, rt: Runtime, idle_s: float, scope: str = "private"):
+        if swap_total_kib() == 0:
+            raise ForkdError("paging out needs swap and the host has none", hint=ZRAM_FIX)
+        self.rt, self.reclaimer, self.stop = rt, IdleReclaimer(idle_s, scope), threading.Event()
+        self.moved: dict[str, float] = {}  # MiB each child's latest page-out moved
+        self.thread = threading.Thread(target=self._run, name="bench-sweeper", daemon=True)
+
+    def __enter__(self) -> Sweeper:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                self.moved.update({c: p.moved_kib / 1024.0 for c, p in self.reclaimer.tick(self.rt).items()})
+            except Exception as exc:  # noqa: BLE001 - a child killed mid-look; the next tick looks again
+                progress(f"sweeper: {exc}")
+
+    def paged_now(self, want: set[str]) -> int:
+        return sum(1 for cid in want if (w := self.reclaimer.watches.get(cid)) is not None and w.paged)
+
+    def wait_paged(self, recs: list, limit_s: float = 120.0) -> dict:
+        """Wait until every child of `recs` is paged out in its current idle stretch (or `limit_s`)."""
+        want, t0 = {r.id for r in recs}, time.monotonic()
+        while self.paged_now(want) < len(want) and time.monotonic() - t0 < limit_s:
+            time.sleep(0.5)
+        moved = [self.moved[c] for c in want if c in self.moved]
+        progress(f"{self.paged_now(want)} of {len(want)} idle children paged out ({time.monotonic() - t0:.0f} s; "
+                 f"{pct(moved, 50) or 0:.1f} MiB each p50 at their latest page-out)")
+        return {"paged": self.paged_now(want), "of": len(want), "moved_mib_p50": pct(moved, 50)}
 
 
 def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = (),
@@ -272,10 +305,11 @@ def run_levels(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
     points: list[dict] = []
     t0 = time.perf_counter()
     timeline: list[tuple[float, int]] = []
+    sweeper = Sweeper(rt, args.pageout) if args.pageout else None  # one for the run, as the daemon keeps one
 
     def level(recs: list) -> None:
         timeline.append((time.perf_counter() - t0, len(recs)))
-        paged = page_out_idle(rt, recs, args.pageout) if args.pageout else None
+        paged = sweeper.wait_paged(recs) if sweeper else None
         p = sample(rt, recs, avail0, args.sample_s, args.sample_execs, zram0=zram0)
         p["pageout"] = paged
         points.append(p)
@@ -283,10 +317,11 @@ def run_levels(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
                  f"MiB/child (Pss), idle CPU {p['idle_cpu_pct_per_child']:.3f} %/child, exec p50 "
                  f"{p['exec_ms']['p50']:.1f} p99 {p['exec_ms']['p99']:.1f} ms")
 
-    recs = fill(rt, args, tag, made, level, prime=tuple(args.prime))
-    progress(f"all {len(recs)} idle: {args.idle_s:.0f} s CPU window, {args.execs} execs")
-    paged = page_out_idle(rt, recs, args.pageout) if args.pageout else None
-    final = sample(rt, recs, avail0, args.idle_s, args.execs, zram0=zram0)
+    with sweeper or nullcontext():
+        recs = fill(rt, args, tag, made, level, prime=tuple(args.prime))
+        progress(f"all {len(recs)} idle: {args.idle_s:.0f} s CPU window, {args.execs} execs")
+        paged = sweeper.wait_paged(recs) if sweeper else None
+        final = sample(rt, recs, avail0, args.idle_s, args.execs, zram0=zram0)
     final["pageout"] = paged
     return {"snapshot": {"tag": tag, "reused": reused, "memory_mib": args.memory_mib},
             "mem_available_at_start_mib": round(avail0 / 1024.0), "levels": points, "final": final,

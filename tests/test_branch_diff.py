@@ -169,3 +169,20 @@ def test_refused_up_front_past_the_depth_cap(srt, sfork, monkeypatch):
     assert "snapshot-compact" in ei.value.hint
     assert "diff-deep" not in {s.tag for s in srt.store.list()}
     assert srt.ping(c.id)["child_id"] == c.id
+
+
+def test_a_paged_out_source_is_read_back_before_the_pause(srt, sfork, swap):
+    """An idle source paged out to swap (issue 18's page-out) has its pages read back before it is stopped, so the
+    pause does not read the pages it wrote from swap; the branch holds its state."""
+    from forkd.vmm.pageout import page_out, status_kib
+
+    (c,) = sfork(1)
+    assert srt.exec_code(c.id, "KEPT = bytes(range(256)) * 4096")["error"] is None  # 1 MiB the guest wrote
+    time.sleep(2.0)
+    page_out(c.pid, c.started)
+    assert status_kib(c.pid, "VmSwap") >= 4096
+    res = branch(srt, Branch.of(child_id=c.id, tag="diff-paged", mode="diff"))
+    assert res.snapshot.status == "ready", res.snapshot.error
+    assert res.timings_ms["page_in_kib"] >= 4096, res.timings_ms
+    (child,) = sfork(1, tag="diff-paged")
+    assert srt.eval(child.id, "KEPT == bytes(range(256)) * 4096")["value"] == "True"

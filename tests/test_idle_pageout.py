@@ -6,7 +6,6 @@ swap for itself and puts back (the host's own swap, if it has one, is used as it
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,34 +13,13 @@ import pytest
 
 from forkd.base.settings import settings
 from forkd.core.idle import CLK_TCK, IdleReclaimer, Watch
-from forkd.core.posture import check_swap, swap_devices
+from forkd.core.posture import check_swap
 from forkd.sandbox.wake import wake
 from forkd.sdk import Controller, Sandbox
-from forkd.vmm.pageout import page_out, swap_total_kib
+from forkd.vmm.pageout import page_out
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 MIB = 1024
-
-
-@pytest.fixture(scope="module")
-def swap():
-    """Swap for the module: the host's if it has some, else a free zram device of 1 GiB made swap until the end."""
-    if swap_total_kib() > 0:
-        yield swap_devices()
-        return
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a zram swap device (the host has no swap)")
-    made = subprocess.run(["zramctl", "--find", "--size", "1G"], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"no zram device to make swap on: {made.stderr.strip()} (modprobe zram)")
-    dev = made.stdout.strip()
-    try:
-        subprocess.run(["mkswap", dev], check=True, capture_output=True)
-        subprocess.run(["swapon", dev], check=True, capture_output=True)
-        yield [dev]
-    finally:
-        subprocess.run(["swapoff", dev], capture_output=True)
-        subprocess.run(["zramctl", "--reset", dev], capture_output=True)
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -79,6 +57,17 @@ def test_idleness_is_decided_from_cpu_time(ticks_moved, seconds, idle_secs, was_
     w = Watch(started=7, ticks=100, at=0.0, idle_since=0.0, paged=was_paged)
     assert w.observe(7, 100 + ticks_moved, seconds, idle_secs) is expect_page
     assert w.paged is expect_paged_after
+
+
+@pytest.mark.parametrize("wakes_now,expect_paged_after", [
+    (2, True),  # no page-in since the last look: still paged out, not again
+    (3, False),  # a request's page-in read its memory back (it may have cost the VMM no CPU): a new idle stretch
+])
+def test_a_page_in_on_request_starts_a_new_idle_stretch(wakes_now, expect_paged_after):
+    w = Watch(started=7, ticks=100, at=0.0, idle_since=0.0, paged=True, wakes=2)
+    assert w.observe(7, 100, 2.0, 1.0, wakes_now) is False  # never paged out again at once
+    assert w.paged is expect_paged_after
+    assert w.observe(7, 100, 3.5, 1.0, wakes_now) is (not expect_paged_after)  # idle 1.5 s since: paged out again
 
 
 def test_another_process_under_the_same_child_starts_over():

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkd.base.errors import ForkdError
+from forkd.sandbox.wake import wakes
 from forkd.vmm.pageout import PagedOut, page_out, swap_total_kib
 
 log = logging.getLogger(__name__)
@@ -39,22 +40,27 @@ def cpu_ticks(pid: int) -> int | None:
 
 @dataclass
 class Watch:
-    """One child's idleness: its VMM's identity, its CPU at the last look, since when it has been idle, and whether
-    this idle stretch was paged out already."""
+    """One child's idleness: its VMM's identity, its CPU at the last look, since when it has been idle, whether
+    this idle stretch was paged out already, and its resident anonymous memory right after that page-out."""
 
     started: int | None
     ticks: int
     at: float  # when `ticks` was read
     idle_since: float
     paged: bool = False
+    wakes: int = 0  # page-ins on request seen so far (forkd.sandbox.wake.wakes)
 
-    def observe(self, started: int | None, ticks: int, now: float, idle_secs: float) -> bool:
-        """Take a new look; True when the child should be paged out now."""
+    def observe(self, started: int | None, ticks: int, now: float, idle_secs: float, wakes: int = 0) -> bool:
+        """Take a new look; True when the child should be paged out now. A request's page-in since the last look
+        (`wakes` grew) starts a new idle stretch even if the request cost the VMM little CPU: the page-in read its
+        memory back on forkd's thread, so it must be paged out again once idle."""
         if started != self.started:  # another process: start over
             self.started, self.ticks, self.at, self.idle_since, self.paged = started, ticks, now, now, False
+            self.wakes = wakes
             return False
         allowed = max(1.0, (now - self.at) * CLK_TCK * IDLE_CPU_PCT / 100.0)
-        if ticks - self.ticks > allowed:  # it ran: a new idle stretch starts
+        woken, self.wakes = wakes != self.wakes, wakes
+        if ticks - self.ticks > allowed or woken:  # it ran, or its memory was read back: a new idle stretch
             self.idle_since, self.paged = now, False
         self.ticks, self.at = ticks, now
         return not self.paged and now - self.idle_since >= idle_secs
@@ -84,9 +90,10 @@ class IdleReclaimer:
                 continue
             w = self.watches.get(cid)
             if w is None:
-                self.watches[cid] = Watch(rec.started, ticks, now, now)
+                self.watches[cid] = Watch(rec.started, ticks, now, now, wakes=wakes(rec.pid, rec.started))
                 continue
-            if w.observe(rec.started, ticks, now, self.idle_secs) and time.monotonic() - t0 < self.budget_s:
+            due = w.observe(rec.started, ticks, now, self.idle_secs, wakes(rec.pid, rec.started))
+            if due and time.monotonic() - t0 < self.budget_s:
                 w.paged = True
                 try:
                     out[cid] = page_out(rec.pid, rec.started, self.scope)

@@ -20,7 +20,15 @@ log = logging.getLogger(__name__)
 MIN_SWAPPED_KIB = 1024  # less than this in swap is not worth a thread
 
 _busy: set[int] = set()  # VMM pids being paged in now
+_wakes: dict[tuple[int, int | None], int] = {}  # (pid, start time) -> page-ins started (forkd.core.idle reads it)
 _lock = threading.Lock()
+MAX_TRACKED = 65536  # VMMs whose page-ins are counted; past this the oldest entries go
+
+
+def wakes(pid: int, started: int | None) -> int:
+    """How many page-ins this process started for the VMM `pid` (started at `started`) so far."""
+    with _lock:
+        return _wakes.get((pid, started), 0)
 
 
 def wake(pid: int | None, started: int | None) -> threading.Thread | None:
@@ -37,6 +45,9 @@ def wake(pid: int | None, started: int | None) -> threading.Thread | None:
         if pid in _busy:
             return None
         _busy.add(pid)
+        _wakes[(pid, started)] = _wakes.pop((pid, started), 0) + 1  # newest last
+        while len(_wakes) > MAX_TRACKED:
+            del _wakes[next(iter(_wakes))]
     t = threading.Thread(target=_page_in, args=(pid, started), name=f"forkd-page-in-{pid}", daemon=True)
     t.start()
     return t
