@@ -6,6 +6,7 @@ swap for itself and puts back (the host's own swap, if it has one, is used as it
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +69,23 @@ def test_a_page_in_on_request_starts_a_new_idle_stretch(wakes_now, expect_paged_
     assert w.observe(7, 100, 2.0, 1.0, wakes_now) is False  # never paged out again at once
     assert w.paged is expect_paged_after
     assert w.observe(7, 100, 3.5, 1.0, wakes_now) is (not expect_paged_after)  # idle 1.5 s since: paged out again
+
+
+def test_one_page_in_per_vmm_at_a_time_and_each_counted():
+    """forkd.sandbox.wake: while one thread pages a VMM in, another is refused (and not counted as a wake)."""
+    from forkd.sandbox import wake as wake_mod
+
+    pid = 2**22 + 12345  # no such process: only the bookkeeping runs
+    first = threading.Thread(target=lambda: None)
+    assert wake_mod._claim(pid, 1, first) is True
+    try:
+        assert wake_mod._claim(pid, 1, threading.current_thread()) is False
+        assert wake_mod.wakes(pid, 1) == 1 and wake_mod.wakes(pid, 2) == 0
+    finally:
+        wake_mod._running.pop(pid, None)
+    assert wake_mod._claim(pid, 1, first) is True  # free again: a later page-in is counted too
+    wake_mod._running.pop(pid, None)
+    assert wake_mod.wakes(pid, 1) == 2
 
 
 def test_another_process_under_the_same_child_starts_over():
@@ -170,7 +188,7 @@ def test_a_request_brings_a_paged_out_child_back_at_once(rt, fork, swap, monkeyp
     monkeypatch.setenv("FORKD_PAGE_IN_ON_REQUEST", "1")
     on_before = _paged_out(rt, woken)
     thread = wake(woken.pid, woken.started)
-    assert thread is not None and wake(woken.pid, woken.started) is None  # one page-in per VMM at a time
+    assert thread is not None
     thread.join(30)
     assert rt.eval(woken.id, "6 * 7")["value"] == "42"
     on_after = _status_kib(woken.pid, "VmSwap")

@@ -53,13 +53,15 @@ def test_only_the_written_pages_are_found_and_read(mapped, tmp_path):
     assert data == b"\x11" * PAGE + b"\x55" * PAGE + b"\x66" * PAGE
 
 
-def test_a_reused_buffer_never_leaks_an_earlier_capture(mapped, tmp_path):
-    """The second capture reuses the first one's buffer (kept, faulted in); its data file holds its own pages
-    only, never the rest of what the buffer held."""
+def test_a_reused_buffer_never_leaks_an_earlier_capture(mapped, tmp_path, monkeypatch):
+    """The second capture reuses the first one's buffer (kept, faulted in: no new buffer is made for it); its data
+    file holds its own pages only, never the rest of what the buffer held."""
     path, mm, m = mapped
     for page in range(8):
         mm[page * PAGE:(page + 1) * PAGE] = b"\x77" * PAGE
     assert _take(m, tmp_path, "big")[0] == list(range(8))
+    made = []
+    monkeypatch.setattr(private_pages, "_buffer", lambda size: made.append(size) or bytearray(size))
     with open(path, "rb") as f:  # a second private mapping: one page written
         mm2 = mmap.mmap(f.fileno(), PAGES * PAGE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     try:
@@ -69,6 +71,7 @@ def test_a_reused_buffer_never_leaks_an_earlier_capture(mapped, tmp_path):
         mm2[3 * PAGE:4 * PAGE] = b"\x33" * PAGE
         numbers, data = _take(private_pages.Mapping(start, start + PAGES * PAGE), tmp_path, "small")
         assert numbers == [3] and data == b"\x33" * PAGE
+        assert made == []  # the kept buffer (still holding the 0x77 pages) was the one read into
     finally:
         mm2.close()
 

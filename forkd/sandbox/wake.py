@@ -19,10 +19,11 @@ from forkd.vmm.pageout import page_in, status_kib
 log = logging.getLogger(__name__)
 MIN_SWAPPED_KIB = 1024  # less than this in swap is not worth a thread
 
-_busy: set[int] = set()  # VMM pids being paged in now
+_running: dict[int, threading.Thread] = {}  # VMM pid -> the thread paging it in now
 _wakes: dict[tuple[int, int | None], int] = {}  # (pid, start time) -> page-ins started (forkd.core.idle reads it)
 _lock = threading.Lock()
 MAX_TRACKED = 65536  # VMMs whose page-ins are counted; past this the oldest entries go
+WAIT_S = 30.0  # how long page_in_now waits for a page-in already running
 
 
 def wakes(pid: int, started: int | None) -> int:
@@ -34,23 +35,49 @@ def wakes(pid: int, started: int | None) -> int:
 def wake(pid: int | None, started: int | None) -> threading.Thread | None:
     """Start paging the VMM `pid` back in if it has memory in swap; the thread, or None when there is nothing to
     do (off, little in swap, one already running, the VMM gone)."""
-    if pid is None or not settings().page_in_on_request:
+    if pid is None or not settings().page_in_on_request or _swapped_kib(pid) < MIN_SWAPPED_KIB:
         return None
-    try:
-        if status_kib(pid, "VmSwap") < MIN_SWAPPED_KIB:
-            return None
-    except OSError:  # the VMM is gone: the request will say so
+    t = threading.Thread(target=_page_in, args=(pid, started), name=f"forkd-page-in-{pid}", daemon=True)
+    if not _claim(pid, started, t):
         return None
+    t.start()
+    return t
+
+
+def page_in_now(pid: int, started: int | None, min_kib: int = MIN_SWAPPED_KIB) -> int:
+    """Page the VMM `pid` back in on this thread if it has at least `min_kib` in swap (a diff branch, before its
+    pause), counted as a wake like a request's; a page-in of it already running is waited for first. Returns the
+    KiB this call read back."""
     with _lock:
-        if pid in _busy:
-            return None
-        _busy.add(pid)
+        other = _running.get(pid)
+    if other is not None:
+        other.join(WAIT_S)
+    if _swapped_kib(pid) < min_kib or not _claim(pid, started, threading.current_thread()):
+        return 0
+    try:
+        return page_in(pid, started)
+    finally:
+        with _lock:
+            _running.pop(pid, None)
+
+
+def _swapped_kib(pid: int) -> int:
+    try:
+        return status_kib(pid, "VmSwap")
+    except OSError:  # the VMM is gone: the caller will say so
+        return 0
+
+
+def _claim(pid: int, started: int | None, thread: threading.Thread) -> bool:
+    """Record `thread` as the one paging `pid` in, and count the wake; False if another one is at it."""
+    with _lock:
+        if pid in _running:
+            return False
+        _running[pid] = thread
         _wakes[(pid, started)] = _wakes.pop((pid, started), 0) + 1  # newest last
         while len(_wakes) > MAX_TRACKED:
             del _wakes[next(iter(_wakes))]
-    t = threading.Thread(target=_page_in, args=(pid, started), name=f"forkd-page-in-{pid}", daemon=True)
-    t.start()
-    return t
+        return True
 
 
 def _page_in(pid: int, started: int | None) -> None:
@@ -60,4 +87,4 @@ def _page_in(pid: int, started: int | None) -> None:
         log.debug("page-in of VMM %s: %s", pid, exc)
     finally:
         with _lock:
-            _busy.discard(pid)
+            _running.pop(pid, None)

@@ -145,10 +145,10 @@ def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, size: int, vmstate: P
     state = StateBuffer()
     t: dict[str, float] = {}
     try:
-        running = _hand_buffer(qmp, state)
         t1 = time.perf_counter()
-        copy.prepare()
+        copy.prepare()  # before QEMU holds the buffer: a failure here leaves nothing in its fd set
         t["prepare_pages"] = (time.perf_counter() - t1) * 1000.0
+        running = _hand_buffer(qmp, state)
         qmp.events.clear()
         t0 = time.perf_counter()
         try:
@@ -179,6 +179,9 @@ def _hand_buffer(qmp: QMPClient, state: StateBuffer) -> bool:
         os.close(wfd)  # QEMU holds its own copy, in its fd set
     for answer in (status, added):
         if isinstance(answer, QMPError):
+            if not isinstance(added, QMPError):  # QEMU holds the buffer: take it back before giving up
+                with suppress(ForkdError, OSError):
+                    qmp.execute("remove-fd", {"fdset-id": FDSET})
             raise answer
     return (status or {}).get("status") == "running"
 

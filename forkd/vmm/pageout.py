@@ -16,6 +16,7 @@ its own uid is still the daemon's to advise). Whether to page out, and when, is 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -173,9 +174,10 @@ def page_in(pid: int, started: int | None, limit_kib: int = PAGE_IN_MAX_KIB) -> 
             for batch, _ in batches(pages, PAGE_IN_CHUNK // PAGE):  # what is read is dropped: mapping it was the point
                 if done >= limit_kib * 1024:
                     return done // 1024
-                done += read_spans(pid, [(a * PAGE, b * PAGE) for a, b in batch], buf)
+                with contextlib.suppress(PagesUnavailable):  # unmapped since it was scanned: the rest still counts
+                    done += read_spans(pid, [(a * PAGE, b * PAGE) for a, b in batch], buf)
         return done // 1024
-    except PagesUnavailable as exc:
+    except PagesUnavailable as exc:  # the scan itself failed (a kernel without PAGEMAP_SCAN)
         raise ForkdError(f"page-in of VMM {pid}: {exc.message}") from None
     finally:
         os.close(pidfd)

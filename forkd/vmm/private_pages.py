@@ -115,7 +115,7 @@ def _scan(pid: int, start: int, end: int, *, mask: int, inverted: int, anyof: in
         vec = (_Region * REGIONS)()
         arg = _ScanArg(size=ctypes.sizeof(_ScanArg), start=start, end=end, vec=ctypes.addressof(vec),
                        vec_len=REGIONS, category_inverted=inverted, category_mask=mask, category_anyof_mask=anyof,
-                       return_mask=mask | anyof)
+                       return_mask=mask)  # regions split only where `mask`'s categories change
         out: list[tuple[int, int]] = []
         while arg.start < end:
             n = LIBC.ioctl(fd, PAGEMAP_SCAN, ctypes.byref(arg))
@@ -182,10 +182,9 @@ class PageCopy:
         self.fd: int | None = None
 
     def prepare(self) -> None:
-        self.buf = _spare_buffer()  # an earlier capture's, faulted in; `take` grows it if the pages outgrew it
-        if not self.buf:
-            guess = sum(b - a for a, b in private_ranges(self.pid, self.mapping))
-            self.buf = _buffer(min(READ_BATCH, (guess + guess // 4 + 256) * PAGE))
+        guess = sum(b - a for a, b in private_ranges(self.pid, self.mapping))
+        need = min(READ_BATCH, (guess + guess // 4 + 256) * PAGE)
+        self.buf = _spare_buffer(need) or _buffer(need)  # an earlier capture's (faulted in) if it is big enough
 
     def take(self, data: Path) -> None:
         self.fd = os.open(data, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -229,11 +228,11 @@ class PageCopy:
         return len(self.numbers)
 
 
-def _spare_buffer() -> bytearray:
-    """The spare buffer (see `_keep`), or an empty one. It still holds an earlier capture's pages beyond what the
-    next one reads; only the `pending` bytes a capture read are ever written out."""
+def _spare_buffer(size: int) -> bytearray:
+    """The spare buffer (see `_keep`) if it holds `size` bytes, else an empty one. It still holds an earlier
+    capture's pages beyond what the next one reads; only the `pending` bytes a capture read are ever written out."""
     with _spare_lock:
-        return _spare.pop() if _spare else bytearray()
+        return _spare.pop() if _spare and len(_spare[0]) >= size else bytearray()
 
 
 def _buffer(size: int) -> bytearray:

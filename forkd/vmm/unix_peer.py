@@ -32,9 +32,9 @@ MAX_REPLY = 4096
 def accepted(sock: socket.socket) -> bool | None:
     """True once the listener at the other end accepted `sock`'s connection, False while it waits in the backlog
     (or its server end is gone), None when the kernel cannot say (no unix sock_diag here: ask otherwise)."""
-    ino = os.fstat(sock.fileno()).st_ino
-    body = _REQ.pack(socket.AF_UNIX, 0, 0, 0xFFFFFFFF, ino, UDIAG_SHOW_PEER, NO_COOKIE, NO_COOKIE)
     try:
+        ino = os.fstat(sock.fileno()).st_ino
+        body = _REQ.pack(socket.AF_UNIX, 0, 0, 0xFFFFFFFF, ino, UDIAG_SHOW_PEER, NO_COOKIE, NO_COOKIE)
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as nl:
             nl.settimeout(1.0)
             nl.send(_HDR.pack(_HDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + body)
@@ -56,7 +56,7 @@ def _peer(reply: bytes, ino: int) -> int | None:
     off = _HDR.size + _MSG.size
     while off + _ATTR.size <= length:
         alen, atype = _ATTR.unpack_from(reply, off)
-        if alen < _ATTR.size:
+        if alen < _ATTR.size or off + alen > length:
             return None
         if atype == UNIX_DIAG_PEER and alen >= _ATTR.size + 4:
             return struct.unpack_from("=I", reply, off + _ATTR.size)[0]

@@ -33,9 +33,9 @@ source's snapshot.)
 Memory: a branch charges nothing to its source's memory group (issue 15): the guest RAM it reads is the source's
 flat image, populated and charged to forkd's `shared` group when it was materialized, and the stream is written
 by a process forkd starts, not by the VMM (forkd.vmm.stream_pump). A diff branch reads the source's pages from
-forkd's process and writes them to forkd's files; only pages the source had in swap (idle page-out) come back into
-its memory as they are read, as they would for any request to it. A memory-limited source is never pushed over its
-limit by being branched.
+forkd's process and writes them to forkd's files; a source with memory in swap (idle page-out) has it read back
+before the pause (forkd.sandbox.wake.page_in_now, as a request to it would), charged to its own group as before
+its page-out. A memory-limited source is never pushed over its limit by being branched.
 
 Safety:
   * the source is resumed on every path (VmmDriver.ensure_running whenever it was running before); a resume that

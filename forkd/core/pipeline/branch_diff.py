@@ -21,12 +21,12 @@ from forkd.base.atomic import publish
 from forkd.base.errors import Conflict
 from forkd.base.steps import Step
 from forkd.core.pipeline.branch import BranchJob, copy_disk
+from forkd.sandbox.wake import page_in_now
 from forkd.store import chain
 from forkd.store.snapshot import DISK, Snapshot
 from forkd.store.writer import Diff
 from forkd.vmm.agent_client import AgentBusy, AgentClient
 from forkd.vmm.disk import set_backing
-from forkd.vmm.pageout import page_in, status_kib
 
 MIN_SWAPPED_KIB = 64  # a source with less than this in swap is branched as it is
 MAX_DEPTH = 32  # layers under a diff branch at most: each one more makes a new head's first flat image dearer
@@ -69,9 +69,9 @@ class DiffBranchJob(BranchJob):
     def page_in_source(self) -> None:
         """A source with memory in swap (idle page-out) has it read back now, before the pause: the pause reads
         the guest pages it wrote, and one in swap would be read back from zram while the source is stopped."""
-        vm = self.source_vm
-        if status_kib(vm.pid, "VmSwap") >= MIN_SWAPPED_KIB:
-            self.timings["page_in_kib"] = page_in(vm.pid, vm.started)
+        read = page_in_now(self.source_vm.pid, self.source_vm.started, min_kib=MIN_SWAPPED_KIB)
+        if read:
+            self.timings["page_in_kib"] = read
 
     def finish_steps(self) -> list[Step]:
         return [("flatten", self.flatten), ("hash", self.seal)]
