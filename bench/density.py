@@ -43,7 +43,6 @@ import random
 import signal
 import statistics
 import sys
-import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -53,11 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from forkd.base.errors import ForkdError, NotFound  # noqa: E402
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
-from forkd.core.idle import IdleReclaimer  # noqa: E402
-from forkd.core.posture import ZRAM_FIX  # noqa: E402
 from forkd.core.requests import ParentBuild, Spawn  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
-from forkd.vmm.pageout import meminfo_kib, swap_total_kib  # noqa: E402
+from forkd.vmm.pageout import meminfo_kib  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib.density_probes import (  # noqa: E402
@@ -66,6 +63,7 @@ from lib.density_probes import (  # noqa: E402
     memory_now,
     zram_used_kib,
 )
+from lib.sweeper import Sweeper, page_out_idle  # noqa: E402
 
 TAG = "bench-density"
 WARM_IMPORTS = ("json", "decimal")
@@ -183,54 +181,6 @@ def _comm(d: Path) -> str:
 # -- one level of N ---------------------------------------------------------------------------------
 BATCH_SWAP_KIB = 24 * 1024  # what one child pages out, with room (measured: ~19 MiB)
 BATCH_SWAP_PRIMED_KIB = 44 * 1024  # the same for a primed child (measured: ~38 MiB)
-
-
-def page_out_idle(rt: Runtime, recs: list, idle_s: float, limit_s: float = 120.0, scope: str = "private") -> dict:
-    """What the daemon's sweeper does with FORKD_IDLE_PAGEOUT_SECS=idle_s (forkd.core.idle), run here in-process:
-    look every second until every child was paged out once (or `limit_s`)."""
-    with Sweeper(rt, idle_s, scope) as sweeper:
-        return sweeper.wait_paged(recs, limit_s)
-
-
-class Sweeper:
-    """The daemon's sweeper in this process: a thread calling IdleReclaimer.tick every second while the block runs
-    (a climb keeps one for the whole run, so a child is paged out once per idle stretch, and again once a request
-    woke it, as in the daemon)."""
-
-    def __init__(self, rt: Runtime, idle_s: float, scope: str = "private"):
-        if swap_total_kib() == 0:
-            raise ForkdError("paging out needs swap and the host has none", hint=ZRAM_FIX)
-        self.rt, self.reclaimer, self.stop = rt, IdleReclaimer(idle_s, scope), threading.Event()
-        self.moved: dict[str, float] = {}  # MiB each child's latest page-out moved
-        self.thread = threading.Thread(target=self._run, name="bench-sweeper", daemon=True)
-
-    def __enter__(self) -> Sweeper:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def _run(self) -> None:
-        while not self.stop.wait(1.0):
-            try:
-                self.moved.update({c: p.moved_kib / 1024.0 for c, p in self.reclaimer.tick(self.rt).items()})
-            except Exception as exc:  # noqa: BLE001 - a child killed mid-look; the next tick looks again
-                progress(f"sweeper: {exc}")
-
-    def paged_now(self, want: set[str]) -> int:
-        return sum(1 for cid in want if (w := self.reclaimer.watches.get(cid)) is not None and w.paged)
-
-    def wait_paged(self, recs: list, limit_s: float = 120.0) -> dict:
-        """Wait until every child of `recs` is paged out in its current idle stretch (or `limit_s`)."""
-        want, t0 = {r.id for r in recs}, time.monotonic()
-        while self.paged_now(want) < len(want) and time.monotonic() - t0 < limit_s:
-            time.sleep(0.5)
-        moved = [self.moved[c] for c in want if c in self.moved]
-        progress(f"{self.paged_now(want)} of {len(want)} idle children paged out ({time.monotonic() - t0:.0f} s; "
-                 f"{pct(moved, 50) or 0:.1f} MiB each p50 at their latest page-out)")
-        return {"paged": self.paged_now(want), "of": len(want), "moved_mib_p50": pct(moved, 50)}
 
 
 def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = (),
