@@ -58,6 +58,7 @@ from forkd.vmm.pageout import meminfo_kib  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lib.density_probes import (  # noqa: E402
+    host_busy_ms,
     idle_cpu_pct,
     mem_available_kib,
     memory_now,
@@ -87,6 +88,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "pageout-anon": {"FORKD_IDLE_PAGEOUT_SECS": "3", "scope": "anon"},  # the same, anonymous mappings only
     "primed": {"prime": "true"},  # each child runs `true` once at fork (Spawn.prime): its first exec is translated
     "pageout-primed": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true"},  # both
+    # a request's page-in reads every swapped page back, not TCG's code only (FORKD_PAGE_IN_SCOPE)
+    "pageout-primed-wakeall": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_PAGE_IN_SCOPE": "all"},
     # before the page-in on request (forkd.sandbox.wake): a request faults the child's pages back one by one
     "pageout-nowake": {"FORKD_IDLE_PAGEOUT_SECS": "3", "FORKD_PAGE_IN_ON_REQUEST": "0"},
     "pageout-primed-nowake": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_PAGE_IN_ON_REQUEST": "0"},
@@ -193,7 +196,9 @@ def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, help
     time.sleep(min(2.0, window))  # let the last forks settle
     cpu = idle_cpu_pct(pids + list(helpers), window)
     idle = memory_now(recs, avail0, zram0)
+    busy0, t0 = host_busy_ms(), time.monotonic()
     lat = exec_latencies(rt, [r.id for r in recs], execs)
+    busy, wall = host_busy_ms() - busy0, (time.monotonic() - t0) * 1000.0
     n = len(recs)
     split = [rt.memory(r.id) for r in random.sample(recs, min(10, n))]  # smaps of a few: what a child adds
     return {"n": n, **idle, "after_execs": memory_now(recs, avail0, zram0),
@@ -201,7 +206,10 @@ def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, help
             "vmm_pss_mib_p50": round(pct([m["vmm_pss_kib"] / 1024.0 for m in split], 50), 2),
             "idle_cpu_pct_per_child": round(cpu / n, 4), "idle_cpu_pct_total": round(cpu, 2),
             "exec_ms": {"n": len(lat), "p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
-                        "max": max(lat), "samples": [round(x, 2) for x in lat]}}
+                        "max": max(lat), "samples": [round(x, 2) for x in lat]},
+            # the host's busy CPU while the execs ran, per exec, less the children's idle CPU over that time: what
+            # one request costs the host (VMM, page-in, agent, this process); the host's other work counts too
+            "host_cpu_ms_per_exec": round((busy - cpu / 100.0 * wall) / max(1, len(lat)), 1)}
 
 
 def limits(points: list[dict], avail0_mib: float, nproc: int) -> dict:
@@ -337,6 +345,7 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
                       "guest_private_mib_p50", "vmm_pss_mib_p50", "swap_per_child_mib", "own_per_child_mib")}
         out[name]["exec_p50_ms"] = statistics.median([p["exec_ms"]["p50"] for p in ps])
         out[name]["exec_p90_ms"] = statistics.median([p["exec_ms"]["p90"] for p in ps])
+        out[name]["host_cpu_ms_per_exec"] = statistics.median([p["host_cpu_ms_per_exec"] for p in ps])
         out[name]["own_after_execs_mib"] = statistics.median([p["after_execs"]["own_per_child_mib"] for p in ps])
         out[name]["rounds"] = ps
         out[name]["env"] = VARIANTS[name]
@@ -352,20 +361,21 @@ def table(r: dict) -> str:
         lines.append(f"  {r['n_per_variant']} children per variant, {r['rounds']} rounds interleaved, medians:")
         lines.append(f"  {'variant':<14}{'Pss MiB/child':>14}{'MemAvail MiB/child':>20}{'Pss+zram MiB/child':>19}"
                      f"{'after execs':>12}{'idle %core/child':>18}{'exec p50 ms':>13}{'exec p90 ms':>13}"
-                     f"{'ready p50 ms':>14}")
+                     f"{'ready p50 ms':>14}{'CPU ms/exec':>13}")
         for name, v in r["variants"].items():
             lines.append(f"  {name:<14}{v['pss_per_child_mib']:>14.2f}{v['mem_per_child_mib']:>20.2f}"
                          f"{v['own_per_child_mib']:>19.2f}{v['own_after_execs_mib']:>12.2f}"
                          f"{v['idle_cpu_pct_per_child']:>18.4f}"
-                         f"{v['exec_p50_ms']:>13.1f}{v['exec_p90_ms']:>13.1f}{v['fork_ready_ms_p50']:>14.0f}")
+                         f"{v['exec_p50_ms']:>13.1f}{v['exec_p90_ms']:>13.1f}{v['fork_ready_ms_p50']:>14.0f}"
+                         f"{v['host_cpu_ms_per_exec']:>13.1f}")
         return "\n".join(lines)
     lines.append(f"  {'N':>6}{'MemAvail MiB/child':>20}{'Pss MiB/child':>15}{'Pss+zram MiB/child':>19}"
-                 f"{'idle %core/child':>18}{'exec p50':>10}{'exec p99':>10}")
+                 f"{'idle %core/child':>18}{'exec p50':>10}{'exec p99':>10}{'CPU ms/exec':>13}")
     for p in [*r["levels"], r["final"]]:
         e = p["exec_ms"]
         lines.append(f"  {p['n']:>6}{p['mem_per_child_mib']:>20.2f}{p['pss_per_child_mib']:>15.2f}"
                      f"{p['own_per_child_mib']:>19.2f}{p['idle_cpu_pct_per_child']:>18.4f}{e['p50']:>10.1f}"
-                     f"{e['p99']:>10.1f}")
+                     f"{e['p99']:>10.1f}{p['host_cpu_ms_per_exec']:>13.1f}")
     f, lim = r["final"], r["limits"]
     mem = f["own_per_child_mib"]
     lines += ["",

@@ -48,6 +48,13 @@ def idle_cpu_pct(pids: list[int], seconds: float) -> float:
     return (c1 - c0) / CLK_TCK / (t1 - t0) * 100.0
 
 
+def host_busy_ms() -> float:
+    """CPU time the host's cores spent busy since boot (user, nice, system, irq, softirq of /proc/stat), in ms."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in f.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) * 1000.0 / CLK_TCK
+
+
 def zram_used_kib() -> int:
     """RAM the host's zram devices use for what they hold (mem_used_total of every /sys/block/zram*/mm_stat)."""
     return sum(int(stat.read_text().split()[2]) // 1024 for stat in Path("/sys/block").glob("zram*/mm_stat"))

@@ -116,8 +116,13 @@ class Settings(BaseModel):
                                          "host's swap; 0 = never. Needs swap, ideally zram (`forkd doctor`); with a "
                                          "disk swap, guest memory reaches the disk (SECURITY.md section 9)", ge=0)
     page_in_on_request: bool = _env(True, "a request to a child whose VMM has memory in swap (idle page-out) first "
-                                          "starts reading all of it back, TCG code first, on another thread while "
+                                          "starts reading it back (FORKD_PAGE_IN_SCOPE) on another thread while "
                                           "the request runs (forkd.sandbox.wake)")
+    page_in_scope: Literal["code", "all"] = _env("code", "what a request's page-in reads back: code (TCG's "
+                                                         "translation buffer, which a request runs again nearly "
+                                                         "whole; the rest faults back as it is touched) or all "
+                                                         "(every swapped page of the VMM's private mappings: ~2x "
+                                                         "the host CPU per wake, bench/density.py --compare)")
     guest_cmdline: str = _env("console=ttyS0 quiet panic=-1 nowatchdog nmi_watchdog=0 tsc=reliable clocksource=tsc "
                               "sysctl.vm.stat_interval=3600 sysctl.vm.dirty_writeback_centisecs=0 "
                               "sysctl.vm.compaction_proactiveness=0 sysctl.kernel.hung_task_timeout_secs=0 "

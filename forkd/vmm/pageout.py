@@ -69,9 +69,10 @@ def _wanted(name: str, scope: str) -> bool:
     return anon if scope == "anon" else name not in KERNEL_NAMES
 
 
-def private_ranges(pid: int, scope: str = "private", code_first: bool = False) -> list[tuple[int, int]]:
+def private_ranges(pid: int, scope: str = "private", code_first: bool = False,
+                   code_only: bool = False) -> list[tuple[int, int]]:
     """(start, length) of the private mappings of `pid` in `scope` (from /proc/PID/maps, the kernel's own list);
-    with `code_first`, the executable ones (TCG's translation buffer) come first."""
+    with `code_first`, the executable ones (TCG's translation buffer) come first; `code_only`: only those."""
     out = []
     with open(f"/proc/{pid}/maps", "rb") as f:
         for line in f:
@@ -83,7 +84,7 @@ def private_ranges(pid: int, scope: str = "private", code_first: bool = False) -
             out.append((fields[1][2:3] != b"x", lo, hi - lo))
     if code_first:
         out.sort(key=lambda r: r[0])  # stable: address order within each kind
-    return [(lo, n) for _, lo, n in out]
+    return [(lo, n) for data, lo, n in out if not (code_only and data)]
 
 
 def status_kib(pid: int, field: str) -> int:
@@ -160,16 +161,16 @@ def page_out(pid: int, started: int | None, scope: str = "private") -> PagedOut:
         os.close(pidfd)
 
 
-def page_in(pid: int, started: int | None, limit_kib: int = PAGE_IN_MAX_KIB) -> int:
+def page_in(pid: int, started: int | None, limit_kib: int = PAGE_IN_MAX_KIB, code_only: bool = False) -> int:
     """Bring the VMM's swapped memory back now: the pages of its private mappings that are in swap (PAGEMAP_SCAN)
     are read with `process_vm_readv`, which faults each one back in and maps it, so the VMM touches them later
-    without a fault; executable mappings (TCG's translation buffer) first, then the rest in address order, guest
-    pages it had copied included; at most `limit_kib` (a big child swapped under memory pressure is not pulled
-    back whole by one request). Returns the KiB read back."""
+    without a fault; executable mappings (TCG's translation buffer) first, then (unless `code_only`) the rest in
+    address order, guest pages it had copied included; at most `limit_kib` (a big child swapped under memory
+    pressure is not pulled back whole by one request). Returns the KiB read back."""
     pidfd = _pidfd(pid, started)
     try:
         buf, done = bytearray(PAGE_IN_CHUNK), 0
-        for lo, n in private_ranges(pid, "private", code_first=True):
+        for lo, n in private_ranges(pid, "private", code_first=True, code_only=code_only):
             pages = [(a // PAGE, b // PAGE) for a, b in swapped_spans(pid, lo, lo + n)]
             for batch, _ in batches(pages, PAGE_IN_CHUNK // PAGE):  # what is read is dropped: mapping it was the point
                 if done >= limit_kib * 1024:
