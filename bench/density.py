@@ -88,6 +88,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "pageout-anon": {"FORKD_IDLE_PAGEOUT_SECS": "3", "scope": "anon"},  # the same, anonymous mappings only
     "primed": {"prime": "true"},  # each child runs `true` once at fork (Spawn.prime): its first exec is translated
     "pageout-primed": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true"},  # both
+    # paged-out children are also stopped until their next request (FORKD_IDLE_SLEEP, forkd.sandbox.sleep)
+    "pageout-primed-sleep": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_IDLE_SLEEP": "1"},
     # a request's page-in reads every swapped page back, not TCG's code only (FORKD_PAGE_IN_SCOPE)
     "pageout-primed-wakeall": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_PAGE_IN_SCOPE": "all"},
     # before the page-in on request (forkd.sandbox.wake): a request faults the child's pages back one by one
@@ -408,6 +410,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pageout", type=float, default=0.0, metavar="SECS",
                     help="page out children idle SECS (as the daemon does with FORKD_IDLE_PAGEOUT_SECS) after each "
                          "batch and before the final window; needs swap (zram)")
+    ap.add_argument("--sleep", action="store_true", help="with --pageout: paged-out children are also stopped "
+                    "until their next request (FORKD_IDLE_SLEEP=1; forkd.sandbox.sleep)")
     ap.add_argument("--prime", action="append", default=[], metavar="CMD",
                     help="each child runs CMD once when forked (Spawn.prime; e.g. true: its first exec is then "
                          "translated at fork time); repeat for more")
@@ -423,6 +427,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.memory_mib, args.rounds = min(args.memory_mib, 256), 1
     if min(args.n, args.batch, args.execs, args.sample_execs, args.rounds) < 1:
         ap.error("--n, --batch, --execs, --sample-execs and --rounds must be >= 1")
+    if args.sleep and not args.pageout:
+        ap.error("--sleep needs --pageout SECS (children sleep when the sweeper pages them out)")
+    if args.sleep:
+        os.environ["FORKD_IDLE_SLEEP"] = "1"  # read by forkd.core.idle in this process's sweeper
     return args
 
 
@@ -434,7 +442,7 @@ def run(args: argparse.Namespace) -> dict:
     result: dict = {"machine": {"accel": decision.accel, "nproc": len(os.sched_getaffinity(0)),
                                 "guest_memory_mib": args.memory_mib, "qemu_version": rt.driver.version(),
                                 "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
-                    "idle_s": args.idle_s, "prime": args.prime, "pageout_secs": args.pageout,
+                    "idle_s": args.idle_s, "prime": args.prime, "pageout_secs": args.pageout, "sleep": args.sleep,
                     "targets": {"mem_mib": TARGET_MEM_MIB, "idle_cpu_pct": TARGET_CPU_PCT, "n": TARGET_N,
                                 "exec_ms": EXEC_LIMIT_MS}}
     try:

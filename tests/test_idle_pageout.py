@@ -14,9 +14,12 @@ import pytest
 
 from forkd.base.settings import settings
 from forkd.core.idle import CLK_TCK, IdleReclaimer, Watch
+from forkd.core.pipeline.branch import child_lock_path
 from forkd.core.posture import check_swap
+from forkd.sandbox.sleep import asleep, put_to_sleep
 from forkd.sandbox.wake import wake
 from forkd.sdk import Controller, Sandbox
+from forkd.vmm.driver import RunFiles
 from forkd.vmm.pageout import page_out
 from tests.test_api import start_api_daemon, stop_api_daemon
 
@@ -249,3 +252,50 @@ def test_a_request_to_a_paged_out_child_pages_it_in_through_the_runtime(rt, fork
     while (left := _swap_by_kind(rec.pid)["code"]) >= before / 10:
         assert time.monotonic() < deadline, f"still {left} of {before} KiB of code in swap"
         time.sleep(0.2)
+
+
+def _run_state(rt, rec) -> str:
+    vm = rt.driver.attach(RunFiles(Path(rec.dir)), rec.pid, rec.started)
+    try:
+        rt.driver.connect(vm, timeout=5)
+        return rt.driver.run_state(vm)
+    finally:
+        rt.driver.release(vm)
+
+
+def test_idle_child_sleeps_and_its_next_request_wakes_it_with_the_right_clock(rt, fork, swap, monkeypatch):
+    """FORKD_IDLE_SLEEP=1 (forkd.sandbox.sleep): the sweeper stops an idle child's vCPUs before its page-out; the
+    stopped VMM uses no CPU; the next request through the one door resumes it and sets the guest's clock, which
+    stood still while it slept."""
+    monkeypatch.setenv("FORKD_IDLE_SLEEP", "1")
+    (rec,) = fork(1)
+    _settle(rec)
+    reclaimer, deadline = IdleReclaimer(1.0), time.monotonic() + 60
+    while not asleep(rec):
+        assert time.monotonic() < deadline, "the sweeper never put the idle child to sleep"
+        reclaimer.tick(rt)
+        time.sleep(0.5)
+    assert _run_state(rt, rec) == "paused"
+    t0 = _ticks(rec.pid)
+    time.sleep(3.0)  # the guest's clock stands still meanwhile
+    assert _ticks(rec.pid) - t0 <= 1, "a sleeping child's VMM used CPU"
+    res = rt.eval(rec.id, "__import__('time').time()")
+    assert abs(float(res["value"]) - time.time()) < 1.0, res  # set on wake, not 3 s behind
+    assert not asleep(rec) and _run_state(rt, rec) == "running"
+    assert rt.exec(rec.id, ["true"])["exit_code"] == 0
+
+
+def test_a_child_is_not_put_to_sleep_while_a_request_holds_it(rt, fork, monkeypatch):
+    """The sweeper gets a child's wake lock only when no request holds it (shared, for the request's length): a
+    request in flight is never frozen under it."""
+    (rec,) = fork(1)
+    lock = child_lock_path(rt.layout.home, rec.id)
+    lock.parent.mkdir(mode=0o700, exist_ok=True)
+    with rt.agent(rec.id) as agent:
+        assert put_to_sleep(rt.driver, rec, lock) is False
+        assert agent.ping()["child_id"] == rec.id
+    assert not asleep(rec) and _run_state(rt, rec) == "running"
+    assert put_to_sleep(rt.driver, rec, lock) is True  # nothing in flight now
+    assert asleep(rec) and _run_state(rt, rec) == "paused"
+    assert rt.eval(rec.id, "6 * 7")["value"] == "42"  # and the next request wakes it
+    assert not asleep(rec)

@@ -1,4 +1,4 @@
-"""The one inter-process lock: an exclusive flock on a lock file.
+"""The one inter-process lock: an exclusive (or shared) flock on a lock file.
 
 `file_lock(path)` blocks until the lock is held, for a `with` block. `try_lock(path)` does not wait: it returns
 a held Flock or None. A Flock is released by `release()` (idempotent), at the end of a `with` block, or when the
@@ -17,13 +17,14 @@ from pathlib import Path
 
 
 class Flock:
-    """An exclusive flock on `path`, held from construction until release()."""
+    """An exclusive flock on `path` (`shared`: a shared one, which only excludes exclusive holders), held from
+    construction until release()."""
 
-    def __init__(self, path: Path, mode: int = 0o600, blocking: bool = True):
+    def __init__(self, path: Path, mode: int = 0o600, blocking: bool = True, shared: bool = False):
         self.path = Path(path)
-        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(self.fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
         except BaseException:
             os.close(self.fd)
             self.fd = None

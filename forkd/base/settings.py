@@ -115,6 +115,11 @@ class Settings(BaseModel):
                                          "the daemon pages its anonymous memory (TCG code buffer, heap) out to the "
                                          "host's swap; 0 = never. Needs swap, ideally zram (`forkd doctor`); with a "
                                          "disk swap, guest memory reaches the disk (SECURITY.md section 9)", ge=0)
+    idle_sleep: bool = _env(False, "with FORKD_IDLE_PAGEOUT_SECS: an idle child is also stopped (its vCPUs and its "
+                                   "clock) when it is paged out, so it costs no CPU and faults nothing back until "
+                                   "its next request, which resumes it and sets its clock first. Timers inside "
+                                   "the guest fire late by the time it slept: for children that only answer "
+                                   "requests (forkd.sandbox.sleep)")
     page_in_on_request: bool = _env(True, "a request to a child whose VMM has memory in swap (idle page-out) first "
                                           "starts reading it back (FORKD_PAGE_IN_SCOPE) on another thread while "
                                           "the request runs (forkd.sandbox.wake)")

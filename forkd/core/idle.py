@@ -9,7 +9,8 @@ does (`forkd doctor` says whether there is any).
 Idle means: between two looks, the VMM used at most IDLE_CPU_PCT of a core (an idle TCG child uses ~0.05 %). A
 child is paged out once per idle stretch: when it runs again (a request, its own work), its pages fault back in and
 the clock starts over. The daemon's sweeper calls `IdleReclaimer.tick` every FORKD_SWEEP_INTERVAL seconds; the
-decision (`Watch.observe`) is pure and table-tested."""
+decision (`Watch.observe`) is pure and table-tested. With FORKD_IDLE_SLEEP the child is also stopped before its
+page-out, until its next request (forkd.sandbox.sleep)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkd.base.errors import ForkdError
+from forkd.base.private import ensure_private_dir
+from forkd.base.settings import settings
+from forkd.core.pipeline.branch import child_lock_path
+from forkd.sandbox.sleep import asleep, put_to_sleep
 from forkd.sandbox.wake import wakes
 from forkd.vmm.pageout import PagedOut, page_out, swap_total_kib
 
@@ -95,11 +100,25 @@ class IdleReclaimer:
             due = w.observe(rec.started, ticks, now, self.idle_secs, wakes(rec.pid, rec.started))
             if due and time.monotonic() - t0 < self.budget_s:
                 w.paged = True
+                if settings().idle_sleep:  # stopped first: a stopped VM faults nothing back after its page-out
+                    self._sleep(rt, rec)
                 try:
                     out[cid] = page_out(rec.pid, rec.started, self.scope)
                 except ForkdError as exc:
                     log.warning("idle page-out of %s: %s", cid, exc.message)
         return out
+
+    @staticmethod
+    def _sleep(rt: Any, rec: Any) -> None:
+        """FORKD_IDLE_SLEEP: stop the child's vCPUs until its next request (forkd.sandbox.sleep)."""
+        if asleep(rec):
+            return
+        try:
+            lock = child_lock_path(rt.layout.home, rec.id)
+            ensure_private_dir(lock.parent)
+            put_to_sleep(rt.driver, rec, lock)
+        except (ForkdError, OSError) as exc:
+            log.warning("idle sleep of %s: %s", rec.id, exc)
 
     def _swap(self) -> bool:
         if swap_total_kib() > 0:

@@ -25,6 +25,7 @@ from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spa
 from forkd.image.build import Image, build, default_image
 from forkd.sandbox import cgroups
 from forkd.sandbox.registry import ChildRecord, Claim, Registry, this_process
+from forkd.sandbox.sleep import asleep, awake, set_clock
 from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
@@ -284,10 +285,13 @@ class Runtime:
 
     def recover(self) -> list[str]:
         """After a crash: mark snapshots whose writer died as failed, and resume children a dead process left
-        paused (a branch interrupted between pause and resume). Returns the failed snapshot tags."""
+        paused (a branch interrupted between pause and resume; not those asleep, which their next request
+        resumes: forkd.sandbox.sleep). Returns the failed snapshot tags."""
         failed = self.store.recover()
         sup = self.supervisor
         for rec in self.registry.list():
+            if rec.dir and asleep(rec):
+                continue
             try:
                 sup.ensure_running(rec)
             except (ForkdError, OSError) as exc:  # e.g. its QMP too slow to greet: one child must not stop recovery
@@ -303,16 +307,21 @@ class Runtime:
 
     @contextmanager
     def agent(self, child_id: str, timeout: float = 10.0) -> Iterator[AgentClient]:
+        """The one door of every request to a child's agent: it holds the child awake (resumed first if the idle
+        sweeper put it to sleep, then its clock set: forkd.sandbox.sleep) while the block runs."""
         rec = self.registry.get(child_id)
-        client = self.supervisor.connect(rec, timeout=timeout)
-        try:
-            yield client
-        except ProtocolViolation as exc:  # the guest misbehaved: stop it, record why, tell the caller which child
-            self.supervisor.quarantine(rec, exc)
-            raise ProtocolViolation(f"child {child_id} misbehaved and was stopped: {exc.message}",
-                                    hint=exc.hint) from exc
-        finally:
-            client.close()
+        with awake(self.driver, rec) as woke:
+            client = self.supervisor.connect(rec, timeout=timeout)
+            try:
+                if woke:
+                    set_clock(client, time.time())
+                yield client
+            except ProtocolViolation as exc:  # the guest misbehaved: stop it, record why, tell the caller which
+                self.supervisor.quarantine(rec, exc)
+                raise ProtocolViolation(f"child {child_id} misbehaved and was stopped: {exc.message}",
+                                        hint=exc.hint) from exc
+            finally:
+                client.close()
 
     def exec(self, child_id: str, argv: list[str], *, env: dict | None = None, cwd: str | None = None,
              stdin: str | None = None, timeout: float | None = None) -> dict:

@@ -49,7 +49,17 @@ from agent_fs import (
     op_fs_watch_stop,
     op_fs_write,
 )
-from agent_ops import op_eval, op_exec, op_exec_code, op_forked, op_fsfreeze, op_ping, op_read_file, op_write_file
+from agent_ops import (
+    op_clock,
+    op_eval,
+    op_exec,
+    op_exec_code,
+    op_forked,
+    op_fsfreeze,
+    op_ping,
+    op_read_file,
+    op_write_file,
+)
 from agent_procs import (
     op_proc_kill,
     op_proc_list,
@@ -89,6 +99,7 @@ def find_port():
 
 OPS = {"ping": op_ping, "exec": op_exec, "eval": op_eval, "exec_code": op_exec_code,
        "write_file": op_write_file, "read_file": op_read_file, "forked": op_forked, "fsfreeze": op_fsfreeze,
+       "clock": op_clock,
        "proc_start": op_proc_start, "proc_read": op_proc_read, "proc_write": op_proc_write,
        "proc_resize": op_proc_resize, "proc_signal": op_proc_signal, "proc_kill": op_proc_kill,
        "proc_wait": op_proc_wait, "proc_list": op_proc_list,

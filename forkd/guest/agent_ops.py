@@ -176,6 +176,17 @@ def op_fsfreeze(args):
     return {"frozen": True}
 
 
+def op_clock(args):
+    """Set the guest's wall clock to the host's (`time`, seconds since the epoch): after a sleep (forkd.sandbox.
+    sleep) the guest's clock stood still while its vCPUs were stopped."""
+    try:
+        now = float(args.get("time"))
+    except (TypeError, ValueError):
+        raise RequestError("clock: 'time' must be a number of seconds since the epoch") from None
+    time.clock_settime(time.CLOCK_REALTIME, now)
+    return {"time": time.time()}
+
+
 def op_forked(args):
     """First call in a fresh child: new entropy, identity and clock (and a thawed filesystem)."""
     _thaw()

@@ -138,6 +138,11 @@ class VmmDriver(ABC):
         """The VM's run state: "running", "paused", or the VMM's own word for another state."""
 
     @abstractmethod
+    def pause(self, vm: Vm) -> None:
+        """Stop `vm`'s vCPUs (the guest's time stands still too) until `ensure_running` resumes it: a sleeping
+        child (forkd.sandbox.sleep)."""
+
+    @abstractmethod
     def ensure_running(self, vm: Vm) -> bool:
         """Resume `vm` if a pause (ours, or that of a process that died) left it paused; a capture still in
         flight is cancelled first. True if it had to be resumed. The one "resume if paused"."""

@@ -181,6 +181,9 @@ class QemuDriver(VmmDriver):
     def run_state(self, vm: Vm) -> str:
         return capture.run_state(self._qmp(vm))
 
+    def pause(self, vm: Vm) -> None:
+        self._qmp(vm).execute("stop")
+
     def ensure_running(self, vm: Vm) -> bool:
         return capture.ensure_running(self._qmp(vm))
 

@@ -118,6 +118,11 @@ class BranchResult:
                 "qemu_downtime_ms": self.qemu_downtime_ms, "timings_ms": self.timings_ms}
 
 
+def child_lock_path(home: Path, child_id: str) -> Path:
+    """The lock a branch of `child_id` holds while it involves the source (the idle sweeper's sleep needs it too)."""
+    return home / LOCK_DIR / f"branch-child-{child_id}.lock"
+
+
 def wait_background(timeout: float | None = None) -> None:
     """Wait for this process's background conversions (wait=False branches) to end."""
     with _threads_lock:
@@ -157,7 +162,7 @@ class BranchJob(Job):
     def _take_locks(self) -> None:
         d = self.rt.layout.home / LOCK_DIR
         d.mkdir(mode=0o700, exist_ok=True)
-        lock = try_lock(d / f"branch-child-{self.req.child_id}.lock")
+        lock = try_lock(child_lock_path(self.rt.layout.home, self.req.child_id))
         if lock is None:
             raise Conflict(f"child {self.req.child_id} is already being branched",
                            hint="branches of one source run one at a time; retry when the other one returned")
