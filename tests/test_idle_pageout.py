@@ -17,9 +17,9 @@ from forkd.core.idle import CLK_TCK, IdleReclaimer, Watch
 from forkd.core.pipeline.branch import child_lock_path
 from forkd.core.posture import check_swap
 from forkd.sandbox.sleep import asleep, put_to_sleep
+from forkd.sandbox.supervisor import attached
 from forkd.sandbox.wake import wake
 from forkd.sdk import Controller, Sandbox
-from forkd.vmm.driver import RunFiles
 from forkd.vmm.pageout import page_out
 from tests.test_api import start_api_daemon, stop_api_daemon
 
@@ -255,12 +255,8 @@ def test_a_request_to_a_paged_out_child_pages_it_in_through_the_runtime(rt, fork
 
 
 def _run_state(rt, rec) -> str:
-    vm = rt.driver.attach(RunFiles(Path(rec.dir)), rec.pid, rec.started)
-    try:
-        rt.driver.connect(vm, timeout=5)
+    with attached(rt.driver, rec) as vm:
         return rt.driver.run_state(vm)
-    finally:
-        rt.driver.release(vm)
 
 
 def test_idle_child_sleeps_and_its_next_request_wakes_it_with_the_right_clock(rt, fork, swap, monkeypatch):

@@ -27,7 +27,8 @@ from pathlib import Path
 from forkd.base.errors import ForkdError
 from forkd.base.locks import Flock
 from forkd.sandbox.registry import ChildRecord
-from forkd.vmm.driver import RunFiles, VmmDriver
+from forkd.sandbox.supervisor import attached
+from forkd.vmm.driver import VmmDriver
 
 log = logging.getLogger(__name__)
 MARKER = "asleep"  # in the child's directory: the sweeper stopped it
@@ -54,15 +55,12 @@ def put_to_sleep(driver: VmmDriver, rec: ChildRecord, branch_lock: Path) -> bool
         with branch:
             fd = os.open(d / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             os.close(fd)
-            vm = driver.attach(RunFiles(d), rec.pid, rec.started)
             try:
-                driver.connect(vm, timeout=5)
-                driver.pause(vm)
+                with attached(driver, rec) as vm:
+                    driver.pause(vm)
             except BaseException:
                 os.unlink(d / MARKER)
                 raise
-            finally:
-                driver.release(vm)
     return True
 
 
@@ -79,12 +77,8 @@ def awake(driver: VmmDriver, rec: ChildRecord) -> Iterator[bool]:
     with lock:
         woke = False
         if os.path.lexists(d / MARKER):
-            vm = driver.attach(RunFiles(d), rec.pid, rec.started)
-            try:
-                driver.connect(vm, timeout=10)
+            with attached(driver, rec, timeout=10) as vm:
                 driver.ensure_running(vm)
-            finally:
-                driver.release(vm)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(d / MARKER)
             woke = True

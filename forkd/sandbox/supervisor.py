@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from forkd.base.errors import ForkdError
@@ -18,6 +20,17 @@ from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
 
 ENTROPY_BYTES = 64
+
+
+@contextmanager
+def attached(driver: VmmDriver, rec: ChildRecord, timeout: float = 5.0) -> Iterator[Vm]:
+    """The child's VMM, its control channel connected for the block and released after (the VM runs on)."""
+    vm = driver.attach(RunFiles(Path(rec.dir)), rec.pid, rec.started)
+    try:
+        driver.connect(vm, timeout=timeout)
+        yield vm
+    finally:
+        driver.release(vm)
 
 
 class Supervisor:
@@ -158,12 +171,8 @@ class Supervisor:
         Returns True if it had to be resumed."""
         if rec.status != "running":
             return False
-        vm = self.driver.attach(RunFiles(Path(rec.dir)), rec.pid, rec.started)
-        try:
-            self.driver.connect(vm, timeout=5)
+        with attached(self.driver, rec) as vm:
             return self.driver.ensure_running(vm)
-        finally:
-            self.driver.release(vm)
 
     def kill(self, rec: ChildRecord) -> bool:
         """Stop the child's VMM if it is still ours, remove its namespace and cgroup, drop its record and files.
