@@ -82,3 +82,18 @@ def test_a_mapping_that_is_not_the_whole_image_is_refused(mapped, tmp_path):
         find_mapping(os.getpid(), path, PAGES * PAGE * 2)
     with pytest.raises(private_pages.PagesUnavailable, match="0 mappings"):
         find_mapping(os.getpid(), tmp_path / "not-mapped.mem", PAGE)
+
+
+@pytest.mark.parametrize("regions", [1, 2, 3, 4096])
+def test_ranges_come_in_order_without_overlap_however_many_scans_they_take(mapped, monkeypatch, regions):
+    """More written ranges than one PAGEMAP_SCAN call returns (REGIONS): the next call starts where the kernel says
+    the walk ended, which may be inside a range already returned; the ranges still come once each, ascending."""
+    path, mm, m = mapped
+    written = [p for p in range(PAGES) if p % 3 != 1]  # 0, 2-3, 5-6, ... : many ranges, some two pages long
+    for page in written:
+        mm[page * PAGE:(page + 1) * PAGE] = b"\x01" * PAGE
+    monkeypatch.setattr(private_pages, "REGIONS", regions)
+    ranges = private_ranges(os.getpid(), m)
+    pages = [p for a, b in ranges for p in range(a, b)]
+    assert pages == written, ranges
+    assert all(b1 < a2 for (_, b1), (a2, _) in zip(ranges, ranges[1:], strict=False)), ranges  # merged, apart

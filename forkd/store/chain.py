@@ -88,8 +88,12 @@ def write_known_diff(parent_flat: Path, candidates: Path, dest_dir: Path) -> tup
     stored bytes). Page numbers must ascend and lie inside the image."""
     size = parent_flat.stat().st_size
     cand = read_pages(candidates)
-    if any(b <= a for a, b in zip(cand, cand[1:], strict=False)) or (cand and (cand[-1] + 1) * PAGE > size):
-        raise ChainError(f"{candidates}: page numbers out of order or beyond the {size}-byte image")
+    bad = next((i for i, (a, b) in enumerate(zip(cand, cand[1:], strict=False)) if b <= a), None)
+    if bad is not None:
+        raise ChainError(f"{candidates}: page numbers out of order: {cand[bad]} then {cand[bad + 1]} (at "
+                         f"{bad + 1} of {len(cand)})")
+    if cand and (cand[-1] + 1) * PAGE > size:
+        raise ChainError(f"{candidates}: page {cand[-1]} is beyond the {size}-byte image")
     pages = array("I")
     pa = os.open(parent_flat, os.O_RDONLY)
     try:

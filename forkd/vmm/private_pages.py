@@ -127,8 +127,8 @@ def _scan(pid: int, start: int, end: int, *, mask: int, inverted: int, anyof: in
                                        if err in (errno.ENOTTY, errno.EINVAL) else None)
             words = memoryview(vec).cast("B").cast("Q")[:3 * n]  # (start, end, categories) per region
             for first, last in zip(words[0::3].tolist(), words[1::3].tolist(), strict=True):
-                if out and out[-1][1] == first:
-                    out[-1] = (out[-1][0], last)
+                if out and first <= out[-1][1]:  # adjacent, or re-reported from inside the last range: merged
+                    out[-1] = (out[-1][0], max(out[-1][1], last))
                 else:
                     out.append((first, last))
             if arg.walk_end <= arg.start:
