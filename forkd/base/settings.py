@@ -127,7 +127,7 @@ class Settings(BaseModel):
                                                          "translation buffer, which a request runs again nearly "
                                                          "whole; the rest faults back as it is touched) or all "
                                                          "(every swapped page of the VMM's private mappings: ~2x "
-                                                         "the host CPU per wake, bench/density.py --compare)")
+                                                         "the host CPU per request, bench/density.py --compare)")
     guest_cmdline: str = _env("console=ttyS0 quiet panic=-1 nowatchdog nmi_watchdog=0 tsc=reliable clocksource=tsc "
                               "sysctl.vm.stat_interval=3600 sysctl.vm.dirty_writeback_centisecs=0 "
                               "sysctl.vm.compaction_proactiveness=0 sysctl.kernel.hung_task_timeout_secs=0 "

@@ -10,7 +10,7 @@ FORKD_PAGE_IN_ON_REQUEST=0 turns it off.
 What comes back: FORKD_PAGE_IN_SCOPE=code (the default) reads TCG's translation buffer only, which a request runs
 again nearly whole (an `exec true` on a primed child touched 15.8 of its 18 MiB in swap, 2 of 7.5 MiB of heap and
 2.7 MiB of guest pages); the rest faults back as the request touches it. `all` reads every swapped page of the
-VMM's private mappings: each wake then costs the host about twice the CPU (swap-in of pages nobody asked for),
+VMM's private mappings: each request then costs the host about twice the CPU (swap-in of pages nobody asked for),
 which on a full host slows the next requests. A diff branch reads everything back (`page_in_now`): its pause
 reads the guest pages the child wrote."""
 
