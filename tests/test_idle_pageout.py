@@ -286,7 +286,6 @@ def test_a_child_is_not_put_to_sleep_while_a_request_holds_it(rt, fork, monkeypa
     request in flight is never frozen under it."""
     (rec,) = fork(1)
     lock = child_lock_path(rt.layout.home, rec.id)
-    lock.parent.mkdir(mode=0o700, exist_ok=True)
     with rt.agent(rec.id) as agent:
         assert put_to_sleep(rt.driver, rec, lock) is False
         assert agent.ping()["child_id"] == rec.id

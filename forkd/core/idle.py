@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkd.base.errors import ForkdError
-from forkd.base.private import ensure_private_dir
 from forkd.base.settings import settings
 from forkd.core.pipeline.branch import child_lock_path
 from forkd.sandbox.sleep import asleep, put_to_sleep
@@ -114,9 +113,7 @@ class IdleReclaimer:
         if asleep(rec):
             return
         try:
-            lock = child_lock_path(rt.layout.home, rec.id)
-            ensure_private_dir(lock.parent)
-            put_to_sleep(rt.driver, rec, lock)
+            put_to_sleep(rt.driver, rec, child_lock_path(rt.layout.home, rec.id))
         except (ForkdError, OSError) as exc:
             log.warning("idle sleep of %s: %s", rec.id, exc)
 

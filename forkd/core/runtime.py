@@ -290,7 +290,7 @@ class Runtime:
         failed = self.store.recover()
         sup = self.supervisor
         for rec in self.registry.list():
-            if rec.dir and asleep(rec):
+            if asleep(rec):
                 continue
             try:
                 sup.ensure_running(rec)

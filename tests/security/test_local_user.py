@@ -389,3 +389,41 @@ def test_per_child_vmm_user_restores_from_private_files_and_branches_stay_privat
         rt.kill(all_=False, tag="sec-branch")
         if (rt.layout.snapshots / "sec-branch").exists():
             rt.rmi("sec-branch", force=True)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_lock_file_that_is_a_symbolic_link_is_never_followed(tmp_path, shared):
+    """Locks (forkd.base.locks: the branch lock, a child's wake lock that every request takes shared,
+    forkd.sandbox.sleep) open their file O_NOFOLLOW: a link planted where one belongs is refused, and the file it
+    points at is neither created nor touched."""
+    from forkd.base.locks import Flock
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's data")
+    (tmp_path / "wake.lock").symlink_to(victim)
+    (tmp_path / "dangling.lock").symlink_to(tmp_path / "created-through-the-link")
+    for name in ("wake.lock", "dangling.lock"):
+        with pytest.raises(OSError):
+            Flock(tmp_path / name, shared=shared)
+    assert victim.read_bytes() == b"root's data"
+    assert not (tmp_path / "created-through-the-link").exists()
+
+
+def test_the_branch_lock_directory_is_made_private_and_a_planted_link_refused(tmp_path):
+    """The home's lock directory (branch locks; the idle sweeper's sleep takes them too) is made 0700 by
+    forkd.core.pipeline.branch.child_lock_path; one that is a symbolic link is refused, nothing made through it."""
+    from forkd.base.private import UnsafePath
+    from forkd.core.pipeline.branch import LOCK_DIR, child_lock_path
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    path = child_lock_path(home, "c0ffee")
+    assert path.parent == home / LOCK_DIR and (path.parent.stat().st_mode & 0o777) == 0o700
+    other = tmp_path / "other-home"
+    other.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (other / LOCK_DIR).symlink_to(elsewhere)
+    with pytest.raises(UnsafePath):
+        child_lock_path(other, "c0ffee")
+    assert list(elsewhere.iterdir()) == []

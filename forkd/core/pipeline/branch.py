@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING
 
 from forkd.base.errors import Conflict, ForkdError, NotFound, first_line
 from forkd.base.locks import try_lock
+from forkd.base.private import ensure_private_dir
 from forkd.base.procs import is_alive
 from forkd.base.settings import settings
 from forkd.base.steps import Step
@@ -119,8 +120,9 @@ class BranchResult:
 
 
 def child_lock_path(home: Path, child_id: str) -> Path:
-    """The lock a branch of `child_id` holds while it involves the source (the idle sweeper's sleep needs it too)."""
-    return home / LOCK_DIR / f"branch-child-{child_id}.lock"
+    """The lock a branch of `child_id` holds while it involves the source (the idle sweeper's sleep needs it too),
+    in the home's private lock directory (made here, 0700, if missing)."""
+    return ensure_private_dir(home / LOCK_DIR) / f"branch-child-{child_id}.lock"
 
 
 def wait_background(timeout: float | None = None) -> None:
@@ -160,9 +162,9 @@ class BranchJob(Job):
         self._take_locks()
 
     def _take_locks(self) -> None:
-        d = self.rt.layout.home / LOCK_DIR
-        d.mkdir(mode=0o700, exist_ok=True)
-        lock = try_lock(child_lock_path(self.rt.layout.home, self.req.child_id))
+        path = child_lock_path(self.rt.layout.home, self.req.child_id)
+        d = path.parent  # the branch slots live beside it
+        lock = try_lock(path)
         if lock is None:
             raise Conflict(f"child {self.req.child_id} is already being branched",
                            hint="branches of one source run one at a time; retry when the other one returned")
