@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from forkd.base.errors import ForkdError, NotFound  # noqa: E402
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
+from forkd.core.idle import CLK_TCK, cpu_ticks  # noqa: E402
 from forkd.core.requests import ParentBuild, Spawn  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.vmm.pageout import meminfo_kib  # noqa: E402
@@ -117,15 +118,27 @@ def pct(xs: list[float], p: float) -> float | None:
 
 
 # -- host measurements ------------------------------------------------------------------------------
-def exec_latencies(rt: Runtime, ids: list[str], n: int) -> list[float]:
+def exec_latencies(rt: Runtime, ids: list[str], n: int, split: dict | None = None) -> list[float]:
+    """`n` sequential `exec true` on random children, in ms. With `split`, adds where their CPU went: `vmm_ms`, the
+    exec'd child's VMM from just before to just after its exec (clock ticks: 10 ms steps, summed), and `forkd_ms`,
+    this process's (the request, the page-in thread, the sweeper thread)."""
     out = []
     for cid in random.sample(ids, min(n, len(ids))) if n <= len(ids) else random.choices(ids, k=n):
-        t0 = time.perf_counter()
+        pid = rt.registry.get(cid).pid if split is not None else None
+        v0, c0, t0 = vmm_ticks(pid), time.process_time(), time.perf_counter()
         res = rt.exec(cid, ["true"])
         out.append((time.perf_counter() - t0) * 1000.0)
+        if split is not None:
+            split["forkd_ms"] = split.get("forkd_ms", 0.0) + (time.process_time() - c0) * 1000.0
+            split["vmm_ms"] = split.get("vmm_ms", 0.0) + (vmm_ticks(pid) - v0) * 1000.0 / CLK_TCK
         if res["exit_code"] != 0:
             raise ForkdError(f"child {cid}: exec true exited {res['exit_code']}")
     return out
+
+
+def vmm_ticks(pid: int | None) -> int:
+    """utime + stime of the VMM `pid` so far (0 without one, or once it is gone)."""
+    return (cpu_ticks(pid) or 0) if pid else 0
 
 
 # -- the snapshot -----------------------------------------------------------------------------------
@@ -189,7 +202,7 @@ BATCH_SWAP_PRIMED_KIB = 44 * 1024  # the same for a primed child (measured: ~38 
 
 
 def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, helpers: tuple[int, ...] = (),
-           zram0: int = 0) -> dict:
+           zram0: int = 0, sweeper: Sweeper | None = None) -> dict:
     """One level's figures; `helpers`: host processes working for the children (ksmd) whose CPU counts too;
     `zram0`: zram's use before the children (what it grew by since holds their paged-out pages, compressed).
     Memory is read twice: idle (after the CPU window, before any exec: the top-level figures) and `after_execs`
@@ -198,9 +211,11 @@ def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, help
     time.sleep(min(2.0, window))  # let the last forks settle
     cpu = idle_cpu_pct(pids + list(helpers), window)
     idle = memory_now(recs, avail0, zram0)
-    busy0, t0 = host_busy_ms(), time.monotonic()
-    lat = exec_latencies(rt, [r.id for r in recs], execs)
+    busy0, t0, sw0 = host_busy_ms(), time.monotonic(), sweeper.counters() if sweeper else None
+    cpu_split: dict[str, float] = {}
+    lat = exec_latencies(rt, [r.id for r in recs], execs, cpu_split)
     busy, wall = host_busy_ms() - busy0, (time.monotonic() - t0) * 1000.0
+    sw = [b - a for a, b in zip(sw0, sweeper.counters(), strict=True)] if sweeper and sw0 else None
     n = len(recs)
     split = [rt.memory(r.id) for r in random.sample(recs, min(10, n))]  # smaps of a few: what a child adds
     return {"n": n, **idle, "after_execs": memory_now(recs, avail0, zram0),
@@ -211,7 +226,14 @@ def sample(rt: Runtime, recs: list, avail0: int, window: float, execs: int, help
                         "max": max(lat), "samples": [round(x, 2) for x in lat]},
             # the host's busy CPU while the execs ran, per exec, less the children's idle CPU over that time: what
             # one request costs the host (VMM, page-in, agent, this process); the host's other work counts too
-            "host_cpu_ms_per_exec": round((busy - cpu / 100.0 * wall) / max(1, len(lat)), 1)}
+            "host_cpu_ms_per_exec": round((busy - cpu / 100.0 * wall) / max(1, len(lat)), 1),
+            # of which the exec'd child's VMM and this process (forkd's request, page-in and sweeper threads); the
+            # rest is the host's kernel threads (kswapd, zram) and every other process
+            "cpu_split_ms_per_exec": {k: round(v / max(1, len(lat)), 1) for k, v in cpu_split.items()},
+            # of which the idle sweeper's thread (its look at every child each second, and the page-outs of children
+            # the execs woke once they were idle again): None without one
+            "sweeper_during_execs": {"cpu_ms_per_exec": round(sw[0] / max(1, len(lat)), 1), "ticks": sw[1],
+                                     "page_outs": sw[2]} if sw else None}
 
 
 def limits(points: list[dict], avail0_mib: float, nproc: int) -> dict:
@@ -270,18 +292,20 @@ def run_levels(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
     def level(recs: list) -> None:
         timeline.append((time.perf_counter() - t0, len(recs)))
         paged = sweeper.wait_paged(recs) if sweeper else None
-        p = sample(rt, recs, avail0, args.sample_s, args.sample_execs, zram0=zram0)
+        p = sample(rt, recs, avail0, args.sample_s, args.sample_execs, zram0=zram0, sweeper=sweeper)
         p["pageout"] = paged
         points.append(p)
         progress(f"N={p['n']}: {p['mem_per_child_mib']:.1f} MiB/child (MemAvailable), {p['pss_per_child_mib']:.1f} "
                  f"MiB/child (Pss), idle CPU {p['idle_cpu_pct_per_child']:.3f} %/child, exec p50 "
-                 f"{p['exec_ms']['p50']:.1f} p99 {p['exec_ms']['p99']:.1f} ms")
+                 f"{p['exec_ms']['p50']:.1f} p99 {p['exec_ms']['p99']:.1f} ms, host CPU/exec "
+                 f"{p['host_cpu_ms_per_exec']} ms ({p['cpu_split_ms_per_exec']}, sweeper "
+                 f"{(p['sweeper_during_execs'] or {}).get('cpu_ms_per_exec')})")
 
     with sweeper or nullcontext():
         recs = fill(rt, args, tag, made, level, prime=tuple(args.prime))
         progress(f"all {len(recs)} idle: {args.idle_s:.0f} s CPU window, {args.execs} execs")
         paged = sweeper.wait_paged(recs) if sweeper else None
-        final = sample(rt, recs, avail0, args.idle_s, args.execs, zram0=zram0)
+        final = sample(rt, recs, avail0, args.idle_s, args.execs, zram0=zram0, sweeper=sweeper)
     final["pageout"] = paged
     return {"snapshot": {"tag": tag, "reused": reused, "memory_mib": args.memory_mib},
             "mem_available_at_start_mib": round(avail0 / 1024.0), "levels": points, "final": final,

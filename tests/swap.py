@@ -9,8 +9,7 @@ import subprocess
 
 import pytest
 
-from forkd.core.posture import swap_devices
-from forkd.vmm.pageout import swap_total_kib
+from forkd.vmm.pageout import swap_devices, swap_total_kib
 
 
 @pytest.fixture(scope="module")

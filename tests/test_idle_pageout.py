@@ -1,11 +1,14 @@
-"""Issue 18: idle children cost less. With FORKD_IDLE_PAGEOUT_SECS set, a child idle that long has its VMM's
-anonymous memory (TCG's translation buffer, QEMU's heap) paged out to the host's swap (forkd.core.idle,
+"""Issue 18: idle children cost less. A child idle FORKD_IDLE_PAGEOUT_SECS (default 60 s) has its VMM's anonymous
+memory (TCG's translation buffer, QEMU's heap) paged out to the host's swap, zram only by default (forkd.core.idle,
 forkd.vmm.pageout); it answers its next request unchanged. Real VMs and a real swap: a zram device this module makes
 swap for itself and puts back (the host's own swap, if it has one, is used as it is)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,7 +23,7 @@ from forkd.sandbox.sleep import asleep, put_to_sleep
 from forkd.sandbox.supervisor import attached
 from forkd.sandbox.wake import wake
 from forkd.sdk import Controller, Sandbox
-from forkd.vmm.pageout import page_out
+from forkd.vmm.pageout import not_in_ram, page_out, swap_devices
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 MIB = 1024
@@ -98,16 +101,77 @@ def test_another_process_under_the_same_child_starts_over():
     assert w.observe(8, 5, 11.5, 1.0) is True
 
 
-def test_off_by_default_nothing_is_paged_out(rt, fork, swap):
-    """SECURITY.md section 9: the default never writes a child's memory to swap, even on a host that has swap."""
-    assert settings().idle_pageout_secs == 0
-    assert check_swap().status == "PASS" and "never paged out" in check_swap().detail
+@pytest.mark.parametrize("devices,not_ram", [
+    ([], []),
+    (["/dev/zram0"], []),
+    (["/dev/zram0", "/dev/zram1"], []),
+    (["/dev/sda2"], ["/dev/sda2"]),
+    (["/swapfile", "/dev/zram0"], ["/swapfile"]),
+    (["/dev/loop3"], ["/dev/loop3"]),
+    (["/var/zram0"], ["/var/zram0"]),  # a file named like zram is a file
+])
+def test_only_zram_counts_as_memory(devices, not_ram):
+    assert not_in_ram(devices) == not_ram
+
+
+def test_by_default_idle_children_are_paged_out_to_zram_only(rt, fork, swap):
+    """SECURITY.md section 9: by default an idle child is paged out after 60 s, to zram only: the decision is the
+    host's real swap list, and a swap that is not zram is refused until FORKD_IDLE_PAGEOUT_DISK."""
+    assert settings().idle_pageout_secs == 60 and settings().idle_pageout_disk is False
+    on_disk = not_in_ram(swap_devices())
+    assert IdleReclaimer(1.0)._swap() is (not on_disk)
+    check = check_swap()
+    assert check.status == "PASS"
+    assert ("not zram" in check.detail) if on_disk else ("compressed RAM" in check.detail), check.detail
+
+
+@pytest.fixture
+def disk_swap():
+    """A swap that is not zram, for one test: a loop device over a file (real swap on a block device that is not
+    RAM-compressed; removed afterwards)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add a swap device")
+    backing = Path(tempfile.mkdtemp(prefix="fkswap", dir="/var/tmp")) / "swap.img"
+    backing.write_bytes(b"")
+    os.truncate(backing, 64 * MIB * 1024)
+    made = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True)
+    if made.returncode != 0:
+        shutil.rmtree(backing.parent)
+        pytest.skip(f"no loop device: {made.stderr.strip()}")
+    dev = made.stdout.strip()
+    try:
+        subprocess.run(["mkswap", dev], check=True, capture_output=True)
+        subprocess.run(["swapon", "--priority", "-10", dev], check=True, capture_output=True)
+        yield dev
+    finally:
+        subprocess.run(["swapoff", dev], capture_output=True)
+        subprocess.run(["losetup", "--detach", dev], capture_output=True)
+        shutil.rmtree(backing.parent, ignore_errors=True)
+
+
+def test_a_swap_that_is_not_zram_pages_nothing_out_unless_allowed(rt, fork, swap, disk_swap, monkeypatch):
+    """With a loop-device swap active beside zram, an idle child is not paged out (its VMM keeps its memory,
+    doctor says why); FORKD_IDLE_PAGEOUT_DISK=1 lets the same reclaimer page it out, and doctor warns."""
     (rec,) = fork(1)
-    idle = IdleReclaimer(settings().idle_pageout_secs)
+    _settle(rec)
+    idle = IdleReclaimer(1.0)
     for _ in range(3):
         assert idle.tick(rt) == {}
-        time.sleep(0.5)
-    assert _status_kib(rec.pid, "VmSwap") == 0
+        time.sleep(0.6)
+    assert _status_kib(rec.pid, "VmSwap") < MIB
+    assert disk_swap in (idle.why_not or "") and "FORKD_IDLE_PAGEOUT_DISK" in idle.why_not
+    check = check_swap()
+    assert check.status == "PASS" and disk_swap in check.detail and "not zram" in check.detail, check
+    monkeypatch.setenv("FORKD_IDLE_PAGEOUT_DISK", "1")
+    assert check_swap().status == "WARN" and "reaches a disk" in check_swap().detail
+    paged: dict = {}
+    for _ in range(4):
+        paged.update(idle.tick(rt))
+        if paged:
+            break
+        time.sleep(0.6)
+    assert list(paged) == [rec.id] and paged[rec.id].moved_kib >= 4 * MIB, paged
+    assert idle.why_not is None
 
 
 def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):

@@ -40,6 +40,7 @@ class Sweeper:
             raise ForkdError("paging out needs swap and the host has none", hint=ZRAM_FIX)
         self.rt, self.reclaimer, self.stop = rt, IdleReclaimer(idle_s, scope), threading.Event()
         self.moved: dict[str, float] = {}  # MiB each child's latest page-out moved
+        self.cpu_ms, self.ticks, self.page_outs = 0.0, 0, 0  # the sweeper thread's own CPU (page-outs included)
         self.thread = threading.Thread(target=self._run, name="bench-sweeper", daemon=True)
 
     def __enter__(self) -> Sweeper:
@@ -52,10 +53,19 @@ class Sweeper:
 
     def _run(self) -> None:
         while not self.stop.wait(1.0):
+            c0 = time.thread_time()
             try:
-                self.moved.update({c: p.moved_kib / 1024.0 for c, p in self.reclaimer.tick(self.rt).items()})
+                done = self.reclaimer.tick(self.rt)
+                self.moved.update({c: p.moved_kib / 1024.0 for c, p in done.items()})
+                self.page_outs += len(done)
             except Exception as exc:  # noqa: BLE001 - a child killed mid-look; the next tick looks again
                 progress(f"sweeper: {exc}")
+            self.cpu_ms += (time.thread_time() - c0) * 1000.0
+            self.ticks += 1
+
+    def counters(self) -> tuple[float, int, int]:
+        """(CPU ms, ticks, page-outs) so far: a caller subtracts two readings to see one phase's share."""
+        return self.cpu_ms, self.ticks, self.page_outs
 
     def paged_now(self, want: set[str]) -> int:
         return sum(1 for cid in want if (w := self.reclaimer.watches.get(cid)) is not None and w.paged)

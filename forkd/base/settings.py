@@ -111,10 +111,14 @@ class Settings(BaseModel):
                                 "start mergeable (guest RAM, heap, TCG code buffer; PR_SET_MEMORY_MERGE) and "
                                 "/sys/kernel/mm/ksm/run=1 must be set by the host's admin. Off by default: merged "
                                 "pages are a timing side channel between children (SECURITY.md section 9)")
-    idle_pageout_secs: float = _env(0.0, "seconds a running child's VMM must be idle (under 1 % of a core) before "
-                                         "the daemon pages its anonymous memory (TCG code buffer, heap) out to the "
-                                         "host's swap; 0 = never. Needs swap, ideally zram (`forkd doctor`); with a "
-                                         "disk swap, guest memory reaches the disk (SECURITY.md section 9)", ge=0)
+    idle_pageout_secs: float = _env(60.0, "seconds a running child's VMM must be idle (under 1 % of a core) before "
+                                          "the daemon pages its private memory (TCG code buffer, heap, the guest "
+                                          "pages it copied) out to the host's swap; 0 = never. Only to zram "
+                                          "(compressed RAM) unless FORKD_IDLE_PAGEOUT_DISK; without swap nothing "
+                                          "is paged out (`forkd doctor`: security:swap)", ge=0)
+    idle_pageout_disk: bool = _env(False, "also page idle children out to a swap that is not zram (a disk, a file): "
+                                          "guest memory, a tenant's secrets included, then reaches that disk "
+                                          "(SECURITY.md section 9); encrypt it")
     idle_sleep: bool = _env(False, "with FORKD_IDLE_PAGEOUT_SECS: an idle child is also stopped (its vCPUs and its "
                                    "clock) when it is paged out, so it costs no CPU and faults nothing back until "
                                    "its next request, which resumes it and sets its clock first. Timers inside "

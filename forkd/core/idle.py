@@ -2,9 +2,10 @@
 private memory (TCG's translation buffer, QEMU's heap, the guest pages it copied) is paged out to the host's swap
 (forkd.vmm.pageout).
 
-Off by default (0). With a zram swap device the pages stay in RAM, compressed; with a disk swap they go to disk
-(SECURITY.md section 9 says what that means for a guest's secrets). forkd never turns swap on: the host's admin
-does (`forkd doctor` says whether there is any).
+After 60 s by default (0 = never), and only to zram: with a zram swap device the pages stay in RAM, compressed; a
+swap that is not zram (a disk) is used only with FORKD_IDLE_PAGEOUT_DISK, since guest memory would reach the disk
+(SECURITY.md section 9). Without swap nothing is paged out. forkd never turns swap on: the host's admin does (`forkd
+doctor` says whether there is any).
 
 Idle means: between two looks, the VMM used at most IDLE_CPU_PCT of a core (an idle TCG child uses ~0.05 %). A
 child is paged out once per idle stretch: when it runs again (a request, its own work), its pages fault back in and
@@ -25,7 +26,7 @@ from forkd.base.settings import settings
 from forkd.core.pipeline.branch import child_lock_path
 from forkd.sandbox.sleep import asleep, put_to_sleep
 from forkd.sandbox.wake import wakes
-from forkd.vmm.pageout import PagedOut, page_out, swap_total_kib
+from forkd.vmm.pageout import PagedOut, not_in_ram, page_out, swap_devices
 
 log = logging.getLogger(__name__)
 IDLE_CPU_PCT = 1.0  # at most this much of one core between two looks counts as idle
@@ -77,7 +78,7 @@ class IdleReclaimer:
     budget_s: float = 0.5  # paging out stops for this tick after this long (the sweeper has lifetimes to enforce)
     clock: Any = time.monotonic
     watches: dict[str, Watch] = field(default_factory=dict)
-    warned_no_swap: bool = False
+    why_not: str | None = None  # why nothing is paged out, as last said
 
     def tick(self, rt: Any) -> dict[str, PagedOut]:
         """Look at every running child once; page out those idle long enough, for at most `budget_s` (the rest
@@ -118,11 +119,14 @@ class IdleReclaimer:
             log.warning("idle sleep of %s: %s", rec.id, exc)
 
     def _swap(self) -> bool:
-        if swap_total_kib() > 0:
-            self.warned_no_swap = False
-            return True
-        if not self.warned_no_swap:
-            log.warning("FORKD_IDLE_PAGEOUT_SECS is set but the host has no swap: idle children are not paged out "
-                        "(add a zram swap device: see `forkd doctor`)")
-            self.warned_no_swap = True
-        return False
+        """Whether paging out can go anywhere allowed: some swap, all of it zram unless FORKD_IDLE_PAGEOUT_DISK.
+        Says why not once per change (at info: a host without swap is an ordinary host)."""
+        devices = swap_devices()
+        on_disk = [] if settings().idle_pageout_disk else not_in_ram(devices)
+        why = ("the host has no swap (a zram swap device: see `forkd doctor`)" if not devices else
+               f"{', '.join(on_disk)} is not zram: guest memory would reach a disk (FORKD_IDLE_PAGEOUT_DISK=1 "
+               "allows it)" if on_disk else None)
+        if why and why != self.why_not:
+            log.info("idle children are not paged out: %s", why)
+        self.why_not = why
+        return why is None

@@ -14,6 +14,7 @@ from forkd.base.settings import settings
 from forkd.core.doctor import PASS, UNPRIVILEGED_UFFD_SYSCTL, WARN, Check, _line, _sysctl
 from forkd.sandbox import firewall
 from forkd.vmm import ksm
+from forkd.vmm.pageout import not_in_ram, swap_devices
 from forkd.vmm.qemu import find_qemu
 from forkd.vmm.qemu_cmdline import SANDBOX
 
@@ -177,31 +178,29 @@ def check_ksm() -> Check:
                  "timing side channel between children", "unset FORKD_VMM_KSM unless every child is one tenant's")
 
 
-def swap_devices() -> list[str]:
-    """The host's active swap devices and files (/proc/swaps)."""
-    with open("/proc/swaps") as f:
-        return [line.split()[0] for line in f.readlines()[1:] if line.strip()]
-
-
 ZRAM_FIX = ("zramctl --find --size 4G (prints /dev/zramN), then mkswap /dev/zramN && swapon /dev/zramN; "
-            "or unset FORKD_IDLE_PAGEOUT_SECS")
+            "or FORKD_IDLE_PAGEOUT_SECS=0")
 
 
 def check_swap() -> Check:
-    """Idle page-out (forkd.core.idle): off unless FORKD_IDLE_PAGEOUT_SECS > 0; then it needs swap, and a swap that
-    is not zram (RAM) puts guest memory on a disk (SECURITY.md section 9)."""
-    secs, devices = settings().idle_pageout_secs, swap_devices()
-    found = f"swap: {', '.join(devices) or 'none'}"
+    """Idle page-out (forkd.core.idle): after FORKD_IDLE_PAGEOUT_SECS (default 60; 0 = never), to zram only unless
+    FORKD_IDLE_PAGEOUT_DISK allows a swap that is not zram, which puts guest memory on a disk (SECURITY.md
+    section 9)."""
+    s, devices = settings(), swap_devices()
+    secs, found, on_disk = s.idle_pageout_secs, f"swap: {', '.join(devices) or 'none'}", not_in_ram(devices)
     if secs <= 0:
         return Check(SEC + "swap", PASS, f"idle children are never paged out (FORKD_IDLE_PAGEOUT_SECS=0; {found})",
                      None)
     if not devices:
-        return Check(SEC + "swap", WARN, f"FORKD_IDLE_PAGEOUT_SECS={secs:g} but the host has no swap: nothing is "
-                     "paged out", ZRAM_FIX)
-    on_disk = [d for d in devices if not Path(d).name.startswith("zram")]
+        return Check(SEC + "swap", PASS, "idle children are not paged out: the host has no swap (a zram swap would "
+                     f"page them out after {secs:g} s, about halving what one costs: {ZRAM_FIX})", None)
+    if on_disk and not s.idle_pageout_disk:
+        return Check(SEC + "swap", PASS, f"idle children are not paged out: {', '.join(on_disk)} is not zram, and "
+                     "guest memory would reach a disk (FORKD_IDLE_PAGEOUT_DISK=1 allows it; zram does not need it)",
+                     None)
     if on_disk:
         return Check(SEC + "swap", WARN, f"idle children are paged out after {secs:g} s to {found}: "
-                     f"{', '.join(on_disk)} is not zram, so guest memory reaches a disk",
+                     f"{', '.join(on_disk)} is not zram, so guest memory reaches a disk (FORKD_IDLE_PAGEOUT_DISK=1)",
                      "swapoff those devices and use zram (" + ZRAM_FIX + "), or encrypt that swap")
     return Check(SEC + "swap", PASS, f"idle children are paged out after {secs:g} s to compressed RAM ({found})", None)
 

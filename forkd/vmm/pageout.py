@@ -64,6 +64,18 @@ def swap_total_kib() -> int:
     return meminfo_kib("SwapTotal")
 
 
+def swap_devices() -> list[str]:
+    """The host's active swap devices and files (/proc/swaps; a name with a space is escaped there as \\040)."""
+    with open("/proc/swaps") as f:
+        return [line.split()[0] for line in f.readlines()[1:] if line.strip()]
+
+
+def not_in_ram(devices: list[str]) -> list[str]:
+    """The swap devices of `devices` that are not zram (compressed RAM): a disk, a file, a loop device, anything
+    else, where a paged-out page would be written to storage that outlives the host's power."""
+    return [d for d in devices if not d.startswith("/dev/zram")]
+
+
 def _wanted(name: str, scope: str) -> bool:
     anon = name in ANON_NAMES or name.startswith("[anon:")
     return anon if scope == "anon" else name not in KERNEL_NAMES
