@@ -43,8 +43,9 @@ SUITE: dict[str, tuple[list[str], list[str], list[str]]] = {
     "api": (["--calls", "10"], [], ["-o", "json"]),
     "isolation": (["--n", "2"], [], ["--json"]),
     "images": (["--runs", "2"], [], ["-o", "json"]),
+    "wake": (["--short"], [], ["-o", "json"]),
 }
-TAKES_HOME = {"fork", "density", "chain", "pool", "api", "images"}  # the others read FORKD_HOME
+TAKES_HOME = {"fork", "density", "chain", "pool", "api", "images", "wake"}  # the others read FORKD_HOME
 
 
 def progress(msg: str) -> None:

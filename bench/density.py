@@ -91,6 +91,10 @@ VARIANTS: dict[str, dict[str, str]] = {
     "pageout-primed": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true"},  # both
     # paged-out children are also stopped until their next request (FORKD_IDLE_SLEEP, forkd.sandbox.sleep)
     "pageout-primed-sleep": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_IDLE_SLEEP": "1"},
+    # the same on a host whose anonymous 64 KiB mTHP is on for MADV_HUGEPAGE mappings (TCG's code buffer is one): a
+    # page-in swaps it back 64 KiB at a time instead of 4 KiB (host-wide sysfs, put back after; HostMthp)
+    "pageout-primed-sleep-mthp64": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_IDLE_SLEEP": "1",
+                                    "mthp_kib": "64"},
     # a request's page-in reads every swapped page back, not TCG's code only (FORKD_PAGE_IN_SCOPE)
     "pageout-primed-wakeall": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_PAGE_IN_SCOPE": "all"},
     # before the page-in on request (forkd.sandbox.wake): a request faults the child's pages back one by one
@@ -98,6 +102,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "pageout-primed-nowake": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_PAGE_IN_ON_REQUEST": "0"},
 }
 KSM = Path("/sys/kernel/mm/ksm")
+MTHP = Path("/sys/kernel/mm/transparent_hugepage")
 KSM_SCAN = {"pages_to_scan": "1000", "sleep_millisecs": "20", "run": "1"}  # ~195 MiB/s scanned while it runs
 
 
@@ -187,6 +192,25 @@ class KsmScanner:
         state = {k: int((KSM / k).read_text()) for k in ("pages_shared", "pages_sharing", "full_scans")}
         progress(f"KSM after two full scans: {state}")
         return state
+
+
+class HostMthp:
+    """For a variant with `mthp_kib`: the host's anonymous mTHP of that size set to `inherit` (so MADV_HUGEPAGE
+    mappings may use it, the code buffer included) while the variant runs, then put back as it was."""
+
+    def __init__(self, kib: str):
+        self.path = MTHP / f"hugepages-{kib}kB" / "enabled"
+        if not self.path.exists():
+            raise ForkdError(f"this kernel has no {kib} KiB anonymous mTHP ({self.path})", hint="Linux 6.8+")
+
+    def __enter__(self) -> HostMthp:
+        self.saved = self.path.read_text().split("[", 1)[1].split("]", 1)[0]
+        self.path.write_text("inherit")
+        progress(f"{self.path}: inherit (was {self.saved})")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.path.write_text(self.saved)
 
 
 def _comm(d: Path) -> str:
@@ -345,7 +369,9 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
         for name in names if rnd % 2 == 0 else reversed(names):
             restore = with_env(VARIANTS[name])
             try:
-                with KsmScanner() if VARIANTS[name].get("FORKD_VMM_KSM") == "1" else nullcontext() as scan:
+                mthp = VARIANTS[name].get("mthp_kib")
+                with (KsmScanner() if VARIANTS[name].get("FORKD_VMM_KSM") == "1" else nullcontext()) as scan, \
+                        HostMthp(mthp) if mthp else nullcontext():
                     avail0, zram0 = mem_available_kib(), zram_used_kib()
                     recs = fill(rt, args, tags[name], made, prime=tuple(filter(None, [VARIANTS[name].get("prime")])))
                     merged = scan.settle() if scan else None
@@ -372,6 +398,8 @@ def compare(rt: Runtime, args: argparse.Namespace, made: set[str]) -> dict:
         out[name]["exec_p50_ms"] = statistics.median([p["exec_ms"]["p50"] for p in ps])
         out[name]["exec_p90_ms"] = statistics.median([p["exec_ms"]["p90"] for p in ps])
         out[name]["host_cpu_ms_per_exec"] = statistics.median([p["host_cpu_ms_per_exec"] for p in ps])
+        out[name]["cpu_split_ms_per_exec"] = {k: statistics.median([p["cpu_split_ms_per_exec"].get(k, 0.0) for p in ps])
+                                              for k in ps[0]["cpu_split_ms_per_exec"]}
         out[name]["own_after_execs_mib"] = statistics.median([p["after_execs"]["own_per_child_mib"] for p in ps])
         out[name]["rounds"] = ps
         out[name]["env"] = VARIANTS[name]

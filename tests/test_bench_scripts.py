@@ -81,3 +81,22 @@ def test_density_short_mode(home):
     for p in [*r["levels"], r["final"]]:
         assert p["pss_sum_mib"] > 0 and p["exec_ms"]["n"] >= 3
     assert r["limits"]["n_memory_runs_out"] > 4
+
+
+def test_wake_short_mode(home, swap):
+    """bench/wake.py --short on real VMs and a real swap: the host's fault cost, a page-in's cost and the exec rounds
+    with and without memory held back, in the JSON report's shape; the hugetlb pages it held are given back and its
+    children stopped."""
+    before = Path("/proc/sys/vm/nr_hugepages").read_text()
+    res = subprocess.run([sys.executable, str(BENCH / "wake.py"), "--short", "--home", str(home), "-o", "json"],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(res.stdout)
+    assert len(r["first_touch_us_per_page"]) == 3 and min(r["first_touch_us_per_page"]) > 0
+    assert r["page_in"] and all(p["kib"] > 0 for p in r["page_in"]), r["page_in"]
+    (as_is,), (squeezed,) = r["rounds"]["as_is"], r["rounds"]["squeezed"]
+    assert as_is["held_gib"] == 0 and squeezed["held_gib"] > 0
+    assert squeezed["mem_available_gib"] < as_is["mem_available_gib"]
+    assert as_is["p50_ms"] > 0 and squeezed["p99_ms"] >= squeezed["p50_ms"]
+    assert Path("/proc/sys/vm/nr_hugepages").read_text() == before
+    assert not [c for c in Runtime(Layout(home)).children() if c.snapshot.startswith("bench-density")]
