@@ -2,6 +2,7 @@
 """Every benchmark in one command, one JSON report and PNG plots:
 
     python3 bench/all.py --short [--home DIR] [--out bench/results] [--only fork,density] [--with-images]
+                                 [--with-wake]
     python -m bench.all --short
 
 Runs each script of bench/ as its own process (each with `-o json`, or its JSON flag), one after the other, on one
@@ -13,7 +14,8 @@ tail when it failed). Then plots (matplotlib, PNG) into `<out>`:
   * memory-per-child.png: host memory per idle child (MemAvailable drop and summed Pss) against N.
 `--short` uses settings that finish in a few minutes on 2 cores (figures are then indicative only); without it
 each benchmark runs with its own defaults (long). images.py builds Debian images with mmdebstrap (slow, needs
-the .deb cache): only with --with-images. Exit status: 0 when every benchmark succeeded, 1 otherwise.
+the .deb cache): only with --with-images; wake.py (root, a zram swap, most of the host's memory held in hugetlb
+pages for a few seconds) only with --with-wake. Exit status: 0 when every benchmark succeeded, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -48,6 +50,23 @@ SUITE: dict[str, tuple[list[str], list[str], list[str]]] = {
 TAKES_HOME = {"fork", "density", "chain", "pool", "api", "images", "wake"}  # the others read FORKD_HOME
 
 
+def run_unwinding(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run one benchmark; past `timeout` it gets SIGTERM first (each unwinds: its children stopped, wake.py's
+    hugetlb pages given back), SIGKILL only if it has not ended 60 s later."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                out, err = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+            err += f"\n(stopped after {timeout:.0f} s: --timeout)"
+        return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
 def progress(msg: str) -> None:
     print(f"[bench-all {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -73,7 +92,7 @@ def run_one(name: str, args: argparse.Namespace, home: Path) -> dict:
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     progress(f"{name}: {' '.join(argv[1:])}")
     t0 = time.perf_counter()
-    res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=args.timeout)
+    res = run_unwinding(argv, env, args.timeout)
     took = time.perf_counter() - t0
     out = {"command": argv[1:], "exit_code": res.returncode, "seconds": round(took, 1)}
     data = parse_json(res.stdout) if as_json else None
@@ -156,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(BENCH / "results"), help="where report.json and the PNGs go")
     ap.add_argument("--only", help=f"comma-separated subset of: {', '.join(SUITE)}")
     ap.add_argument("--with-images", action="store_true", help="also run images.py (builds Debian images)")
+    ap.add_argument("--with-wake", action="store_true", help="also run wake.py (root and a zram swap; holds most of "
+                    "the host's memory in hugetlb pages for a few seconds)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per benchmark (default 3600)")
     ap.add_argument("--replot", action="store_true", help="only redraw the PNGs from <out>/report.json")
     args = ap.parse_args(argv)
@@ -165,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads((out / "report.json").read_text())
         print("\n".join(plot(report, out)))
         return 0
-    names = args.only.split(",") if args.only else [n for n in SUITE if n != "images" or args.with_images]
+    names = args.only.split(",") if args.only else [n for n in SUITE if (n != "images" or args.with_images)
+                                                     and (n != "wake" or args.with_wake)]
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(SUITE)}")

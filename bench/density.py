@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import os
 import random
-import signal
 import statistics
 import sys
 import time
@@ -58,6 +56,7 @@ from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.vmm.pageout import meminfo_kib  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lib.cli import run_main  # noqa: E402
 from lib.density_probes import (  # noqa: E402
     host_busy_ms,
     idle_cpu_pct,
@@ -83,9 +82,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tb-16": {"FORKD_TCG_TB_MIB": "16", "FORKD_VMM_MALLOC_ARENA_MAX": "0", "FORKD_GUEST_CMDLINE": OLD_CMDLINE},
     "arena-1": {"FORKD_TCG_TB_MIB": "32", "FORKD_VMM_MALLOC_ARENA_MAX": "1", "FORKD_GUEST_CMDLINE": OLD_CMDLINE},
     "quiet-guest": {"FORKD_TCG_TB_MIB": "32", "FORKD_VMM_MALLOC_ARENA_MAX": "0"},  # this tree's command line
-    "after": {},  # this tree's defaults
+    "after": {},  # this tree's defaults, but no page-out (the bench runs no sweeper unless a variant asks)
     "ksm": {"FORKD_VMM_KSM": "1"},  # opt-in page merging (off by default: SECURITY.md section 9); see KsmScanner
-    "pageout": {"FORKD_IDLE_PAGEOUT_SECS": "3"},  # opt-in: idle children's VMM memory to swap (zram); page_out_idle
+    "pageout": {"FORKD_IDLE_PAGEOUT_SECS": "3"},  # idle children's VMM memory to swap (zram), after 3 s; page_out_idle
     "pageout-anon": {"FORKD_IDLE_PAGEOUT_SECS": "3", "scope": "anon"},  # the same, anonymous mappings only
     "primed": {"prime": "true"},  # each child runs `true` once at fork (Spawn.prime): its first exec is translated
     "pageout-primed": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true"},  # both
@@ -195,8 +194,8 @@ class KsmScanner:
 
 
 class HostMthp:
-    """For a variant with `mthp_kib`: the host's anonymous mTHP of that size set to `inherit` (so MADV_HUGEPAGE
-    mappings may use it, the code buffer included) while the variant runs, then put back as it was."""
+    """For a variant with `mthp_kib`: the host's anonymous mTHP of that size set to `madvise` (MADV_HUGEPAGE mappings
+    may use it, the code buffer included) while the variant runs, then put back as it was."""
 
     def __init__(self, kib: str):
         self.path = MTHP / f"hugepages-{kib}kB" / "enabled"
@@ -205,8 +204,8 @@ class HostMthp:
 
     def __enter__(self) -> HostMthp:
         self.saved = self.path.read_text().split("[", 1)[1].split("]", 1)[0]
-        self.path.write_text("inherit")
-        progress(f"{self.path}: inherit (was {self.saved})")
+        self.path.write_text("madvise")
+        progress(f"{self.path}: madvise (was {self.saved})")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -512,25 +511,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-
-    def _raise(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise)
-    try:
-        result = run(args)
-    except ForkdError as exc:
-        print(f"bench failed: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench interrupted; the children it started were stopped", file=sys.stderr)
-        return 130
-    if args.report:
-        Path(args.report).write_text(json.dumps(result, indent=2, sort_keys=True))
-    print(json.dumps(result, indent=2, sort_keys=True) if args.output == "json" else table(result))
-    return 0
+    return run_main(parse(argv), run, table)
 
 
 if __name__ == "__main__":

@@ -16,19 +16,19 @@ Progress goes to stderr; the table (or JSON with -o json) to stdout. Every QEMU 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import resource
 import secrets
 import shutil
-import signal
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from lib.cli import run_main
 
 from forkd.base.errors import ForkdError, NotFound
 from forkd.base.paths import Layout, tmpfs
@@ -358,32 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forks", type=int, default=20, help="sequential forks to time (default 20)")
     ap.add_argument("--fanout", type=int, default=32, help="children to fork at once (default 32)")
     ap.add_argument("--memory-mib", type=int, default=512, help="guest memory (default 512)")
+    ap.add_argument("--report", help="also write the JSON report to this file")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args(argv)
     for name in ("cold", "forks", "fanout"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
 
-    # SIGTERM/SIGHUP unwind like Ctrl-C, so the finally blocks stop every QEMU we started.
-    def _raise(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise)
-
-    try:
-        result = run(args)
-    except ForkdError as exc:
-        print(f"bench failed: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench interrupted; QEMU processes it started were stopped", file=sys.stderr)
-        return 130
-    if args.output == "json":
-        print(json.dumps(result, indent=2, sort_keys=True))
-    else:
-        print(table(result))
-    return 0
+    return run_main(args, run, table)  # SIGTERM/SIGHUP unwind, so the finally blocks stop every QEMU we started
 
 
 if __name__ == "__main__":

@@ -23,10 +23,8 @@ What the figures leave out: the children's memory (bench/density.py measures it)
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
-import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -40,10 +38,11 @@ from forkd.base.settings import settings  # noqa: E402
 from forkd.core.idle import CLK_TCK  # noqa: E402
 from forkd.core.requests import Spawn  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
-from forkd.vmm.pageout import PAGE_IN_MAX_KIB, page_in  # noqa: E402
+from forkd.vmm.pageout import PAGE_IN_MAX_KIB, meminfo_kib, page_in  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from density import ensure_snapshot, exec_latencies, parent_tag, pct  # noqa: E402
+from lib.cli import run_main  # noqa: E402
 from lib.density_probes import host_busy_ms, mem_available_kib  # noqa: E402
 from lib.sweeper import Sweeper, progress  # noqa: E402
 
@@ -57,6 +56,7 @@ def first_touch_us(mib: int = 64, times: int = 3) -> list[float]:
     out = []
     for _ in range(times):
         m = mmap.mmap(-1, mib << 20)
+        m.madvise(mmap.MADV_NOHUGEPAGE)  # one fault per 4 KiB page, whatever the host's THP policy
         try:
             t0 = time.thread_time()
             for off in range(0, mib << 20, PAGE):
@@ -74,6 +74,8 @@ def page_in_costs(recs: list) -> list[dict]:
         t0 = time.thread_time()
         kib = page_in(r.pid, r.started, PAGE_IN_MAX_KIB, code_only=True)
         cpu = (time.thread_time() - t0) * 1000.0
+        if kib == 0:  # not paged out after all: nothing to measure
+            continue
         out.append({"kib": kib, "cpu_ms": round(cpu, 1), "us_per_page": round(cpu * 1000.0 / max(1, kib // 4), 2)})
     return out
 
@@ -96,17 +98,18 @@ def reclaim_ms() -> float:
 
 @contextmanager
 def squeeze(leave_gib: float | None):
-    """The host with only `leave_gib` GiB available: the rest held as hugetlb pages until the block ends."""
+    """The host with only `leave_gib` GiB available: that much more held as hugetlb pages (added to the host's own
+    pool, which is given back as it was) until the block ends."""
     if leave_gib is None:
         yield None
         return
-    saved = HUGEPAGES.read_text().strip()
-    want = int((mem_available_kib() * 1024 - leave_gib * 2**30) // HUGE)
+    saved, size = int(HUGEPAGES.read_text()), meminfo_kib("Hugepagesize") * 1024 or HUGE
+    extra = max(0, int((mem_available_kib() * 1024 - leave_gib * 2**30) // size))
     try:
-        HUGEPAGES.write_text(str(max(0, want)))
-        yield int(HUGEPAGES.read_text()) * HUGE / 2**30
+        HUGEPAGES.write_text(str(saved + extra))
+        yield (int(HUGEPAGES.read_text()) - saved) * size / 2**30
     finally:
-        HUGEPAGES.write_text(saved)
+        HUGEPAGES.write_text(str(saved))
 
 
 def round_of(rt: Runtime, recs: list, execs: int, leave_gib: float | None) -> dict:
@@ -119,8 +122,9 @@ def round_of(rt: Runtime, recs: list, execs: int, leave_gib: float | None) -> di
                "p50_ms": pct(lat, 50), "p90_ms": pct(lat, 90), "p99_ms": pct(lat, 99), "max_ms": max(lat),
                "host_cpu_ms_per_exec": round((host_busy_ms() - busy0) / n, 1),
                "reclaim_cpu_ms_per_exec": round((reclaim_ms() - rec0) / n, 1)}
-    progress(f"{'squeezed' if leave_gib else 'as it is'}: MemAvailable {row['mem_available_gib']} GiB, exec p50 "
-             f"{row['p50_ms']:.1f} p99 {row['p99_ms']:.1f} ms, host CPU/exec {row['host_cpu_ms_per_exec']}, reclaim "
+    label = "squeezed" if leave_gib is not None else "as it is"
+    progress(f"{label}: MemAvailable {row['mem_available_gib']} GiB, exec p50 {row['p50_ms']:.1f} p99 "
+             f"{row['p99_ms']:.1f} ms, host CPU/exec {row['host_cpu_ms_per_exec']}, reclaim "
              f"{row['reclaim_cpu_ms_per_exec']} ms/exec")
     return row
 
@@ -154,6 +158,9 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         rt.kill([r.id for r in recs])
     touch_p50, pin_p50 = pct(touch, 50), pct([p["us_per_page"] for p in pin], 50)
+    if not pin:
+        raise ForkdError("none of the children measured for the page-in had been paged out",
+                         hint="give the sweeper longer (--idle) or check `forkd doctor`'s security:swap")
     machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return {"machine": machine, "n": len(recs), "execs": args.execs, "leave_gib": args.leave_gib, "idle_s": args.idle,
             "first_touch_us_per_page": touch, "page_in": pin,
@@ -191,6 +198,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--report", help="also write the JSON report to this file")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args(argv)
+    if args.n < 2 or args.execs < 1 or args.rounds < 1 or args.leave_gib < 0:
+        ap.error("--n must be >= 2 (a few for the page-in, the rest for the rounds), --execs and --rounds >= 1, "
+                 "--leave-gib >= 0")
     if args.short:
         args.n, args.execs, args.rounds, args.idle, args.memory_mib = 6, 6, 1, 3.0, 256
         args.leave_gib = None  # run(): all but 1 GiB of what is available then
@@ -199,26 +209,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-
-    def _raise(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _raise)
     if os.geteuid() != 0:
         print("bench failed: needs root (hugetlb pages, process_madvise)", file=sys.stderr)
         return 1
-    try:
-        result = run(args)
-    except ForkdError as exc:
-        print(f"bench failed: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench interrupted; the children it started were stopped", file=sys.stderr)
-        return 130
-    if args.report:
-        Path(args.report).write_text(json.dumps(result, indent=2, sort_keys=True))
-    print(json.dumps(result, indent=2, sort_keys=True) if args.output == "json" else table(result))
-    return 0
+    return run_main(args, run, table)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,7 @@ def test_density_short_mode(home):
     assert r["limits"]["n_memory_runs_out"] > 4
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="bench/wake.py needs root (hugetlb pages, process_madvise)")
 def test_wake_short_mode(home, swap):
     """bench/wake.py --short on real VMs and a real swap: the host's fault cost, a page-in's cost and the exec rounds
     with and without memory held back, in the JSON report's shape; the hugetlb pages it held are given back and its

@@ -36,9 +36,10 @@ class Sweeper:
     woke it, as in the daemon)."""
 
     def __init__(self, rt: Runtime, idle_s: float, scope: str = "private"):
-        if swap_total_kib() == 0:
-            raise ForkdError("paging out needs swap and the host has none", hint=ZRAM_FIX)
         self.rt, self.reclaimer, self.stop = rt, IdleReclaimer(idle_s, scope), threading.Event()
+        if swap_total_kib() == 0 or not self.reclaimer._swap():  # the daemon's own test: zram only by default
+            raise ForkdError(f"paging out here needs a zram swap: {self.reclaimer.why_not or 'the host has none'}",
+                             hint=ZRAM_FIX)
         self.moved: dict[str, float] = {}  # MiB each child's latest page-out moved
         self.cpu_ms, self.ticks, self.page_outs = 0.0, 0, 0  # the sweeper thread's own CPU (page-outs included)
         self.thread = threading.Thread(target=self._run, name="bench-sweeper", daemon=True)

@@ -124,8 +124,8 @@ class IdleReclaimer:
         devices = swap_devices()
         on_disk = [] if settings().idle_pageout_disk else not_in_ram(devices)
         why = ("the host has no swap (a zram swap device: see `forkd doctor`)" if not devices else
-               f"{', '.join(on_disk)} is not zram: guest memory would reach a disk (FORKD_IDLE_PAGEOUT_DISK=1 "
-               "allows it)" if on_disk else None)
+               f"{', '.join(on_disk)} is not zram (or has a backing device): guest memory would reach a disk "
+               "(FORKD_IDLE_PAGEOUT_DISK=1 allows it)" if on_disk else None)
         if why and why != self.why_not:
             log.info("idle children are not paged out: %s", why)
         self.why_not = why

@@ -178,8 +178,7 @@ def check_ksm() -> Check:
                  "timing side channel between children", "unset FORKD_VMM_KSM unless every child is one tenant's")
 
 
-ZRAM_FIX = ("zramctl --find --size 4G (prints /dev/zramN), then mkswap /dev/zramN && swapon /dev/zramN; "
-            "or FORKD_IDLE_PAGEOUT_SECS=0")
+ZRAM_FIX = "zramctl --find --size 4G (prints /dev/zramN), then mkswap /dev/zramN && swapon /dev/zramN"
 
 
 def check_swap() -> Check:
@@ -195,13 +194,14 @@ def check_swap() -> Check:
         return Check(SEC + "swap", PASS, "idle children are not paged out: the host has no swap (a zram swap would "
                      f"page them out after {secs:g} s, about halving what one costs: {ZRAM_FIX})", None)
     if on_disk and not s.idle_pageout_disk:
-        return Check(SEC + "swap", PASS, f"idle children are not paged out: {', '.join(on_disk)} is not zram, and "
-                     "guest memory would reach a disk (FORKD_IDLE_PAGEOUT_DISK=1 allows it; zram does not need it)",
-                     None)
+        return Check(SEC + "swap", PASS, f"idle children are not paged out: {', '.join(on_disk)} is not zram (or a "
+                     "zram with a backing device), and guest memory would reach a disk (FORKD_IDLE_PAGEOUT_DISK=1 "
+                     "allows it; plain zram does not need it)", None)
     if on_disk:
         return Check(SEC + "swap", WARN, f"idle children are paged out after {secs:g} s to {found}: "
                      f"{', '.join(on_disk)} is not zram, so guest memory reaches a disk (FORKD_IDLE_PAGEOUT_DISK=1)",
-                     "swapoff those devices and use zram (" + ZRAM_FIX + "), or encrypt that swap")
+                     "swapoff those devices and use zram (" + ZRAM_FIX + "), or encrypt that swap, or unset "
+                     "FORKD_IDLE_PAGEOUT_DISK (then nothing is paged out while they are on)")
     return Check(SEC + "swap", PASS, f"idle children are paged out after {secs:g} s to compressed RAM ({found})", None)
 
 

@@ -20,7 +20,9 @@ import contextlib
 import ctypes
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.base.procs import start_time
@@ -65,15 +67,33 @@ def swap_total_kib() -> int:
 
 
 def swap_devices() -> list[str]:
-    """The host's active swap devices and files (/proc/swaps; a name with a space is escaped there as \\040)."""
-    with open("/proc/swaps") as f:
-        return [line.split()[0] for line in f.readlines()[1:] if line.strip()]
+    """The host's active swap devices and files (/proc/swaps; a name with a space is escaped there as \\040); none
+    on a kernel without swap support (no /proc/swaps)."""
+    try:
+        with open("/proc/swaps") as f:
+            return [line.split()[0] for line in f.readlines()[1:] if line.strip()]
+    except OSError:
+        return []
 
 
-def not_in_ram(devices: list[str]) -> list[str]:
-    """The swap devices of `devices` that are not zram (compressed RAM): a disk, a file, a loop device, anything
-    else, where a paged-out page would be written to storage that outlives the host's power."""
-    return [d for d in devices if not d.startswith("/dev/zram")]
+def zram_backing(device: str) -> str:
+    """The backing device a zram device writes idle or incompressible pages to: "none" when it has none, or when
+    its kernel has no zram writeback at all (no `backing_dev` file); "unknown" when the device is not in sysfs or
+    the file cannot be read (counted as a disk)."""
+    sysfs = Path("/sys/block") / Path(device).name
+    try:
+        return (sysfs / "backing_dev").read_text().strip() or "none"
+    except FileNotFoundError:
+        return "none" if sysfs.is_dir() else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def not_in_ram(devices: list[str], backing: Callable[[str], str] = zram_backing) -> list[str]:
+    """The swap devices of `devices` whose pages may reach storage that outlives the host's power: anything but
+    zram (a disk, a file, a loop device), and a zram device with a backing device (writeback) or whose backing
+    device cannot be read."""
+    return [d for d in devices if not (d.startswith("/dev/zram") and backing(d) == "none")]
 
 
 def _wanted(name: str, scope: str) -> bool:
