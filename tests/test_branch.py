@@ -4,7 +4,12 @@ branches of branches.
 Live mode needs the child's memory file on tmpfs (userfaultfd write-protect covers anonymous, shmem and hugetlbfs
 memory only). forkd keeps the flat images children map on tmpfs ($FORKD_SHM, default /dev/shm); these tests also
 run in a FORKD_HOME of their own under /dev/shm, with the session's image. A child whose flat image is put on ext4
-(FORKD_SHM pointing at a disk directory) checks that live mode is refused there with a clear error."""
+(FORKD_SHM pointing at a disk directory) checks that live mode by write-protect is refused there with a clear error,
+and taken by pages instead by default.
+
+A live branch is taken by the pages the source wrote (forkd.core.pipeline.branch_paged) when it can, else by QEMU's
+write-protect capture; the tests of the write-protect path set FORKD_BRANCH_LIVE_CAPTURE=write-protect (fixture
+`write_protect`), the ones of the pages path FORKD_BRANCH_LIVE_CAPTURE=pages, and each checks `capture`."""
 
 from __future__ import annotations
 
@@ -28,27 +33,42 @@ from tests.branching import WRITER, _mark, _seen
 
 pytestmark = pytest.mark.vm
 
-def test_live_branch_of_a_child_writing_memory_is_consistent(srt, sfork):
+
+@pytest.fixture
+def write_protect(monkeypatch):
+    monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "write-protect")
+
+
+@pytest.fixture
+def by_pages(monkeypatch):
+    monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "pages")
+
+
+@pytest.mark.parametrize("capture", ["write-protect", "pages"])
+def test_live_branch_of_a_child_writing_memory_is_consistent(srt, sfork, monkeypatch, capture):
+    monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", capture)
     (c,) = sfork(1)
     assert srt.exec_code(c.id, WRITER)["error"] is None
     time.sleep(0.5)
     _mark(srt, c.id, "before")
     w0 = int(srt.eval(c.id, "WRITES[0]")["value"])
-    res = branch(srt, Branch.of(child_id=c.id, tag="live1", mode="live"))
+    tag = f"live1-{capture}"
+    res = branch(srt, Branch.of(child_id=c.id, tag=tag, mode="live"))
     assert res.snapshot.status == "ready", res.snapshot.error
+    assert res.capture == capture and res.snapshot.parent_tag is None  # self-contained either way
     _mark(srt, c.id, "after")
     # the source kept running: its writer advanced, it answers
     assert int(srt.eval(c.id, "WRITES[0]")["value"]) > w0
     assert srt.ping(c.id)["child_id"] == c.id
-    snap = srt.store.get("live1")
+    snap = srt.store.get(tag)
     assert snap.status == "ready" and snap.memory_sha256 and snap.vmstate_sha256
     assert snap.labels["forkd.dev/branch-of"] == c.id and snap.labels["forkd.dev/branch-mode"] == "live"
     assert res.qemu_downtime_ms is not None and res.qemu_downtime_ms >= 0
-    d = srt.store.dir("live1")
+    d = srt.store.dir(tag)
     for name in ("memory.bin", "vmstate", "snapshot.json"):
         assert (d / name).stat().st_mode & 0o777 == 0o400, name
     assert not any(p.name.startswith("b-") for p in srt.layout.tmp.iterdir())  # the work dir and stream are gone
-    kids = sfork(2, tag="live1")
+    kids = sfork(2, tag=tag)
     for k in kids:
         assert _seen(srt, k.id) == ("before", "'before'")
         # the writer thread was captured mid-flight and keeps running in each child
@@ -89,7 +109,7 @@ def _caps(srt, cid: str, ensure_live: bool = False) -> dict[str, bool]:
         srt.driver.release(vm)
 
 
-def test_capabilities_stay_set_between_branches_and_a_stop_branch_still_works(srt, sfork):
+def test_capabilities_stay_set_between_branches_and_a_stop_branch_still_works(srt, sfork, write_protect):
     """A live branch leaves `background-snapshot` on (QEMU re-checks write-protect over all of RAM whenever
     capabilities are set while it is on: ~25-150 ms of a --no-wait branch's return), so the next live branch sets
     nothing; a full branch after it switches it off and still captures its own instant."""
@@ -118,7 +138,8 @@ def _mount_tmpfs(where: Path, opts: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["live", "full"])
-def test_full_destination_fails_the_snapshot_and_resumes_the_source(srt, sfork, tmp_path, mode):
+def test_full_destination_fails_the_snapshot_and_resumes_the_source(srt, sfork, tmp_path, mode, write_protect):
+    """The write-protect capture streams all of RAM through tmp_dir (a capture by pages writes only its pages)."""
     (c,) = sfork(1)
     small = tmp_path / "small"
     _mount_tmpfs(small, "size=16m")
@@ -155,7 +176,8 @@ def test_unwritable_destination_fails_cleanly(srt, sfork, tmp_path):
     assert srt.ping(c.id)["child_id"] == c.id
 
 
-def test_concurrent_branches_of_one_source_and_the_global_cap(srt, sfork):
+def test_concurrent_branches_of_one_source_and_the_global_cap(srt, sfork, write_protect):
+    """The source stays locked while its RAM streams (write-protect: a capture by pages frees it at the resume)."""
     a, b, c = sfork(3)
     assert srt.exec_code(a.id, WRITER)["error"] is None  # a busy source: its stream takes a while
     first = branch(srt, Branch.of(child_id=a.id, tag="conc1", mode="live", wait=False))
@@ -197,22 +219,33 @@ def test_grandchildren_of_a_branch_branch_again(srt, sfork):
     assert _seen(srt, kids[1].id) == ("gen1", "'gen1'")
 
 
-def test_live_branch_refused_when_memory_is_not_on_tmpfs(rt, fork, monkeypatch):
+def test_live_branch_by_write_protect_refused_when_memory_is_not_on_tmpfs_and_by_pages_taken(rt, fork, monkeypatch):
     disk = Path(tempfile.mkdtemp(prefix="fkdisk", dir="/var/tmp"))
     monkeypatch.setenv("FORKD_SHM", str(disk))  # flat images on ext4 for this child
     (c,) = fork(1)
-    assert str(disk) in open(f"/proc/{c.pid}/cmdline").read()
-    with pytest.raises(Conflict) as ei:
-        branch(rt, Branch.of(child_id=c.id, tag="never", mode="live"))
-    assert "tmpfs" in str(ei.value) and c.id in str(ei.value)
-    with pytest.raises(Exception):  # noqa: B017 - nothing was created under that tag
-        rt.store.get("never")
-    assert rt.ping(c.id)["child_id"] == c.id
-    rt.kill([c.id])
-    shutil.rmtree(disk, ignore_errors=True)
+    try:
+        assert str(disk) in open(f"/proc/{c.pid}/cmdline").read()
+        monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "write-protect")
+        with pytest.raises(Conflict) as ei:
+            branch(rt, Branch.of(child_id=c.id, tag="never", mode="live"))
+        assert "tmpfs" in str(ei.value) and c.id in str(ei.value)
+        with pytest.raises(Exception):  # noqa: B017 - nothing was created under that tag
+            rt.store.get("never")
+        assert rt.ping(c.id)["child_id"] == c.id
+        monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "pages")  # userfaultfd is not needed for this one
+        rt.exec_code(c.id, "ON_EXT4 = 1")
+        res = branch(rt, Branch.of(child_id=c.id, tag="ext4-pages", mode="live"))
+        assert res.snapshot.status == "ready" and res.capture == "pages", res.snapshot.error
+        (k,) = fork(1, tag="ext4-pages")
+        assert rt.eval(k.id, "ON_EXT4")["value"] == "1"
+        rt.kill([k.id])
+        rt.rmi("ext4-pages")
+    finally:
+        rt.kill([c.id])
+        shutil.rmtree(disk, ignore_errors=True)
 
 
-def test_no_wait_live_branch_returns_at_the_stop_and_holds_that_instant(srt, sfork):
+def test_no_wait_live_branch_returns_at_the_stop_and_holds_that_instant(srt, sfork, write_protect):
     """A live wait=False branch returns once the source stopped for the capture (not after its resume): what the
     caller does to the source right after the return is not in the snapshot; the source resumes by itself."""
     (c,) = sfork(1)
@@ -231,6 +264,51 @@ def test_no_wait_live_branch_returns_at_the_stop_and_holds_that_instant(srt, sfo
     (k,) = sfork(1, tag="early")
     assert _seen(srt, k.id) == ("at-call", "'at-call'")
     assert _seen(srt, c.id) == ("after-return", "'after-return'")
+
+
+def test_no_wait_live_branch_by_pages_returns_with_the_source_running(srt, sfork, by_pages):
+    """By pages, a wait=False live branch returns once the source runs again, its pages and device state taken;
+    the snapshot (sealed in the background) is self-contained and holds the instant of the call; the source is
+    free at once (a second branch of it does not wait for the first one's seal)."""
+    (c,) = sfork(1)
+    _mark(srt, c.id, "at-call")
+    res = branch(srt, Branch.of(child_id=c.id, tag="early-pages", mode="live", wait=False))
+    assert res.snapshot.status == "writing" and res.capture == "pages" and res.pause_ms is not None
+    _mark(srt, c.id, "after-return")
+    second = branch(srt, Branch.of(child_id=c.id, tag="early-pages2", mode="live"))
+    assert second.snapshot.status == "ready" and second.capture == "pages", second.snapshot.error
+    res.thread.join(300)
+    snap = srt.store.get("early-pages")
+    assert snap.status == "ready" and snap.parent_tag is None, snap.error
+    (k,) = sfork(1, tag="early-pages")
+    assert _seen(srt, k.id) == ("at-call", "'at-call'")
+    (k2,) = sfork(1, tag="early-pages2")
+    assert _seen(srt, k2.id) == ("after-return", "'after-return'")
+
+
+def test_live_branch_takes_write_protect_when_the_source_wrote_too_much_or_its_agent_is_held(srt, sfork):
+    """By default (auto) a live branch is taken by pages only while the source wrote at most 1/40 of its RAM and
+    nobody else holds its agent; otherwise by write-protect, saying why."""
+    from forkd.vmm.agent_client import AgentClient
+    from forkd.vmm.driver import RunFiles
+
+    c, d = sfork(2)
+    res = branch(srt, Branch.of(child_id=c.id, tag="auto-pages", mode="live"))
+    assert res.capture == "pages" and res.capture_note is None and res.timings_ms["written_pages"] > 0
+    assert srt.exec_code(c.id, "X = bytearray(32 << 20)\nfor i in range(0, len(X), 4096): X[i] = 1")["error"] is None
+    res = branch(srt, Branch.of(child_id=c.id, tag="auto-wp", mode="live"))
+    assert res.snapshot.status == "ready" and res.capture == "write-protect", res.snapshot.error
+    assert "wrote" in res.capture_note and "1/40" in res.capture_note
+    (k,) = sfork(1, tag="auto-wp")
+    assert srt.eval(k.id, "len(X)")["value"] == str(32 << 20)
+    held = AgentClient(RunFiles(Path(srt.registry.get(d.id).dir)).agent)  # d wrote little: held, not pages
+    try:
+        held.ping()
+        res = branch(srt, Branch.of(child_id=d.id, tag="auto-held", mode="live"))
+    finally:
+        held.close()
+    assert res.snapshot.status == "ready" and res.capture == "write-protect", res.snapshot.error
+    assert "agent" in res.capture_note
 
 
 def test_cli_branch_no_wait(srt, sfork):
@@ -285,7 +363,7 @@ def test_forkbranch_object_branches_once_and_feeds_a_pool(srt, sfork):
     assert not [s for s in srt.store.list() if getattr(s, "labels", {}).get("forkd.dev/branch") == "step7"]
 
 
-@pytest.mark.parametrize("mode", ["live", "full", "diff"])
+@pytest.mark.parametrize("mode", ["live", "live-pages", "full", "diff"])
 def test_process_killed_mid_branch_leaves_a_failed_snapshot_and_a_running_source(srt, sfork, mode):
     """kill -9 the process that is branching: at the next start (recover) the snapshot is failed and the source,
     which QEMU may have left paused (full mode pauses it), runs and answers again. Live mode is killed while RAM
@@ -293,7 +371,9 @@ def test_process_killed_mid_branch_leaves_a_failed_snapshot_and_a_running_source
     pump became a process of its own (forkd.vmm.stream_pump)."""
     (c,) = sfork(1)
     tag = f"killed-{mode}"
-    env = dict(os.environ, FORKD_HOME=str(srt.layout.home))
+    env = dict(os.environ, FORKD_HOME=str(srt.layout.home),
+               FORKD_BRANCH_LIVE_CAPTURE="pages" if mode == "live-pages" else "write-protect")
+    mode = mode.split("-")[0]
     proc = subprocess.Popen([sys.executable, "-m", "forkd.cli.main", "branch", c.id, "--tag", tag, "--mode", mode],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     manifest = srt.store.dir(tag) / "snapshot.json"

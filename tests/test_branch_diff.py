@@ -153,6 +153,7 @@ def test_refused_up_front_while_another_connection_holds_the_agent(srt, sfork):
         assert "diff-held" not in {s.tag for s in srt.store.list()}  # nothing written
         res, kids = forking.fork(srt, c.id, 1, tag="fork-held")
         assert res.snapshot.labels["forkd.dev/branch-mode"] == "live" and len(kids) == 1
+        assert res.capture == "write-protect" and "agent" in res.capture_note  # not by pages either: held
         assert holder.ping()["child_id"] == c.id  # the source ran on, its agent still ours
     finally:
         holder.close()

@@ -150,6 +150,7 @@ def test_source_killed_mid_branch_reports_dead_and_keeps_the_cause(mrt, mfork, m
         os.kill(vm.pid, 9)
         _gone(vm.pid)
 
+    monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "write-protect")  # the hook is on its capture
     _hook_capture(monkeypatch, "start", kill)
     with pytest.raises(ForkdError) as ei:
         branch(mrt, Branch.of(child_id=c.id, tag="killed-live", mode="live"))
@@ -167,6 +168,7 @@ def test_source_oom_killed_mid_branch_reports_oom_killed(mrt, mfork, monkeypatch
             mrt.exec_code(c.id, f"X = bytearray({LIMIT + 64} << 20)", timeout=120)
         _gone(vm.pid)
 
+    monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "write-protect")  # the hook is on its capture
     _hook_capture(monkeypatch, "wait_resumed", hog)
     with pytest.raises(ForkdError) as ei:
         branch(mrt, Branch.of(child_id=c.id, tag="oom-live", mode="live"))

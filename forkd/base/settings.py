@@ -52,6 +52,11 @@ class Settings(BaseModel):
                                             "VMMs alike, drops to a uid of its own with no capabilities once its "
                                             "files are open) or root (opt out: QEMU keeps root; see SECURITY.md)")
     max_branches: int = _env(2, "live branches in flight at once per FORKD_HOME", ge=1)
+    branch_live_capture: Literal["auto", "pages", "write-protect"] = _env(
+        "auto", "how a live branch captures its source: auto (the pages it wrote since its restore, taken in a "
+                "pause that grows with them, when they are few and the child has no disk; else the VMM's "
+                "write-protect of all of guest RAM), pages (always by pages, however many; refused when it "
+                "cannot be) or write-protect (always the VMM's)")
     host_python: str = _env("python3", "host Python that runs pip for `forkd image build --pip`")
     image_roots: str = _env("", "':'-separated directories a spec's image.oci.ref may name an image under, besides "
                                 "$FORKD_HOME/image-sources (the path is resolved, symlinks included, and must stay "

@@ -69,9 +69,10 @@ def branch_cmd(child: str = typer.Argument(..., help="id of the running child to
     b = backend()
     res = b.branch(Branch.of(child_id=child, tag=tag, mode=mode.value, wait=not no_wait))
     snap = res["snapshot"]
-    emit(res, output, [("TAG", "left"), ("STATUS", "left"), ("MODE", "left"), ("SOURCE", "left"),
+    emit(res, output, [("TAG", "left"), ("STATUS", "left"), ("MODE", "left"), ("CAPTURE", "left"), ("SOURCE", "left"),
                        ("PAUSE ms", "right"), ("RETURNED ms", "right")],
-         [[snap["tag"], snap["status"], res["mode"], res["source"], ms(res["pause_ms"]), ms(res["returned_ms"])]])
+         [[snap["tag"], snap["status"], res["mode"], res.get("capture") or "-", res["source"], ms(res["pause_ms"]),
+           ms(res["returned_ms"])]])
     if no_wait:
         sys.stdout.flush()
         if output == Fmt.table:

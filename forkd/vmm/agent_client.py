@@ -131,7 +131,14 @@ class AgentClient:
         accepted it (it sent us bytes, or the kernel says its server end was accepted: forkd.vmm.unix_peer), which
         needs no round trip through the guest; where the kernel cannot say, it must answer a ping. Either within
         `timeout`, else `AgentBusy`: another connection holds the agent."""
-        client = cls.shared(path, connect_timeout=timeout)
+        try:
+            client = cls.shared(path, connect_timeout=timeout)
+        except ForkdError as exc:  # a full backlog: connections that wait for the one QEMU serves (ours or not)
+            if not isinstance(exc.__cause__, (BlockingIOError, TimeoutError)):
+                raise
+            raise AgentBusy(f"the agent on {path} is held by another connection (others wait in its backlog: "
+                            f"{exc.__cause__})", hint="retry once the other client (another forkd process?) is "
+                                                      "done") from exc
         deadline = time.monotonic() + timeout
         known = client._accepted_by(deadline)
         if known is None:  # the kernel cannot say: only the connection QEMU serves answers a ping

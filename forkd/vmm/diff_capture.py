@@ -134,6 +134,11 @@ class PagesTaken(DiffTaken):
         return n
 
 
+def written_pages(pid: int, mem_path: Path, size: int) -> int:
+    """How many pages of its mapping of `mem_path` VMM `pid` holds a private copy of (what `capture_diff` reads)."""
+    return sum(b - a for a, b in private_pages.private_ranges(pid, find_mapping(pid, mem_path, size)))
+
+
 def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, size: int, vmstate: Path, pages: Path, data: Path,
                  while_paused: Callable[[], None] | None = None) -> PagesTaken:
     """Stop the VM, save its device state to `vmstate` and read its private guest pages (in its one mapping of

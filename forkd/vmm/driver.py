@@ -166,6 +166,12 @@ class VmmDriver(ABC):
         """Why a diff capture of `vm` cannot work here, as (reason, hint), or None if it can. No VMM I/O."""
 
     @abstractmethod
+    def written_pages(self, vm: Vm, mem_path: Path) -> int:
+        """How many guest pages `vm` holds a private copy of (wrote since its restore) in its mapping of
+        `mem_path`: what a `capture_diff` would read while it is paused. No VMM I/O (its page tables are read);
+        ForkdError when that cannot be said (the VMM is gone, or does not map `mem_path` once and whole)."""
+
+    @abstractmethod
     def capture_diff(self, vm: Vm, mem_path: Path, vmstate: Path, pages: Path, data: Path,
                      while_paused: Callable[[], None] | None = None) -> DiffTaken:
         """Pause `vm` only while its device state (without RAM) goes to `vmstate` and the guest pages it wrote

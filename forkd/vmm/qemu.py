@@ -199,12 +199,20 @@ class QemuDriver(VmmDriver):
     def diff_capture_problem(self, vm: Vm) -> tuple[str, str] | None:
         return diff_capture.problem()
 
+    def written_pages(self, vm: Vm, mem_path: Path) -> int:
+        self._same_vmm(vm)
+        return diff_capture.written_pages(vm.pid, mem_path, mem_path.stat().st_size)
+
     def capture_diff(self, vm: Vm, mem_path: Path, vmstate: Path, pages: Path, data: Path,
                      while_paused: Callable[[], None] | None = None) -> DiffTaken:
-        if start_time(vm.pid) != vm.started:  # its pages are read by pid: it must still be this VMM
-            raise ForkdError(f"VMM {vm.pid} is gone (its pid now names another process, or none)")
+        self._same_vmm(vm)
         size = mem_path.stat().st_size  # the flat image is guest RAM, whole
         return diff_capture.capture_diff(self._qmp(vm), vm.pid, mem_path, size, vmstate, pages, data, while_paused)
+
+    @staticmethod
+    def _same_vmm(vm: Vm) -> None:
+        if start_time(vm.pid) != vm.started:  # its pages are read by pid: it must still be this VMM
+            raise ForkdError(f"VMM {vm.pid} is gone (its pid now names another process, or none)")
 
     # -- boot ------------------------------------------------------------------------------------
     def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0,

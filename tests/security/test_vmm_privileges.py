@@ -143,7 +143,27 @@ def test_build_vmms_drop_root_too(rt, base, tmp_path):
         mem.parent.rmdir()
 
 
-def test_live_branch_of_a_child_whose_vmm_dropped_root(rt, fork):
+def test_live_branch_by_pages_of_a_child_whose_vmm_dropped_root(rt, fork, monkeypatch):
+    """By pages, forkd reads the VMM's pages itself: no userfaultfd in the VMM, whatever the sysctl says."""
+    monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "pages")
+    (c,) = fork(1)
+    assert_unprivileged(c.pid)
+    assert rt.exec_code(c.id, "BRANCHED = 'pages'")["error"] is None
+    res = branch(rt, Branch.of(child_id=c.id, tag="dropped-pages", mode="live"))
+    try:
+        assert res.snapshot.status == "ready" and res.capture == "pages", res.snapshot.error
+        (g,) = rt.fork(Spawn.of(tag="dropped-pages", n=1))
+        try:
+            assert_unprivileged(g.pid)
+            assert rt.eval(g.id, "BRANCHED")["value"] == "'pages'"
+        finally:
+            rt.kill([g.id])
+    finally:
+        rt.rmi("dropped-pages")
+
+
+def test_live_branch_by_write_protect_of_a_child_whose_vmm_dropped_root(rt, fork, monkeypatch):
+    monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "write-protect")
     (c,) = fork(1)
     assert_unprivileged(c.pid)
     assert rt.exec_code(c.id, "BRANCHED = 'yes'")["error"] is None

@@ -3,7 +3,8 @@
   ParentBuild  -> parent.ParentJob       boot a parent, warm it, pause it to a snapshot
   LayerBuild   -> layer.LayerJob         restore a snapshot, run steps, store the pages that differ
   Compaction   -> compaction.CompactJob  write a chain head as a base snapshot
-  Branch       -> branch.BranchJob       snapshot a running child (live, full or diff)
+  Branch       -> branch.BranchJob       snapshot a running child (live, full; diff: branch_diff; live by the
+                                         pages it wrote: branch_paged, tried first)
 
 Every handler is a Job (job.py): a list of named steps run in order by forkd.base.steps.run_steps, each one's
 duration kept (they become the snapshot's `timings_ms`), and every resource it takes (work directories, scratch

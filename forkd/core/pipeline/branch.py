@@ -2,9 +2,11 @@
 possible (issue 5). The VMM side (capture, resume, conversion) is the driver's: see forkd/vmm/CONTRACT.md.
 
 Modes:
-  * `live`: a live capture (QEMU: `background-snapshot`, userfaultfd write-protect). The source stops only while
-    the VMM saves its device state and arms write-protect (the VMM's reported `downtime`, a few ms), then runs
-    while RAM streams out.
+  * `live`: taken by pages when it can (forkd.core.pipeline.branch_paged: the pages the source wrote since its
+    restore and its device state, in a pause that grows with those pages; then sealed as a self-contained
+    snapshot), else, here, by a live capture (QEMU: `background-snapshot`, userfaultfd write-protect). The source
+    stops only while the VMM saves its device state and arms write-protect over all of guest RAM (the VMM's
+    reported `downtime`: it grows with the RAM), then runs while RAM streams out.
     With `wait=False` (`--no-wait`) and no disk, the call returns as soon as the source stopped for the capture
     (QEMU's STOP event): the instant the snapshot holds is fixed from then on, and the source resumes by itself a
     few ms later (awaited in the background, with the stream). A caller's next request to the source simply waits
@@ -112,11 +114,14 @@ class BranchResult:
     qemu_downtime_ms: float | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     thread: threading.Thread | None = None  # the background conversion (wait=False)
+    capture: str = ""  # how the source was captured: pages | write-protect | stop (BranchJob.capture_kind)
+    capture_note: str | None = None  # a live branch that could not be taken by pages: why
 
     def to_json(self) -> dict:
         return {"snapshot": self.snapshot.to_json(), "mode": self.mode, "source": self.source,
-                "returned_ms": self.returned_ms, "pause_ms": self.pause_ms,
-                "qemu_downtime_ms": self.qemu_downtime_ms, "timings_ms": self.timings_ms}
+                "returned_ms": self.returned_ms, "pause_ms": self.pause_ms, "capture": self.capture,
+                "capture_note": self.capture_note, "qemu_downtime_ms": self.qemu_downtime_ms,
+                "timings_ms": self.timings_ms}
 
 
 def child_lock_path(home: Path, child_id: str) -> Path:
@@ -142,7 +147,17 @@ class BranchJob(Job):
         self.t_call = time.perf_counter()
         self.capture: Capture | None = None
         self.result = BranchResult(snapshot=None, mode=req.mode, source=req.child_id, returned_ms=0.0,  # type: ignore
-                                   pause_ms=None, timings_ms=self.timings)
+                                   pause_ms=None, timings_ms=self.timings, capture=self.capture_kind)
+
+    @property
+    def capture_kind(self) -> str:
+        """pages (the source's written pages, forkd.vmm.diff_capture), write-protect (the VMM's live capture of
+        all of RAM) or stop (the whole RAM streamed while the source is paused)."""
+        return "write-protect" if self.req.mode == "live" else "stop"
+
+    def capture_problem(self) -> tuple[str, str] | None:
+        """Why this host cannot capture the source this job's way, as (reason, hint), or None."""
+        return self.rt.driver.live_capture_problem(self.source_vm) if self.req.mode == "live" else None
 
     # -- before anything is written: refusals leave no snapshot behind --------------------------------
     def prepare(self) -> None:
@@ -156,7 +171,7 @@ class BranchJob(Job):
         self.child_files = RunFiles(Path(rec.dir))
         self.source_vm = rt.driver.attach(self.child_files, rec.pid, rec.started)
         self.stack.callback(rt.driver.release, self.source_vm)  # the source keeps running, whatever happens
-        problem = rt.driver.live_capture_problem(self.source_vm) if req.mode == "live" else None
+        problem = self.capture_problem()
         if problem is not None:
             raise Conflict(f"child {req.child_id} cannot be branched live: {problem[0]}", hint=problem[1])
         self._take_locks()
@@ -286,7 +301,7 @@ class BranchJob(Job):
             raise BranchError(f"cannot make the branch's work directory in {where}: {exc.strerror or exc}",
                               hint="make that directory writable by forkd (and with room for the guest's RAM), "
                                    "or branch into another tmp_dir") from exc
-        if self.req.mode == "live":
+        if self.capture_kind == "write-protect":
             # QEMU 7.2 (measured here): a background snapshot whose stream write fails mid-way (ENOSPC) leaves the
             # source reporting 'running' but no longer answering. So refuse up front unless the whole RAM fits.
             st = os.statvfs(self.work)

@@ -37,8 +37,24 @@ class DiffUnavailable(Conflict):
 
 
 class DiffBranchJob(BranchJob):
+    capture_kind = "pages"
+
+    def capture_problem(self) -> tuple[str, str] | None:
+        return None  # check_source says it, as DiffUnavailable
+
     def prepare(self) -> None:
         super().prepare()
+        self.source_flat = self.rt.store.materialize(self.source.tag)  # the image the source maps
+        self.check_source()
+        try:  # the one host connection to its agent: held, and silent while the source is paused
+            self.agent: AgentClient | None = AgentClient.owned(self.child_files.agent)
+            self.stack.callback(self._release_agent)
+        except AgentBusy as exc:
+            raise self.agent_busy(exc) from exc
+
+    def check_source(self) -> None:
+        """Refuse (before anything is written or paused) a source this job cannot take: a host without the page
+        scan, a chain too deep."""
         cid = self.req.child_id
         problem = self.rt.driver.diff_capture_problem(self.source_vm)
         if problem is not None:
@@ -49,14 +65,11 @@ class DiffBranchJob(BranchJob):
                                   f"branch would be layer {depth + 1} (at most {MAX_DEPTH})",
                                   hint=f"branch it with --mode live or full (a self-contained snapshot), or compact "
                                        f"{self.source.tag!r} ('forkd snapshot-compact') and fork from that")
-        self.source_flat = self.rt.store.materialize(self.source.tag)  # the image the source maps
-        try:  # the one host connection to its agent: held, and silent while the source is paused
-            self.agent: AgentClient | None = AgentClient.owned(self.child_files.agent)
-            self.stack.callback(self._release_agent)
-        except AgentBusy as exc:
-            raise DiffUnavailable(f"child {cid} cannot be branched in diff mode now: {exc.message}",
-                                  hint="a diff branch needs the child's agent quiet while it is paused; retry once "
-                                       "the other client is done, or branch with --mode live") from exc
+
+    def agent_busy(self, exc: AgentBusy) -> Exception:
+        return DiffUnavailable(f"child {self.req.child_id} cannot be branched in diff mode now: {exc.message}",
+                               hint="a diff branch needs the child's agent quiet while it is paused; retry once the "
+                                    "other client is done, or branch with --mode live")
 
     def record(self) -> Snapshot:
         return super().record().with_(parent_tag=self.source.tag, parent_content_hash=self.source.memory_sha256,

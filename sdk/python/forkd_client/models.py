@@ -90,6 +90,7 @@ class BranchResult(SnapshotInfo):
     mode: str = "live"
     pause_ms: float | None = None
     returned_ms: float = 0.0
+    capture: str | None = None  # pages | write-protect | stop (newer servers)
 
 
 class FileWritten(Wire):

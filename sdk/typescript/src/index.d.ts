@@ -7,7 +7,7 @@ export type * from "./wire.js";
 
 /** POST /v1/sandboxes/{id}/branch: the new snapshot, and how the branch went. */
 export type BranchResult = SnapshotInfo & { mode?: "full" | "diff" | "live"; pauseMs?: number | null;
-  returnedMs?: number };
+  returnedMs?: number; capture?: "pages" | "write-protect" | "stop" };
 
 export class ForkdError extends Error {
   status?: number;
