@@ -373,8 +373,8 @@ def test_process_killed_mid_branch_leaves_a_failed_snapshot_and_a_running_source
     tag = f"killed-{mode}"
     env = dict(os.environ, FORKD_HOME=str(srt.layout.home),
                FORKD_BRANCH_LIVE_CAPTURE="pages" if mode == "live-pages" else "write-protect")
-    mode = mode.split("-")[0]
-    proc = subprocess.Popen([sys.executable, "-m", "forkd.cli.main", "branch", c.id, "--tag", tag, "--mode", mode],
+    proc = subprocess.Popen([sys.executable, "-m", "forkd.cli.main", "branch", c.id, "--tag", tag, "--mode",
+                             mode.split("-")[0]],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     manifest = srt.store.dir(tag) / "snapshot.json"
     deadline = time.monotonic() + 60

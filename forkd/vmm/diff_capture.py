@@ -140,18 +140,18 @@ def written_pages(pid: int, mem_path: Path, size: int) -> int:
 
 
 def capture_diff(qmp: QMPClient, pid: int, mem_path: Path, size: int, vmstate: Path, pages: Path, data: Path,
-                 while_paused: Callable[[], None] | None = None) -> PagesTaken:
+                 while_paused: Callable[[], None] | None = None, written: int | None = None) -> PagesTaken:
     """Stop the VM, save its device state to `vmstate` and read its private guest pages (in its one mapping of
     `mem_path`, `size` bytes; the ones beyond READ_BATCH go to `data` at once), run `while_paused`, resume it if it
-    was running. `DiffTaken.write` then
-    writes them out. Timings (ms): `pause` = stop sent .. `cont` answered, `pause_qemu` = QEMU's STOP -> RESUME
-    events."""
+    was running. `DiffTaken.write` then writes them out. `written` (a count of them just made) sizes the page
+    buffer instead of a scan. Timings (ms): `pause` = stop sent .. `cont` answered, `pause_qemu` = QEMU's STOP ->
+    RESUME events."""
     copy = PageCopy(pid, find_mapping(pid, mem_path, size))
     state = StateBuffer()
     t: dict[str, float] = {}
     try:
         t1 = time.perf_counter()
-        copy.prepare()  # before QEMU holds the buffer: a failure here leaves nothing in its fd set
+        copy.prepare(written)  # before QEMU holds the buffer: a failure here leaves nothing in its fd set
         t["prepare_pages"] = (time.perf_counter() - t1) * 1000.0
         running = _hand_buffer(qmp, state)
         qmp.events.clear()

@@ -173,12 +173,13 @@ class VmmDriver(ABC):
 
     @abstractmethod
     def capture_diff(self, vm: Vm, mem_path: Path, vmstate: Path, pages: Path, data: Path,
-                     while_paused: Callable[[], None] | None = None) -> DiffTaken:
+                     while_paused: Callable[[], None] | None = None, written: int | None = None) -> DiffTaken:
         """Pause `vm` only while its device state (without RAM) goes to `vmstate` and the guest pages it wrote
         since its restore (its private copies of `mem_path`, the image it maps) are read; run `while_paused` then
         (e.g. a disk copy); resume it if it ran. The pause grows with the pages written, not with guest RAM.
         `DiffTaken.write()` (once it runs again) writes the pages to `pages` + `data` in the store's layer
-        format; `DiffTaken.timings` in ms (`pause`, ...)."""
+        format; `DiffTaken.timings` in ms (`pause`, ...). `written`: what `written_pages` said just before, which
+        sizes the page buffer without a scan of its own (more pages by then are still all read)."""
 
     @abstractmethod
     def stream_to_snapshot(self, machine: Machine, stream: Path, memory: Path, vmstate: Path, work: Path,

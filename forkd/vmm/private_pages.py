@@ -181,8 +181,9 @@ class PageCopy:
         self.numbers = array("I")
         self.fd: int | None = None
 
-    def prepare(self) -> None:
-        guess = sum(b - a for a, b in private_ranges(self.pid, self.mapping))
+    def prepare(self, written: int | None = None) -> None:
+        """`written`: the pages the VMM held privately a moment ago, if just counted (else scanned here)."""
+        guess = written if written is not None else sum(b - a for a, b in private_ranges(self.pid, self.mapping))
         need = min(READ_BATCH, (guess + guess // 4 + 256) * PAGE)
         self.buf = _spare_buffer(need) or _buffer(need)  # an earlier capture's (faulted in) if it is big enough
 

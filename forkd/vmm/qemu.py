@@ -204,10 +204,11 @@ class QemuDriver(VmmDriver):
         return diff_capture.written_pages(vm.pid, mem_path, mem_path.stat().st_size)
 
     def capture_diff(self, vm: Vm, mem_path: Path, vmstate: Path, pages: Path, data: Path,
-                     while_paused: Callable[[], None] | None = None) -> DiffTaken:
+                     while_paused: Callable[[], None] | None = None, written: int | None = None) -> DiffTaken:
         self._same_vmm(vm)
         size = mem_path.stat().st_size  # the flat image is guest RAM, whole
-        return diff_capture.capture_diff(self._qmp(vm), vm.pid, mem_path, size, vmstate, pages, data, while_paused)
+        return diff_capture.capture_diff(self._qmp(vm), vm.pid, mem_path, size, vmstate, pages, data, while_paused,
+                                         written=written)
 
     @staticmethod
     def _same_vmm(vm: Vm) -> None:

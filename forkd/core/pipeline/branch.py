@@ -57,7 +57,6 @@ Safety:
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -72,17 +71,16 @@ from forkd.base.private import ensure_private_dir
 from forkd.base.procs import is_alive
 from forkd.base.settings import settings
 from forkd.base.steps import Step
+from forkd.core.pipeline.branch_disk import copy_disk, freeze_fs, thaw_fs
 from forkd.core.pipeline.job import Job
 from forkd.core.requests import Branch
 from forkd.store.snapshot import DISK, Snapshot
-from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.disk import rebase
 from forkd.vmm.driver import Capture, RunFiles
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
-FREEZE_MAX_SECONDS = 10.0  # a frozen source filesystem thaws itself after this, whatever becomes of us
 LOCK_DIR = "locks"
 
 _threads: list[threading.Thread] = []
@@ -332,7 +330,7 @@ class BranchJob(Job):
         frozen = None
         try:
             if self.machine.disk is not None:  # the disk as of the device state: copied while nothing can write it
-                frozen = _freeze_fs(self.child_files.agent, self.timings) if self.was_running else None
+                frozen = freeze_fs(self.child_files.agent, self.timings) if self.was_running else None
                 if frozen is None:
                     cap.pause()
                 copy_disk(self.child_files.disk, self.work / DISK, self.timings)
@@ -352,7 +350,7 @@ class BranchJob(Job):
                 self.live_resumed()
         finally:
             if frozen is not None:
-                _thaw_fs(frozen, self.timings)
+                thaw_fs(frozen, self.timings)
 
     def await_resume(self) -> None:
         """After an early return (`returns_at_stop`): wait for the source to run again, in the background."""
@@ -448,54 +446,6 @@ class BranchJob(Job):
     def seal(self) -> None:
         w = self.writer
         w.seal(memory=w.memory, vmstate=w.vmstate, disk=w.disk if self.machine.disk is not None else None)
-
-
-def _freeze_fs(agent_socket: Path, timings: dict[str, float]) -> tuple[AgentClient, float] | None:
-    """Freeze a disk-backed child's root filesystem through its agent (the guest flushes it, then its writers
-    wait; the VM keeps running). None, with nothing frozen, when the agent does not answer at once (another
-    host connection holds it) or cannot freeze: the caller then pauses the VM instead."""
-    t = time.perf_counter()
-    try:
-        agent = AgentClient(agent_socket, connect_timeout=0.5)
-    except ForkdError:
-        return None
-    try:
-        agent.ping(timeout=0.5)  # answered: the connection is ours, so the freeze runs now or not at all
-    except ForkdError:
-        agent.close()
-        return None
-    try:
-        agent.call("fsfreeze", {"freeze": True, "max_seconds": FREEZE_MAX_SECONDS}, timeout=FREEZE_MAX_SECONDS / 2)
-    except ForkdError:  # e.g. an older agent without fsfreeze, or a flush that takes too long
-        with suppress(ForkdError, OSError):
-            agent.call("fsfreeze", {"freeze": False}, timeout=FREEZE_MAX_SECONDS)
-        agent.close()
-        return None
-    timings["fs_freeze"] = (time.perf_counter() - t) * 1000.0
-    return agent, time.perf_counter()
-
-
-def _thaw_fs(frozen: tuple[AgentClient, float], timings: dict[str, float]) -> None:
-    """Thaw the source's filesystem; if that fails the guest thaws itself after FREEZE_MAX_SECONDS.
-    `fs_frozen` is how long the guest's writers waited (from the freeze's answer to the thaw's)."""
-    agent, frozen_at = frozen
-    t = time.perf_counter()
-    try:
-        agent.call("fsfreeze", {"freeze": False}, timeout=FREEZE_MAX_SECONDS)
-        timings["fs_thaw"] = (time.perf_counter() - t) * 1000.0
-        timings["fs_frozen"] = (time.perf_counter() - frozen_at) * 1000.0
-    except (ForkdError, OSError):
-        timings["fs_thaw_failed"] = 1.0
-    finally:
-        agent.close()
-
-
-def copy_disk(disk: Path, dest: Path, timings: dict[str, float]) -> None:
-    """Copy a child's overlay while nothing writes it (VM paused: the VMM flushed it when it stopped; or guest
-    filesystem frozen: the guest flushed it): the branch's disk as of now."""
-    t = time.perf_counter()
-    shutil.copyfile(disk, dest)
-    timings["disk_copy"] = (time.perf_counter() - t) * 1000.0
 
 
 def _vmm_lost(exc: BaseException | None) -> bool:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from forkd.base.atomic import publish
 from forkd.base.errors import Conflict
 from forkd.base.steps import Step
-from forkd.core.pipeline.branch import BranchJob, copy_disk
+from forkd.core.pipeline.branch import BranchJob
+from forkd.core.pipeline.branch_disk import copy_disk
 from forkd.sandbox.wake import page_in_now
 from forkd.store import chain
 from forkd.store.snapshot import DISK, Snapshot
@@ -38,6 +39,7 @@ class DiffUnavailable(Conflict):
 
 class DiffBranchJob(BranchJob):
     capture_kind = "pages"
+    written: int | None = None  # the source's written pages, when counted before the capture (sizes its buffer)
 
     def capture_problem(self) -> tuple[str, str] | None:
         return None  # check_source says it, as DiffUnavailable
@@ -97,7 +99,8 @@ class DiffBranchJob(BranchJob):
             with self.agent.quiet():  # no host byte reaches guest RAM between its device state and its pages
                 self.taken = self.rt.driver.capture_diff(
                     self.source_vm, self.source_flat, self.writer.vmstate, self.work / chain.PAGES_FILE,
-                    self.work / chain.DATA_FILE, while_paused=disk if self.machine.disk is not None else None)
+                    self.work / chain.DATA_FILE, while_paused=disk if self.machine.disk is not None else None,
+                    written=self.written)
             self.stack.callback(self.taken.discard)  # its buffer and data file, if the pages are never written
         except BaseException as exc:
             self._resume_after(exc)  # the driver resumes on its own paths; this covers a VMM that broke mid-way

@@ -56,7 +56,7 @@ class PagedBranchJob(DiffBranchJob):
         if written > most and settings().branch_live_capture != "pages":
             raise NotPaged(f"it wrote {written} pages since its restore, more than 1/{PAGES_PER_WRITTEN} of its RAM "
                            f"({most}): a pause by pages would pass the VMM's")
-        self.timings["written_pages"] = written
+        self.written = self.timings["written_pages"] = written
 
     def agent_busy(self, exc: AgentBusy) -> Exception:
         return NotPaged(f"its agent is held by another client ({exc.message})")
