@@ -41,6 +41,7 @@ def test_controller_round_trip_with_branch(daemon, rt):
         assert ctrl.ping_sandbox(sb.id).pong
         br = ctrl.branch_sandbox(sb.id, "sdk-branch", mode="live", wait=True)
         assert br.status == "ready" and br.branched_from == sb.id and br.mode == "live"
+        assert br.capture == "pages"  # the daemon holds the child's agent itself: by pages, said over the wire
         [g] = ctrl.spawn_sandboxes("sdk-branch")
         made.append(g.id)
         assert ctrl.exec_command(g.id, ["cat", "/root/sdk.txt"]).stdout == "sdk\n"
