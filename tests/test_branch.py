@@ -286,9 +286,11 @@ def test_no_wait_live_branch_by_pages_returns_with_the_source_running(srt, sfork
     assert _seen(srt, k2.id) == ("after-return", "'after-return'")
 
 
-def test_live_branch_takes_write_protect_when_the_source_wrote_too_much_or_its_agent_is_held(srt, sfork):
+def test_live_branch_takes_write_protect_when_the_source_wrote_too_much_or_its_agent_is_held(srt, sfork,
+                                                                                               monkeypatch):
     """By default (auto) a live branch is taken by pages only while the source wrote at most 1/40 of its RAM and
-    nobody else holds its agent; otherwise by write-protect, saying why."""
+    nobody else holds its agent; otherwise by write-protect, saying why. With FORKD_BRANCH_LIVE_CAPTURE=pages it
+    refuses instead (Conflict, nothing written)."""
     from forkd.vmm.agent_client import AgentClient
     from forkd.vmm.driver import RunFiles
 
@@ -305,10 +307,15 @@ def test_live_branch_takes_write_protect_when_the_source_wrote_too_much_or_its_a
     try:
         held.ping()
         res = branch(srt, Branch.of(child_id=d.id, tag="auto-held", mode="live"))
+        monkeypatch.setenv("FORKD_BRANCH_LIVE_CAPTURE", "pages")
+        with pytest.raises(Conflict, match=f"child {d.id} cannot be branched live by pages.*agent") as refused:
+            branch(srt, Branch.of(child_id=d.id, tag="pages-held", mode="live"))
+        assert "FORKD_BRANCH_LIVE_CAPTURE=auto" in refused.value.hint
     finally:
         held.close()
     assert res.snapshot.status == "ready" and res.capture == "write-protect", res.snapshot.error
     assert "agent" in res.capture_note
+    assert not srt.store.dir("pages-held").exists() and srt.eval(d.id, "1+1")["value"] == "2"
 
 
 def test_cli_branch_no_wait(srt, sfork):
