@@ -16,8 +16,11 @@ Policy (decided, and tested in tests/test_gc.py):
     (forkd.base.owners), so a live process's work is never touched whoever runs gc, and a reused pid is not
     mistaken for the maker. Names of an older forkd carrying a pid only are judged by that pid (on the shared
     tmpfs only files of forkd's own user, never another user's). Anything else in tmp/ is left alone.
-A VMM with no record, no namespace and no cgroup (network none on a host without cgroups) cannot be identified
-safely and is left alone.
+  * a child's VMM whose record is gone or reaped (its spawner killed between starting QEMU and recording its pid,
+    so the record names no pid and the cgroup holds nothing yet) is killed: a process of the configured QEMU
+    binary whose command line names this home's directory of that child (private, 0700, made by forkd only);
+    the registry is read again after the process scan, so a spawn that began meanwhile is left alone.
+Any other VMM with no record, no namespace and no cgroup cannot be identified safely and is left alone.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from forkd.base.private import UnsafePath, check_private_dir
 from forkd.base.procs import is_alive, kill_and_wait, start_time
 from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
-from forkd.sandbox.registry import RECORD, Registry
+from forkd.sandbox.registry import RECORD, ChildRecord, Registry
 from forkd.sandbox.supervisor import release_isolation
 
 log = logging.getLogger("forkd.gc")
@@ -106,16 +109,10 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
     home = str(layout.home)
     keep: set[str] = set()  # child ids whose kernel objects stay
     for rec in registry.list():
-        status = rec.status
-        # a live spawner (`starting`) or stopper (`stopping`: the status says its stopper lives) owns the child
-        if status in ("running", "stopping") or (status == "starting" and rec.spawner_pid
-                                                 and is_alive(rec.spawner_pid, rec.spawner_started)):
+        if _owned(rec, grace):
             keep.add(rec.id)
-            if status == "running":
+            if rec.status == "running":
                 report.adopted.append(rec.id)
-            continue
-        if status == "starting" and not rec.spawner_pid and time.time() - rec.created_at < grace:
-            keep.add(rec.id)
             continue
         report.reaped.append(rec.id)
         if rec.pid is not None and is_alive(rec.pid, rec.started):
@@ -125,6 +122,7 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
                 kill_and_wait(rec.pid, rec.started)
             release_isolation(rec)
             registry.remove(rec.id)
+    _collect_child_vmms(layout, registry, report, dry_run, grace)
     # child directories without a record
     with contextlib.suppress(FileNotFoundError), os.scandir(layout.children) as it:
         for entry in it:
@@ -143,6 +141,36 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
         if not dry_run:
             _remove(d)
     return report
+
+
+def _owned(rec: ChildRecord, grace: float) -> bool:
+    """Whether a child record is someone's: running, or a live spawner (`starting`) or stopper (`stopping`: the
+    status says its stopper lives) owns it, or it is a spawn too young to judge."""
+    status = rec.status
+    if status in ("running", "stopping"):
+        return True
+    if status == "starting" and rec.spawner_pid:
+        return is_alive(rec.spawner_pid, rec.spawner_started)
+    return status == "starting" and time.time() - rec.created_at < grace
+
+
+def _collect_child_vmms(layout: Layout, registry: Registry, report: GcReport, dry_run: bool, grace: float) -> None:
+    """VMMs of children nobody owns any more: the configured QEMU naming this home's directory of a child whose
+    record is gone (reaped above, or never got the VMM's pid). Found by the crash harness: kill -9 of a spawner
+    between QEMU's start and the record of its pid left that QEMU waiting for its state forever."""
+    where = re.compile(re.escape(str(layout.children).encode() + b"/") + rb"([^/\0,]+)/")
+    found = []
+    for d in _qemu_procs():
+        with contextlib.suppress(OSError):
+            ids = {m.group(1).decode(errors="replace") for m in where.finditer((d / "cmdline").read_bytes())}
+            if ids and int(d.name) not in report.processes:
+                found.append((int(d.name), ids))
+    if not found:
+        return
+    owned = {r.id for r in registry.list() if _owned(r, grace)}  # read after the scan: a new spawn is owned
+    for pid, ids in found:
+        if not ids & owned:
+            _kill_unrecorded(pid, report, dry_run)
 
 
 def _child_of(name: str) -> str:

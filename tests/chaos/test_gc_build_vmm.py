@@ -28,7 +28,7 @@ def _dead_pid() -> int:
 
 def _build_vmm(work: Path) -> subprocess.Popen:
     """A real QEMU process shaped like a build's VMM: its QMP socket in the build's work directory."""
-    work.mkdir(parents=True, mode=0o700)
+    work.mkdir(parents=True, mode=0o700, exist_ok=True)
     p = subprocess.Popen([settings().qemu, "-M", "none", "-S", "-display", "none", "-nodefaults", "-no-user-config",
                           "-qmp", f"unix:{work}/qmp.sock,server=on,wait=off"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,0 +1,47 @@
+"""Found by the crash harness (seed 7, CI of 2026-12-03): kill -9 of a `forkd fork` between QEMU's start and the
+record of its pid left that VMM running for good (waiting for its state): the record named no pid, the cgroup
+held nothing yet, so start-up recovery reaped the record and left the process. gc now kills a QEMU that names
+this home's directory of a child nobody owns, and leaves one whose spawner is alive.
+
+The VMMs here are real QEMU processes shaped like a child's (their QMP socket in the child's directory); they are
+never given a guest, since only their command line and process identity are judged."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from forkd.base.paths import Layout
+from forkd.base.procs import start_time
+from forkd.core.runtime import Runtime
+from forkd.sandbox.registry import ChildRecord, Registry
+from tests.chaos.test_gc_build_vmm import _build_vmm, _dead_pid, private_home  # noqa: F401 - a fixture
+
+
+def _record(reg: Registry, cid: str, spawner: int) -> None:
+    reg.save(ChildRecord(id=cid, snapshot="s", created_at=time.time() - 600, dir=str(reg.path(cid)), memory_mib=512,
+                         vcpus=1, accel="tcg", spawner_pid=spawner, spawner_started=start_time(spawner)))
+
+
+def test_gc_kills_the_vmm_of_a_child_nobody_owns_and_spares_a_spawn_in_progress(private_home, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("FORKD_HOME", str(private_home))
+    layout = Layout(private_home)
+    reg = Registry(layout)
+    _record(reg, "c00000000a1", _dead_pid())  # its spawner was killed before it recorded the VMM's pid
+    _record(reg, "c00000000b2", os.getpid())  # a spawn in progress: its spawner (this test) lives
+    unrecorded = _build_vmm(reg.path("c00000000c3"))  # its record is gone already
+    orphan, spawning = _build_vmm(reg.path("c00000000a1")), _build_vmm(reg.path("c00000000b2"))
+    try:
+        dry = Runtime(layout).gc(dry_run=True, grace=0.0)
+        assert {orphan.pid, unrecorded.pid} <= set(dry["processes"]) and spawning.pid not in dry["processes"]
+        assert orphan.poll() is None and unrecorded.poll() is None  # a dry run kills nothing
+        rep = Runtime(layout).gc(grace=0.0)
+        assert {orphan.pid, unrecorded.pid} <= set(rep["processes"]) and "c00000000a1" in rep["reaped"]
+        assert orphan.wait(10) is not None and unrecorded.wait(10) is not None
+        assert spawning.poll() is None and spawning.pid not in rep["processes"]
+        assert [r.id for r in reg.list()] == ["c00000000b2"]
+    finally:
+        for p in (orphan, spawning, unrecorded):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
