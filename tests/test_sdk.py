@@ -41,7 +41,10 @@ def test_controller_round_trip_with_branch(daemon, rt):
         assert ctrl.ping_sandbox(sb.id).pong
         br = ctrl.branch_sandbox(sb.id, "sdk-branch", mode="live", wait=True)
         assert br.status == "ready" and br.branched_from == sb.id and br.mode == "live"
-        assert br.capture == "pages"  # the daemon holds the child's agent itself: by pages, said over the wire
+        assert br.capture == "pages" and br.capture_note is None  # the daemon holds the child's agent: by pages
+        assert ctrl.exec_command(sb.id, ["python3", "-c", "bytearray(64 << 20)"]).exit_code == 0  # writes 1/8 of RAM
+        wp = ctrl.branch_sandbox(sb.id, "sdk-branch-wp", mode="live", wait=True)
+        assert wp.status == "ready" and wp.capture == "write-protect" and "1/40" in wp.capture_note, wp
         [g] = ctrl.spawn_sandboxes("sdk-branch")
         made.append(g.id)
         assert ctrl.exec_command(g.id, ["cat", "/root/sdk.txt"]).stdout == "sdk\n"

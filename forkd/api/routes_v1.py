@@ -172,7 +172,7 @@ def build_router(control: Control, metrics) -> APIRouter:
             metrics.branch_pause_seconds.labels(mode).observe(res.pause_ms / 1000.0)
         info = wire.snapshot_info(res.snapshot, str(rt.store.dir(tag)))
         out = wire.BranchResult(**info.model_dump(), mode=mode, pause_ms=res.pause_ms, returned_ms=res.returned_ms,
-                                capture=res.capture)
+                                capture=res.capture, capture_note=res.capture_note)
         if not req.wait:
             return JSONResponse(out.model_dump(mode="json"), status_code=202)
         return out

@@ -103,7 +103,7 @@ class Layout:
     @property
     def flat_cache(self) -> Path:
         """Flat memory images children map MAP_PRIVATE. On tmpfs when there is one: a child's guest RAM is then
-        shmem, which userfaultfd write-protect (live branch) supports and ext4 files are not."""
+        shmem, which userfaultfd write-protect (a live branch by write-protect) supports and ext4 files are not."""
         shm_dir = self.shm_dir
         return self.cache / "flat" if shm_dir is None else shm_dir / "flat"
 

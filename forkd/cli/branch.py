@@ -52,9 +52,11 @@ def snapshot_from_sandbox(ctx: typer.Context,
 def branch_cmd(child: str = typer.Argument(..., help="id of the running child to snapshot",
                                           autocompletion=complete_children),
                tag: str = typer.Option(..., "--tag", "-t", help="name of the new snapshot"),
-               mode: Mode = typer.Option(Mode.live, "--mode", help="live: the child runs on while its RAM is "
-                                         "copied (QEMU background snapshot; it stops while QEMU write-protects all "
-                                         "of its RAM, longer as RAM grows); diff: it stops only while its device "
+               mode: Mode = typer.Option(Mode.live, "--mode", help="live: a self-contained snapshot, the child "
+                                         "stopped a few ms while the pages it wrote are taken (by pages) or, when "
+                                         "it wrote more than 1/40 of its RAM, has a disk or its agent is held, "
+                                         "while QEMU write-protects all of its RAM (longer as RAM grows; "
+                                         "FORKD_BRANCH_LIVE_CAPTURE); diff: it stops only while its device "
                                          "state and the pages it wrote are taken (a few ms), and the snapshot is a "
                                          "layer over the child's own; full: it stops while all of its RAM is "
                                          "saved"),
@@ -73,6 +75,8 @@ def branch_cmd(child: str = typer.Argument(..., help="id of the running child to
                        ("PAUSE ms", "right"), ("RETURNED ms", "right")],
          [[snap["tag"], snap["status"], res["mode"], res.get("capture") or "-", res["source"], ms(res["pause_ms"]),
            ms(res["returned_ms"])]])
+    if res.get("capture_note") and output == Fmt.table:
+        err.print(f"[dim]captured by {res.get('capture')}, not by pages: {res['capture_note']}[/]")
     if no_wait:
         sys.stdout.flush()
         if output == Fmt.table:

@@ -158,7 +158,7 @@ class RemoteBackend:
 
     def branch(self, req: Branch) -> dict[str, Any]:
         res = self.api.branch_sandbox(req.child_id, req.tag, req.mode, req.wait).model_dump(mode="json")
-        keys = ("mode", "pause_ms", "returned_ms", "capture")
+        keys = ("mode", "pause_ms", "returned_ms", "capture", "capture_note")
         return {"snapshot": {k: v for k, v in res.items() if k not in keys}, "source": res.get("branched_from"),
                 **{k: res.get(k) for k in keys}}
 

@@ -45,6 +45,11 @@ def branch(rt: Runtime, req: Branch) -> BranchResult:
                 note = str(why)
                 log.info("branch %r of child %s: the VMM's write-protect capture, not pages: %s", req.tag,
                          req.child_id, note)
-    res = BranchJob(rt, req).start()
+    try:
+        res = BranchJob(rt, req).start()
+    except Conflict as exc:
+        if note is None or req.mode != "live":
+            raise
+        raise Conflict(f"{exc.message} (and not by pages: {note})", hint=exc.hint) from exc
     res.capture_note = note
     return res

@@ -218,7 +218,8 @@ def check_userfaultfd() -> Check:
         return Check("userfaultfd-wp", PASS, detail, None)
     fix = UFFD_FIX
     if "EPERM" in what:
-        fix = "run as root or set sysctl vm.unprivileged_userfaultfd=1; live branch falls back to pause-and-save"
+        fix = ("run as root or set sysctl vm.unprivileged_userfaultfd=1; until then a live branch is taken by pages "
+               "only (a child without a disk that wrote at most 1/40 of its RAM), else refused: --mode diff or full")
     return Check("userfaultfd-wp", WARN, detail, fix)
 
 

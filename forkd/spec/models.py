@@ -276,8 +276,10 @@ class ForkPool(Strict):
 # -- ForkBranch -------------------------------------------------------------------------------------
 class ForkBranchSpec(Strict):
     sandbox: str = Field(min_length=1, description="a child id, or pool/<name> for one of its claimed children")
-    mode: BranchMode = Field("live", description="live (the child runs on while its RAM is copied; it stops for "
-                                                 "QEMU to write-protect all of its RAM, longer as RAM grows), diff "
+    mode: BranchMode = Field("live", description="live (a self-contained snapshot; the child stops a few ms while "
+                                                 "the pages it wrote are taken, or, past 1/40 of its RAM written, "
+                                                 "with a disk or a held agent, while QEMU write-protects all of its "
+                                                 "RAM, longer as RAM grows), diff "
                                                  "(it stops only while its device state and the pages it wrote are "
                                                  "taken, a few ms; the result is a layer over the child's snapshot) "
                                                  "or full (it stops while all of its RAM is saved)")

@@ -323,7 +323,7 @@ class BranchJob(Job):
     def returns_at_stop(self) -> bool:
         """A live `wait=False` branch of a child without a disk returns once the source stopped (the instant is
         fixed); the source's resume is awaited in the background. With a disk, the thaw needs the resume first."""
-        return self.req.mode == "live" and not self.req.wait and self.machine.disk is None
+        return self.capture_kind == "write-protect" and not self.req.wait and self.machine.disk is None
 
     def capture_live(self) -> None:
         cap = self.open_capture()

@@ -9,7 +9,8 @@ and kept as the layer's overlay, backed by its snapshot's disk, as a layer build
 
 So the result depends on its source's snapshot (`parent_tag`, which `forkd rmi` then refuses to delete), as every
 layer does; `forkd snapshot-compact` writes it as a base when that is unwanted. The other modes write a
-self-contained snapshot but pause the source longer as its RAM grows (live) or for the whole copy (full).
+self-contained snapshot: live by pages (forkd.core.pipeline.branch_paged: this capture, then flattened) or, where
+it cannot, by write-protect, which pauses the source longer as its RAM grows; full for the whole copy.
 
 `wait=False` returns once the source runs again (its pause is over: the instant is fixed and its pages are
 copied); the layer is sealed in a daemon thread of this process, as for the other modes.

@@ -52,6 +52,8 @@ class PagedBranchJob(DiffBranchJob):
             written = self.rt.driver.written_pages(self.source_vm, self.source_flat)
         except ForkdError as exc:
             raise NotPaged(exc.message) from exc
+        except OSError as exc:  # its /proc files: a VMM that exits now is the write-protect capture's to report
+            raise NotPaged(f"its written pages could not be counted: {exc}") from exc
         most = (self.source.memory_mib << 20) // PAGE // PAGES_PER_WRITTEN
         if written > most and settings().branch_live_capture != "pages":
             raise NotPaged(f"it wrote {written} pages since its restore, more than 1/{PAGES_PER_WRITTEN} of its RAM "

@@ -91,6 +91,7 @@ class BranchResult(SnapshotInfo):
     pause_ms: float | None = None
     returned_ms: float = 0.0
     capture: str | None = None  # pages | write-protect | stop (newer servers)
+    capture_note: str | None = None  # why a live branch was not taken by pages (newer servers)
 
 
 class FileWritten(Wire):

@@ -7,7 +7,9 @@ export type * from "./wire.js";
 
 /** POST /v1/sandboxes/{id}/branch: the new snapshot, and how the branch went. */
 export type BranchResult = SnapshotInfo & { mode?: "full" | "diff" | "live"; pauseMs?: number | null;
-  returnedMs?: number; capture?: "pages" | "write-protect" | "stop" };
+  returnedMs?: number; capture?: "pages" | "write-protect" | "stop";
+  /** Why a live branch was not taken by pages (null when it was, or for full/diff). */
+  captureNote?: string | null };
 
 export class ForkdError extends Error {
   status?: number;
