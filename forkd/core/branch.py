@@ -45,11 +45,8 @@ def branch(rt: Runtime, req: Branch) -> BranchResult:
                 note = str(why)
                 log.info("branch %r of child %s: the VMM's write-protect capture, not pages: %s", req.tag,
                          req.child_id, note)
-    try:
-        res = BranchJob(rt, req).start()
-    except Conflict as exc:
-        if note is None or req.mode != "live":
-            raise
-        raise Conflict(f"{exc.message} (and not by pages: {note})", hint=exc.hint) from exc
+    job = BranchJob(rt, req)
+    job.not_paged = note if settings().branch_live_capture == "auto" else None  # its refusal says why not pages
+    res = job.start()
     res.capture_note = note
     return res

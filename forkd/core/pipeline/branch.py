@@ -144,6 +144,7 @@ class BranchJob(Job):
         self.req = req
         self.t_call = time.perf_counter()
         self.capture: Capture | None = None
+        self.not_paged: str | None = None  # a live branch that fell back from pages: why (its refusal says it)
         self.result = BranchResult(snapshot=None, mode=req.mode, source=req.child_id, returned_ms=0.0,  # type: ignore
                                    pause_ms=None, timings_ms=self.timings, capture=self.capture_kind)
 
@@ -171,7 +172,8 @@ class BranchJob(Job):
         self.stack.callback(rt.driver.release, self.source_vm)  # the source keeps running, whatever happens
         problem = self.capture_problem()
         if problem is not None:
-            raise Conflict(f"child {req.child_id} cannot be branched live: {problem[0]}", hint=problem[1])
+            why = f" (and not by pages: {self.not_paged})" if self.not_paged else ""
+            raise Conflict(f"child {req.child_id} cannot be branched live: {problem[0]}{why}", hint=problem[1])
         self._take_locks()
 
     def _take_locks(self) -> None:
