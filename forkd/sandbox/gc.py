@@ -18,7 +18,8 @@ Policy (decided, and tested in tests/test_gc.py):
     tmpfs only files of forkd's own user, never another user's). Anything else in tmp/ is left alone.
   * a child's VMM whose record is gone or reaped (its spawner killed between starting QEMU and recording its pid,
     so the record names no pid and the cgroup holds nothing yet) is killed: a process of the configured QEMU
-    binary whose command line names this home's directory of that child (private, 0700, made by forkd only);
+    binary whose command line names this home's directory of that child and that holds a file there open (its
+    log: only a process forkd started can, the directory being 0700; a command line alone is anyone's);
     the registry is read again after the process scan, so a spawn that began meanwhile is left alone.
 Any other VMM with no record, no namespace and no cgroup cannot be identified safely and is left alone.
 """
@@ -163,7 +164,7 @@ def _collect_child_vmms(layout: Layout, registry: Registry, report: GcReport, dr
     for d in _qemu_procs():
         with contextlib.suppress(OSError):
             ids = {m.group(1).decode(errors="replace") for m in where.finditer((d / "cmdline").read_bytes())}
-            if ids and int(d.name) not in report.processes:
+            if ids and int(d.name) not in report.processes and _holds_file_in(d, layout.children):
                 found.append((int(d.name), ids))
     if not found:
         return
@@ -171,6 +172,18 @@ def _collect_child_vmms(layout: Layout, registry: Registry, report: GcReport, dr
     for pid, ids in found:
         if not ids & owned:
             _kill_unrecorded(pid, report, dry_run)
+
+
+def _holds_file_in(proc: Path, root: Path) -> bool:
+    """Whether the process holds a file beneath `root` open (a VMM forkd started: its log is there). A command
+    line is anyone's to write; a descriptor into forkd's 0700 directories only a process forkd started has."""
+    prefix = str(root) + "/"
+    with contextlib.suppress(OSError), os.scandir(proc / "fd") as it:
+        for fd in it:
+            with contextlib.suppress(OSError):
+                if os.readlink(fd.path).startswith(prefix):
+                    return True
+    return False
 
 
 def _child_of(name: str) -> str:

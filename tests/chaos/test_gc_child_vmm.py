@@ -9,13 +9,34 @@ never given a guest, since only their command line and process identity are judg
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 from forkd.base.paths import Layout
 from forkd.base.procs import start_time
+from forkd.base.settings import settings
 from forkd.core.runtime import Runtime
 from forkd.sandbox.registry import ChildRecord, Registry
-from tests.chaos.test_gc_build_vmm import _build_vmm, _dead_pid, private_home  # noqa: F401 - a fixture
+from tests.chaos.test_gc_build_vmm import _dead_pid, private_home  # noqa: F401 - a fixture
+
+
+def _child_vmm(d: Path, user: int | None = None) -> subprocess.Popen:
+    """A real QEMU shaped like a child's VMM: it names the child's directory and, when forkd starts it (user
+    None), has its log open there; `user` runs it as another uid, which can open nothing there (0700)."""
+    d.mkdir(parents=True, mode=0o700, exist_ok=True)
+    log = d / "vmm.log" if user is None else Path(os.devnull)
+    with open(log, "ab") as out:
+        p = subprocess.Popen([settings().qemu, "-M", "none", "-S", "-display", "none", "-nodefaults",
+                              "-no-user-config", "-name", f"{d}/vm"], stdout=out, stderr=subprocess.STDOUT,
+                             user=user)
+    deadline = time.monotonic() + 30
+    qemu = os.path.realpath(shutil.which(settings().qemu) or settings().qemu)
+    while os.path.realpath(f"/proc/{p.pid}/exe") != qemu:  # exec'd: its command line is QEMU's
+        assert p.poll() is None and time.monotonic() < deadline, "QEMU did not start"
+        time.sleep(0.05)
+    return p
 
 
 def _record(reg: Registry, cid: str, spawner: int) -> None:
@@ -29,8 +50,11 @@ def test_gc_kills_the_vmm_of_a_child_nobody_owns_and_spares_a_spawn_in_progress(
     reg = Registry(layout)
     _record(reg, "c00000000a1", _dead_pid())  # its spawner was killed before it recorded the VMM's pid
     _record(reg, "c00000000b2", os.getpid())  # a spawn in progress: its spawner (this test) lives
-    unrecorded = _build_vmm(reg.path("c00000000c3"))  # its record is gone already
-    orphan, spawning = _build_vmm(reg.path("c00000000a1")), _build_vmm(reg.path("c00000000b2"))
+    unrecorded = _child_vmm(reg.path("c00000000c3"))  # its record is gone already
+    orphan, spawning = _child_vmm(reg.path("c00000000a1")), _child_vmm(reg.path("c00000000b2"))
+    # a local user's QEMU naming an unrecorded child's directory: its command line is its own to write, but it
+    # holds nothing open there (the directory is 0700), so gc, running as root, does not kill it
+    stranger = _child_vmm(reg.path("c00000000d4"), user=65534)
     try:
         dry = Runtime(layout).gc(dry_run=True, grace=0.0)
         assert {orphan.pid, unrecorded.pid} <= set(dry["processes"]) and spawning.pid not in dry["processes"]
@@ -39,9 +63,10 @@ def test_gc_kills_the_vmm_of_a_child_nobody_owns_and_spares_a_spawn_in_progress(
         assert {orphan.pid, unrecorded.pid} <= set(rep["processes"]) and "c00000000a1" in rep["reaped"]
         assert orphan.wait(10) is not None and unrecorded.wait(10) is not None
         assert spawning.poll() is None and spawning.pid not in rep["processes"]
+        assert stranger.poll() is None and stranger.pid not in rep["processes"] + dry["processes"]
         assert [r.id for r in reg.list()] == ["c00000000b2"]
     finally:
-        for p in (orphan, spawning, unrecorded):
+        for p in (orphan, spawning, unrecorded, stranger):
             if p.poll() is None:
                 p.kill()
                 p.wait()
