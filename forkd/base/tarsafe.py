@@ -1,11 +1,14 @@
 """Extract an untrusted tar stream beneath a directory, never outside it (`forkd cp` from a guest: the guest made
 the tar, and the guest is hostile).
 
-* Names are split into components; an absolute name or a `..` component is refused (the whole copy fails, naming
-  the member), `.` and empty components are dropped.
+* The archive answers one question: every member lies beneath the entry that was asked for
+  (forkd.base.taranswer: absolute names, `..` and other top entries fail the whole copy, naming the member).
+* It is unpacked into a private staging directory (0700) inside the destination and moved into place only after
+  the whole stream was read and checked, so a refused or failed copy writes nothing in the destination. Moving
+  into an existing directory merges: a file replaces a file or link of its name (rename, never written through);
+  a directory where a file is, or a file where a directory is, fails the copy before anything moves.
 * Every directory on the way is opened relative to the one before with O_NOFOLLOW | O_DIRECTORY, so a symlink
-  (one in the tar, or one planted earlier) is never followed; files are created with O_CREAT | O_EXCL |
-  O_NOFOLLOW after the entry they replace is unlinked (never written through).
+  (one in the tar, or one planted earlier) is never followed; files are created with O_CREAT | O_EXCL | O_NOFOLLOW.
 * Symlinks are recreated as links (their targets are not followed or checked: they are data); hard links, devices
   and fifos are skipped and counted; set-id and sticky bits are dropped; owners are not applied.
 * The bytes written and the members read are bounded (`max_bytes`, `max_members`): a guest cannot fill the disk
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
+import shutil
 import stat
 import tarfile
 from collections.abc import Iterable, Iterator
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forkd.base.errors import InvalidInput
+from forkd.base.taranswer import check_member
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_MEMBERS = 1_000_000
@@ -58,25 +64,10 @@ class Extracted:
     links: int = 0
     bytes: int = 0
     skipped: list[str] = field(default_factory=list)  # members not extracted (hard links, devices, fifos)
-    top: str | None = None  # the first component of the first member, as the tar named it
 
     def to_dict(self) -> dict:
         return {"files": self.files, "dirs": self.dirs, "links": self.links, "bytes": self.bytes,
                 "skipped": self.skipped[:100], "skipped_count": len(self.skipped)}
-
-
-def safe_parts(name: str) -> list[str]:
-    """The components of a member name, refused (InvalidInput) if it is absolute or climbs with `..`."""
-    if "\0" in name:
-        raise InvalidInput(f"tar member {name[:200]!r} has a NUL in its name")
-    if name.startswith("/"):
-        raise InvalidInput(f"tar member {name[:200]!r} has an absolute name: refusing to extract it",
-                           hint="the archive came from the guest; it may be crafted to write outside the destination")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise InvalidInput(f"tar member {name[:200]!r} climbs out with '..': refusing to extract it",
-                           hint="the archive came from the guest; it may be crafted to write outside the destination")
-    return parts
 
 
 def open_dir(root_fd: int, parts: list[str], create: bool = True) -> int:
@@ -114,31 +105,30 @@ def _clear(dfd: int, name: str) -> None:
 
 
 class _Extractor:
-    def __init__(self, root_fd: int, rename_top: str | None, max_bytes: int, max_members: int):
-        self.root_fd, self.rename_top = root_fd, rename_top
+    """Writes the members of one archive beneath `root_fd` (the staging directory)."""
+
+    def __init__(self, root_fd: int, top: str, max_bytes: int, max_members: int):
+        self.root_fd, self.top = root_fd, top
         self.max_bytes, self.max_members = max_bytes, max_members
         self.out = Extracted()
         self.dir_modes: list[tuple[list[str], int]] = []
 
-    def parts(self, m: tarfile.TarInfo) -> list[str]:
-        parts = safe_parts(m.name)
-        if not parts:
-            return parts
-        if self.out.top is None:
-            self.out.top = parts[0]
-        if self.rename_top is not None:
-            if parts[0] != self.out.top:
-                raise InvalidInput(f"tar member {m.name[:200]!r} is not under the archive's top entry "
-                                   f"{self.out.top!r}")
-            parts[0] = self.rename_top
-        return parts
+    def run(self, chunks: Iterable[bytes]) -> None:
+        n = -1
+        try:
+            with tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks), 1 << 20), mode="r|") as tar:
+                for n, m in enumerate(tar):
+                    self.member(tar, m, n)
+                    tar.members.clear()  # a stream reader keeps every member it read: keep none
+        except tarfile.TarError as exc:
+            raise InvalidInput(f"the archive is not a valid tar stream: {exc}") from None
+        if n < 0:
+            raise InvalidInput(f"the archive holds no entry: {self.top!r} was asked for")
 
     def member(self, tar: tarfile.TarFile, m: tarfile.TarInfo, n: int) -> None:
         if n >= self.max_members:
             raise InvalidInput(f"the archive has over {self.max_members} members")
-        parts = self.parts(m)
-        if not parts:
-            return
+        parts = check_member(m, self.top)
         if m.isdir():
             os.close(open_dir(self.root_fd, parts))
             self.dir_modes.append((parts, m.mode & 0o777))
@@ -180,29 +170,74 @@ class _Extractor:
             os.close(fd)
         self.out.files += 1
 
-    def finish(self) -> None:
+    def set_dir_modes(self, root_fd: int, name: str, kept: set[tuple[str, ...]]) -> None:
+        """Give the directories this copy made (now at `name`/..., not those in `kept`) their archive modes."""
         for parts, mode in reversed(self.dir_modes):  # deepest last-made first; a 0500 dir stays writable till now
-            fd = open_dir(self.root_fd, parts, create=False)
+            placed = [name, *parts[1:]]
+            if tuple(placed) in kept:
+                continue
+            fd = open_dir(root_fd, placed, create=False)
             try:
                 os.fchmod(fd, mode)
             finally:
                 os.close(fd)
 
 
-def extract(chunks: Iterable[bytes], dest: Path, rename_top: str | None = None, max_bytes: int = 1 << 62,
-            max_members: int = MAX_MEMBERS) -> Extracted:
-    """Extract the tar stream `chunks` beneath the existing directory `dest`. `rename_top`: the first component
-    of every member is replaced by this name (and must be the same in every member): `cp ID:/a/dir ./new`."""
-    root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _lstat(dfd: int, name: str) -> os.stat_result | None:
     try:
-        ex = _Extractor(root_fd, rename_top, max_bytes, max_members)
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _place(src_fd: int, name: str, dst_fd: int, dst_name: str, at: tuple[str, ...], move: bool,
+           kept: set[tuple[str, ...]]) -> None:
+    """Move staged `name` to `dst_name` (merging into a directory there); with move=False only check that it can.
+
+    `kept` collects the destination directories that existed before (merged into, their modes left alone)."""
+    src, dst = _lstat(src_fd, name), _lstat(dst_fd, dst_name)
+    here = (*at, dst_name)
+    if dst is not None and stat.S_ISDIR(src.st_mode) != stat.S_ISDIR(dst.st_mode):
+        what = "a directory" if stat.S_ISDIR(dst.st_mode) else "a file"
+        raise InvalidInput(f"{'/'.join(here)!r} exists as {what} here and the copy has the other kind: refusing "
+                           "the whole copy (nothing was written)", hint="move it away or copy to another name")
+    if dst is None or not stat.S_ISDIR(dst.st_mode):
+        if move:
+            os.rename(name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        return
+    kept.add(here)
+    sfd, dfd = os.open(name, DIR_FLAGS, dir_fd=src_fd), os.open(dst_name, DIR_FLAGS, dir_fd=dst_fd)
+    try:
+        for entry in sorted(os.listdir(sfd)):
+            _place(sfd, entry, dfd, entry, here, move, kept)
+    finally:
+        os.close(sfd)
+        os.close(dfd)
+
+
+def extract(chunks: Iterable[bytes], dest: Path, top: str, name: str | None = None, max_bytes: int = 1 << 62,
+            max_members: int = MAX_MEMBERS) -> Extracted:
+    """Extract the guest's tar of the entry `top` beneath the existing directory `dest`, as `name` (default: `top`).
+
+    Nothing appears in `dest` unless the whole archive was read, checked and unpacked (see the module's text)."""
+    name = name or top
+    root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    stage = f".forkd-cp-{secrets.token_hex(8)}"
+    try:
+        os.mkdir(stage, 0o700, dir_fd=root_fd)
         try:
-            with tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks), 1 << 20), mode="r|") as tar:
-                for n, m in enumerate(tar):
-                    ex.member(tar, m, n)
-        except tarfile.TarError as exc:
-            raise InvalidInput(f"the archive is not a valid tar stream: {exc}") from None
-        ex.finish()
-        return ex.out
+            stage_fd = os.open(stage, DIR_FLAGS, dir_fd=root_fd)
+            try:
+                ex = _Extractor(stage_fd, top, max_bytes, max_members)
+                ex.run(chunks)
+                kept: set[tuple[str, ...]] = set()
+                _place(stage_fd, top, root_fd, name, (), False, kept)
+                _place(stage_fd, top, root_fd, name, (), True, set())
+                ex.set_dir_modes(root_fd, name, kept)
+                return ex.out
+            finally:
+                os.close(stage_fd)
+        finally:
+            shutil.rmtree(stage, dir_fd=root_fd, ignore_errors=True)
     finally:
         os.close(root_fd)

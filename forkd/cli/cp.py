@@ -17,9 +17,11 @@ One side is ID:/path in a sandbox, the other a host path, or '-' for a tar strea
   forkd cp ID:/var/log - | tar t        a tar stream on stdout
   tar c dir | forkd cp - ID:/root/      a tar stream from stdin, extracted into /root
 
-Archives from the sandbox are untrusted: entries that climb out (../, absolute names) fail the copy, links are
-recreated as links and never followed, hard links and devices are skipped, and at most --max-size bytes are
-written. Exit codes: 0 ok, 2 bad input or a refused archive, 3 not found."""
+Archives from the sandbox are untrusted: they must hold exactly the entry asked for (every member beneath the
+path's last component) or the copy fails and writes nothing; entries that climb out (../, absolute names) fail the
+copy; the archive is unpacked aside and moved into place only when whole; links are recreated as links and never
+followed, hard links and devices are skipped, and at most --max-size bytes are written.
+Exit codes: 0 ok, 2 bad input or a refused archive, 3 not found."""
 
 
 def cp(src: str = typer.Argument(..., help="ID:/path, a host path, or - (a tar stream on stdin)"),

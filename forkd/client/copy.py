@@ -1,7 +1,9 @@
 """`forkd cp SRC DST` (like `docker cp`): one side is `ID:/path` in a sandbox, the other a host path or `-`.
 
-* sandbox -> host: the guest makes a tar stream of the path; it is extracted with forkd.base.tarsafe (never
-  outside DST, never through a link, bounded in bytes), or written as it is to stdout for `-`.
+* sandbox -> host: the guest makes a tar stream of the path; it must answer the question asked (one top entry,
+  named as the path's last component: forkd.base.taranswer) or the copy fails and writes nothing. It is extracted
+  with forkd.base.tarsafe (never outside DST, never through a link, bounded in bytes), or, for `-`, checked whole
+  before any of it is written to stdout.
 * host -> sandbox: a file is uploaded as a stream (atomic on the guest side); a directory is sent as a tar stream
   the guest extracts; `-` sends stdin, which must be a tar stream, into the guest directory.
 
@@ -12,14 +14,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import tarfile
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from forkd.base import tarsafe
+from forkd.base import taranswer, tarsafe
 from forkd.base.errors import InvalidInput, NotFound
 
 LOCATION = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*):(.*)$")
@@ -54,25 +58,37 @@ def _basename(path: str) -> str:
 
 
 def from_guest(files: Any, gpath: str, dst: str, stdout: IO[bytes], max_bytes: int) -> dict:
+    top = taranswer.top_name(gpath)
     stream = files.tar_read(gpath)
     if dst == "-":
-        n = 0
-        for chunk in stream:
-            n += len(chunk)
-            stdout.write(chunk)
-        stdout.flush()
-        return {"from": gpath, "to": "-", "bytes": n}
+        return {"from": gpath, "to": "-", "bytes": _to_stdout(taranswer.answer_only(stream, top), stdout, max_bytes)}
     target = Path(dst)
     if target.is_dir():
-        into, rename = target, None
+        into, name = target, top
     elif dst.endswith("/"):
         raise NotFound(f"{dst} is not an existing directory", hint=f"create it first: mkdir -p {dst}")
     elif not target.parent.is_dir():
         raise NotFound(f"{target.parent} is not an existing directory")
     else:
-        into, rename = target.parent, target.name
-    out = tarsafe.extract(stream, into, rename_top=rename, max_bytes=max_bytes)
-    return {"from": gpath, "to": str(into / (rename or out.top or "")), **out.to_dict()}
+        into, name = target.parent, target.name
+    out = tarsafe.extract(stream, into, top, name, max_bytes=max_bytes)
+    return {"from": gpath, "to": str(into / name), **out.to_dict()}
+
+
+def _to_stdout(chunks: Iterator[bytes], stdout: IO[bytes], max_bytes: int) -> int:
+    """Spool the checked stream to an unnamed file, then copy it out: a refused archive writes nothing to stdout."""
+    n = 0
+    with tempfile.TemporaryFile() as spool:
+        for chunk in chunks:
+            n += len(chunk)
+            if n > max_bytes:
+                raise InvalidInput(f"the archive holds over {max_bytes} bytes (the limit of this copy)",
+                                   hint="raise it with --max-size if you expect that much")
+            spool.write(chunk)
+        spool.seek(0)
+        shutil.copyfileobj(spool, stdout, CHUNK)
+    stdout.flush()
+    return n
 
 
 def to_guest(files: Any, src: str, gpath: str, stdin: IO[bytes]) -> dict:

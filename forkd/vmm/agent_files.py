@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from forkd.base.taranswer import answer_only, top_name
 from forkd.vmm.agent_client import AgentClient
 
 CHUNK = 1 << 20  # default bytes per read/write request
@@ -32,6 +33,7 @@ MAX_ENTRIES = 100_000  # entries one list() returns, all pages and depths togeth
 MAX_EVENTS = 200  # events per watch poll (the agent's FS_EVENTS_MAX)
 MAX_NAME = 255  # bytes of one name
 MAX_PATH = 4096  # bytes of a path the guest reports (a symlink's target)
+MAX_ERROR = 1000  # characters of a guest's error text passed on in an upload's reply
 TYPES = frozenset({"file", "dir", "symlink", "other"})
 EVENTS = frozenset({"create", "write", "remove", "rename", "chmod"})
 
@@ -211,7 +213,11 @@ class AgentFiles:
 
     # -- tar streams ------------------------------------------------------------------------------
     def tar_read(self, path: str, chunk: int = CHUNK) -> Iterator[bytes]:
-        """A tar stream (made in the guest: untrusted) of `path`, named by its last component."""
+        """A tar stream of `path` made in the guest, passed on only as far as it answers that question: every
+        member beneath the path's last component (forkd.base.taranswer), else InvalidInput mid-stream."""
+        return answer_only(self._tar_chunks(path, chunk), top_name(path))
+
+    def _tar_chunks(self, path: str, chunk: int) -> Iterator[bytes]:
         chunk = max(1, min(chunk, MAX_CHUNK))
         sid = self._call("fs_tar_open", {"path": path, "mode": "read"}, {"stream": (int,)})["stream"]
         try:
@@ -245,7 +251,8 @@ class AgentFiles:
             raise
         res = self._call("fs_stream_close", {"stream": sid}, {"error": (str, type(None))})
         if res["error"]:
-            raise AgentError("fs_tar", {"type": "RequestError", "message": f"extracting into {dest}: {res['error']}"})
+            raise AgentError("fs_tar", {"type": "RequestError",
+                                        "message": f"extracting into {dest}: {res['error'][:MAX_ERROR]}"})
         return sent
 
     # -- watches ----------------------------------------------------------------------------------

