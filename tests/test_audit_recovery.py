@@ -114,3 +114,37 @@ def test_a_daemon_cuts_and_records_a_torn_tail_at_start(tmp_path):
     assert got[2]["action"] == RECOVERY and got[2]["torn_bytes"] == len(TORN)
     assert cli_verify(home).returncode == 0
     assert os.stat(home / "audit.log").st_mode & 0o777 == 0o600
+
+
+FAIL_ONLY = SHORT_WRITE.split("after_failure =")[0] + "print(json.dumps(errors))\n"
+
+
+def test_lost_entries_outlive_the_process_that_lost_them(tmp_path):
+    """Appends fail (the file size limit stands in for a full disk) and the process dies before any append works
+    again: the count survives in the head, verify says INCOMPLETE (not OK), and the next process records them."""
+    log = AuditLog(tmp_path)
+    log.append("unix:0", "POST /v1/x", "t0", "ok", 1.0)
+    res = subprocess.run([sys.executable, "-c", FAIL_ONLY, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and len(json.loads(res.stdout)) == 2, res.stderr
+    v = verify(tmp_path)
+    assert not v.ok and v.pending_lost == 2 and str(v).startswith("INCOMPLETE"), str(v)
+    assert cli_verify(tmp_path).returncode != 0
+    AuditLog(tmp_path).append("unix:0", "POST /v1/x", "after", "ok", 1.0)  # a restarted daemon's first append
+    lost = [e for e in entries(tmp_path) if e["action"] == LOST]
+    assert len(lost) == 1 and lost[0]["count"] == 2
+    v = verify(tmp_path)
+    assert v.ok and v.lost == 2 and v.pending_lost == 0, str(v)
+
+
+def test_an_edited_last_line_is_tampering(tmp_path):
+    """The last line has no successor to break the chain at: only the head's hash catches an edit of it."""
+    log = AuditLog(tmp_path)
+    for i in range(3):
+        log.append("unix:0", "DELETE /v1/sandboxes/{id}", f"t{i}", "ok", 1.0)
+    path = tmp_path / "audit.log"
+    path.write_text(path.read_text().replace('"target":"t2"', '"target":"xx"'))
+    assert [e["target"] for e in entries(tmp_path)] == ["t0", "t1", "xx"]
+    v = verify(tmp_path)
+    assert not v.ok and v.bad_line == 3 and "last line differs" in v.reason, str(v)
+    r = cli_verify(tmp_path)
+    assert r.returncode != 0 and "TAMPERED" in r.stdout + r.stderr

@@ -14,6 +14,9 @@ at start (`recover`), cuts it off and records the cut as a chain entry (action `
 their sha256, the line count and the head's count at that moment). `verify` reports each recovery (and says
 TAMPERED if one was made after lines the head recorded had gone). Entries whose append failed are not silently
 dropped either: the next successful append first writes a `lost-entries` entry naming them (up to LOST_KEPT).
+Their count is also kept in the head record (rewritten in place, so it needs no new disk space when the disk is
+full), so a daemon restarted before the log could be written again still records them, and `verify` reports
+entries lost and not yet recorded (not OK) instead of a clean chain.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self._cache: tuple[int, str, int] | None = None  # (file size, last hash, line count) after our append
         self._lost: list[dict[str, Any]] = []  # the first LOST_KEPT entries whose append failed
-        self._lost_count = 0
+        self._lost_count = _head_fields(self.head_path)[2]  # failed appends not yet recorded (kept in the head)
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -167,7 +170,7 @@ class AuditLog:
                              "partial line was cut off again", hint="free space on $FORKD_HOME's filesystem")
         os.fsync(fd)
         try:  # the line is in: a stale head only tolerates it as a line after the recorded ones until next time
-            self._write_head(count + 1, _digest(line))
+            self._write_head(count + 1, _digest(line), self._lost_count)
         except OSError:
             log.exception("could not update the audit head %s", self.head_path)
         self._cache = (before + len(data), _digest(line), count + 1)
@@ -186,14 +189,24 @@ class AuditLog:
             self._lost.append({k: entry.get(k) for k in ("time", "actor", "action", "target", "result")})
         log.error("audit entry lost (append failed): %s %s %s", entry.get("actor"), entry.get("action"),
                   entry.get("target"))
+        count, last, _ = _head_fields(self.head_path)
+        try:
+            self._write_head(count or 0, last or GENESIS, self._lost_count)
+        except OSError:
+            log.exception("could not record the lost audit entry's count in %s", self.head_path)
 
     def _write_lost(self, fd: int) -> None:
         entry = _entry("forkd", LOST, LOG_NAME, "error", 0.0, count=self._lost_count, entries=list(self._lost))
-        self._write(fd, entry)
-        self._lost, self._lost_count = [], 0
+        kept = self._lost, self._lost_count
+        self._lost, self._lost_count = [], 0  # the head written with this line records none pending
+        try:
+            self._write(fd, entry)
+        except BaseException:
+            self._lost, self._lost_count = kept
+            raise
 
-    def _write_head(self, count: int, last: str) -> None:
-        rec = f"{count} {last}".encode().ljust(_HEAD_SIZE - 1) + b"\n"
+    def _write_head(self, count: int, last: str, lost: int = 0) -> None:
+        rec = f"{count} {last} {lost}".encode().ljust(_HEAD_SIZE - 1) + b"\n"
         hfd = os.open(self.head_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             if os.pwrite(hfd, rec, 0) != len(rec):
@@ -203,11 +216,17 @@ class AuditLog:
             os.close(hfd)
 
 
-def _head_count(head_path: Path) -> int | None:
+def _head_fields(head_path: Path) -> tuple[int | None, str | None, int]:
+    """(line count, last hash, failed appends not yet recorded) of a head record; (None, None, 0) if unreadable."""
     try:
-        return int(head_path.read_text().split()[0])
+        fields = head_path.read_text().split()
+        return int(fields[0]), fields[1], int(fields[2]) if len(fields) > 2 else 0
     except (FileNotFoundError, ValueError, IndexError):
-        return None
+        return None, None, 0
+
+
+def _head_count(head_path: Path) -> int | None:
+    return _head_fields(head_path)[0]
 
 
 @dataclass(frozen=True)
@@ -219,6 +238,7 @@ class Verdict:
     torn: bool = False  # not ok only because a torn tail awaits its recovery (the chain before it is intact)
     recovered: tuple[int, ...] = field(default=())  # lines recording a cut torn tail
     lost: int = 0  # entries named by `lost-entries` lines (appends that failed)
+    pending_lost: int = 0  # appends that failed since the last line (counted in the head, not yet in the log)
 
     def __str__(self) -> str:
         if self.ok:
@@ -229,6 +249,10 @@ class Verdict:
             if self.lost:
                 text += f"; {self.lost} entries could not be written (named in {LOST} lines)"
             return text
+        if self.pending_lost and not self.bad_line:
+            return (f"INCOMPLETE: {self.lines} lines, chain intact, but {self.pending_lost} entries could not be "
+                    "written since the last line (appends failed: disk full?); the next append that works records "
+                    "them in a lost-entries line")
         where = f"line {self.bad_line}: " if self.bad_line else ""
         return f"{'TORN' if self.torn else 'TAMPERED'}: {where}{self.reason}"
 
@@ -295,4 +319,5 @@ def verify(home: Path) -> Verdict:
                        f"the last line is cut off ({torn} bytes without a newline) after every line the head "
                        "recorded: a write cut short by a crash. The daemon cuts it off and records the cut at "
                        "its start or next append", torn=True, recovered=recovered, lost=lost)
-    return Verdict(True, len(lines), recovered=recovered, lost=lost)
+    pending = _head_fields(head_path)[2]
+    return Verdict(not pending, len(lines), recovered=recovered, lost=lost, pending_lost=pending)
