@@ -300,10 +300,12 @@ def qualified(desired: Desired) -> tuple[Desired, dict[str, tuple[ForkObject, St
                 ok.append(qualify(o))
             except InvalidInput as exc:
                 name = qname(o.metadata.namespace, o.metadata.name)
-                named = o.model_copy(update={"metadata": o.metadata.model_copy(update={"name": name})})
-                refused[f"{o.kind}/{name}"] = (named, Stuck("ForeignReference", f"{exc.message} ({exc.hint})"))
+                key = f"{o.kind}/{name}"
+                if key not in refused or spec_hash(o) < spec_hash(refused[key][0]):  # as unique_by_name
+                    named = o.model_copy(update={"metadata": o.metadata.model_copy(update={"name": name})})
+                    refused[key] = (named, Stuck("ForeignReference", f"{exc.message} ({exc.hint})"))
         kept.append(tuple(ok))
-    return Desired(*kept), refused
+    return Desired(*kept), dict(sorted(refused.items()))
 
 
 def resolve(desired: Desired, actual: Actual) -> World:

@@ -63,7 +63,7 @@ def check_references(obj) -> None:
     object of `obj`'s own namespace: nothing names across namespaces, from "default" neither."""
     ns = obj.metadata.namespace
     for field, written, name, what in references(obj):
-        if not _NAME_RE.match(name) or (field == "spec.sandbox" and not written.startswith(POOL_PREFIX)):
+        if not _NAME_RE.match(name):
             form = "pool/<name> (or a child id)" if field == "spec.sandbox" else "<name>"
             raise InvalidInput(
                 f"{obj.kind}/{obj.metadata.name} in namespace {ns}: {field} {written!r} does not name a {what} of "

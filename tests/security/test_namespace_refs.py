@@ -49,13 +49,14 @@ def child(cid: str, pool: str | None, snapshot: str = "snap", claimed: bool = Tr
 
 # -- the world every branch below is resolved in --------------------------------------------------------------
 # three namespaces with a pool "agents" each (one claimed child), team-b with a branch "src" whose snapshot a claim
-# of team-b forked two children from: one its claim record holds, one forked moments ago (no record yet); and a
-# child forked by hand (the CLI's: the namespace "default")
+# of team-b forked two children from: one its claim record holds, one forked moments ago (no record yet); a child
+# team-b's claim holds whose snapshot is gone from the store; and a child forked by hand (the CLI's: "default")
 SRC = obj("ForkBranch", "src", "team-b", sandbox="pool/agents")
 SRC_TAG = resolve(Desired(branches=(SRC,)), Actual()).tags["team-b.src"]
 CHILDREN = (child("c-def", "agents"), child("c-a", "team-a.agents"), child("c-b", "team-b.agents"),
-            child("c-bclaim", None, SRC_TAG), child("c-bfresh", None, SRC_TAG), child("c-hand", None, "manual"))
-RECORDS = (ClaimRecord("team-b.hold", ("c-bclaim",), NOW - 60),)
+            child("c-bclaim", None, SRC_TAG), child("c-bfresh", None, SRC_TAG), child("c-bheld", None, "gone"),
+            child("c-hand", None, "manual"))
+RECORDS = (ClaimRecord("team-b.hold", ("c-bclaim", "c-bheld"), NOW - 60),)
 SNAPS = (SnapshotState(SRC_TAG, "ready", owner="ForkBranch/team-b.src"), SnapshotState("manual", "ready"))
 POOLS = tuple(obj("ForkPool", "agents", ns, **{"from": "py"}) for ns in ("default", "team-a", "team-b"))
 
@@ -76,6 +77,7 @@ ATTACKS = [
     ("default", "c-a"),
     ("default", "c-bclaim"),  # a raw id of a child a claim of team-b forked from its branch (no pool)
     ("default", "c-bfresh"),  # ... forked moments ago, its claim record not written yet
+    ("default", "c-bheld"),  # ... whose snapshot is gone: its claim record says whose it is
     ("team-b", "c-def"),  # into default
     ("team-b", "c-hand"),  # a child forked by hand is the CLI's, the namespace default
     ("team-a", "c-b"),  # between two other namespaces
@@ -106,10 +108,20 @@ def test_a_qualified_or_malformed_sandbox_is_refused_as_such(sandbox):
 @pytest.mark.parametrize(("ns", "sandbox", "want"), [
     ("default", "pool/agents", "c-def"), ("default", "c-def", "c-def"), ("default", "c-hand", "c-hand"),
     ("team-b", "pool/agents", "c-b"), ("team-b", "c-b", "c-b"), ("team-b", "c-bclaim", "c-bclaim"),
-    ("team-b", "c-bfresh", "c-bfresh"), ("team-a", "c-a", "c-a"), ("team-a", "pool/agents", "c-a"),
+    ("team-b", "c-bfresh", "c-bfresh"), ("team-b", "c-bheld", "c-bheld"), ("team-a", "c-a", "c-a"),
+    ("team-a", "pool/agents", "c-a"),
 ])
 def test_a_branch_snapshots_its_own_namespace_s_children(ns, sandbox, want):
     assert branched(ns, sandbox)[0] == want
+
+
+def test_refused_objects_resolve_the_same_in_any_order():
+    """plan() is deterministic: the refused objects (and which of two of one name counts) do not depend on the
+    order the store lists them in."""
+    bad = [obj("ForkBranch", "b", ns, sandbox=f"pool/team-b.{p}") for ns in ("default", "team-a") for p in "xy"]
+    a = Actual(children=CHILDREN, now=NOW)
+    worlds = [resolve(Desired(branches=tuple(order)), a) for order in (bad, bad[::-1])]
+    assert worlds[0] == worlds[1] and len(worlds[0].refused) == 2
 
 
 def test_from_and_pool_references_resolve_in_the_object_s_own_namespace():
@@ -223,6 +235,17 @@ def test_the_operator_refuses_a_branch_naming_another_namespace_s_pool(control, 
     assert control.get("ForkBranch") == []
 
 
+def test_the_operator_refuses_before_it_asks_any_daemon(monkeypatch, tmp_path):
+    """Placement looks a branch's pool up on every node by the name it gives: a foreign name is refused first
+    (permanently: InvalidSpec), not looked up, here with nodes whose daemons do not answer at all."""
+    monkeypatch.setenv("FORKD_NODES", f"a={tmp_path}/a.sock,b={tmp_path}/b.sock")
+    patch = kopf.Patch()
+    with pytest.raises(kopf.PermanentError, match="spec.sandbox"):
+        handlers.reconcile(body=_k8s("ForkBranch", "default", {"sandbox": "pool/team-b.agents"}), patch=patch,
+                           logger=logging.getLogger("t"), status={}, settle=0)
+    assert next(c for c in patch["status"]["conditions"] if c["type"] == "Ready")["reason"] == "InvalidSpec"
+
+
 @pytest.mark.parametrize(("kind", "spec"), [("ForkClaim", {"pool": "team-b.agents"}),
                                             ("ForkPool", {"from": "team-b.src"}),
                                             ("ForkLayer", {"from": "team-b.py"})])
@@ -238,3 +261,44 @@ def test_branch_model_still_takes_what_it_took():
     """A child id and pool/<name> stay valid sandboxes (the refusal is about namespaces, not the field's shape)."""
     for sandbox in ("c0123456789", "pool/agents"):
         assert ForkBranch(metadata={"name": "b"}, spec={"sandbox": sandbox}).spec.sandbox == sandbox
+
+
+# -- end to end, with real VMs ----------------------------------------------------------------------------------
+@pytest.mark.vm
+def test_a_default_branch_of_team_b_s_claimed_child_is_refused_and_team_b_s_own_is_taken(rt):
+    """team-b claims a real child of its pool; default's ForkBranch naming it by raw id stalls (SandboxNotFound)
+    and writes no snapshot, one naming `pool/team-b.agents` is refused at apply; team-b's own branch of the same id
+    is taken (the control that the id was branchable at all)."""
+    control = Control(rt)
+    team_b = [obj("ForkParent", "nsr", "team-b", memoryMiB=256),
+              obj("ForkPool", "agents", "team-b", **{"from": "nsr", "warm": 1, "maxChildren": 2}),
+              obj("ForkClaim", "hold", "team-b", pool="agents")]
+    try:
+        control.apply([(o, "vm.yaml") for o in team_b], "nsrefs-b")
+        ok, problems = control.reconciler.run_until_converged(1200, [("ForkClaim", "team-b.hold")])
+        assert ok, problems
+        (held,) = control.get("ForkClaim", "team-b.hold")[0].status.children
+        with pytest.raises(InvalidInput, match="spec.sandbox 'pool/team-b.agents'"):
+            control.apply([(obj("ForkBranch", "steal-pool", sandbox="pool/team-b.agents"), "x.yaml")], "nsrefs-d")
+        control.apply([(obj("ForkBranch", "steal", sandbox=held.id), "x.yaml"),
+                       (obj("ForkBranch", "mine", "team-b", sandbox=held.id), "vm.yaml")], "nsrefs-x")
+        ok, problems = control.reconciler.run_until_converged(900, [("ForkBranch", "team-b.mine")])
+        assert ok, problems
+        steal = control.get("ForkBranch", "steal")[0].status
+        assert steal.condition("Degraded").reason == "SandboxNotFound" and steal.snapshot is None
+        assert "namespace default" in steal.condition("Degraded").message
+        made = {s.labels.get("forkd.dev/branch") for s in rt.store.list()}
+        assert "team-b.mine" in made and "steal" not in made
+        assert rt.child(held.id).status == "running"
+    finally:
+        for kind, name in (("ForkBranch", "steal"), ("ForkBranch", "team-b.mine"), ("ForkClaim", "team-b.hold"),
+                           ("ForkPool", "team-b.agents"), ("ForkParent", "team-b.nsr")):
+            try:
+                control.delete(kind, name)
+            except NotFound:
+                pass
+        control.reconciler.run_until_converged(300)
+        left = [r.id for r in rt.children() if r.pool == "team-b.agents"]
+        if left:
+            rt.kill(left)
+        control.reconciler.close()
