@@ -416,7 +416,10 @@ def test_world_knows_what_is_stuck_until_the_spec_changes():
                                                   "layers form a cycle)"),
         "ForkPool/agents": Stuck("SourceNotFound", "spec.from 'lost' names no ForkParent or ForkLayer it can be "
                                                    "built from"),
-        "ForkBranch/b": Stuck("SandboxNotFound", "no running sandbox 'x' to branch")}
+        "ForkBranch/b": Stuck("SandboxNotFound", "spec.sandbox 'x': no running child of this id in namespace default "
+                                                 "(children of other namespaces are never branched); name a running "
+                                                 "child of namespace default by id, or pool/<name> of one of its "
+                                                 "ForkPools")}
     assert w.terminal == frozenset(w.stuck)
     st = compute_status(d, Actual(snapshots=(snap(),), now=NOW), previous={})
     for key, stuck in w.stuck.items():

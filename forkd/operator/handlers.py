@@ -57,7 +57,7 @@ from forkd.reconciler.objects import MANAGED_BY
 from forkd.reconciler.objects import key as daemon_key
 from forkd.spec.models import API_VERSION, KINDS, MODELS, ForkObject
 from forkd.spec.namespaces import DEFAULT as DEFAULT_NAMESPACE
-from forkd.spec.namespaces import qname
+from forkd.spec.namespaces import check_references, qname
 
 MANAGER = "operator"
 NAMESPACE_KEY = "forkd.dev/k8s-namespace"
@@ -206,7 +206,8 @@ def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def to_model(body: Mapping[str, Any]) -> ForkObject:
-    """A custom resource (as kopf passes it) -> the spec model the daemon applies. Raises InvalidInput."""
+    """A custom resource (as kopf passes it) -> the spec model the daemon applies. Raises InvalidInput (for a
+    reference outside the resource's namespace too)."""
     kind, meta = body.get("kind"), _meta(body)
     if kind not in MODELS:
         raise InvalidInput(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
@@ -217,10 +218,12 @@ def to_model(body: Mapping[str, Any]) -> ForkObject:
                                         GENERATION_KEY: str(meta.get("generation") or 0)}},
            "spec": dict(body.get("spec") or {})}
     try:
-        return MODELS[kind].model_validate(doc)
+        obj = MODELS[kind].model_validate(doc)
     except pydantic.ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise InvalidInput(f"{kind}/{meta.get('name')}: {problems}") from None
+    check_references(obj)  # before placement looks anything up by the names it gives
+    return obj
 
 
 def _source(body: Mapping[str, Any]) -> str:

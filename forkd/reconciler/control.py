@@ -25,7 +25,7 @@ from forkd.reconciler.state import Actual
 from forkd.reconciler.world import parent_tag, pool_room, resolve
 from forkd.sandbox.registry import Claim
 from forkd.spec.models import MODELS, RESOURCE_NAMES, ForkObject, to_document
-from forkd.spec.namespaces import DEFAULT, qualify
+from forkd.spec.namespaces import DEFAULT, check_references, qualify
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -84,8 +84,11 @@ class Control:
               dry_run: bool = False, manager: str = "cli", force: bool = False) -> list[Change]:
         """Store every object (all were validated before: any invalid document means nothing is applied).
 
+        An object whose spec names something outside its namespace is refused (InvalidInput, nothing applied).
         `manager` (cli, operator, ...) is recorded as the forkd.dev/managed-by annotation; an object another
         manager applied is refused (Conflict naming its owner, nothing applied) unless `force` takes it over."""
+        for obj, _ in objs:
+            check_references(obj)
         out: list[Change] = []
         with self.objects.locked():
             if not force:

@@ -23,6 +23,7 @@ from forkd.spec.models import (
     ForkClaimStatus,
     ForkLayer,
     ForkLayerStatus,
+    ForkObject,
     ForkParent,
     ForkParentStatus,
     ForkPool,
@@ -257,6 +258,20 @@ def claim_status(c: ForkClaim, w: World, previous: dict[str, Status | None], sta
                            expiresAt=rfc3339(ends) if ends is not None else None)
 
 
+STATUSES: dict[str, type[Status]] = {"ForkParent": ForkParentStatus, "ForkLayer": ForkLayerStatus,
+                                     "ForkPool": ForkPoolStatus, "ForkBranch": ForkBranchStatus,
+                                     "ForkClaim": ForkClaimStatus}
+
+
+def refused_status(o: ForkObject, w: World, previous: dict[str, Status | None], stamp: str) -> Status:
+    """An object refused for naming something outside its namespace: not ready, not reconciling, degraded (why)."""
+    key = f"{o.kind}/{o.metadata.name}"
+    why = w.stuck[key]
+    c: Cond = (False, why.reason, why.message)
+    return STATUSES[o.kind](observedGeneration=o.metadata.generation,
+                            conditions=_conditions(key, c, c, (True, *c[1:]), previous, stamp))
+
+
 def compute_status(desired: Desired, actual: Actual, previous: dict[str, Status | None]) -> dict[str, Status]:
     return world_status(resolve(desired, actual), previous)
 
@@ -275,4 +290,6 @@ def world_status(w: World, previous: dict[str, Status | None]) -> dict[str, Stat
         out[f"ForkBranch/{b.metadata.name}"] = branch_status(b, w, previous, stamp)
     for c in w.claims:
         out[f"ForkClaim/{c.metadata.name}"] = claim_status(c, w, previous, stamp)
+    for o in w.refused:
+        out[f"{o.kind}/{o.metadata.name}"] = refused_status(o, w, previous, stamp)
     return {key: _with_stalled(key, st, w, previous, stamp) for key, st in out.items()}

@@ -5,7 +5,9 @@ and a pool's claim target all read one World, so they cannot disagree on which o
 name, the smallest spec hash winning; a name a ForkParent holds is not a ForkBranch's, and neither is a
 ForkLayer's), which snapshot tag each stands for, what a pool spawns from, or what waits for a change of spec.
 Names here are qualified by namespace ("ns.name" outside "default", forkd.spec.namespaces): `resolve` qualifies the
-desired objects first, so every tag, pool and claim record it plans for is namespace-qualified.
+desired objects first, so every tag, pool and claim record it plans for is namespace-qualified. An object whose
+spec names something outside its namespace is refused (stuck, ForeignReference) and planned for no further; a
+branch's raw child id resolves only against the children of its own namespace (`child_namespaces`).
 """
 
 from __future__ import annotations
@@ -14,19 +16,21 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from forkd.base.errors import InvalidInput
 from forkd.reconciler.actions import Action
 from forkd.reconciler.state import Actual, ChildState, ClaimRecord, Desired, Failure, SnapshotState
 from forkd.spec.models import (
     ForkBranch,
     ForkClaim,
     ForkLayer,
+    ForkObject,
     ForkParent,
     ForkPool,
     duration_seconds,
     rfc3339_seconds,
     spec_hash,
 )
-from forkd.spec.namespaces import qualify
+from forkd.spec.namespaces import DEFAULT, POOL_PREFIX, qname, qualify, split_qname
 
 LIVE = ("starting", "running")  # children that count; dead / failed ones are retired and replaced
 GONE = ("dead", "failed", "oom-killed")
@@ -35,8 +39,9 @@ GONE = ("dead", "failed", "oom-killed")
 # -- snapshot tags ------------------------------------------------------------------------------------------
 def tag_stem(name: str) -> str:
     """The start of the tags an object makes: its (qualified) name, which fits when it has at most 52 characters
-    (every name of the namespace "default"); a longer "namespace.name" is cut to 43 and a hash of it appended."""
-    return name if len(name) <= 52 else f"{name[:43]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    (every name of the namespace "default"); a longer "namespace.name" is cut to 35, then '_' and a hash of it.
+    No name or namespace holds '_': a cut stem is no name another namespace can take."""
+    return name if len(name) <= 52 else f"{name[:35]}_{hashlib.sha256(name.encode()).hexdigest()[:16]}"
 
 
 def parent_tag(parent: ForkParent) -> str:
@@ -96,14 +101,30 @@ def unique_by_name(objs: Iterable) -> list:
     return [best[n] for n in sorted(best)]
 
 
-def branch_source(b: ForkBranch, children: Sequence[ChildState]) -> ChildState | None:
-    """The running child a branch snapshots: by id, or the oldest claimed child of `pool/<name>`."""
-    want = b.spec.sandbox
-    if want.startswith("pool/"):
-        pool = want.split("/", 1)[1]
-        cands = [c for c in children if c.pool == pool and c.claimed and c.status == "running"]
+def child_namespaces(children: Sequence[ChildState], snaps: Mapping[str, SnapshotState],
+                     records: Sequence[ClaimRecord]) -> dict[str, str]:
+    """Child id -> the namespace it belongs to: its pool's; else that of the claim whose record holds it; else
+    that of the object that made its snapshot (a claim's child forked from a branch, before its record is written);
+    else "default" (forked by hand: the CLI's and the API's)."""
+    held = {cid: r.name for r in records for cid in r.children}
+    out = {}
+    for c in children:
+        owner = (s.owner or "").partition("/")[2] if (s := snaps.get(c.snapshot)) is not None else ""
+        owner_name = c.pool or held.get(c.id) or owner
+        out[c.id] = split_qname(owner_name)[0] if owner_name else DEFAULT
+    return out
+
+
+def branch_source(b: ForkBranch, children: Sequence[ChildState], namespaces: Mapping[str, str]) -> ChildState | None:
+    """The running child of the branch's namespace it snapshots (`namespaces`: child_namespaces): by id, or the
+    oldest claimed child of `pool/<name>`."""
+    ns, want = split_qname(b.metadata.name)[0], b.spec.sandbox
+    mine = [c for c in children if c.status == "running" and namespaces.get(c.id) == ns]
+    if want.startswith(POOL_PREFIX):
+        pool = want.removeprefix(POOL_PREFIX)
+        cands = [c for c in mine if c.pool == pool and c.claimed]
         return min(cands, key=lambda c: (c.created_at, c.id)) if cands else None
-    return next((c for c in children if c.id == want and c.status == "running"), None)
+    return next((c for c in mine if c.id == want), None)
 
 
 def pool_target(pool: ForkPool, tags: Mapping[str, str], snaps: Mapping[str, SnapshotState]) -> str | None:
@@ -231,6 +252,7 @@ class World:
     claims: tuple[ForkClaim, ...] = ()
     records: Mapping[str, ClaimRecord] = field(default_factory=dict)  # claim name -> what it holds
     stray_records: tuple[ClaimRecord, ...] = ()  # records of claims deleted (or deleted and made again)
+    refused: tuple[ForkObject, ...] = ()  # objects naming something outside their namespace (stuck: why)
 
     def child(self, child_id: str) -> ChildState | None:
         return next((c for c in self.children if c.id == child_id), None)
@@ -264,15 +286,30 @@ class World:
         return frozenset(self.stuck) | failed
 
 
-def qualified(desired: Desired) -> Desired:
+def qualified(desired: Desired) -> tuple[Desired, dict[str, tuple[ForkObject, Stuck]]]:
     """`desired` with every object's name, and the references in its spec, qualified by its namespace
-    (forkd.spec.namespaces): the World and plan() see "ns.name" outside the namespace "default"."""
-    return Desired(*(tuple(qualify(o) for o in objs) for objs in (desired.parents, desired.layers, desired.pools,
-                                                                  desired.branches, desired.claims)))
+    (forkd.spec.namespaces): the World and plan() see "ns.name" outside the namespace "default". Apart, by
+    "Kind/name": the objects refused for naming something outside their namespace (their name qualified, their
+    spec as written), and why."""
+    kept: list[tuple] = []
+    refused: dict[str, tuple[ForkObject, Stuck]] = {}
+    for objs in (desired.parents, desired.layers, desired.pools, desired.branches, desired.claims):
+        ok = []
+        for o in objs:
+            try:
+                ok.append(qualify(o))
+            except InvalidInput as exc:
+                name = qname(o.metadata.namespace, o.metadata.name)
+                key = f"{o.kind}/{name}"
+                if key not in refused or spec_hash(o) < spec_hash(refused[key][0]):  # as unique_by_name
+                    named = o.model_copy(update={"metadata": o.metadata.model_copy(update={"name": name})})
+                    refused[key] = (named, Stuck("ForeignReference", f"{exc.message} ({exc.hint})"))
+        kept.append(tuple(ok))
+    return Desired(*kept), dict(sorted(refused.items()))
 
 
 def resolve(desired: Desired, actual: Actual) -> World:
-    desired = qualified(desired)
+    desired, refused = qualified(desired)
     parents = unique_by_name(desired.parents)
     taken = {p.metadata.name for p in parents}
     branches = [b for b in unique_by_name(desired.branches) if b.metadata.name not in taken]
@@ -286,9 +323,10 @@ def resolve(desired: Desired, actual: Actual) -> World:
         if c.pool is not None:
             by_pool.setdefault(c.pool, []).append(c)
     targets = {p.metadata.name: pool_target(p, tags, snaps) for p in pools}
-    sources = {b.metadata.name: s for b in branches if (s := branch_source(b, actual.children)) is not None}
+    owners = child_namespaces(actual.children, snaps, actual.claims)
+    sources = {b.metadata.name: s for b in branches if (s := branch_source(b, actual.children, owners)) is not None}
     nets = source_networks(parents, layers)
-    stuck = _stuck(layers, pools, branches, tags, snaps, sources)
+    stuck = _stuck(layers, pools, branches, tags, snaps, sources) | {k: why for k, (_, why) in refused.items()}
     return World(
         now=actual.now, parents=tuple(parents), branches=tuple(branches), layers=tuple(layers), pools=tuple(pools),
         tags=tags, snaps=snaps, children=actual.children,
@@ -298,7 +336,8 @@ def resolve(desired: Desired, actual: Actual) -> World:
         sources=sources, stuck=stuck,
         failures={f"{f.kind}/{f.name}": f for f in sorted(actual.failures, key=lambda f: (f.retry_at, f.attempts,
                                                                                          f.message))},
-        in_flight=actual.in_flight, p50s=dict(actual.spawn_p50_ms), **_claims(desired, actual, pools, branches, stuck))
+        in_flight=actual.in_flight, p50s=dict(actual.spawn_p50_ms), refused=tuple(o for o, _ in refused.values()),
+        **_claims(desired, actual, pools, branches, stuck))
 
 
 def _claims(desired: Desired, actual: Actual, pools: Sequence[ForkPool], branches: Sequence[ForkBranch],
@@ -337,6 +376,16 @@ def _stuck(layers: Sequence[ForkLayer], pools: Sequence[ForkPool], branches: Seq
     for b in branches:
         snap = snaps.get(tags[b.metadata.name])
         if (snap is None or snap.status == "failed") and b.metadata.name not in sources:
-            out[f"ForkBranch/{b.metadata.name}"] = Stuck("SandboxNotFound",
-                                                         f"no running sandbox {b.spec.sandbox!r} to branch")
+            out[f"ForkBranch/{b.metadata.name}"] = Stuck("SandboxNotFound", _no_sandbox(b))
     return out
+
+
+def _no_sandbox(b: ForkBranch) -> str:
+    ns, sandbox = split_qname(b.metadata.name)[0], b.spec.sandbox
+    if sandbox.startswith(POOL_PREFIX):  # as written: pool/<name>, not the qualified pool
+        sandbox = POOL_PREFIX + split_qname(sandbox.removeprefix(POOL_PREFIX))[1]
+        what = "its ForkPool has no running claimed child"
+    else:
+        what = "no running child of this id"
+    return (f"spec.sandbox {sandbox!r}: {what} in namespace {ns} (children of other namespaces are never "
+            f"branched); name a running child of namespace {ns} by id, or pool/<name> of one of its ForkPools")
