@@ -51,6 +51,12 @@ class Settings(BaseModel):
     vmm_runas: VmmRunas = _env("per-child", "who the VMMs run as: per-child (default: each VMM, children and build "
                                             "VMMs alike, drops to a uid of its own with no capabilities once its "
                                             "files are open) or root (opt out: QEMU keeps root; see SECURITY.md)")
+    vmm_uid_base: int = _env(1 << 28, "first uid/gid of the range VMMs drop to under FORKD_VMM_RUNAS=per-child: "
+                                      "children take the lower half, build VMMs the upper half; forkd refuses a "
+                                      "range that /etc/subuid or /etc/subgid also hands out", ge=1 << 16,
+                             le=(1 << 32) - 2)
+    vmm_uid_count: int = _env(1 << 29, "how many uids/gids that range holds (at least 2048; with fewer, two "
+                                       "children share a uid more often)", ge=2048, le=1 << 31)
     max_branches: int = _env(2, "live branches in flight at once per FORKD_HOME", ge=1)
     branch_live_capture: Literal["auto", "pages", "write-protect"] = _env(
         "auto", "how a live branch captures its source: auto (the pages it wrote since its restore, taken in a "

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forkd.base import idrange
 from forkd.base.errors import ForkdError
 from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
@@ -223,6 +224,19 @@ def check_userfaultfd() -> Check:
     return Check("userfaultfd-wp", WARN, detail, fix)
 
 
+def check_vmm_uids() -> Check:
+    """The VMM uid range is given to no one else as subordinate ids (forkd.base.idrange)."""
+    base, count = settings().vmm_uid_base, settings().vmm_uid_count
+    detail = f"VMMs drop to uids [{base}, {base + count})"
+    if not settings().vmm_runas_per_child:
+        return Check("vmm-uids", WARN, "FORKD_VMM_RUNAS=root: VMMs keep root", "unset FORKD_VMM_RUNAS")
+    try:
+        idrange.vmm_range()
+    except ForkdError as exc:
+        return Check("vmm-uids", FAIL, _line(exc.message), _line(exc.hint or ""))
+    return Check("vmm-uids", PASS, detail + "; no overlap with /etc/subuid or /etc/subgid", None)
+
+
 def check_pagemap_scan() -> Check:
     ok, what = private_pages.probe()
     if ok:
@@ -395,6 +409,7 @@ def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s
         ("accelerator", lambda: check_accelerator(rt, image, progress, reprobe)),
         ("userfaultfd-wp", check_userfaultfd),
         ("pagemap-scan", check_pagemap_scan),
+        ("vmm-uids", check_vmm_uids),
         ("store-space", lambda: check_store_space(rt)),
         ("shm-space", check_shm_space),
         ("cgroup", check_cgroup),

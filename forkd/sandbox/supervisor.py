@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from forkd.base import idrange
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.sandbox import cgroups, netns
@@ -201,9 +202,10 @@ class Supervisor:
 
 def runas_identity(child_id: str) -> str:
     """A uid:gid of its own for a child's VMM (no passwd entry needed: QEMU 7.2's -runas takes uid:gid), so one
-    compromised VMM cannot signal or ptrace a sibling. 2^28 ids from the random child id: a collision between two
-    live children is possible but rare (~1e-5 for 100 children) and only weakens isolation between those two."""
-    n = 0x10000000 + (int(child_id.lstrip("c")[:7], 16) & 0x0FFFFFFF)
+    compromised VMM cannot signal or ptrace a sibling: from the lower half of the VMM range (forkd.base.idrange),
+    refused when the host hands that range out as subordinate ids. Two live children may share one (2^28 ids by
+    default: rare, and only weakens isolation between those two)."""
+    n = idrange.child_uid(child_id, *idrange.vmm_range())
     return f"{n}:{n}"
 
 

@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+from forkd.base import idrange
 from forkd.base.settings import settings
 from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles
 
@@ -93,7 +94,6 @@ def vmm_env() -> dict[str, str]:
     return env
 
 
-BUILD_UID_BASE = 0x20000000  # build VMMs: [BUILD_UID_BASE, +2^28); children's (forkd.sandbox.supervisor) start at 2^28
 UNPRIVILEGED_UFFD = Path("/proc/sys/vm/unprivileged_userfaultfd")
 UFFD_HINT = ("QEMU 7.2's background snapshot opens a userfaultfd that handles kernel faults, which Linux allows a "
              "process without CAP_SYS_PTRACE only with vm.unprivileged_userfaultfd=1: run scripts/setup.sh (or "
@@ -114,7 +114,7 @@ def build_identity(machine: Machine) -> str | None:
     Nothing needs to find it again: the VMM lives one build."""
     if not may_drop(machine):
         return None
-    n = BUILD_UID_BASE + (int.from_bytes(os.urandom(4), "big") & 0x0FFFFFFF)
+    n = idrange.build_uid(*idrange.vmm_range())
     return f"{n}:{n}"
 
 

@@ -18,11 +18,11 @@ from forkd.base.settings import settings
 from forkd.core.branch import branch, wait_background
 from forkd.core.requests import Branch, Spawn
 from forkd.vmm.driver import RunFiles
-from forkd.vmm.qemu_cmdline import BUILD_UID_BASE
 from tests.conftest import BASE_TAG
 
 pytestmark = pytest.mark.vm
 SETPRIV = "/usr/bin/setpriv"
+BUILD_UID_BASE = (1 << 28) + (1 << 28)  # the default range's upper half: build VMMs (forkd.base.idrange)
 
 
 @pytest.fixture(autouse=True)
@@ -196,7 +196,7 @@ def test_vmm_uid_is_unique_per_child_by_construction():
     from forkd.sandbox.supervisor import runas_identity
     ids = {runas_identity("c" + os.urandom(5).hex()) for _ in range(2000)}
     uids = {int(i.split(":")[0]) for i in ids}
-    assert all(1 << 28 <= u < BUILD_UID_BASE for u in uids)  # never root, never a build VMM's range
+    assert all(1 << 28 <= u < BUILD_UID_BASE for u in uids)  # never root, never a build VMM's range (default range)
     assert len(uids) >= 1990  # 28 random bits per child
 
 
