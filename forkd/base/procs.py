@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -32,6 +34,28 @@ def start_time(pid: int) -> int | None:
 def is_alive(pid: int, started: int | None) -> bool:
     st = start_time(pid)
     return st is not None and (started is None or st == started)
+
+
+def pidfd_of(pid: int, started: int) -> int | None:
+    """A pidfd of `pid` if it is still the process that started at `started` (None if it is gone or the pid was
+    reused since it was seen). A signal sent through it can reach no other process, whatever happens to the pid."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return None
+    if start_time(pid) != started:  # checked after the open: the fd holds the process whose start time this is
+        os.close(fd)
+        return None
+    return fd
+
+
+def kill_pidfd(fd: int, timeout: float = 5.0) -> None:
+    """SIGKILL the process of pidfd `fd` and wait (the fd turns readable) until it has exited or `timeout` passed."""
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll(timeout * 1000)
 
 
 def kill_and_wait(pid: int, started: int | None, timeout: float = 5.0) -> bool:

@@ -32,7 +32,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,7 @@ from forkd.base.mounts import remove_tree
 from forkd.base.owners import dead_under, owner_alive
 from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.base.private import UnsafePath, check_private_dir
-from forkd.base.procs import is_alive, kill_and_wait, start_time
+from forkd.base.procs import is_alive, kill_and_wait, kill_pidfd, pidfd_of, start_time
 from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.registry import RECORD, ChildRecord, Registry
@@ -92,16 +91,25 @@ def _age(path: Path) -> float:
         return 0.0
 
 
-def _kill_unrecorded(pid: int, report: GcReport, dry_run: bool) -> None:
-    """Kill a process found inside one of our orphaned namespaces / cgroups (identity: membership + start time)."""
-    st = start_time(pid)
-    if st is None or pid == os.getpid():
+def _seen(pids: list[int]) -> list[tuple[int, int]]:
+    """(pid, start time) of each process still there: its identity as the scan saw it."""
+    return [(pid, st) for pid in pids if (st := start_time(pid)) is not None]
+
+
+def _kill_unrecorded(pid: int, started: int, report: GcReport, dry_run: bool) -> None:
+    """Kill a process the scan found to be an orphan of ours, only if it is still the process the scan saw (start
+    time, checked through a pidfd that then carries the signal: a pid reused meanwhile is never hit)."""
+    if pid == os.getpid() or pid in report.processes:
         return
-    report.processes.append(pid)
-    if not dry_run:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        kill_and_wait(pid, st, timeout=5.0)
+    fd = pidfd_of(pid, started)
+    if fd is None:
+        return
+    try:
+        report.processes.append(pid)
+        if not dry_run:
+            kill_pidfd(fd)
+    finally:
+        os.close(fd)
 
 
 def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS) -> GcReport:
@@ -159,31 +167,33 @@ def _collect_child_vmms(layout: Layout, registry: Registry, report: GcReport, dr
     """VMMs of children nobody owns any more: the configured QEMU naming this home's directory of a child whose
     record is gone (reaped above, or never got the VMM's pid). Found by the crash harness: kill -9 of a spawner
     between QEMU's start and the record of its pid left that QEMU waiting for its state forever."""
-    where = re.compile(re.escape(str(layout.children).encode() + b"/") + rb"([^/\0,]+)/")
     found = []
     for d in _qemu_procs():
-        with contextlib.suppress(OSError):
-            ids = {m.group(1).decode(errors="replace") for m in where.finditer((d / "cmdline").read_bytes())}
-            if ids and int(d.name) not in report.processes and _holds_file_in(d, layout.children):
-                found.append((int(d.name), ids))
+        ids = _held_dirs(d, layout.children)
+        started = start_time(int(d.name))
+        if ids and started is not None and int(d.name) not in report.processes:
+            found.append((int(d.name), started, ids))
     if not found:
         return
     owned = {r.id for r in registry.list() if _owned(r, grace)}  # read after the scan: a new spawn is owned
-    for pid, ids in found:
+    for pid, started, ids in found:
         if not ids & owned:
-            _kill_unrecorded(pid, report, dry_run)
+            _kill_unrecorded(pid, started, report, dry_run)
 
 
-def _holds_file_in(proc: Path, root: Path) -> bool:
-    """Whether the process holds a file beneath `root` open (a VMM forkd started: its log is there). A command
-    line is anyone's to write; a descriptor into forkd's 0700 directories only a process forkd started has."""
+def _held_dirs(proc: Path, root: Path) -> set[str]:
+    """The names of the directories beneath `root` in which the process holds a file open (a VMM forkd started
+    holds its log in its own). What the kernel says a descriptor is cannot be forged; a command line is anyone's
+    to rewrite (a compromised VMM naming a live child's directory in its argv is still judged by its own)."""
     prefix = str(root) + "/"
+    names = set()
     with contextlib.suppress(OSError), os.scandir(proc / "fd") as it:
         for fd in it:
             with contextlib.suppress(OSError):
-                if os.readlink(fd.path).startswith(prefix):
-                    return True
-    return False
+                target = os.readlink(fd.path)
+                if target.startswith(prefix) and "/" in target[len(prefix):]:
+                    names.add(target[len(prefix):].split("/", 1)[0])
+    return names
 
 
 def _child_of(name: str) -> str:
@@ -228,8 +238,8 @@ def _collect_network(home: str, keep: set[str], report: GcReport, dry_run: bool,
 def _teardown(lease: netns.ChildNet, report: GcReport, dry_run: bool) -> None:
     if netns.exists(lease.netns):
         report.netns.append(lease.netns)
-        for pid in netns.pids_in(lease.netns):
-            _kill_unrecorded(pid, report, dry_run)
+        for pid, started in _seen(netns.pids_in(lease.netns)):
+            _kill_unrecorded(pid, started, report, dry_run)
     if lease.host_if in netns.host_links():
         report.veths.append(lease.host_if)
     if lease.addr:
@@ -243,9 +253,8 @@ def _collect_cgroups(home: str, keep: set[str], report: GcReport, dry_run: bool)
         if g.name in keep:
             continue
         report.cgroups.append(str(g))
-        for pid in cgroups.procs(g):
-            if pid not in report.processes:
-                _kill_unrecorded(pid, report, dry_run)
+        for pid, started in _seen(cgroups.procs(g)):
+            _kill_unrecorded(pid, started, report, dry_run)
         if not dry_run:
             cgroups.remove_group([g])
     if not dry_run:  # empty per-home parent groups (of any home: only empty ones can go; spawns re-create them)
@@ -308,21 +317,17 @@ def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float
 
 def _collect_build_vmms(layout: Layout, report: GcReport, dry_run: bool) -> None:
     """VMMs of builds (a parent's boot, a layer, a branch's helper) whose builder died (kill -9 of the daemon or
-    CLI mid-build): processes of the configured QEMU binary whose command line names a work directory of this
+    CLI mid-build): processes of the configured QEMU binary holding a file open in a work directory of this
     home's tmp/ (`an owned name, forkd.base.owners) whose owner is gone. They have no child record and no
     cgroup; without this they ran (and held their scratch RAM) forever. A live builder's VMM is left alone."""
-    work = re.compile(re.escape(str(layout.tmp).encode() + b"/") + rb"([^/\0,]+)/")
     for d in _qemu_procs():
-        if int(d.name) in report.processes:
+        pid, started = int(d.name), start_time(int(d.name))
+        if pid in report.processes or started is None:
             continue
-        try:
-            cmdline = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        alive = [_workdir_owner_alive(w.group(1).decode(errors="replace")) for w in work.finditer(cmdline)]
+        alive = [_workdir_owner_alive(name) for name in _held_dirs(d, layout.tmp)]
         alive = [a for a in alive if a is not None]
         if alive and not any(alive):
-            _kill_unrecorded(int(d.name), report, dry_run)
+            _kill_unrecorded(pid, started, report, dry_run)
 
 
 def _workdir_owner_alive(name: str) -> bool | None:

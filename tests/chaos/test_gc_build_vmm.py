@@ -1,7 +1,7 @@
 """Found by the crash harness (seed 7, rounds 1 and 3): kill -9 of the daemon during a live branch or a layer build
 left the build's QEMU (the branch's helper VMM, the layer's VMM) running for good, re-parented to init, holding its
 scratch RAM: it has no child record and no cgroup, so neither start-up recovery nor `forkd gc` could find it.
-gc now kills a QEMU whose command line names a work directory of this home's tmp/ whose owner pid is dead, and
+gc now kills a QEMU holding a file open in a work directory of this home's tmp/ whose owner pid is dead, and
 leaves one whose owner is alive."""
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ def _dead_pid() -> int:
 
 
 def _build_vmm(work: Path) -> subprocess.Popen:
-    """A real QEMU process shaped like a build's VMM: its QMP socket in the build's work directory."""
+    """A real QEMU process shaped like a build's VMM: its QMP socket and its log (held open) in the build's work
+    directory, as the driver starts one."""
     work.mkdir(parents=True, mode=0o700, exist_ok=True)
-    p = subprocess.Popen([settings().qemu, "-M", "none", "-S", "-display", "none", "-nodefaults", "-no-user-config",
-                          "-qmp", f"unix:{work}/qmp.sock,server=on,wait=off"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(work / "qemu.log", "ab") as log:
+        p = subprocess.Popen([settings().qemu, "-M", "none", "-S", "-display", "none", "-nodefaults",
+                              "-no-user-config", "-qmp", f"unix:{work}/qmp.sock,server=on,wait=off"],
+                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while not (work / "qmp.sock").exists():
         assert p.poll() is None and time.monotonic() < deadline, "QEMU did not start"

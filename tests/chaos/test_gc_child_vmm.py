@@ -22,14 +22,14 @@ from forkd.sandbox.registry import ChildRecord, Registry
 from tests.chaos.test_gc_build_vmm import _dead_pid, private_home  # noqa: F401 - a fixture
 
 
-def _child_vmm(d: Path, user: int | None = None) -> subprocess.Popen:
+def _child_vmm(d: Path, user: int | None = None, name: Path | None = None) -> subprocess.Popen:
     """A real QEMU shaped like a child's VMM: it names the child's directory and, when forkd starts it (user
     None), has its log open there; `user` runs it as another uid, which can open nothing there (0700)."""
     d.mkdir(parents=True, mode=0o700, exist_ok=True)
     log = d / "vmm.log" if user is None else Path(os.devnull)
     with open(log, "ab") as out:
         p = subprocess.Popen([settings().qemu, "-M", "none", "-S", "-display", "none", "-nodefaults",
-                              "-no-user-config", "-name", f"{d}/vm"], stdout=out, stderr=subprocess.STDOUT,
+                              "-no-user-config", "-name", f"{name or d}/vm"], stdout=out, stderr=subprocess.STDOUT,
                              user=user)
     deadline = time.monotonic() + 30
     qemu = os.path.realpath(shutil.which(settings().qemu) or settings().qemu)
@@ -70,3 +70,43 @@ def test_gc_kills_the_vmm_of_a_child_nobody_owns_and_spares_a_spawn_in_progress(
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_vmm_naming_a_live_child_in_its_argv_is_judged_by_the_files_it_holds(private_home, monkeypatch):  # noqa: F811
+    """A compromised VMM rewrites its command line to name a live child's directory, hoping gc counts it as that
+    child's: gc identifies a VMM by the directory it holds a file open in (the kernel's word), so the orphan goes
+    and the live child's VMM stays."""
+    monkeypatch.setenv("FORKD_HOME", str(private_home))
+    layout = Layout(private_home)
+    reg = Registry(layout)
+    _record(reg, "c00000000b2", os.getpid())  # a live spawn: owned
+    live = _child_vmm(reg.path("c00000000b2"))
+    forger = _child_vmm(reg.path("c00000000e5"), name=reg.path("c00000000b2"))  # no record; argv says b2
+    try:
+        rep = Runtime(layout).gc(grace=0.0)
+        assert forger.pid in rep["processes"] and forger.wait(10) is not None
+        assert live.poll() is None and live.pid not in rep["processes"]
+    finally:
+        for p in (live, forger):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_pid_seen_by_the_scan_is_killed_only_if_it_is_still_the_same_process():
+    """The identity the scan saw (start time) is checked through a pidfd that then carries the signal: a process
+    that is not the one seen (a pid reused between scan and kill) is never hit."""
+    from forkd.sandbox.gc import GcReport, _kill_unrecorded
+
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        seen = start_time(p.pid)
+        report = GcReport()
+        _kill_unrecorded(p.pid, seen + 1, report, dry_run=False)  # the scan saw another process under this pid
+        assert p.poll() is None and report.processes == []
+        _kill_unrecorded(p.pid, seen, report, dry_run=False)
+        assert p.wait(10) == -9 and report.processes == [p.pid]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
