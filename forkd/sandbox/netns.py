@@ -307,7 +307,10 @@ def setup(child_id: str, home: str, egress: Egress = "none") -> tuple[ChildNet, 
         grant(net.addr, egress)
         timings["host_port"] = (time.perf_counter() - t3) * 1000.0
     except BaseException as exc:
-        teardown(net)
+        try:
+            teardown(net)
+        except ForkdError as cleanup:
+            exc.add_note(f"cleaning up after it also failed: {cleanup.message}")
         if isinstance(exc, ForkdError):
             raise
         raise NetworkError(f"setting up network namespace {net.netns} failed: {exc}") from exc
@@ -316,16 +319,22 @@ def setup(child_id: str, home: str, egress: Egress = "none") -> tuple[ChildNet, 
 
 
 def delete_link(name: str) -> bool:
-    """Delete a host interface by name (a veth: its peer goes too). True if it existed."""
+    """Delete a host interface by name (a veth: its peer goes too). True if it existed, False if it is gone
+    (meanwhile too); any other netlink failure raises NetworkError naming the interface (never "nothing there")."""
     try:
         with _iproute() as ipr:
             found = ipr.link_lookup(ifname=name)
-            if found:
-                ipr.link("del", index=found[0])
-                return True
-    except Exception:  # noqa: BLE001 - gone meanwhile
-        return False
-    return False
+            if not found:
+                return False
+            ipr.link("del", index=found[0])
+            return True
+    except ForkdError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyroute2's NetlinkError and socket errors
+        if getattr(exc, "code", None) == errno.ENODEV:  # deleted between the lookup and the delete
+            return False
+        raise NetworkError(f"cannot delete host interface {name}: {exc}",
+                           hint="run as root (CAP_NET_ADMIN); `forkd gc` retries it") from exc
 
 
 def remove_netns(name: str) -> bool:
@@ -355,10 +364,12 @@ def release(addr: str, netns: str | None = None) -> None:
 def teardown(net: ChildNet) -> None:
     """Remove the host veth (and with it the pair), the namespace (its tap goes with it) and the lease. Call after
     the child's VMM is gone: a namespace lives on while a process is in it."""
-    delete_link(net.host_if)
-    remove_netns(net.netns)
-    if net.addr:
-        release(net.addr, net.netns)
+    try:
+        delete_link(net.host_if)
+    finally:  # the namespace and the lease go even when the link could not: its error is raised after
+        remove_netns(net.netns)
+        if net.addr:
+            release(net.addr, net.netns)
 
 
 def teardown_child(child_id: str, addr: str | None) -> None:
@@ -366,9 +377,13 @@ def teardown_child(child_id: str, addr: str | None) -> None:
 
 
 def host_links() -> list[str]:
-    """Host interfaces that follow our naming (fkh...)."""
+    """Host interfaces that follow our naming (fkh...); NetworkError when they cannot be listed (never [] then, so
+    gc and doctor do not report "no leftovers" on a failure)."""
     try:
         with _iproute() as ipr:
             return sorted(n for link in ipr.link("dump") if (n := link.get("ifname") or "").startswith(HOST_IF_PREFIX))
-    except Exception:  # noqa: BLE001
-        return []
+    except ForkdError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyroute2's NetlinkError and socket errors
+        raise NetworkError(f"cannot list the host's network interfaces: {exc}",
+                           hint="check that this process may open a netlink socket (file descriptors left?)") from exc
