@@ -164,3 +164,19 @@ def test_layer_build_failing_after_its_files_are_written_fails_the_snapshot(rt, 
     assert not list(job.memory.parent.glob("forkd-layer-late-fail-*"))  # and the scratch image (adopted or gone)
     assert set(qemu_pids(home)) <= {r.pid for r in rt.children() if r.pid}  # the build's VMM is gone
     rt.rmi("late-fail")
+
+
+def test_a_flat_image_left_in_a_foreign_cache_is_said_not_silently_kept(store, caplog):
+    """A flat cache directory someone else took over (here: made another uid's) is never unlinked through, and the
+    image it keeps (RAM on tmpfs) is named in a warning instead of being dropped from view without a word."""
+    data = os.urandom(4096)
+    with pytest.raises(Interrupted):
+        with store.writing(_record("lost")) as w:
+            w.vmstate.write_bytes(b"s")
+            w.seal(memory=_scratch(store, data), vmstate=w.vmstate)
+            os.chown(store.layout.flat_cache, 65534, 65534)
+            raise Interrupted("late")
+    content = hashlib.sha256(data).hexdigest()
+    assert store.flat_cache_path(content).exists()
+    assert any(content[:16] in r.getMessage() and "not removed" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]

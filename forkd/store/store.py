@@ -11,6 +11,7 @@ data files, so a crash never leaves a half-written snapshot that looks usable.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import stat
@@ -31,6 +32,7 @@ from forkd.store.chain import ChainError
 from forkd.store.snapshot import DISK, MANIFEST, MEMORY, VMSTATE, CorruptManifest, Snapshot, is_sha256
 from forkd.store.writer import SnapshotWriter, writing
 
+log = logging.getLogger("forkd.store")
 DATA_FILES = (MEMORY, VMSTATE, chain.PAGES_FILE, chain.DATA_FILE, DISK)
 SEALED_MODE = 0o400  # a ready snapshot's files and flat images: read-only, forkd's user only
 OPEN_MODE = 0o600  # files being written
@@ -181,8 +183,8 @@ class SnapshotStore:
         try:
             if self.layout.check_flat_cache() is not None:  # never unlink through a foreign directory
                 self.flat_cache_path(content).unlink(missing_ok=True)
-        except UnsafePath:
-            pass
+        except UnsafePath as exc:  # left in place, and said so: it holds RAM on tmpfs until someone acts
+            log.warning("flat image %s was not removed: %s (hint: %s)", content[:16], exc.message, exc.hint)
 
     def remove(self, tag: str) -> None:
         d = self.dir(tag)
