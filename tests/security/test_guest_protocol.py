@@ -66,6 +66,14 @@ def test_frame_over_the_host_cap_is_refused(rt, fork):
     assert str(MAX_FRAME) in str(exc)
 
 
+def test_bytes_past_two_frames_without_an_answer_stop_the_child(rt, fork):
+    """No frame header at all, only bytes: the host reads at most two frames' worth (2 x MAX_FRAME) plus a chunk
+    without an answer before it stops the child, instead of reading a stream that never ends."""
+    code = "chunk = bytes(1 << 20)\nfor _ in range(2 * (MAX_FRAME >> 20) + 16):\n    raw(chunk)"
+    exc = attack(rt, fork, f"MAX_FRAME = {MAX_FRAME}\n" + code, timeout=600)
+    assert f"sent over {2 * MAX_FRAME} bytes without answering" in str(exc)
+
+
 def test_reply_that_is_a_json_list(rt, fork):
     attack(rt, fork, 'frame(b"[1, 2, 3]")')
 
