@@ -243,8 +243,9 @@ def snapshot_view(snap: Any) -> dict[str, Any]:
 def sandbox_info(rec: Any) -> SandboxInfo:
     return SandboxInfo(
         id=rec.id, snapshot_tag=rec.snapshot, status=rec.status, created_at_unix=int(rec.created_at), pid=rec.pid,
-        netns=rec.netns, egress=getattr(rec, "egress", "none"), memory_mib=rec.memory_mib, pool=rec.pool,
+        netns=rec.netns if rec.network == "isolated" else None,  # a VMM's empty namespace is no network to join
+        egress=getattr(rec, "egress", "none"), memory_mib=rec.memory_mib, pool=rec.pool,
         claimed=rec.claimed, memory_limit_mib=rec.memory_limit_mib,
-        guest_addr=GUEST_ADDR if rec.netns or rec.network == "isolated" else None,
+        guest_addr=GUEST_ADDR if rec.network == "isolated" else None,
         labels=dict(getattr(rec, "labels", None) or {}),
         expires_at_unix=int(rec.expires_at) if rec.expires_at else None, ready_ms=rec.timings_ms.get("ready"))

@@ -271,6 +271,16 @@ def _make_tap(name: str) -> None:
         os.close(fd)
 
 
+def create_empty(child_id: str) -> str:
+    """An empty network namespace of the child's own, for a VMM without a NIC: a compromised VMM then reaches
+    neither the host's loopback services nor its abstract unix sockets, nor any other VMM's. Only `lo`, down (the
+    VMM has no capability to raise it). Removed like an isolated child's (teardown; gc after its grace)."""
+    name = netns_name(child_id)
+    with _new_netns(name):
+        pass
+    return name
+
+
 def setup(child_id: str, home: str, egress: Egress = "none") -> tuple[ChildNet, dict[str, float]]:
     """Create the child's namespace, tap, veth pair, NAT and egress rules (namespace and host); returns its
     description and step timings (ms). On failure everything made so far is removed again."""

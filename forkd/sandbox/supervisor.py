@@ -13,6 +13,7 @@ from pathlib import Path
 from forkd.base import idrange
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
+from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.firewall import Egress
 from forkd.sandbox.registry import ChildRecord, Claim, Registry
@@ -74,10 +75,14 @@ class Supervisor:
 
         try:
             group, rec = self._constrain(rec, home, hier, memory_limit_mib, cpu_weight, allow_unconstrained, setup_ms)
-            if rec.netns is not None:
+            if rec.netns is not None and machine.network != "none":
                 net, net_ms = netns.setup(rec.id, home, egress)
                 setup_ms.update({f"net_{k}": v for k, v in net_ms.items()})
                 rec = self.registry.save(rec.with_(net_addr=net.addr, egress=egress))
+            elif rec.netns is not None:
+                t = time.perf_counter()
+                netns.create_empty(rec.id)
+                setup_ms["net_empty"] = (time.perf_counter() - t) * 1000.0
             vm = self.driver.restore(machine, memory, vmstate, RunFiles(Path(rec.dir)), timeout=timeout,
                                      on_start=on_start, netns=rec.netns, runas=rec.runas)
             t_restored = time.perf_counter()
@@ -100,7 +105,8 @@ class Supervisor:
             id=cid, snapshot=snapshot, created_at=time.time(), dir="", memory_mib=machine.memory_mib,
             vcpus=machine.vcpus, accel=machine.accel, driver=self.driver.name, pool=pool,
             spawner_pid=os.getpid(), spawner_started=start_time(os.getpid()), network=machine.network,
-            netns=netns.netns_name(cid) if machine.network != "none" else None, cgroup=planned_cg,
+            netns=netns.netns_name(cid) if machine.network != "none" or settings().vmm_private_netns else None,
+            cgroup=planned_cg,
             memory_limit_mib=memory_limit_mib, runas=runas_identity(cid) if runas else None,
             claimed_at=claim.at if claim else None, expires_at=claim.expires_at if claim else None))
         return rec.with_(dir=str(self.registry.path(rec.id)))
@@ -145,6 +151,8 @@ class Supervisor:
             kill_and_wait(rec.pid, rec.started)
         if net is not None:
             netns.teardown(net)
+        elif rec.netns is not None:  # an empty namespace of its own, or none made yet
+            netns.remove_netns(rec.netns)
         if group is not None:
             group.remove()
         self.registry.save(rec.with_(state="failed", error=str(exc), pid=None))
