@@ -11,6 +11,7 @@ A record's claim is its own fields, else its entry in the log; entries of remove
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from typing import Any
 from forkd.base.atomic import write_json
 from forkd.base.errors import InvalidInput, NotFound
 from forkd.base.locks import file_lock
+from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.procs import is_alive, start_time
 from forkd.sandbox.claims import CLAIMS, Claim, ClaimsLog
@@ -152,13 +154,29 @@ class Registry:
         return self.root / child_id
 
     def save(self, rec: ChildRecord) -> ChildRecord:
+        """Write a child's record; a new child's directory comes into being with its record in it (born under an
+        owned name, renamed into place), so a directory of a child id without a record is never a spawn in
+        progress: it is a leftover, and gc removes it whatever its age."""
         d = self.path(rec.id)
-        if rec.id not in self._cache:
-            d.mkdir(mode=0o700, exist_ok=True)
         # Atomic but not fsynced: a record matters only while its VMM process lives, and whatever could lose
         # the page cache (power loss, kernel crash) kills every VMM too. A daemon kill -9 loses nothing.
-        write_json(d / RECORD, rec.to_json(), mode=0o600, durable=False)
+        if rec.id in self._cache or d.is_dir() or not self._create(d, rec):
+            write_json(d / RECORD, rec.to_json(), mode=0o600, durable=False)
         return rec
+
+    def _create(self, d: Path, rec: ChildRecord) -> bool:
+        """Make `d` with `rec` in it in one rename; False if another process made `d` first."""
+        tmp = self.root / owned_name(f".{rec.id}.new")
+        try:
+            tmp.mkdir(mode=0o700)
+            write_json(tmp / RECORD, rec.to_json(), mode=0o600, durable=False)
+            os.rename(tmp, d)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                return False
+            raise
+        return True
 
     def get(self, child_id: str) -> ChildRecord:
         return _with_claim(self._read(child_id), self.claims())
@@ -202,7 +220,15 @@ class Registry:
         return sorted(out, key=lambda r: (r.created_at, r.id))
 
     def remove(self, child_id: str) -> None:
-        shutil.rmtree(self.path(child_id), ignore_errors=True)
+        """Drop a child's record and directory at once: the directory is first renamed to an owned name (record,
+        sockets and logs leave the registry together), then deleted. A process killed while it deletes leaves
+        that owned name, which gc removes once its maker is gone; never a directory without its record."""
+        grave = self.root / owned_name(f".{child_id}.rm")
+        try:
+            os.rename(self.path(child_id), grave)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(grave, ignore_errors=True)
 
     # -- claims ------------------------------------------------------------------------------------
     def claims(self) -> dict[str, Claim]:
