@@ -27,7 +27,7 @@ from forkd.base.errors import InvalidInput, NotFound
 from forkd.base.locks import file_lock
 from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
-from forkd.base.procs import is_alive, start_time
+from forkd.base.procs import is_alive, is_stopped, start_time
 from forkd.sandbox.claims import CLAIMS, Claim, ClaimsLog
 
 CHILD_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")  # forkd makes "c" + 10 hex digits
@@ -77,6 +77,12 @@ class ChildRecord:
     @property
     def alive(self) -> bool:
         return self.pid is not None and is_alive(self.pid, self.started)
+
+    @property
+    def vmm_stopped(self) -> bool:
+        """Its VMM is alive but stopped (SIGSTOP, a tracer): every call on it times out until it is continued or
+        killed. Reported beside the status (`forkd ls`), which stays `running`: the child is not lost."""
+        return self.pid is not None and is_stopped(self.pid, self.started)
 
     @property
     def oom_killed(self) -> bool:
