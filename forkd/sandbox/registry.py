@@ -61,6 +61,7 @@ class ChildRecord:
     spawner_started: int | None = None
     claimed_at: float | None = None
     expires_at: float | None = None  # when a claimed child's ttl ends
+    expires_boot: float | None = None  # the same end on CLOCK_BOOTTIME (forkd.base.clock): what is compared
     network: str = "none"  # none | isolated
     netns: str | None = None  # its network namespace (isolated), recorded before it is created
     net_addr: str | None = None  # the namespace's leased address on the host bridge
@@ -276,5 +277,5 @@ def _claimed(rec: ChildRecord, c: Claim) -> ChildRecord:
     """`rec` with the claim's two fields: a copy of its attributes (dataclasses.replace re-runs __init__ over all
     30 fields, 10x slower, and a batch claim makes one per child)."""
     new = object.__new__(ChildRecord)
-    new.__dict__.update(rec.__dict__, claimed_at=c.at, expires_at=c.expires_at)
+    new.__dict__.update(rec.__dict__, claimed_at=c.at, expires_at=c.expires_at, expires_boot=None)
     return new
