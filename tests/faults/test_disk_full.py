@@ -1,7 +1,8 @@
 """$FORKD_HOME on a small filesystem that fills up (a loop-mounted ext4 the test makes and fills for real).
 
 The promise (docs/faults.md): the operation fails with an error naming the cause, nothing half-written is left
-`ready` or behind in tmp/, the audit log still verifies, and the same operation works once space is freed.
+`ready` or behind in tmp/, the audit log still verifies (INCOMPLETE, naming the count of lost entries, until the
+next append records them), and the same operation works once space is freed.
 Needs root (mount). The VM tests restore children of the session's base snapshot, unpacked into the small home."""
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def test_an_audit_append_on_a_full_disk_fails_whole_and_the_log_verifies():
         assert ("No space left" in err.value.message or "short write" in err.value.message) and \
             str(log.path) in err.value.message, err.value.message
         assert "free space" in (err.value.hint or "")
-        written = verify(home)
-        assert written.ok, written  # a short write was cut back off: no torn line, the chain intact
+        written = verify(home)  # the chain intact, no torn line (a short write was cut back off), the loss counted
+        assert not written.torn and written.bad_line is None and written.pending_lost == 1, written
+        assert str(written).startswith("INCOMPLETE"), written
         filler.unlink()
         log.append("test", "after", "t", "ok", 1.0)
         after = verify(home)
