@@ -31,6 +31,17 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def is_stopped(pid: int, started: int | None) -> bool:
+    """Whether `pid` (still the process that started at `started`) is stopped by a signal or a tracer (state T or
+    t in /proc/PID/stat): it holds its sockets open but answers nothing until SIGCONT."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] in ("T", "t") and (started is None or int(fields[19]) == started)
+
+
 def is_alive(pid: int, started: int | None) -> bool:
     st = start_time(pid)
     return st is not None and (started is None or st == started)

@@ -185,7 +185,7 @@ def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head t
 
 # -- children -------------------------------------------------------------------------------------
 def _child_rows(recs: list[dict]) -> list[list[str]]:
-    return [[r["id"], r["status"], r["snapshot"], r["pool"] or "-",
+    return [[r["id"], r["status"] + (" (VMM stopped)" if r.get("vmm_stopped") else ""), r["snapshot"], r["pool"] or "-",
              "claimed" if r["claimed_at"] else "idle" if r["pool"] else "-", str(r["pid"] or "-"),
              ms(r["timings_ms"].get("restore")), ms(r["timings_ms"].get("ready"))] for r in recs]
 

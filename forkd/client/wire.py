@@ -232,7 +232,7 @@ def snapshot_info(snap: Any, layout_dir: str | None = None) -> SnapshotInfo:
 
 def child_view(rec: Any) -> dict[str, Any]:
     """A child record as the CLI and the forkd-native routes show it (its record, status, agent socket)."""
-    return dict(rec.to_json(), status=rec.status, agent_socket=str(rec.agent_socket))
+    return dict(rec.to_json(), status=rec.status, agent_socket=str(rec.agent_socket), vmm_stopped=rec.vmm_stopped)
 
 
 def snapshot_view(snap: Any) -> dict[str, Any]:

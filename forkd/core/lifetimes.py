@@ -15,10 +15,10 @@ leaves it for the next pass)."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from forkd.base import clock
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
@@ -33,13 +33,16 @@ class Swept:
 
 
 def stamp(rt: Any, ids: list[str], seconds: float | None, labels: dict[str, str] | None = None) -> list:
-    """Give children their lifetime (`seconds` from now; None: no expiry) and labels; returns the new records."""
-    now = time.time()
+    """Give children their lifetime (`seconds` from now; None: no expiry) and labels; returns the new records.
+    The end is kept twice: `expires_at` on the wall clock (shown), `expires_boot` on CLOCK_BOOTTIME (compared:
+    forkd.base.clock), so a stepped clock neither shortens nor stretches a lifetime."""
+    now, boot = clock.wall(), clock.elapsed()
     out = []
     with rt.registry.locked():
         for cid in ids:
             rec = rt.registry.get(cid)
-            changes: dict[str, Any] = {"expires_at": now + seconds if seconds else None}
+            changes: dict[str, Any] = {"expires_at": now + seconds if seconds else None,
+                                       "expires_boot": boot + seconds if seconds else None}
             if labels:
                 changes["labels"] = {**(rec.labels or {}), **labels}
             out.append(rt.registry.save(rec.with_(**changes)))
@@ -75,9 +78,16 @@ def matches(labels: dict[str, str] | None, selector: list[tuple[str, str | None]
     return all(k in labels and (v is None or labels[k] == v) for k, v in selector)
 
 
-def _expired(rt: Any, now: float) -> list:
-    return [r for r in rt.children() if r.pool is None and r.expires_at is not None and r.expires_at <= now
-            and r.status in LIVE]
+def expired(rec: Any, now: float, boot: float) -> bool:
+    """Whether a child's lifetime is over: by its CLOCK_BOOTTIME end when it has one (`boot` is that clock now),
+    else (a record of an older forkd, or a claim's end) by the wall clock (`now`)."""
+    if rec.expires_boot is not None:
+        return rec.expires_boot <= boot
+    return rec.expires_at is not None and rec.expires_at <= now
+
+
+def _expired(rt: Any, now: float, boot: float) -> list:
+    return [r for r in rt.children() if r.pool is None and expired(r, now, boot) and r.status in LIVE]
 
 
 def _removable(rt: Any, snap: Any, now: float, branch_ttl: float, users: set[str]) -> bool:
@@ -89,9 +99,9 @@ def _removable(rt: Any, snap: Any, now: float, branch_ttl: float, users: set[str
 
 def sweep(rt: Any, now: float | None = None, branch_ttl: float = 3600.0, on_expire=None) -> Swept:
     """One pass: kill expired sandboxes, then remove forkd-named snapshots whose policy says so (never one in use)."""
-    now = time.time() if now is None else now
+    now = clock.wall() if now is None else now
     out = Swept()
-    for rec in _expired(rt, now):
+    for rec in _expired(rt, now, clock.elapsed()):
         try:
             rt.kill([rec.id])
         except NotFound:

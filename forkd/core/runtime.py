@@ -30,7 +30,7 @@ from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
 from forkd.vmm.accel import Decision, probe
-from forkd.vmm.agent_client import AgentClient
+from forkd.vmm.agent_client import AgentClient, AgentTimeout
 from forkd.vmm.disk import prune_templates
 from forkd.vmm.driver import Machine, VmmDriver
 from forkd.vmm.qemu import QemuDriver
@@ -310,6 +310,8 @@ class Runtime:
         """The one door of every request to a child's agent: it holds the child awake (resumed first if the idle
         sweeper put it to sleep, then its clock set: forkd.sandbox.sleep) while the block runs."""
         rec = self.registry.get(child_id)
+        if rec.vmm_stopped:  # it would hold the call until its timeout (minutes for an exec): say so now
+            raise _no_answer(rec, None)
         with awake(self.driver, rec) as woke:
             client = self.supervisor.connect(rec, timeout=timeout)
             try:
@@ -320,6 +322,8 @@ class Runtime:
                 self.supervisor.quarantine(rec, exc)
                 raise ProtocolViolation(f"child {child_id} misbehaved and was stopped: {exc.message}",
                                         hint=exc.hint) from exc
+            except AgentTimeout as exc:
+                raise _no_answer(rec, exc) from exc
             finally:
                 client.close()
 
@@ -387,3 +391,13 @@ class Runtime:
     def memory(self, child_id: str) -> dict[str, int]:
         rec = self.registry.get(child_id)
         return self.supervisor.private_memory_kib(rec, self.store.flat_path(self.store.get(rec.snapshot)))
+
+
+def _no_answer(rec: ChildRecord, exc: AgentTimeout | None) -> AgentTimeout:
+    """The error of a call on a child that does not answer, naming the child and, when its VMM is stopped
+    (SIGSTOP, a tracer), saying so and how out."""
+    if rec.vmm_stopped:
+        return AgentTimeout(f"child {rec.id} does not answer: its VMM (pid {rec.pid}) is stopped",
+                            hint=f"continue it (kill -CONT {rec.pid}) or remove the child ('forkd kill {rec.id}')")
+    return AgentTimeout(f"child {rec.id} did not answer in time: {exc.message if exc else 'no reply'}",
+                        hint=f"retry with a longer timeout, or remove the child ('forkd kill {rec.id}')")

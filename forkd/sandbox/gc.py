@@ -10,7 +10,8 @@ Policy (decided, and tested in tests/test_gc.py):
     fkh<id> without a lease, cgroups under this home's forkd/<home-hash>/ subtree. A process inside such an
     orphaned namespace or cgroup can only be a VMM we put there, so it is killed (found by namespace inode or
     cgroup membership, never by name);
-  * stale child directories without a record (sockets, logs) are deleted;
+  * child directories without a record (sockets, logs) are deleted whatever their age: a record is born
+    with its directory and leaves with it (forkd.sandbox.registry), so such a directory is never a spawn's;
   * temporaries (work and unpack directories, scratch memory, downloads, half-written files and flat images) are
     deleted exactly when their maker is gone: each carries its maker's pid + start time in its name
     (forkd.base.owners), so a live process's work is never touched whoever runs gc, and a reused pid is not
@@ -132,14 +133,7 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
             release_isolation(rec)
             registry.remove(rec.id)
     _collect_child_vmms(layout, registry, report, dry_run, grace)
-    # child directories without a record
-    with contextlib.suppress(FileNotFoundError), os.scandir(layout.children) as it:
-        for entry in it:
-            if entry.is_dir() and not entry.name.startswith(".") and entry.name not in keep \
-                    and not os.path.exists(os.path.join(entry.path, RECORD)) and _age(Path(entry.path)) > grace:
-                report.dirs.append(entry.path)
-                if not dry_run:
-                    _remove(Path(entry.path))
+    _collect_child_dirs(layout, keep, report, dry_run)
     _collect_network(home, keep, report, dry_run, grace)
     _collect_cgroups(home, keep, report, dry_run)
     _collect_files(layout, report, dry_run, grace)
@@ -150,6 +144,21 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
         if not dry_run:
             _remove(d)
     return report
+
+
+def _collect_child_dirs(layout: Layout, keep: set[str], report: GcReport, dry_run: bool) -> None:
+    """Child directories (sockets, logs) without a record, whatever their age: a record is born with its
+    directory and leaves with it (forkd.sandbox.registry), so no spawn in progress has one, and a VMM still
+    naming one was killed above. A record-less directory of a forkd before that rule is removed too; a half-made
+    or half-removed one of this forkd is an owned temporary (`.<id>.new-...`, `.<id>.rm-...`), gone with its
+    maker (_collect_files)."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(layout.children) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(".") and entry.name not in keep \
+                    and not os.path.lexists(os.path.join(entry.path, RECORD)):
+                report.dirs.append(entry.path)
+                if not dry_run:
+                    _remove(Path(entry.path))
 
 
 def _owned(rec: ChildRecord, grace: float) -> bool:

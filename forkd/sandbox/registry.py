@@ -11,6 +11,7 @@ A record's claim is its own fields, else its entry in the log; entries of remove
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -24,8 +25,9 @@ from typing import Any
 from forkd.base.atomic import write_json
 from forkd.base.errors import InvalidInput, NotFound
 from forkd.base.locks import file_lock
+from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
-from forkd.base.procs import is_alive, start_time
+from forkd.base.procs import is_alive, is_stopped, start_time
 from forkd.sandbox.claims import CLAIMS, Claim, ClaimsLog
 
 CHILD_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")  # forkd makes "c" + 10 hex digits
@@ -59,6 +61,7 @@ class ChildRecord:
     spawner_started: int | None = None
     claimed_at: float | None = None
     expires_at: float | None = None  # when a claimed child's ttl ends
+    expires_boot: float | None = None  # the same end on CLOCK_BOOTTIME (forkd.base.clock): what is compared
     network: str = "none"  # none | isolated
     netns: str | None = None  # its network namespace (isolated), recorded before it is created
     net_addr: str | None = None  # the namespace's leased address on the host bridge
@@ -75,6 +78,12 @@ class ChildRecord:
     @property
     def alive(self) -> bool:
         return self.pid is not None and is_alive(self.pid, self.started)
+
+    @property
+    def vmm_stopped(self) -> bool:
+        """Its VMM is alive but stopped (SIGSTOP, a tracer): every call on it times out until it is continued or
+        killed. Reported beside the status (`forkd ls`), which stays `running`: the child is not lost."""
+        return self.pid is not None and is_stopped(self.pid, self.started)
 
     @property
     def oom_killed(self) -> bool:
@@ -152,13 +161,29 @@ class Registry:
         return self.root / child_id
 
     def save(self, rec: ChildRecord) -> ChildRecord:
+        """Write a child's record; a new child's directory comes into being with its record in it (born under an
+        owned name, renamed into place), so a directory of a child id without a record is never a spawn in
+        progress: it is a leftover, and gc removes it whatever its age."""
         d = self.path(rec.id)
-        if rec.id not in self._cache:
-            d.mkdir(mode=0o700, exist_ok=True)
         # Atomic but not fsynced: a record matters only while its VMM process lives, and whatever could lose
         # the page cache (power loss, kernel crash) kills every VMM too. A daemon kill -9 loses nothing.
-        write_json(d / RECORD, rec.to_json(), mode=0o600, durable=False)
+        if rec.id in self._cache or d.is_dir() or not self._create(d, rec):
+            write_json(d / RECORD, rec.to_json(), mode=0o600, durable=False)
         return rec
+
+    def _create(self, d: Path, rec: ChildRecord) -> bool:
+        """Make `d` with `rec` in it in one rename; False if another process made `d` first."""
+        tmp = self.root / owned_name(f".{rec.id}.new")
+        try:
+            tmp.mkdir(mode=0o700)
+            write_json(tmp / RECORD, rec.to_json(), mode=0o600, durable=False)
+            os.rename(tmp, d)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                return False
+            raise
+        return True
 
     def get(self, child_id: str) -> ChildRecord:
         return _with_claim(self._read(child_id), self.claims())
@@ -202,7 +227,15 @@ class Registry:
         return sorted(out, key=lambda r: (r.created_at, r.id))
 
     def remove(self, child_id: str) -> None:
-        shutil.rmtree(self.path(child_id), ignore_errors=True)
+        """Drop a child's record and directory at once: the directory is first renamed to an owned name (record,
+        sockets and logs leave the registry together), then deleted. A process killed while it deletes leaves
+        that owned name, which gc removes once its maker is gone; never a directory without its record."""
+        grave = self.root / owned_name(f".{child_id}.rm")
+        try:
+            os.rename(self.path(child_id), grave)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(grave, ignore_errors=True)
 
     # -- claims ------------------------------------------------------------------------------------
     def claims(self) -> dict[str, Claim]:
@@ -244,5 +277,5 @@ def _claimed(rec: ChildRecord, c: Claim) -> ChildRecord:
     """`rec` with the claim's two fields: a copy of its attributes (dataclasses.replace re-runs __init__ over all
     30 fields, 10x slower, and a batch claim makes one per child)."""
     new = object.__new__(ChildRecord)
-    new.__dict__.update(rec.__dict__, claimed_at=c.at, expires_at=c.expires_at)
+    new.__dict__.update(rec.__dict__, claimed_at=c.at, expires_at=c.expires_at, expires_boot=None)
     return new

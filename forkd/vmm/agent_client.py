@@ -33,7 +33,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
-from forkd.base.errors import ForkdError, InvalidInput, ProtocolViolation
+from forkd.base.errors import ForkdError, InvalidInput, ProtocolViolation, Timeout
 from forkd.vmm.agent_replies import (
     MAX_FILE,
     MAX_OUTPUT,
@@ -54,7 +54,7 @@ MAX_FRAME = 64 << 20  # largest reply payload the host reads (the agent's own li
 CHUNK = 1 << 16
 
 
-class AgentTimeout(ForkdError):
+class AgentTimeout(Timeout):
     pass
 
 

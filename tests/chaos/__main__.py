@@ -1,9 +1,11 @@
-"""python -m tests.chaos [--kills 50] [--seed 7] [--image-from HOME] [--no-isolated] [-o json]
+"""python -m tests.chaos [--kills 50] [--seed 7] [--round N] [--image-from HOME] [--no-isolated] [-o json]
 
 Start a daemon on a private $FORKD_HOME, drive a mixed load through the CLI and kill -9 the daemon (and some CLI
 processes) --kills times at seeded random points; after each restart check every invariant (tests/chaos/
 invariants.py). Prints the kills survived, the time to recover (p50/p90) and every violation with its seed and
-round. Exits 1 if any invariant failed. The home is deleted at the end (its daemon log is kept beside it)."""
+round. Exits 1 if any invariant failed. The home is deleted at the end (its daemon log is kept beside it).
+`--round N` replays round N of the seed alone on a fresh home (a round's operations and kill point depend on the
+seed and N only; what the VMs do meanwhile is timing). Many seeds with a dated report: bench/chaos.py."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=50, help="daemon kills (rounds)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--round", type=int, action="append", default=[], dest="rounds",
+                    help="replay only this round of the seed (repeatable)")
     ap.add_argument("--min-load", type=float, default=2.0, help="least seconds of load before a kill")
     ap.add_argument("--max-load", type=float, default=20.0, help="most seconds of load before a kill")
     ap.add_argument("--workers", type=int, default=2, help="concurrent load threads")
@@ -31,7 +35,8 @@ def main() -> int:
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
     cfg = Config(kills=args.kills, seed=args.seed, min_load=args.min_load, max_load=args.max_load,
-                 workers=args.workers, isolated=not args.no_isolated, home=args.home, image_from=args.image_from)
+                 workers=args.workers, isolated=not args.no_isolated, home=args.home, image_from=args.image_from,
+                 rounds=tuple(args.rounds))
     report = run(cfg)
     if args.output == "json":
         print(json.dumps({"seed": report.seed, "kills": len(report.kills()),

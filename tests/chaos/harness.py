@@ -37,6 +37,7 @@ class Config:
     recover_timeout: float = 240.0
     home: Path | None = None
     image_from: Path | None = None
+    rounds: tuple[int, ...] = ()  # run only these rounds (a replay: each round's schedule depends on seed and n)
 
 
 @dataclass
@@ -114,7 +115,7 @@ class Chaos:
         self.setup()
         self.report.setup_s = time.monotonic() - t0
         self.report.rounds.append(Round(0, violations=self.check()))
-        for n in range(1, self.cfg.kills + 1):
+        for n in self.cfg.rounds or range(1, self.cfg.kills + 1):
             self.report.rounds.append(self.round(n))
             r = self.report.rounds[-1]
             log(f"round {n}: recovered in {r.recover_s} s, killed {r.killed_cli}, "
