@@ -58,15 +58,30 @@ def node(image):
     debs = Layout.from_env().cache / "debs"  # the host's Debian package cache, if any: fewer downloads
     if debs.is_dir():
         shutil.copytree(debs, Layout(store).cache / "debs")
+    store.chmod(0o700)
     name = f"forkd-node-{store.name}"
     podrun.run_init(image, store, name)
     podrun.start_main(image, store, name)
     sock = Layout(store).daemon_socket
     wait_for("the daemon's socket", sock.exists, timeout=60)
     yield name, store
+    podrun.exec_(name, "forkd", "delete", "pool/img-pool", "parent/img-base")
+    podrun.exec_(name, "forkd", "kill", "--all")
     podrun.stop(name)
-    subprocess.run(["forkd", "gc"], env=dict(os.environ, FORKD_HOME=str(store)), capture_output=True, timeout=300)
     shutil.rmtree(store, ignore_errors=True)
+
+
+def vmm_pid(child: str) -> int | None:
+    """The pid of the QEMU process of `child` (its -name names it), seen from the host."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"process=forkd-{child}".encode() in b" ".join(argv):
+                return int(proc.name)
+    return None
 
 
 def test_daemon_in_the_image_answers(node):
@@ -80,7 +95,7 @@ def test_daemon_in_the_image_answers(node):
     for tool in ("qemu", "cgroup", "netns", "security:egress", "security:unprivileged-uffd"):
         assert checks[tool]["status"] == "PASS", checks[tool]
     cap = RemoteBackend(str(Layout(store).daemon_socket)).capacity()
-    assert cap["memoryAvailableMiB"] > 0 and cap["children"] == 0
+    assert cap["memoryAvailableMiB"] > 0 and cap["childrenRunning"] == 0
 
 
 def test_pool_warm_and_claim_in_the_container(node):
@@ -93,6 +108,27 @@ def test_pool_warm_and_claim_in_the_container(node):
              timeout=900)
     res = podrun.exec_(name, "forkd", "claim", "img-pool", "-o", "json")
     assert res.returncode == 0, res.stderr
-    [child] = json.loads(res.stdout)
+    [child] = json.loads(res.stdout)["children"]
     res = podrun.exec_(name, "forkd", "exec", child["id"], "--", "echo", "from-the-pod")
     assert res.returncode == 0 and "from-the-pod" in res.stdout, res.stderr
+
+
+def test_restart_leaves_children_to_the_next_daemon(node, image):
+    """Stopping the daemon's container (an upgrade's restart) leaves a claimed child's VMM running (the daemon exits
+    without killing it, host PID namespace, FORKD_VMM_DETACH); the next container's daemon adopts it: it answers."""
+    name, store = node
+    backend = RemoteBackend(str(Layout(store).daemon_socket))
+    wait_for("img-pool warm", lambda: (st := backend.get("ForkPool", "img-pool")[0].status) and st.warm >= 1,
+             timeout=900)
+    res = podrun.exec_(name, "forkd", "claim", "img-pool", "-o", "json")
+    assert res.returncode == 0, res.stderr
+    child = json.loads(res.stdout)["children"][0]["id"]
+    pid = vmm_pid(child)
+    assert pid is not None
+    podrun.stop(name)
+    assert vmm_pid(child) == pid, "the VMM died with its daemon's container"
+    podrun.start_main(image, store, name)
+    wait_for("the new daemon's socket", Layout(store).daemon_socket.exists, timeout=60)
+    res = podrun.exec_(name, "forkd", "exec", child, "--", "echo", "adopted")
+    assert res.returncode == 0 and "adopted" in res.stdout, res.stderr
+    assert vmm_pid(child) == pid
