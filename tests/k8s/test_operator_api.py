@@ -1,5 +1,5 @@
 """The operator process against an API server: kopf's watches, status patches, finalizers, /scale, events and a
-restart, driven through the API as a user's tools would.
+restart, driven through the API as a user's tools would (kubectl for create, scale and delete; plain HTTP reads).
 
 The API server is a stand-in, not a real one: kmock's KubernetesEmulator (tests/k8s/apiserver.py says what the harness
 adds to it). The operator is the real process (`python -m forkd.operator run`) and the node daemons are real
@@ -9,6 +9,8 @@ in seconds; test_operator_vm.py runs the path to a warm pool and a claim with re
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -61,7 +63,8 @@ def test_pool_lifecycle_through_the_api(api, nodes, operator):
     """Create -> finalizer added, placed on a node (status.node), status patched with conditions saying why it is
     not Ready; /scale -> spec.warm on the node daemon, observedGeneration follows; events posted; delete -> the
     finalizer's handler removes the daemon's object, then the resource is gone."""
-    api.create("forkpools", pool_doc("api-pool", 2))
+    # --validate=false: the emulator serves no OpenAPI document for kubectl's client-side validation
+    api.kubectl("create", "--validate=false", "-f", "-", input=json.dumps(pool_doc("api-pool", 2)))
     got = wait_for("status.node and a Degraded condition", lambda: (o := api.get("forkpools", NS, "api-pool"))
                    and (o.get("status") or {}).get("node") and cond(o, "Degraded").get("status") == "True" and o,
                    log=operator.log)
@@ -73,10 +76,12 @@ def test_pool_lifecycle_through_the_api(api, nodes, operator):
     assert on_node.metadata.annotations["forkd.dev/managed-by"] == "operator"
     assert all(daemon_obj(n, "ForkPool", "api-pool") is None for n in nodes if n is not node)
 
-    # kubectl scale's path: PATCH .../forkpools/api-pool/scale {"spec": {"replicas": 3}}
-    scale = api.patch("forkpools", NS, "api-pool", {"spec": {"replicas": 3}}, sub="scale")
+    # kubectl scale: through the /scale subresource (specReplicasPath .spec.warm)
+    api.kubectl("scale", "-n", NS, "forkpools/api-pool", "--replicas", "3")
+    got = api.get("forkpools", NS, "api-pool")
+    assert got["spec"]["warm"] == 3 and got["metadata"]["generation"] == 2
+    scale = api.request("GET", api.path("forkpools", NS, "api-pool", "scale")).json()
     assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 3
-    assert api.get("forkpools", NS, "api-pool")["metadata"]["generation"] == 2
     wait_for("spec.warm 3 on the node daemon", lambda: daemon_obj(node, "ForkPool", "api-pool").spec.warm == 3,
              log=operator.log)
     wait_for("observedGeneration 2", lambda: (api.get("forkpools", NS, "api-pool").get("status") or {})
@@ -88,7 +93,7 @@ def test_pool_lifecycle_through_the_api(api, nodes, operator):
     assert {e["involvedObject"]["kind"] for e in evs} == {"ForkPool"}
     assert any(e["reason"] == "Applied" for e in evs), [e["reason"] for e in evs]
 
-    api.delete("forkpools", NS, "api-pool")
+    api.kubectl("delete", "-n", NS, "forkpools/api-pool", "--wait=false")
     wait_for("the resource gone (finalizer released)", lambda: api.get("forkpools", NS, "api-pool") is None,
              log=operator.log)
     assert daemon_obj(node, "ForkPool", "api-pool") is None
