@@ -117,6 +117,8 @@ def test_restart_leaves_children_to_the_next_daemon(node, image):
     """Stopping the daemon's container (an upgrade's restart) leaves a claimed child's VMM running (the daemon exits
     without killing it, host PID namespace, FORKD_VMM_DETACH); the next container's daemon adopts it: it answers."""
     name, store = node
+    res = podrun.exec_(name, "forkd", "apply", "-f", "-", input=POOL)  # unchanged if the test before applied it
+    assert res.returncode == 0, res.stderr
     backend = RemoteBackend(str(Layout(store).daemon_socket))
     wait_for("img-pool warm", lambda: (st := backend.get("ForkPool", "img-pool")[0].status) and st.warm >= 1,
              timeout=900)
