@@ -122,6 +122,12 @@ class Settings(BaseModel):
     vmm_malloc_arena_max: int = _env(1, "glibc MALLOC_ARENA_MAX for VMM processes (0: glibc's default of 8 per "
                                         "core); one arena keeps less freed heap per QEMU thread (~1.5 MiB a child, "
                                         "bench/density.py --compare)", ge=0, le=64)
+    vmm_detach: bool = _env(False, "move each child's VMM out of the daemon's own cgroups in every cgroup v1 "
+                                   "hierarchy forkd does not limit (devices, freezer, pids, ...: to that "
+                                   "hierarchy's root under FORKD_CGROUP_ROOT), so that stopping the daemon's "
+                                   "container does not kill its children (the next daemon adopts them); the "
+                                   "DaemonSet sets it. On cgroup v2 the child's one group is outside the "
+                                   "daemon's already")
     vmm_ksm: bool = _env(False, "let the kernel's KSM merge identical pages across children (Linux 6.4+): VMMs "
                                 "start mergeable (guest RAM, heap, TCG code buffer; PR_SET_MEMORY_MERGE) and "
                                 "/sys/kernel/mm/ksm/run=1 must be set by the host's admin. Off by default: merged "

@@ -146,6 +146,8 @@ class ChildCgroup:
             rel = "/" + str(Path(p).relative_to(_hierarchy_root(Path(p))))
             if rel not in mine:
                 raise CgroupError(f"pid {pid} is not in cgroup {rel} after placement ({sorted(mine)})")
+        if self.version == 1 and settings().vmm_detach:
+            detach(pid, lines)
 
     def oom_kills(self) -> int:
         """How many processes the kernel OOM-killed in this group (v1 memory.oom_control, v2 memory.events)."""
@@ -160,6 +162,31 @@ class ChildCgroup:
 
     def remove(self, timeout: float = 2.0) -> None:
         remove_group([Path(p) for p in self.paths], timeout)
+
+
+def detach(pid: int, lines: list[str]) -> list[str]:
+    """cgroup v1: move `pid` to the root of every hierarchy where it is in a group that is not forkd's (the daemon's
+    container's, which it inherited), under FORKD_CGROUP_ROOT; `lines` are its /proc/PID/cgroup. A container runtime
+    stopping the daemon's container signals every process of the container's groups (runc on v1: the devices
+    hierarchy), so a VMM left there dies with the daemon's pod. Returns the hierarchies it was moved in; raises
+    CgroupError if one refuses (the spawn fails: FORKD_VMM_DETACH asked for children that outlive the pod)."""
+    root = settings().cgroup_root
+    moved: list[str] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if path == "/" or path.startswith(f"/{PREFIX}/") or not controllers:  # a root, forkd's own, or v2's
+            continue
+        names = [controllers, *(c.removeprefix("name=") for c in controllers.split(","))]
+        target = next((root / n for n in names if (root / n / "cgroup.procs").exists()), None)
+        if target is None:
+            raise CgroupError(f"FORKD_VMM_DETACH: no {controllers} hierarchy under {root} to move pid {pid} to",
+                              hint="mount the host's cgroup hierarchy there (FORKD_CGROUP_ROOT)")
+        try:
+            _write(target / "cgroup.procs", str(pid))
+        except OSError as exc:
+            raise CgroupError(f"FORKD_VMM_DETACH: cannot move pid {pid} to {target}: {exc}") from exc
+        moved.append(controllers)
+    return moved
 
 
 def _hierarchy_root(p: Path) -> Path:
