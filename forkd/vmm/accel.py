@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkd.base import idrange
+from forkd.vmm.qemu_cmdline import SANDBOX_RUNAS, UNSHARE
+
 PROBE_MARKER = "FORKD-PROBE-OK"
 
 
@@ -23,6 +26,16 @@ class Decision:
     probe_seconds: float
 
 
+def probe_argv(qemu: str, kernel: Path, initrd: Path, console: Path) -> list[str]:
+    """The probe's QEMU: jailed like a build VMM (an empty network namespace of its own, a fresh uid from the VMM
+    range once /dev/kvm and its files are open, QEMU's seccomp filter), since it boots the image's kernel."""
+    n = idrange.build_uid(*idrange.vmm_range())
+    return [UNSHARE, "--net", "--", qemu, "-M", "q35", "-accel", "kvm", "-m", "256M", "-smp", "1",
+            "-kernel", str(kernel), "-initrd", str(initrd), "-append", "console=ttyS0 quiet panic=-1 forkd.probe",
+            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", f"file:{console}",
+            "-runas", f"{n}:{n}", "-sandbox", SANDBOX_RUNAS]
+
+
 def probe(qemu: str, kernel: Path, initrd: Path, timeout: float = 8.0) -> Decision:
     if not os.path.exists("/dev/kvm"):
         return Decision("tcg", "/dev/kvm does not exist", 0.0)
@@ -31,9 +44,7 @@ def probe(qemu: str, kernel: Path, initrd: Path, timeout: float = 8.0) -> Decisi
     with tempfile.TemporaryDirectory(prefix="forkd-probe-") as d:
         console = Path(d) / "console.log"
         log = Path(d) / "qemu.log"
-        argv = [qemu, "-M", "q35", "-accel", "kvm", "-m", "256M", "-smp", "1", "-kernel", str(kernel),
-                "-initrd", str(initrd), "-append", "console=ttyS0 quiet panic=-1 forkd.probe",
-                "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", f"file:{console}"]
+        argv = probe_argv(qemu, kernel, initrd, console)
         t0 = time.monotonic()
         with open(log, "wb") as lf:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT)

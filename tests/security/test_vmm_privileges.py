@@ -211,3 +211,38 @@ def test_disk_backed_vmms_are_the_documented_exception(tmp_path):
     assert build_identity(disk) is None
     uid, gid = map(int, build_identity(plain).split(":"))
     assert uid == gid and BUILD_UID_BASE <= uid < BUILD_UID_BASE + (1 << 28)
+
+
+@pytest.mark.skipif(not os.access("/dev/kvm", os.R_OK | os.W_OK), reason="the probe runs only where /dev/kvm opens")
+def test_the_accelerator_probe_runs_jailed(rt, base):
+    """The KVM probe boots the image's kernel too: its QEMU drops to a uid of the build range with QEMU's seccomp
+    filter, in an empty network namespace of its own (seen on the live process while the probe runs)."""
+    import threading
+
+    from forkd.vmm.accel import probe
+
+    image = rt.image()
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(probe(settings().qemu, image.kernel, image.initrd, timeout=20)))
+    t.start()
+    try:
+        seen, qemu = None, None
+        while not done and seen is None:  # the probe's QEMU appears, opens /dev/kvm, then drops (polled)
+            for d in Path("/proc").iterdir():
+                try:
+                    if d.name.isdigit() and b"forkd.probe" in (d / "cmdline").read_bytes() \
+                            and (d / "exe").resolve().name.startswith("qemu-system"):
+                        qemu = int(d.name)
+                        if proc_status(qemu)["Uid"].split()[0] != "0":
+                            seen = qemu
+                except OSError:
+                    continue
+            t.join(0.05)
+        if qemu is None:
+            pytest.skip("the probe finished before its QEMU could be seen (a KVM guest that booted at once)")
+        assert seen is not None, "the probe's QEMU ran as root until it ended"
+        assert assert_unprivileged(seen) >= BUILD_UID_BASE
+        assert os.stat(f"/proc/{seen}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino
+    finally:
+        t.join()
+    assert done and done[0].accel in ("kvm", "tcg")
