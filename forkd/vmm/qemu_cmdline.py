@@ -5,11 +5,14 @@ of the kernel that restored VMMs load instead of the whole kernel. `QemuDriver` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from forkd.base import idrange
+from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
 from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles
 
@@ -65,6 +68,8 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
         argv += ["-incoming", "defer"]
     else:  # a booting guest that powers off or panics pauses (its console ring stays readable) until boot() is done
         argv += ["-no-shutdown"]
+    if runas and disk is None:  # a disk VMM reopens its qcow2 by path when migrating: it keeps the host's view
+        argv += ["-chroot", str(empty_root())]
     if runas:
         # -runas calls setgid/setuid after init, which elevateprivileges=deny (and =children) kill with SIGSYS
         # (measured, QEMU 7.2). Once QEMU runs as a uid without capabilities, set*id cannot raise it again.
@@ -76,6 +81,21 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     elif machine.network != "none" or private_net:
         argv = [UNSHARE, "--net", "--", *argv]
     return argv
+
+
+def empty_root() -> Path:
+    """The directory a dropped VMM is chrooted into once its files are open (QEMU's -chroot, with -runas): empty,
+    root's, not writable by anyone else, so a compromised VMM sees no host file by path. Made on first use in
+    FORKD_RUN_DIR; refused (never used) when it is anything else."""
+    d = settings().run_dir / "vmm-root"
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(d, 0o555)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o222 or os.listdir(d):
+        raise ForkdError(f"{d} must be an empty directory of root's that nobody may write (a VMM's whole view of "
+                         "the host's files once it has dropped root)", hint=f"remove {d}: forkd makes it again")
+    return d
 
 
 def guest_cmdline(machine: Machine) -> str:

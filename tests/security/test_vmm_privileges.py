@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from forkd.base.settings import settings
 from forkd.core.branch import branch, wait_background
 from forkd.core.requests import Branch, Spawn
 from forkd.vmm.driver import RunFiles
+from forkd.vmm.qemu_cmdline import empty_root
 from tests.conftest import BASE_TAG
 
 pytestmark = pytest.mark.vm
@@ -91,17 +93,20 @@ def test_child_vmm_runs_as_its_own_uid_without_capabilities(rt, fork):
 
 
 def test_child_vmm_cannot_open_root_files_or_a_siblings_run_dir(rt, fork, secret):
+    """A child's VMM is chrooted into an empty directory once it dropped root (the jailer's private view): no host
+    path resolves for it, not even a world-readable file; its uid would be refused the rest anyway."""
     a, b = fork(2)
-    assert "Permission denied" in (vmm_opens(rt, a.dir, a.pid, a.started, secret) or "it opened")
-    # the sibling's QEMU log, and a world-readable file placed in its run dir: the 0700 root directory keeps both
+    assert "No such file" in (vmm_opens(rt, a.dir, a.pid, a.started, secret) or "it opened")
+    # the sibling's QEMU log, and a world-readable file placed in its run dir
     planted = Path(b.dir) / "planted.txt"
     planted.write_text("readable by all, inside a private directory\n")
     planted.chmod(0o644)
-    for f in (Path(b.dir) / "qemu.log", planted):
+    for f in (Path(b.dir) / "qemu.log", planted, Path("/etc/hostname")):
         assert f.exists()
-        assert "Permission denied" in (vmm_opens(rt, a.dir, a.pid, a.started, f) or "it opened")
-    # a world-readable file opens: the probe itself works, so the denials above are the VMM's credentials
-    assert vmm_opens(rt, a.dir, a.pid, a.started, Path("/etc/hostname")) is None
+        assert "No such file" in (vmm_opens(rt, a.dir, a.pid, a.started, f) or "it opened")
+    # the probe itself works: its root exists (an empty directory), so the misses above are its view
+    assert "No such file" not in (vmm_opens(rt, a.dir, a.pid, a.started, Path("/")) or "it opened")
+    assert os.readlink(f"/proc/{a.pid}/root") == str(empty_root())
 
 
 def test_child_vmm_uid_cannot_signal_or_trace_a_sibling(fork):
@@ -109,7 +114,7 @@ def test_child_vmm_uid_cannot_signal_or_trace_a_sibling(fork):
     ua = assert_unprivileged(a.pid)
     # the sibling's VMM, as the first VMM's credentials (setpriv: same uid/gid, no groups, no capabilities)
     res = subprocess.run([SETPRIV, f"--reuid={ua}", f"--regid={ua}", "--clear-groups", "--inh-caps=-all",
-                          "--bounding-set=-all", "python3", "-c",
+                          "--bounding-set=-all", sys.executable, "-c",
                           f"import os\ntry:\n os.kill({b.pid}, 0)\nexcept PermissionError:\n print('EPERM')\n"
                           f"try:\n open('/proc/{b.pid}/mem', 'rb')\nexcept PermissionError:\n print('EACCES')\n"],
                          capture_output=True, text=True, timeout=30)
