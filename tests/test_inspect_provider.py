@@ -73,6 +73,8 @@ async def test_fork_per_sample_and_cleanup_leaves_nothing(daemon, rt, anyio_back
     await a.write_file("mine.txt", "a")
     assert (await b.exec(["ls"])).stdout == ""  # b's home is its own: a's write is not there
     assert (await a.exec(["id", "-un"])).stdout == "agent\n" and a.workdir == "/home/agent"
+    assert (await a.exec(["id", "-Gn"])).stdout == "agent\n"  # its own groups, never the agent's root group
+    assert (await a.exec(["sh", "-c", "echo $HOME $USER"])).stdout == "/home/agent agent\n"
     await ForkdSandboxEnvironment.sample_cleanup(task, CONFIG, {"default": a}, False)
     await ForkdSandboxEnvironment.sample_cleanup(task, CONFIG, {"default": b}, True)
     await ForkdSandboxEnvironment.task_cleanup(task, CONFIG, True)
@@ -80,14 +82,38 @@ async def test_fork_per_sample_and_cleanup_leaves_nothing(daemon, rt, anyio_back
     assert branch not in [s.tag for s in rt.snapshots()]
 
 
+async def test_fork_inside_a_sample_tries_continuations(daemon, rt, anyio_backend):
+    """env.fork(n): n sandboxes continuing from this instant (what the sample wrote is there), each its own
+    (their writes diverge, the original keeps its state), killed when the block ends."""
+    task = "fork-inside"
+    await ForkdSandboxEnvironment.task_init(task, CONFIG)
+    envs = await ForkdSandboxEnvironment.sample_init(task, CONFIG, {})
+    env = envs["default"]
+    try:
+        await env.write_file("state.txt", "before")
+        async with env.fork(2) as tries:
+            ids = [t.sb.id for t in tries]
+            assert [await t.read_file("state.txt") for t in tries] == ["before", "before"]
+            for i, t in enumerate(tries):
+                await t.write_file("state.txt", f"try {i}")
+            assert [await t.read_file("state.txt") for t in tries] == ["try 0", "try 1"]
+            assert (await tries[1].exec(["id", "-un"])).stdout == "agent\n"
+        assert await env.read_file("state.txt") == "before"
+        assert not set(ids) & set(_daemon_children(rt))
+    finally:
+        await ForkdSandboxEnvironment.sample_cleanup(task, CONFIG, envs, False)
+        await ForkdSandboxEnvironment.task_cleanup(task, CONFIG, True)
+
+
 def test_inspect_eval_end_to_end(daemon, home, tmp_path):
     """`inspect eval` of a task on sandbox="forkd" with the mock model: every sample's solver runs code in its
     child, the scorer reads the file it wrote; the log says every sample was scored correct."""
     logs = tmp_path / "logs"
-    res = subprocess.run([sys.executable, "-m", "inspect_ai", "eval", str(TASKS / "forkd_eval.py"),
+    res = subprocess.run([sys.executable, "-m", "inspect_ai", "eval", "forkd_eval.py",
                           "--model", "mockllm/model", "--log-dir", str(logs), "--log-format", "json",
                           "--display", "plain", "--max-samples", "3"],
-                         capture_output=True, text=True, timeout=900, env=dict(os.environ, FORKD_HOME=str(home)))
+                         capture_output=True, text=True, timeout=900, cwd=TASKS,
+                         env=dict(os.environ, FORKD_HOME=str(home)))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     [log] = list(logs.glob("*.json"))
     data = json.loads(log.read_text())
@@ -101,7 +127,7 @@ def test_agent_loop_with_bash_and_python_tools(daemon, tmp_path):
     """Inspect's bash() and python() tools in a generate() loop, the mock model scripted to call each: the
     python call reads what the bash call wrote in the same child; the scorer reads the file python wrote."""
     from inspect_ai import eval as inspect_eval
-    from inspect_ai.model import ModelOutput, get_model
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
     from tests.inspect_tasks.forkd_agent import forkd_agent
 
@@ -110,6 +136,8 @@ def test_agent_loop_with_bash_and_python_tools(daemon, tmp_path):
                                         {"code": "n = open('bash.txt').read().strip()\n"
                                                  "open('answer.txt', 'w').write(n)\nprint('wrote', n)"}),
               ModelOutput.from_content("mockllm/model", "done")]
+    for out in script:  # given usage, the mock model counts no tokens (tiktoken would download its table)
+        out.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
     [log] = inspect_eval(forkd_agent(BASE_TAG), model=get_model("mockllm/model", custom_outputs=script),
                          log_dir=str(tmp_path / "logs"), display="none")
     assert log.status == "success", log.error

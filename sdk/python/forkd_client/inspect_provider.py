@@ -16,6 +16,8 @@ from __future__ import annotations
 import errno
 import os
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Literal, overload
 
 from inspect_ai.util import (
@@ -92,9 +94,9 @@ async def _new_child(cfg: ForkdSandboxConfig, template: str | None, task_name: s
 class ForkdSandboxEnvironment(SandboxEnvironment):
     """One sample's forkd child."""
 
-    def __init__(self, sb: AsyncSandbox, user: str | None, workdir: str):
+    def __init__(self, sb: AsyncSandbox, user: str | None, workdir: str, lifetime: float | None = None):
         super().__init__()
-        self.sb, self.user, self.workdir = sb, user, workdir
+        self.sb, self.user, self.workdir, self.lifetime = sb, user, workdir, lifetime
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     @classmethod
@@ -128,7 +130,7 @@ class ForkdSandboxEnvironment(SandboxEnvironment):
             await cls.task_init(task_name, cfg)
             task = _TASKS[(task_name, cfg.key())]
         sb = await _new_child(cfg, task.template, task_name, _controller(cfg))
-        return {"default": cls(sb, cfg.user, task.workdir)}
+        return {"default": cls(sb, cfg.user, task.workdir, cfg.lifetime_secs)}
 
     @classmethod
     async def sample_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None,
@@ -174,6 +176,23 @@ class ForkdSandboxEnvironment(SandboxEnvironment):
             await _kill_quietly(self.sb.controller, self.sb.id)
         finally:
             await self.sb.controller.aclose()
+
+    @asynccontextmanager
+    async def fork(self, n: int = 2) -> AsyncIterator[list[ForkdSandboxEnvironment]]:
+        """`n` sandboxes continuing from this instant of this one (a live branch; this one keeps running), for
+        a solver to try `n` continuations; each is killed (and the branch removed) when the block ends.
+
+            async with sandbox().as_type(ForkdSandboxEnvironment).fork(3) as tries:
+                results = [await t.exec(["sh", "-c", step]) for t, step in zip(tries, steps)]
+        """
+        ctrl = self.sb.controller
+        infos = await ctrl.fork_sandbox(self.sb.id, n, lifetime_secs=self.lifetime, labels=self.sb.info.labels)
+        kids = [AsyncSandbox(info, ctrl, owned=False) for info in infos]
+        try:
+            yield [ForkdSandboxEnvironment(k, self.user, self.workdir, self.lifetime) for k in kids]
+        finally:
+            for k in kids:
+                await _kill_quietly(self.sb.controller, k.id)
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         who = user or self.user
