@@ -105,6 +105,20 @@ async def test_fork_inside_a_sample_tries_continuations(daemon, rt, anyio_backen
         await ForkdSandboxEnvironment.task_cleanup(task, CONFIG, True)
 
 
+async def test_exec_output_over_the_limit_stops_the_command(module_env):
+    """Not in Inspect's suite: output past the exec limit raises OutputLimitExceededError with the output so far,
+    and the command (here one that never ends by itself) is killed, not left writing."""
+    from inspect_ai.util import OutputLimitExceededError
+    from inspect_ai.util._sandbox.limits import override_max_exec_output_size
+
+    with override_max_exec_output_size(4096), pytest.raises(OutputLimitExceededError) as e:
+        await module_env.exec(["sh", "-c", "exec yes forkd-limit-marker"], timeout=120)
+    assert "limit of 4 KiB was exceeded" in str(e.value)
+    assert e.value.truncated_output.startswith("forkd-limit-marker\n") and len(e.value.truncated_output) == 4096
+    left = await module_env.exec(["sh", "-c", "ps | grep forkd-limit-marker | grep -v grep"])
+    assert left.stdout == "", left.stdout
+
+
 def test_inspect_eval_end_to_end(daemon, home, tmp_path):
     """`inspect eval` of a task on sandbox="forkd" with the mock model: every sample's solver runs code in its
     child, the scorer reads the file it wrote; the log says every sample was scored correct."""
