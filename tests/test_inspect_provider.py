@@ -119,6 +119,15 @@ async def test_exec_output_over_the_limit_stops_the_command(module_env):
     assert left.stdout == "", left.stdout
 
 
+async def test_exec_timeout_kills_what_the_command_started(module_env):
+    """Not in Inspect's suite (its child-process check puts its `&` inside a comment): at the timeout the whole
+    process group dies, so background children holding the output open end with it and TimeoutError comes."""
+    with pytest.raises(TimeoutError):
+        await module_env.exec(["sh", "-c", "sleep 613 & sleep 614; :"], timeout=2)
+    left = await module_env.exec(["sh", "-c", "ps | grep 'sleep 61[34]' | grep -v grep"])
+    assert left.stdout == "", left.stdout
+
+
 def test_inspect_eval_end_to_end(daemon, home, tmp_path):
     """`inspect eval` of a task on sandbox="forkd" with the mock model: every sample's solver runs code in its
     child, the scorer reads the file it wrote; the log says every sample was scored correct."""
@@ -137,26 +146,19 @@ def test_inspect_eval_end_to_end(daemon, home, tmp_path):
     assert all(s["scores"]["wrote_square"]["value"] == "C" for s in samples), [s["scores"] for s in samples]
 
 
-def test_agent_loop_with_bash_and_python_tools(daemon, tmp_path):
-    """Inspect's bash() and python() tools in a generate() loop, the mock model scripted to call each: the
-    python call reads what the bash call wrote in the same child; the scorer reads the file python wrote."""
-    from inspect_ai import eval as inspect_eval
-    from inspect_ai.model import ModelOutput, ModelUsage, get_model
-
-    from tests.inspect_tasks.forkd_agent import forkd_agent
-
-    script = [ModelOutput.for_tool_call("mockllm/model", "bash", {"command": "echo $((6*7)) > bash.txt; id -un"}),
-              ModelOutput.for_tool_call("mockllm/model", "python",
-                                        {"code": "n = open('bash.txt').read().strip()\n"
-                                                 "open('answer.txt', 'w').write(n)\nprint('wrote', n)"}),
-              ModelOutput.from_content("mockllm/model", "done")]
-    for out in script:  # given usage, the mock model counts no tokens (tiktoken would download its table)
-        out.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
-    [log] = inspect_eval(forkd_agent(BASE_TAG), model=get_model("mockllm/model", custom_outputs=script),
-                         log_dir=str(tmp_path / "logs"), display="none")
-    assert log.status == "success", log.error
-    [sample] = log.samples
-    assert sample.scores["answer_file"].value == "C", sample.scores
-    tools = [m for m in sample.messages if m.role == "tool"]
-    assert [t.function for t in tools] == ["bash", "python"]
-    assert tools[0].text.strip() == "root" and tools[1].text.strip() == "wrote 42", [t.text for t in tools]
+def test_agent_loop_with_bash_and_python_tools(daemon, home, tmp_path):
+    """Inspect's bash() and python() tools in a generate() loop, the mock model scripted to call each (in its own
+    process, as a user runs an eval): the python call reads what the bash call wrote in the same child; the
+    scorer reads the file python wrote."""
+    logs = tmp_path / "logs"
+    res = subprocess.run([sys.executable, str(TASKS / "forkd_agent.py"), BASE_TAG, str(logs)], capture_output=True,
+                         text=True, timeout=900, env=dict(os.environ, FORKD_HOME=str(home)))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    [log] = list(logs.glob("*.json"))
+    data = json.loads(log.read_text())
+    assert data["status"] == "success", data.get("error")
+    [sample] = data["samples"]
+    assert sample["scores"]["answer_file"]["value"] == "C", sample["scores"]
+    tools = [m for m in sample["messages"] if m["role"] == "tool"]
+    assert [t["function"] for t in tools] == ["bash", "python"]
+    assert [t["content"].strip() for t in tools] == ["root", "wrote 42"], tools
