@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 
 from forkd_client.errors import ForkdError
+from forkd_client.processes import MAX_OUTPUT
 
 GRACE = 30.0  # seconds past `timeout` before the client stops waiting for the daemon's own kill
 
@@ -37,7 +38,7 @@ async def run_streamed(sb: Any, cmd: list[str], data: bytes | None, *, cwd: str 
     """Run `cmd` in the AsyncSandbox `sb` with `data` as its stdin (None: no stdin)."""
     out = Outcome()
     events = sb.commands.stream(cmd, envs=env, cwd=cwd, user=user, stdin=data is not None, timeout=timeout,
-                                max_output=limit + 1)
+                                max_output=min(limit + 1, MAX_OUTPUT))
     with anyio.move_on_after(timeout + GRACE if timeout else None) as scope:
         async with aclosing(events):
             first = await anext(events)
