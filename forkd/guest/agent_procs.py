@@ -8,6 +8,7 @@ import collections
 import contextlib
 import fcntl
 import os
+import pwd
 import signal
 import struct
 import subprocess
@@ -166,11 +167,24 @@ def _make_ctty():
     fcntl.ioctl(0, TIOCSCTTY, 0)
 
 
-def _popen(argv, args, env, size):
-    """Start argv with stdin a pipe (stdin: true), a PTY (pty: {rows, cols}) or /dev/null."""
-    kw = {"env": env, "cwd": args.get("cwd") or "/", "start_new_session": True}
-    if args.get("user") is not None:
-        kw["user"] = args["user"]
+def _as_user(user, env):
+    """The Popen arguments that run a process as `user` (a name or a uid in /etc/passwd): its uid, its primary
+    group and its supplementary groups (never the agent's root groups), and HOME, USER and LOGNAME from its
+    passwd entry unless the request set them (as `docker exec -u` does)."""
+    if not isinstance(user, str) or not user:
+        raise RequestError("proc_start: 'user' must be a non-empty string (a name or a uid)")
+    try:
+        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except (KeyError, OverflowError):
+        raise CannotRun(f"unable to find user {user}: no matching entry in the guest's /etc/passwd", 126) from None
+    for key, value in (("HOME", pw.pw_dir), ("USER", pw.pw_name), ("LOGNAME", pw.pw_name)):
+        env.setdefault(key, value)
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(pw.pw_name, pw.pw_gid)}
+
+
+def _popen(argv, args, env, size, switch):
+    """Start argv with stdin a pipe (stdin: true), a PTY (pty: {rows, cols}) or /dev/null; `switch`: _as_user's."""
+    kw = {"env": env, "cwd": args.get("cwd") or "/", "start_new_session": True, **switch}
     if size is not None:
         master, slave = os.openpty()
         try:
@@ -211,7 +225,11 @@ def _make_room():
 def op_proc_start(args):
     argv = _proc_argv(args)
     env = dict(os.environ)
+    if args.get("user") is not None:
+        for key in ("HOME", "USER", "LOGNAME"):  # PID 1's (root's): the user's own come from its passwd entry
+            env.pop(key, None)
     env.update(_strings(args.get("env") or {}, "proc_start: 'env'"))
+    switch = _as_user(args["user"], env) if args.get("user") is not None else {}
     size = args.get("pty")
     if size is not None and not isinstance(size, dict):
         raise RequestError("proc_start: 'pty' must be null or an object {rows, cols}")
@@ -223,7 +241,7 @@ def op_proc_start(args):
     if not _make_room():
         raise RequestError(f"proc_start: {MAX_PROCS} processes are running already; kill one first")
     try:
-        popen, stdin_fd, pty, streams = _popen(argv, args, env, size)
+        popen, stdin_fd, pty, streams = _popen(argv, args, env, size, switch)
     except FileNotFoundError as exc:
         raise CannotRun(f"{exc.filename or argv[0]}: not found", 127) from None
     except (PermissionError, NotADirectoryError, KeyError, OSError) as exc:

@@ -34,7 +34,8 @@ BUSYBOX_PACKAGE = "busybox-static"
 GUEST_MODULES = ["virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
                  "virtio_console", "failover", "net_failover", "virtio_net", "virtio_blk"]
 GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
-GUEST_SOURCES = [*AGENT_MODULES, "init.sh", "boot.sh"]  # boot.sh: stage-1 init of disk-backed images
+GUEST_SOURCES = [*AGENT_MODULES, "init.sh", "boot.sh", "users.py"]  # boot.sh: stage-1 init of disk-backed images
+USER_TOOLS = ("usr/sbin/adduser", "usr/sbin/userdel", "usr/sbin/deluser")  # users.py: this busybox has none
 # parts of the stdlib a headless agent never uses; dropping them keeps guest RAM small
 STDLIB_DROP = ["idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "test"]
 
@@ -147,6 +148,10 @@ def _populate(root: Path, pkgs: dict[str, Path], kernel_out: Path, progress: Pro
         shutil.copy2(GUEST_DIR / name, root / "forkd" / name)
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
     (root / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    (root / "home").mkdir(exist_ok=True)
+    for tool in USER_TOOLS:
+        shutil.copy2(GUEST_DIR / "users.py", root / tool)
+        os.chmod(root / tool, 0o755)
     (root / "etc/hostname").write_text("forkd\n")
     (root / "etc/hosts").write_text("127.0.0.1 localhost\n")
     progress("precompiling the standard library")

@@ -95,6 +95,19 @@ class AsyncProcessCommands:
             await handle.send_stdin(stdin, eof=True)
         return handle if background else await handle.wait()
 
+    def stream(self, cmd: str | list[str], *, envs: dict[str, str] | None = None, cwd: str | None = None,
+               user: str | None = None, stdin: bool = False, timeout: float | None = None,
+               max_output: int = KEEP) -> AsyncIterator[dict]:
+        """Start a command and yield its events as they come (forkd_client.processes: start {pid},
+        stdout/stderr {data: bytes}, keepalive, exit {exit_code, truncated, timed_out}, error): for callers that
+        act on output as it arrives (stop at a limit, send stdin while reading). `stdin=True` keeps a pipe open
+        for send_stdin; `timeout`: the daemon kills the process group then (exit has `timed_out`)."""
+        argv = list(cmd) if isinstance(cmd, list | tuple) else None
+        env = {**self._sb.envs, **(envs or {})} or None
+        body = _start_args(argv, cmd if argv is None else None, env, cwd, user, stdin, None, None)
+        body.update(max_output=max_output, timeout_secs=timeout)
+        return self._events("POST", self._path(), json=body)
+
     async def connect(self, pid: int, on_stdout: OnOutput | None = None, on_stderr: OnOutput | None = None,
                       max_output: int = KEEP) -> AsyncCommandHandle:
         events = self._events("GET", self._path(f"/{pid}/output"), params={"max_output": max_output})
