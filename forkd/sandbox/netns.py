@@ -271,14 +271,24 @@ def _make_tap(name: str) -> None:
         os.close(fd)
 
 
-def create_empty(child_id: str) -> str:
+def create_empty(child_id: str, home: str) -> ChildNet:
     """An empty network namespace of the child's own, for a VMM without a NIC: a compromised VMM then reaches
     neither the host's loopback services nor its abstract unix sockets, nor any other VMM's. Only `lo`, down (the
-    VMM has no capability to raise it). Removed like an isolated child's (teardown; gc after its grace)."""
-    name = netns_name(child_id)
-    with _new_netns(name):
-        pass
-    return name
+    VMM has no capability to raise it). Leased under its own name before it exists (no address), so every home's
+    gc knows whose it is; removed like an isolated child's (teardown)."""
+    net = ChildNet(netns_name(child_id), "", "", home, child_id, time.time())
+    leases_dir().mkdir(parents=True, exist_ok=True)
+    os.chmod(settings().run_dir, 0o700)
+    fd = os.open(leases_dir() / net.netns, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(net.to_json(), f)
+    try:
+        with _new_netns(net.netns):
+            pass
+    except BaseException:
+        teardown(net)
+        raise
+    return net
 
 
 def setup(child_id: str, home: str, egress: Egress = "none") -> tuple[ChildNet, dict[str, float]]:
@@ -375,11 +385,15 @@ def teardown(net: ChildNet) -> None:
     """Remove the host veth (and with it the pair), the namespace (its tap goes with it) and the lease. Call after
     the child's VMM is gone: a namespace lives on while a process is in it."""
     try:
-        delete_link(net.host_if)
+        if net.host_if:
+            delete_link(net.host_if)
     finally:  # the namespace and the lease go even when the link could not: its error is raised after
         remove_netns(net.netns)
         if net.addr:
             release(net.addr, net.netns)
+        else:  # an empty namespace's lease, under its own name (create_empty)
+            with contextlib.suppress(FileNotFoundError):
+                (leases_dir() / net.netns).unlink()
 
 
 def teardown_child(child_id: str, addr: str | None) -> None:

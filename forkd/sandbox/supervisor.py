@@ -81,7 +81,7 @@ class Supervisor:
                 rec = self.registry.save(rec.with_(net_addr=net.addr, egress=egress))
             elif rec.netns is not None:
                 t = time.perf_counter()
-                netns.create_empty(rec.id)
+                net = netns.create_empty(rec.id, home)
                 setup_ms["net_empty"] = (time.perf_counter() - t) * 1000.0
             vm = self.driver.restore(machine, memory, vmstate, RunFiles(Path(rec.dir)), timeout=timeout,
                                      on_start=on_start, netns=rec.netns, runas=rec.runas)
@@ -151,8 +151,6 @@ class Supervisor:
             kill_and_wait(rec.pid, rec.started)
         if net is not None:
             netns.teardown(net)
-        elif rec.netns is not None:  # an empty namespace of its own, or none made yet
-            netns.remove_netns(rec.netns)
         if group is not None:
             group.remove()
         self.registry.save(rec.with_(state="failed", error=str(exc), pid=None))
@@ -220,7 +218,8 @@ def runas_identity(child_id: str) -> str:
 def release_isolation(rec: ChildRecord) -> None:
     """Remove what a (dead) child's isolation left behind: its namespace, veth, tap, lease and cgroup."""
     if rec.netns:
-        netns.teardown(netns.ChildNet(rec.netns, netns.host_if_name(rec.id), rec.net_addr or "", "", rec.id))
+        host_if = netns.host_if_name(rec.id) if rec.network != "none" else ""  # an empty namespace has no link
+        netns.teardown(netns.ChildNet(rec.netns, host_if, rec.net_addr or "", "", rec.id))
     g = cgroups.from_record(rec.cgroup)
     if g is not None:
         for pid in g.pids():  # only a process we placed can be in it; its record is this one

@@ -72,3 +72,19 @@ def test_a_vmm_without_a_nic_reaches_no_host_loopback_service_nor_a_sibling(rt, 
         unix.close()
     rt.kill([a.id])
     assert not netns.exists(a.netns)  # it goes with its child
+
+
+def test_another_home_s_gc_leaves_a_child_s_empty_namespace_alone(rt, fork, tmp_path):
+    """Namespaces are host-wide: an empty one is leased under its own name, naming its home, before it exists, so
+    the gc of another home on this host (even with no grace) neither counts it nor kills its VMM; its own home's
+    gc takes both once the child is gone."""
+    from forkd.base.paths import Layout
+    from forkd.core.runtime import Runtime
+
+    (c,) = fork(1)
+    lease = netns.leases_dir() / c.netns
+    assert lease.exists()
+    other = Runtime(Layout(tmp_path / "other-home")).gc(dry_run=True, grace=0.0)
+    assert c.netns not in other["netns"] and c.pid not in other["processes"], other
+    rt.kill([c.id])
+    assert not lease.exists() and not netns.exists(c.netns)
