@@ -147,7 +147,7 @@ def _watch_route(r: APIRouter, rt, gate: GuestIO) -> None:
     @r.get("/v1/sandboxes/{id}/files/watch", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": NDJSON, "description": "one WatchEvent per line"}})
     async def watch(request: Request, id: SandboxId, path: str = PATH, recursive: bool = False,
-              timeout: float = Query(3600, gt=0, le=86400, description="seconds until the stream ends")) \
+                    timeout: float = Query(3600, gt=0, le=86400, description="seconds until the stream ends")) \
             -> StreamingResponse:
         """Events under a guest directory as NDJSON lines (WatchEvent), until `timeout` or the client leaves.
         The first line is {"type": "started", "kind": "inotify"|"poll"}."""
