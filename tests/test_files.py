@@ -56,7 +56,7 @@ def test_metadata_ops_and_errors(rt, fork):
     assert (st.type, st.size, st.mode, st.name) == ("file", 12, 0o600, "two.bin")
     assert [(e.name, e.type) for e in f.list("/root/t")] == [("a", "dir"), ("two.bin", "file")]
     deep = [e.path for e in f.list("/root/t", depth=3)]
-    assert deep == ["/root/t/a", "/root/t/two.bin", "/root/t/a/b", "/root/t/a/b/one.txt"]
+    assert deep == ["/root/t/a", "/root/t/a/b", "/root/t/a/b/one.txt", "/root/t/two.bin"]  # depth first
     assert f.exists("/root/t/two.bin") and not f.exists("/root/t/nope") and not f.exists("/root/t/two.bin/x")
     f.rename("/root/t/two.bin", "/root/t/a/three.bin")
     f.chmod("/root/t/a/three.bin", 0o640)

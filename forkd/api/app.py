@@ -21,12 +21,13 @@ from starlette.routing import Match
 
 from forkd import __version__
 from forkd.api.audit import Denials, Gate
+from forkd.api.guestio import RETRY_AFTER, GuestIO
 from forkd.api.metrics import Metrics
 from forkd.api.routes_files import build_files_router
 from forkd.api.routes_forkd import build_forkd_router
 from forkd.api.routes_process import build_process_router
 from forkd.api.routes_v1 import build_router
-from forkd.base.errors import ForkdError, InvalidInput, NotFound
+from forkd.base.errors import Busy, ForkdError, InvalidInput, NotFound
 from forkd.base.settings import settings
 from forkd.client.local import LocalBackend
 from forkd.core.audit import AuditLog
@@ -131,12 +132,17 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
     audit = audit or AuditLog(control.rt.layout.home)
     denials = denials or Denials(audit, settings().audit_denied_interval)
     app.state.metrics, app.state.audit, app.state.control, app.state.denials = metrics, audit, control, denials
+    gate = app.state.guestio = GuestIO()  # calls into guests: a pool of their own, bounded per child and client
     app.add_middleware(Gate, token=token, audit=audit, metrics=metrics, hosts=hosts, denials=denials)
 
     @app.exception_handler(ForkdError)
     async def forkd_error(_: Request, exc: ForkdError) -> JSONResponse:
         code = exc.http_status
         metrics.errors.labels(type(exc).__name__, str(code)).inc()
+        if isinstance(exc, Busy):
+            resp = problem(code, type(exc).__name__, exc.message, exc.hint, retry_after=RETRY_AFTER)
+            resp.headers["Retry-After"] = str(RETRY_AFTER)
+            return resp
         return problem(code, type(exc).__name__, exc.message, exc.hint)
 
     @app.exception_handler(RequestValidationError)
@@ -187,10 +193,10 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
     def metrics_() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.include_router(build_router(control, metrics))
+    app.include_router(build_router(control, metrics, gate))
     app.include_router(build_forkd_router(LocalBackend(control)))
-    app.include_router(build_process_router(control.rt))
-    app.include_router(build_files_router(control))
+    app.include_router(build_process_router(control.rt, gate))
+    app.include_router(build_files_router(control, gate))
 
     @app.post("/v1/apply")
     def apply(req: ApplyRequest) -> dict:

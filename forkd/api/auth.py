@@ -35,6 +35,7 @@ DEFAULT_PORT = 8889
 OPEN_PATHS = frozenset({"/healthz"})
 TRANSPORT_KEY = "forkd.transport"  # set in the ASGI scope by the TCP listener's wrapper
 PEER_KEY = "forkd.peer_uid"  # set in the ASGI scope by the unix listener's protocol (peer_checked)
+PEER_PID_KEY = "forkd.peer_pid"  # the same peer's pid
 
 
 def parse_bind(bind: str) -> tuple[str, int]:
@@ -160,10 +161,10 @@ def peer_checked(base: type, on_refused=None) -> type:
                 if on_refused is not None:
                     on_refused(f"unix:{creds[1] if creds else 'unknown'}")
                 return
-            inner, uid = self.app, creds[1]
+            inner, pid, uid = self.app, creds[0], creds[1]
 
             async def app(scope, receive, send):
-                scope[PEER_KEY] = uid
+                scope[PEER_KEY], scope[PEER_PID_KEY] = uid, pid
                 await inner(scope, receive, send)
 
             self.app = app
@@ -175,6 +176,16 @@ def actor_of(scope: dict, token: str | None) -> str:
     if scope.get(TRANSPORT_KEY) == "tcp":
         return token_id(token) if token else "tcp:anonymous"
     return f"unix:{peer_uid(scope)}"
+
+
+def client_of(scope: dict) -> str:
+    """Who is calling, for per-client limits: a TCP peer's address (every TCP caller holds the one token), or a
+    unix socket peer's process."""
+    if scope.get(TRANSPORT_KEY) == "tcp":
+        peer = scope.get("client")
+        return f"tcp:{peer[0] if peer else 'unknown'}"
+    pid = scope.get(PEER_PID_KEY)
+    return f"unix:{peer_uid(scope)}:{pid}" if isinstance(pid, int) else f"unix:{peer_uid(scope)}"
 
 
 class TagTransport:

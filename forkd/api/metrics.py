@@ -6,11 +6,17 @@ conventions (base units, `_bytes`, `_seconds`; counters end in `_total`; no per-
 `pool`, `status`, `reason`, `kind`, `action`, `mode`, whose values are few). Two gauges keep upstream's names as
 aliases although a gauge should not end in `_total`: `forkd_snapshots_total` (= sum of `forkd_snapshots`) and
 `forkd_sandboxes_active` (= `forkd_sandboxes{status="running"}`); `forkd_build_info` too.
+
+A `pool` label only ever names a pool that exists (a claim of a name that is no pool is counted under pool ""), and
+the series of a deleted pool are dropped at the next scrape: no client can grow the series. A failed claim is
+counted in `forkd_claim_failures_total`, not timed with the claims that handed out children.
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
+import threading
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
@@ -28,6 +34,8 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30, 6
 PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
+POOLED = {"spawn": ("pool", "reason"), "claim": ("pool",), "claim_failed": ("pool", "reason"),
+          "reconcile_action": ("action", "pool")}  # the label names, in order, of the events labelled by pool
 DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 CHILD_STATES = ("running", "starting", "stopping", "dead", "oom-killed", "failed")
 
@@ -142,21 +150,46 @@ class Metrics:
                                                   ["action", "pool"], buckets=LATENCY_BUCKETS, registry=r)
         self.branch_pause_seconds = Histogram("forkd_branch_pause_seconds", "time the branch source was paused",
                                               ["mode"], buckets=PAUSE_BUCKETS, registry=r)
+        self.claim_failures = Counter("forkd_claim_failures", "claims that failed, by pool (\"\": the name given "
+                                      "was no pool) and error kind", ["pool", "reason"], registry=r)
         self.errors = Counter("forkd_errors", "API errors by kind", ["kind", "status"], registry=r)
         self.requests = Counter("forkd_requests", "API requests", ["method", "route", "status"], registry=r)
         build = Info("forkd_build", "build information (upstream: forkd_build_info)", registry=r)
         build.info({"version": __version__, "python": platform.python_version(), "api": "v1"})
         self._events = {"spawn": self.spawn_seconds, "claim": self.claim_seconds, "exec": self.exec_seconds,
                         "reconcile": self.reconcile_seconds, "reconcile_action": self.reconcile_action_seconds}
+        self._counts = {"claim_failed": self.claim_failures}
+        self._pooled: dict[str, set[tuple[str, tuple[str, ...]]]] = {}  # pool -> (event, label values) observed
+        self._lock = threading.Lock()
+        self.control = control
         if control is not None:
             r.register(_StateCollector(control))
         telemetry.subscribe(self)
 
     def observe(self, event: str, seconds: float, labels: dict[str, str]) -> None:
         """A telemetry observation (see forkd.base.telemetry); unknown events are ignored."""
-        hist = self._events.get(event)
-        if hist is not None:
-            (hist.labels(**labels) if labels else hist).observe(seconds)
+        metric = self._events.get(event) or self._counts.get(event)
+        if metric is None:
+            return
+        child = metric.labels(**labels) if labels else metric
+        child.inc() if event in self._counts else child.observe(seconds)
+        if labels.get("pool"):
+            with self._lock:
+                self._pooled.setdefault(labels["pool"], set()).add(
+                    (event, tuple(labels[n] for n in POOLED.get(event, ()))))
+
+    def _forget_gone_pools(self) -> None:
+        """Drop the series of pools that no longer exist: a label names only a pool the daemon has."""
+        if self.control is None:
+            return
+        existing = {key(o) for o in self.control.get("ForkPool")}
+        with self._lock:
+            gone = [p for p in self._pooled if p not in existing]
+            for pool in gone:
+                for event, values in self._pooled.pop(pool):
+                    with contextlib.suppress(KeyError, ValueError):
+                        (self._events.get(event) or self._counts[event]).remove(*values)
 
     def render(self) -> bytes:
+        self._forget_gone_pools()
         return generate_latest(self.registry)

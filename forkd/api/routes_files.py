@@ -13,11 +13,11 @@ from typing import Annotated
 
 import anyio
 import anyio.from_thread
-import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import StreamingResponse
 
+from forkd.api.guestio import GuestIO
 from forkd.client import files_wire as fw
 from forkd.core import files as core_files
 from forkd.reconciler.control import Control
@@ -32,11 +32,12 @@ NDJSON = {"application/x-ndjson": {"schema": fw.WatchEvent.model_json_schema()}}
 RAW_BODY = {"requestBody": {"required": True, "content": BINARY}}
 
 
-def build_files_router(control: Control) -> APIRouter:
+def build_files_router(control: Control, gate: GuestIO) -> APIRouter:
+    """Every route calls into the guest on `gate`'s pool, within its per-child and per-client limits."""
     r = APIRouter()
-    _metadata_routes(r, control.rt)
-    _content_routes(r, control.rt)
-    _watch_route(r, control.rt)
+    _metadata_routes(r, control.rt, gate)
+    _content_routes(r, control.rt, gate)
+    _watch_route(r, control.rt, gate)
     return r
 
 
@@ -44,45 +45,54 @@ def _entry(e) -> fw.EntryInfo:
     return fw.EntryInfo(**e.to_dict())
 
 
-def _metadata_routes(r: APIRouter, rt) -> None:
+def _metadata_routes(r: APIRouter, rt, gate: GuestIO) -> None:
+    def files(id: str, path: str, op):
+        def run():
+            with core_files.open_files(rt, id, path) as f:
+                return op(f)
+        return run
+
     @r.get("/v1/sandboxes/{id}/files/list", tags=TAGS)
-    def list_files(id: SandboxId, path: str = PATH, depth: int = Query(1, ge=1, le=32)) -> fw.EntryList:
-        """The entries under a directory, `depth` levels down (symlinks are listed, not followed)."""
-        with core_files.open_files(rt, id, path) as f:
-            return fw.EntryList(entries=[_entry(e) for e in f.list(path, depth)])
+    async def list_files(request: Request, id: SandboxId, path: str = PATH, depth: int = Query(1, ge=1, le=32),
+                   limit: int = Query(core_files.PAGE_ENTRIES, ge=1, le=core_files.PAGE_ENTRIES,
+                                      description="entries of this page at most"),
+                   cursor: str | None = Query(None, min_length=1, max_length=core_files.MAX_CURSOR,
+                                              description="the next_cursor of the page before")) -> fw.EntryList:
+        """One page of the entries under a directory, `depth` levels down, depth first in name order (symlinks are
+        listed, not followed): at most `limit` entries and a bounded number of bytes, whatever the guest's tree.
+        `next_cursor` (passed back as `cursor`) resumes after it; null: the listing is complete."""
+        page = await gate.run(id, request, files(id, path, lambda f: f.list_page(path, depth, limit,
+                                                                                  core_files.PAGE_BYTES, cursor)))
+        return fw.EntryList(entries=[_entry(e) for e in page.entries], next_cursor=page.next_cursor,
+                            skipped=page.skipped)
 
     @r.get("/v1/sandboxes/{id}/files/stat", tags=TAGS)
-    def stat(id: SandboxId, path: str = PATH) -> fw.EntryInfo:
-        with core_files.open_files(rt, id, path) as f:
-            return _entry(f.stat(path))
+    async def stat(request: Request, id: SandboxId, path: str = PATH) -> fw.EntryInfo:
+        return _entry(await gate.run(id, request, files(id, path, lambda f: f.stat(path))))
 
     @r.get("/v1/sandboxes/{id}/files/exists", tags=TAGS)
-    def exists(id: SandboxId, path: str = PATH) -> fw.Exists:
-        with core_files.open_files(rt, id, path) as f:
-            return fw.Exists(path=path, exists=f.exists(path))
+    async def exists(request: Request, id: SandboxId, path: str = PATH) -> fw.Exists:
+        return fw.Exists(path=path, exists=await gate.run(id, request, files(id, path, lambda f: f.exists(path))))
 
     @r.delete("/v1/sandboxes/{id}/files", status_code=204, tags=TAGS)
-    def remove(id: SandboxId, path: str = PATH, recursive: bool = False) -> Response:
+    async def remove(request: Request, id: SandboxId, path: str = PATH, recursive: bool = False) -> Response:
         """Remove a file, symlink or empty directory (a non-empty one: `recursive`; 409 without)."""
-        with core_files.open_files(rt, id, path) as f:
-            f.remove(path, recursive)
+        await gate.run(id, request, files(id, path, lambda f: f.remove(path, recursive)))
         return Response(status_code=204)
 
     @r.post("/v1/sandboxes/{id}/files/rename", tags=TAGS)
-    def rename(id: SandboxId, req: fw.RenameRequest) -> fw.PathResult:
-        with core_files.open_files(rt, id, req.src) as f:
-            f.rename(req.src, req.dst)
+    async def rename(request: Request, id: SandboxId, req: fw.RenameRequest) -> fw.PathResult:
+        await gate.run(id, request, files(id, req.src, lambda f: f.rename(req.src, req.dst)))
         return fw.PathResult(path=req.dst)
 
     @r.post("/v1/sandboxes/{id}/files/mkdir", tags=TAGS)
-    def mkdir(id: SandboxId, req: fw.MakeDirRequest) -> fw.MadeDir:
-        with core_files.open_files(rt, id, req.path) as f:
-            return fw.MadeDir(path=req.path, created=f.mkdir(req.path, req.parents, req.mode))
+    async def mkdir(request: Request, id: SandboxId, req: fw.MakeDirRequest) -> fw.MadeDir:
+        made = await gate.run(id, request, files(id, req.path, lambda f: f.mkdir(req.path, req.parents, req.mode)))
+        return fw.MadeDir(path=req.path, created=made)
 
     @r.post("/v1/sandboxes/{id}/files/chmod", tags=TAGS)
-    def chmod(id: SandboxId, req: fw.ChmodRequest) -> fw.PathResult:
-        with core_files.open_files(rt, id, req.path) as f:
-            f.chmod(req.path, req.mode)
+    async def chmod(request: Request, id: SandboxId, req: fw.ChmodRequest) -> fw.PathResult:
+        await gate.run(id, request, files(id, req.path, lambda f: f.chmod(req.path, req.mode)))
         return fw.PathResult(path=req.path)
 
 
@@ -98,13 +108,13 @@ def _body_chunks(request: Request) -> Iterator[bytes]:
             yield chunk
 
 
-def _content_routes(r: APIRouter, rt) -> None:
+def _content_routes(r: APIRouter, rt, gate: GuestIO) -> None:
     @r.get("/v1/sandboxes/{id}/files/content", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": BINARY, "description": "the file's bytes, streamed"}})
-    def download(id: SandboxId, path: str = PATH) -> StreamingResponse:
+    async def download(request: Request, id: SandboxId, path: str = PATH) -> StreamingResponse:
         """A guest file of any size, streamed (chunked) as the guest reads it."""
-        return StreamingResponse(core_files.stream(rt, id, path, lambda f: f.read(path)),
-                                 media_type="application/octet-stream")
+        return await gate.respond(id, request, lambda: core_files.stream(rt, id, path, lambda f: f.read(path)),
+                                  "application/octet-stream")
 
     @r.put("/v1/sandboxes/{id}/files/content", tags=TAGS, openapi_extra=RAW_BODY)
     async def upload(id: SandboxId, request: Request, path: str = PATH, mode: int = Query(0o644, ge=0, le=0o7777),
@@ -114,15 +124,15 @@ def _content_routes(r: APIRouter, rt) -> None:
         def write() -> int:
             with core_files.open_files(rt, id, path) as f:
                 return f.write(path, _body_chunks(request), mode, mkdir)
-        return fw.Written(path=path, bytes=await anyio.to_thread.run_sync(write))
+        return fw.Written(path=path, bytes=await gate.run(id, request, write))
 
     @r.get("/v1/sandboxes/{id}/files/archive", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": TAR, "description": "a tar stream of the file or directory"}})
-    def archive(id: SandboxId, path: str = PATH) -> StreamingResponse:
+    async def archive(request: Request, id: SandboxId, path: str = PATH) -> StreamingResponse:
         """A tar stream of a guest file or directory (its top entry named by the path's last component). It is
         made by the guest: extract it as untrusted input (`forkd cp` does)."""
-        return StreamingResponse(core_files.stream(rt, id, path, lambda f: f.tar_read(path)),
-                                 media_type="application/x-tar")
+        return await gate.respond(id, request, lambda: core_files.stream(rt, id, path, lambda f: f.tar_read(path)),
+                                  "application/x-tar")
 
     @r.put("/v1/sandboxes/{id}/files/archive", tags=TAGS, openapi_extra=RAW_BODY)
     async def extract(id: SandboxId, request: Request, path: str = PATH) -> fw.Written:
@@ -130,25 +140,25 @@ def _content_routes(r: APIRouter, rt) -> None:
         def write() -> int:
             with core_files.open_files(rt, id, path) as f:
                 return f.tar_write(path, _body_chunks(request))
-        return fw.Written(path=path, bytes=await anyio.to_thread.run_sync(write))
+        return fw.Written(path=path, bytes=await gate.run(id, request, write))
 
 
-def _watch_route(r: APIRouter, rt) -> None:
+def _watch_route(r: APIRouter, rt, gate: GuestIO) -> None:
     @r.get("/v1/sandboxes/{id}/files/watch", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": NDJSON, "description": "one WatchEvent per line"}})
-    def watch(id: SandboxId, path: str = PATH, recursive: bool = False,
-              timeout: float = Query(3600, gt=0, le=86400, description="seconds until the stream ends")) \
+    async def watch(request: Request, id: SandboxId, path: str = PATH, recursive: bool = False,
+                    timeout: float = Query(3600, gt=0, le=86400, description="seconds until the stream ends")) \
             -> StreamingResponse:
         """Events under a guest directory as NDJSON lines (WatchEvent), until `timeout` or the client leaves.
         The first line is {"type": "started", "kind": "inotify"|"poll"}."""
-        events = core_files.watch(rt, id, path, recursive, duration=timeout)
-        first = next(events)  # a missing directory is a 404 now, not a broken stream
-        return StreamingResponse(_ndjson(first, events), media_type="application/x-ndjson")
+        # the first line is pulled before the response starts: a missing directory is a 404, not a broken stream
+        return await gate.respond(id, request, lambda: _ndjson(core_files.watch(rt, id, path, recursive,
+                                                                                duration=timeout)),
+                                  "application/x-ndjson")
 
 
-def _ndjson(first: dict, events: Iterator[dict]) -> Iterator[bytes]:
+def _ndjson(events: Iterator[dict]) -> Iterator[bytes]:
     try:
-        yield (json.dumps(first) + "\n").encode()
         for ev in events:
             yield (json.dumps(ev) + "\n").encode()
     finally:

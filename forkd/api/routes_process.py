@@ -3,7 +3,8 @@ a background one, send stdin, resize its PTY, signal, wait, list, kill.
 
 Streams are `application/x-ndjson` (chunked; one JSON event per line, output base64 in `data`: bytes end to end);
 the events are described in forkd.client.processes. Each open stream holds a worker thread of its own pool
-(`STREAMS`), so many streams do not starve the other routes."""
+(`STREAMS`), so many streams do not starve the other routes; the other calls into the guest run on the app's
+guest pool (forkd.api.guestio), within its per-child and per-client limits."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from forkd.api.guestio import GuestIO
 from forkd.base.errors import InvalidInput
 from forkd.client.processes import MAX_OUTPUT, LocalProcesses, events, to_line
 
@@ -109,7 +111,9 @@ async def _stream(gen: Iterator[dict], limiter: anyio.CapacityLimiter) -> Stream
     return StreamingResponse(body(), media_type=NDJSON)
 
 
-def build_process_router(rt: Any) -> APIRouter:
+def build_process_router(rt: Any, gate: GuestIO) -> APIRouter:
+    """Streams run on a pool of their own (STREAMS); the other calls into the guest on `gate`'s, within its
+    per-child and per-client limits."""
     r = APIRouter(tags=["processes"])
     procs = LocalProcesses(rt)
     limiter = anyio.CapacityLimiter(STREAMS)
@@ -130,30 +134,30 @@ def build_process_router(rt: Any) -> APIRouter:
         return await _stream(events(rt, id, pid=pid, max_output=max_output), limiter)
 
     @r.get(base)
-    def list_processes(id: str) -> list[dict[str, Any]]:
-        return procs.list(id)
+    async def list_processes(request: Request, id: str) -> list[dict[str, Any]]:
+        return await gate.run(id, request, procs.list, id)
 
     @r.post(base + "/{pid}/stdin")
-    def stdin(id: str, pid: int, req: Stdin) -> dict[str, int]:
+    async def stdin(request: Request, id: str, pid: int, req: Stdin) -> dict[str, int]:
         try:
             data = base64.b64decode(req.data, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidInput("stdin 'data' is not base64") from None
-        return {"written": procs.send_stdin(id, pid, data, req.eof)}
+        return {"written": await gate.run(id, request, procs.send_stdin, id, pid, data, req.eof)}
 
     @r.post(base + "/{pid}/resize")
-    def resize(id: str, pid: int, req: PtySize) -> dict[str, int]:
-        procs.resize(id, pid, req.rows, req.cols)
+    async def resize(request: Request, id: str, pid: int, req: PtySize) -> dict[str, int]:
+        await gate.run(id, request, procs.resize, id, pid, req.rows, req.cols)
         return {"pid": pid}
 
     @r.post(base + "/{pid}/signal")
-    def signal(id: str, pid: int, req: Signal) -> dict[str, Any]:
-        return {"pid": pid, "sent": procs.signal(id, pid, req.signal)}
+    async def signal(request: Request, id: str, pid: int, req: Signal) -> dict[str, Any]:
+        return {"pid": pid, "sent": await gate.run(id, request, procs.signal, id, pid, req.signal)}
 
     @r.post(base + "/{pid}/wait")
-    def wait(id: str, pid: int, timeout: float = Query(60.0, ge=0, le=60)) -> dict[str, Any]:
+    async def wait(request: Request, id: str, pid: int, timeout: float = Query(60.0, ge=0, le=60)) -> dict[str, Any]:
         """The process's entry once it exited, or after `timeout` seconds (`running` says which)."""
-        return procs.wait(id, pid, timeout)
+        return await gate.run(id, request, procs.wait, id, pid, timeout)
 
     @r.get("/v1/sandboxes/{id}/logs", tags=["sandboxes"])
     def logs(id: str, offset: int = Query(0, ge=0)) -> dict[str, Any]:
@@ -162,8 +166,8 @@ def build_process_router(rt: Any) -> APIRouter:
         return {"offset": res["offset"], "data": base64.b64encode(res["data"]).decode()}
 
     @r.delete(base + "/{pid}")
-    def kill(id: str, pid: int) -> dict[str, Any]:
-        return {"pid": pid, "sent": procs.kill(id, pid)}
+    async def kill(request: Request, id: str, pid: int) -> dict[str, Any]:
+        return {"pid": pid, "sent": await gate.run(id, request, procs.kill, id, pid)}
 
     return r
 

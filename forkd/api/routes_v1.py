@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from forkd.api.guestio import GuestIO
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.base.settings import settings
 from forkd.client import wire
@@ -31,7 +32,7 @@ class NotSupported(ForkdError):
     http_status = 501
 
 
-def build_router(control: Control, metrics) -> APIRouter:
+def build_router(control: Control, metrics, gate: GuestIO) -> APIRouter:
     rt = control.rt
     r = APIRouter()
 
@@ -138,18 +139,19 @@ def build_router(control: Control, metrics) -> APIRouter:
         return [wire.sandbox_info(rec) for rec in recs]
 
     @r.post("/v1/sandboxes/{id}/ping", tags=["sandboxes"])
-    def ping(id: str) -> wire.PingResult:
-        return wire.PingResult(**{**rt.ping(id), "pong": True})
+    async def ping(request: Request, id: str) -> wire.PingResult:
+        return wire.PingResult(**{**await gate.run(id, request, rt.ping, id), "pong": True})
 
     @r.post("/v1/sandboxes/{id}/exec", tags=["sandboxes"])
-    def exec_(id: str, req: wire.ExecRequest) -> wire.ExecResult:
-        res = rt.exec(id, req.args, env=req.env, cwd=req.cwd, stdin=req.stdin, timeout=req.timeout_secs)
+    async def exec_(request: Request, id: str, req: wire.ExecRequest) -> wire.ExecResult:
+        res = await gate.run(id, request, lambda: rt.exec(id, req.args, env=req.env, cwd=req.cwd, stdin=req.stdin,
+                                                          timeout=req.timeout_secs))
         return wire.ExecResult(**res)
 
     @r.post("/v1/sandboxes/{id}/eval", tags=["sandboxes"])
-    def eval_(id: str, req: wire.EvalRequest) -> wire.EvalResult:
+    async def eval_(request: Request, id: str, req: wire.EvalRequest) -> wire.EvalResult:
         call = rt.eval if req.mode == "eval" else rt.exec_code
-        res = call(id, req.code, timeout=req.timeout_secs)
+        res = await gate.run(id, request, lambda: call(id, req.code, timeout=req.timeout_secs))
         return wire.EvalResult(result=res.get("value"), error=res.get("error"),
                                exit_code=1 if res.get("error") else 0, stdout=res.get("stdout", ""),
                                stderr=res.get("stderr", ""))
@@ -179,10 +181,12 @@ def build_router(control: Control, metrics) -> APIRouter:
 
     @r.get("/v1/sandboxes/{id}/files", tags=["sandboxes"],
            responses={200: {"content": {"application/octet-stream": {}}}})
-    def read_file(id: str, path: str = Query(..., description="absolute path in the guest")) -> Response:
-        with _agent_errors(path), rt.agent(id) as a:
-            data = a.read_file(path)
-        return Response(data, media_type="application/octet-stream")
+    async def read_file(request: Request, id: str,
+                        path: str = Query(..., description="absolute path in the guest")) -> Response:
+        def read() -> bytes:
+            with _agent_errors(path), rt.agent(id) as a:
+                return a.read_file(path)
+        return Response(await gate.run(id, request, read), media_type="application/octet-stream")
 
     @r.put("/v1/sandboxes/{id}/files", tags=["sandboxes"])
     async def write_file(id: str, request: Request,
@@ -190,12 +194,11 @@ def build_router(control: Control, metrics) -> APIRouter:
                          mode: int = Query(0o644, ge=0, le=0o7777)) -> wire.FileWritten:
         """The request body is the file's content (raw bytes)."""
         data = await request.body()
-        from starlette.concurrency import run_in_threadpool
 
         def write() -> None:
             with _agent_errors(path), rt.agent(id) as a:
                 a.write_file(path, data, mode=mode)
-        await run_in_threadpool(write)
+        await gate.run(id, request, write)
         return wire.FileWritten(path=path, bytes=len(data))
 
     # -- pools and the other kinds ------------------------------------------------------------------------

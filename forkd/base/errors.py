@@ -11,6 +11,7 @@ the core ran in-process or a daemon answered. What only the runtime raises or ne
 from __future__ import annotations
 
 from forkd_client.errors import (
+    Busy,
     Conflict,
     ControllerError,
     ForkdError,
@@ -21,7 +22,7 @@ from forkd_client.errors import (
     Unavailable,
 )
 
-__all__ = ["Conflict", "ControllerError", "ForkdError", "InvalidInput", "NotFound", "ProtocolViolation",
+__all__ = ["Busy", "Conflict", "ControllerError", "ForkdError", "InvalidInput", "NotFound", "ProtocolViolation",
            "TerminalError", "Timeout", "Unavailable", "first_line"]
 
 

@@ -98,6 +98,14 @@ class Settings(BaseModel):
                                  "self-signed --tls-cert (default: the system's CAs)")
     audit_denied_interval: float = _env(60.0, "seconds between the audit log's summary lines of refused "
                                               "unauthenticated requests (each summary carries their count)", gt=0)
+    guest_io_threads: int = _env(64, "worker threads for the daemon's calls into guests (files, processes, exec), "
+                                     "apart from the threads of its other routes: a slow guest holds these only",
+                                 ge=1, le=4096)
+    guest_io_per_child: int = _env(8, "guest calls (a stream counts while it is open) in flight at once for one "
+                                      "child; past it the daemon answers 429 with Retry-After, naming the child",
+                                   ge=1)
+    guest_io_per_client: int = _env(32, "guest calls in flight at once for one client (a TCP peer address, or a "
+                                        "unix socket peer process); past it: 429 with Retry-After", ge=1)
     # -- children's lifetimes and ownership
     kill_wait_seconds: float = _env(120.0, "seconds `forkd kill` waits for a child another operation is still "
                                            "starting (or stopping) before it gives up with a conflict", gt=0)

@@ -7,7 +7,9 @@ function call. A subscriber that raises is ignored (metrics must never break a s
 
 Events and their labels (values bounded: pools are few, actions and kinds are fixed sets):
 - `spawn`: one child, restore to first agent answer; `pool` ("" outside a pool), `reason` (direct, refill, claim)
-- `claim`: one claim call; `pool`
+- `claim`: one claim call that handed out children; `pool` (the qualified name of a pool that exists)
+- `claim_failed`: one claim call that failed (counted, not timed with the claims); `pool` ("" when the name given
+  was no pool), `reason` (the error's kind)
 - `exec`: one guest command; `kind` (exec, eval, exec_code)
 - `reconcile`: one reconcile step (all its passes)
 - `reconcile_action`: one action the reconciler ran; `action` (its type), `pool` ("" if not a pool's)

@@ -28,6 +28,13 @@ class LocalFiles:
         with self._open(path) as f:
             return [_info(e) for e in f.list(path, depth)]
 
+    def list_page(self, path: str, depth: int = 1, limit: int | None = None,
+                  cursor: str | None = None) -> fw.EntryList:
+        with self._open(path) as f:
+            page = f.list_page(path, depth, limit or core_files.PAGE_ENTRIES, core_files.PAGE_BYTES, cursor)
+        return fw.EntryList(entries=[_info(e) for e in page.entries], next_cursor=page.next_cursor,
+                            skipped=page.skipped)
+
     def stat(self, path: str) -> fw.EntryInfo:
         with self._open(path) as f:
             return _info(f.stat(path))

@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
-from forkd.vmm.agent_files import AgentFiles
+from forkd.vmm.agent_files import MAX_CURSOR, PAGE_BYTES, PAGE_ENTRIES, AgentFiles
 from forkd.vmm.agent_replies import AgentError
+
+__all__ = ["MAX_CURSOR", "PAGE_BYTES", "PAGE_ENTRIES", "guest_error", "open_files", "stream", "watch"]
 
 NOT_FOUND = {"FileNotFoundError", "NotADirectoryError"}
 CONFLICT = {"FileExistsError", "IsADirectoryError"}

@@ -56,18 +56,25 @@ def op_fs_stat(args):
 
 
 def op_fs_list(args):
-    """One page of a directory: entries [name, type, size, mode, mtime] with names after `after`, sorted."""
+    """One page of a directory: entries [name, type, size, mode, mtime] with names after `after`, sorted. Entries
+    are looked at relative to the directory, so a name that makes a path past PATH_MAX is still listed."""
     path = _fs_path(args)
     after = args.get("after") or ""
+    if not isinstance(after, str):
+        raise RequestError("'after' must be a name")
     limit = _fs_int(args, "limit", FS_LIST_MAX, 1, FS_LIST_MAX)
-    names = sorted(n for n in os.listdir(path) if n > after)
-    out = []
-    for n in names[:limit]:
-        try:
-            s = os.lstat(os.path.join(path, n))
-        except FileNotFoundError:
-            continue
-        out.append([n, _fs_type(s.st_mode), s.st_size, s.st_mode & 0o7777, s.st_mtime])
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        names = sorted(n for n in os.listdir(fd) if n > after)
+        out = []
+        for n in names[:limit]:
+            try:
+                s = os.lstat(n, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            out.append([n, _fs_type(s.st_mode), s.st_size, s.st_mode & 0o7777, s.st_mtime])
+    finally:
+        os.close(fd)
     return {"entries": out, "more": len(names) > limit, "last": names[:limit][-1] if names else None}
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.settings import settings
-from forkd.base.telemetry import timed
+from forkd.base.telemetry import observe as observe_event
 from forkd.reconciler import observe
 from forkd.reconciler.engine import Reconciler
 from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore, key
@@ -180,8 +180,19 @@ class Control:
 
     # -- claim ---------------------------------------------------------------------------------------
     def claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list[ChildRecord]:
-        with timed("claim", pool=pool):
-            return self._claim(pool, n, lifetime)
+        """`_claim`, observed: a claim's latency under its pool's qualified name, a failure counted apart (pool ""
+        when the name given is no pool: a metric label only ever holds the name of a pool that exists)."""
+        t0 = time.perf_counter()
+        owned = ""
+        try:
+            owned = key(self.objects.get("ForkPool", pool).obj)
+            got = self._claim(pool, n, lifetime)
+        except BaseException as exc:
+            observe_event("claim_failed", time.perf_counter() - t0, pool=owned,
+                          reason=type(exc).__name__ if isinstance(exc, ForkdError) else "Error")
+            raise
+        observe_event("claim", time.perf_counter() - t0, pool=owned)
+        return got
 
     def _claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list[ChildRecord]:
         """Hand out `n` warm children of `pool` now; the reconciler refills the pool in the background.

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from forkd.base.errors import InvalidInput
 from forkd.base.taranswer import answer_only, top_name
 from forkd.vmm.agent_client import AgentClient
 
@@ -30,6 +31,11 @@ CHUNK = 1 << 20  # default bytes per read/write request
 MAX_CHUNK = 4 << 20  # the most a chunk may be (the agent's FS_CHUNK_MAX)
 LIST_PAGE = 200  # entries per list page (the agent's FS_LIST_MAX; 2 strings each, agent_replies.MAX_STRINGS)
 MAX_ENTRIES = 100_000  # entries one list() returns, all pages and depths together
+MAX_BYTES = 64 << 20  # entry_bytes of one list(), all pages together
+PAGE_ENTRIES = 100_000  # entries of one list_page() (a page of the files/list route)
+PAGE_BYTES = 4 << 20  # entry_bytes of one list_page(): what one answer holds, however the guest shapes its tree
+ENTRY_OVERHEAD = 160  # bytes an entry costs besides its strings (the JSON of its other fields, with margin)
+MAX_CURSOR = 8192  # characters of a listing cursor (a path of at most MAX_PATH bytes, base64)
 MAX_EVENTS = 200  # events per watch poll (the agent's FS_EVENTS_MAX)
 MAX_NAME = 255  # bytes of one name
 MAX_PATH = 4096  # bytes of a path the guest reports (a symlink's target)
@@ -115,30 +121,72 @@ class AgentFiles:
             return self._bad(f"fs_stat: {exc}")
 
     def list(self, path: str, depth: int = 1) -> list[Entry]:
-        """Entries under `path`, `depth` levels down (1: its children), at most MAX_ENTRIES."""
+        """Entries under `path`, `depth` levels down (1: its children), at most MAX_ENTRIES of at most MAX_BYTES
+        (list_page's order and bounds; the rest is left out)."""
         out: list[Entry] = []
-        todo = [(path, 1)]
-        while todo:
-            d, level = todo.pop(0)
-            for e in self._list_dir(d, MAX_ENTRIES - len(out)):
-                out.append(e)
-                if e.type == "dir" and level < depth:
-                    todo.append((e.path, level + 1))
-        return out
+        cursor, used = None, 0
+        while True:
+            page = self.list_page(path, depth, MAX_ENTRIES - len(out), MAX_BYTES - used, cursor)
+            out += page.entries
+            cursor, used = page.next_cursor, used + page.bytes
+            if cursor is None or len(out) >= MAX_ENTRIES or used >= MAX_BYTES:
+                return out
 
-    def _list_dir(self, path: str, budget: int) -> Iterator[Entry]:
+    def list_page(self, path: str, depth: int = 1, limit: int = PAGE_ENTRIES, max_bytes: int = PAGE_BYTES,
+                  cursor: str | None = None) -> Page:
+        """One page of the entries under `path`, `depth` levels down, depth first in name order (a directory, then
+        what is in it), from after `cursor` (a Page's next_cursor): at most `limit` entries and `max_bytes` of
+        them (entry_bytes; at least one entry). Entries whose path would pass MAX_PATH bytes are left out and
+        counted in `skipped` (nothing beneath them is listed)."""
+        resume, descend = decode_cursor(cursor, depth)
+        entries: list[Entry] = []
+        used = skipped = 0
+        last = cursor
+        walk = self._walk(path, (), 1, depth, resume, descend)
+        try:
+            for entry, rel, down in walk:
+                size = entry_bytes(entry) if entry is not None else len(rel[-1]) + ENTRY_OVERHEAD
+                if (entries or skipped) and (len(entries) >= limit or used + size > max_bytes):
+                    return Page(entries, last, skipped, used)
+                if entry is None:
+                    skipped += 1
+                else:
+                    entries.append(entry)
+                used += size
+                last = encode_cursor(rel, down)
+        finally:
+            walk.close()
+        return Page(entries, None, skipped, used)
+
+    def _walk(self, d: str, rel: tuple[str, ...], level: int, depth: int, resume: tuple[str, ...],
+              descend: bool) -> Iterator[tuple[Entry | None, tuple[str, ...], bool]]:
+        """(entry or None when its path is too long, its path relative to the root, whether the walk goes into it)
+        depth first, after the entry `resume` names (and into it if `descend`)."""
         after = ""
-        while budget > 0:
-            limit = min(LIST_PAGE, budget)
-            res = self._call("fs_list", {"path": path, "after": after, "limit": limit},
+        if resume:
+            head, rest = resume[0], resume[1:]
+            if (rest or descend) and level < depth:
+                yield from self._walk(join(d, head), rel + (head,), level + 1, depth, rest, descend)
+            after = head
+        for e in self._list_dir(d, after):
+            if len(e.path.encode("utf-8", "surrogateescape")) > MAX_PATH:
+                yield None, rel + (e.name,), False
+                continue
+            down = e.type == "dir" and level < depth
+            yield e, rel + (e.name,), down
+            if down:
+                yield from self._walk(e.path, rel + (e.name,), level + 1, depth, (), False)
+
+    def _list_dir(self, path: str, after: str = "") -> Iterator[Entry]:
+        while True:
+            res = self._call("fs_list", {"path": path, "after": after, "limit": LIST_PAGE},
                              {"entries": (list,), "more": (bool,)})
             page = res["entries"]
-            if len(page) > limit:
-                self._bad(f"fs_list returned {len(page)} entries for at most {limit}")
+            if len(page) > LIST_PAGE:
+                self._bad(f"fs_list returned {len(page)} entries for at most {LIST_PAGE}")
             for e in page:
                 entry = self._list_entry(path, e, after)
                 after = entry.name
-                budget -= 1
                 yield entry
             if not res["more"] or not page:
                 return
@@ -276,6 +324,46 @@ class AgentFiles:
 
     def watch_stop(self, watch: int) -> None:
         self._call("fs_watch_stop", {"watch": watch}, {})
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing: `next_cursor` resumes after it (None: the listing is complete)."""
+
+    entries: list[Entry]
+    next_cursor: str | None
+    skipped: int = 0  # entries left out: their path would pass MAX_PATH
+    bytes: int = 0  # what the page cost its byte budget (entry_bytes, and the entries skipped)
+
+
+def entry_bytes(e: Entry) -> int:
+    """What an entry costs a listing's byte budget: its path, name and target, plus the fields around them."""
+    return len(e.path) + len(e.name) + len(e.target or "") + ENTRY_OVERHEAD
+
+
+def encode_cursor(rel: tuple[str, ...], descend: bool) -> str:
+    """An opaque cursor: where a listing resumes (after the entry `rel`, going into it first if `descend`)."""
+    raw = ("d" if descend else "f") + "/".join(rel)
+    return base64.urlsafe_b64encode(raw.encode("utf-8", "surrogateescape")).decode()
+
+
+def decode_cursor(cursor: str | None, depth: int) -> tuple[tuple[str, ...], bool]:
+    """A cursor from a caller (untrusted): its path components, each one name, at most `depth` of them."""
+    if not cursor:
+        return (), False
+    try:
+        if len(cursor) > MAX_CURSOR:
+            raise ValueError(f"over {MAX_CURSOR} characters")
+        raw = base64.urlsafe_b64decode(cursor.encode("ascii")).decode("utf-8", "surrogateescape")
+        if raw[:1] not in ("d", "f"):
+            raise ValueError("not one this listing made")
+        rel = tuple(check_name(n) for n in raw[1:].split("/"))
+        if len(rel) > depth:
+            raise ValueError(f"deeper than depth {depth}")
+    except (ValueError, UnicodeError, binascii.Error) as exc:
+        raise InvalidInput(f"cursor {cursor[:40]!r}: {exc}",
+                           hint="pass the next_cursor of the page before, with the same path and depth") from None
+    return rel, raw[0] == "d"
 
 
 def _entry(path: str, name: str, kind: Any, size: Any, mode: Any, mtime: Any, target: Any = None) -> Entry:

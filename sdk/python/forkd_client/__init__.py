@@ -19,7 +19,8 @@ from typing import Any
 _WHERE = {
     "AsyncClient": "api", "Client": "api",
     "CommandHandle": "commands", "CommandResult": "commands",
-    "Conflict": "errors", "ControllerError": "errors", "ForkdError": "errors", "InvalidInput": "errors",
+    "Busy": "errors", "Conflict": "errors", "ControllerError": "errors", "ForkdError": "errors",
+    "InvalidInput": "errors",
     "NotFound": "errors", "ProtocolViolation": "errors", "Timeout": "errors", "Unavailable": "errors",
     "Endpoint": "http", "Retry": "http",
     "BranchResult": "models", "EvalResult": "models", "ExecResult": "models", "FileWritten": "models",

@@ -69,6 +69,16 @@ class Unavailable(ForkdError):
     http_status = 503
 
 
+class Busy(Unavailable):
+    """429: too many calls in flight (into one child, or from one client); `retry_after` seconds, then again."""
+
+    http_status = 429
+
+    @property
+    def retry_after(self) -> float | None:
+        return self.body.get("retry_after") if isinstance(self.body, dict) else None
+
+
 class ProtocolViolation(ForkdError):
     """502: a guest broke the agent protocol (a frame over the host's cap, malformed or misshapen JSON, a reply over
     its cap): the child misbehaved, so forkd stopped it and recorded why (a bad answer from upstream, never 500)."""
@@ -80,7 +90,8 @@ ControllerError = ForkdError  # the older SDK's name for the base class
 
 ERRORS: dict[int, type[ForkdError]] = {
     400: InvalidInput, 401: InvalidInput, 403: InvalidInput, 404: NotFound, 408: Timeout, 409: Conflict,
-    415: InvalidInput, 421: InvalidInput, 422: InvalidInput, 502: ProtocolViolation, 503: Unavailable, 504: Timeout,
+    415: InvalidInput, 421: InvalidInput, 422: InvalidInput, 429: Busy,
+    502: ProtocolViolation, 503: Unavailable, 504: Timeout,
 }
 
 

@@ -3,6 +3,7 @@
     sb.files.write("/root/a.txt", "hi")                 # str, bytes, a binary file object or an iterable of bytes
     sb.files.read("/root/a.txt")                        # "hi"; format="bytes" or format="stream" (an iterator)
     sb.files.list("/root", depth=2)                     # [EntryInfo(name, path, type, size, mode, mtime, target)]
+    sb.files.list_page("/root", depth=32, cursor=None)  # one bounded page; .next_cursor resumes after it
     sb.files.exists("/root/a.txt"); sb.files.get_info("/root/a.txt")
     sb.files.make_dir("/root/d"); sb.files.rename("/root/a.txt", "/root/d/a.txt"); sb.files.remove("/root/d")
     h = sb.files.watch_dir("/root", on_event=print)     # events in a background thread
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import IO, Any
 
 from forkd_client.files_remote import RemoteFiles
-from forkd_client.files_wire import EntryInfo, WatchEvent
+from forkd_client.files_wire import EntryInfo, EntryList, WatchEvent
 
 Data = str | bytes | IO[bytes] | Iterable[bytes]
 
@@ -100,7 +101,12 @@ class Filesystem:
         return self._fs.stat(path)
 
     def list(self, path: str, depth: int = 1) -> list[EntryInfo]:
+        """Entries under `path`, `depth` levels down, depth first in name order (up to 100000: list_page pages on)."""
         return self._fs.list(path, depth)
+
+    def list_page(self, path: str, depth: int = 1, limit: int | None = None, cursor: str | None = None) -> EntryList:
+        """One page of the listing from after `cursor` (the page before's `next_cursor`; None when complete)."""
+        return self._fs.list_page(path, depth, limit, cursor)
 
     def exists(self, path: str) -> bool:
         return self._fs.exists(path)

@@ -18,6 +18,7 @@ from forkd_client.http import Call, SyncHttp, answer, quote, transport_error
 CHUNK = 1 << 20
 OCTETS = {"Content-Type": "application/octet-stream"}
 MAX_LINE = 64 << 10  # bytes of one NDJSON line of a watch
+MAX_ENTRIES = 100_000  # entries list() gathers, all pages together
 
 
 def chunks_of(data: str | bytes | IO[bytes] | Iterable[bytes], size: int = CHUNK) -> Iterator[bytes]:
@@ -67,9 +68,28 @@ class RemoteFiles:
             raise transport_error(exc, self.http.endpoint, call.method, call.path) from exc
 
     # -- metadata ---------------------------------------------------------------------------------
-    def list(self, path: str, depth: int = 1) -> list[fw.EntryInfo]:
-        return self._call("GET", "/list", params={"path": path, "depth": depth},
-                          parse=lambda d: fw.EntryList.model_validate(d).entries)
+    def list(self, path: str, depth: int = 1, max_entries: int = MAX_ENTRIES) -> list[fw.EntryInfo]:
+        """Every entry under `path`, `depth` levels down (depth first, names in order), page after page, up to
+        `max_entries` (list_page walks any number)."""
+        out: list[fw.EntryInfo] = []
+        cursor = None
+        while len(out) < max_entries:
+            page = self.list_page(path, depth, cursor=cursor)
+            out += page.entries
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return out[:max_entries]
+
+    def list_page(self, path: str, depth: int = 1, limit: int | None = None,
+                  cursor: str | None = None) -> fw.EntryList:
+        """One page (at most `limit` entries, and what the daemon's byte budget allows) from after `cursor`."""
+        params: dict[str, Any] = {"path": path, "depth": depth}
+        if limit is not None:
+            params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        return self._call("GET", "/list", params=params, parse=fw.EntryList.model_validate)
 
     def stat(self, path: str) -> fw.EntryInfo:
         return self._call("GET", "/stat", params={"path": path}, parse=fw.EntryInfo.model_validate)

@@ -26,7 +26,12 @@ class EntryInfo(_Answer):
 
 
 class EntryList(_Answer):
+    """One page of a listing: `next_cursor` (pass it back as `cursor`) resumes after it; None: nothing is left.
+    `skipped`: entries left out because their path would be over 4096 bytes (nothing beneath them is listed)."""
+
     entries: list[EntryInfo]
+    next_cursor: str | None = None
+    skipped: int = 0
 
 
 class Exists(_Answer):

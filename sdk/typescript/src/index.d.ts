@@ -1,8 +1,8 @@
 // Types of the forkd SDK. The API's shapes come from ./wire.d.ts, generated from the daemon's /openapi.json
 // (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
 import type { Readable } from "node:stream";
-import type { EntryInfo, EvalResult, ExecResult, FileWritten, PathResult, PingResult, SandboxInfo, SnapshotDetail,
-  SnapshotInfo, Written } from "./wire.js";
+import type { EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult, SandboxInfo,
+  SnapshotDetail, SnapshotInfo, Written } from "./wire.js";
 export type * from "./wire.js";
 
 /** POST /v1/sandboxes/{id}/branch: the new snapshot, and how the branch went. */
@@ -98,7 +98,9 @@ export class Controller {
   readFile(id: string, path: string): Promise<Uint8Array>;
   writeFile(id: string, path: string, data: string | Uint8Array, opts?: { mode?: number }): Promise<FileWritten>;
   /** The files routes (/v1/sandboxes/{id}/files/*), streamed both ways; `sandbox.files` wraps them. */
-  listFiles(id: string, path: string, opts?: { depth?: number }): Promise<EntryInfo[]>;
+  listFiles(id: string, path: string, opts?: { depth?: number; maxEntries?: number }): Promise<EntryInfo[]>;
+  listFilesPage(id: string, path: string,
+                opts?: { depth?: number; limit?: number; cursor?: string }): Promise<EntryList>;
   statFile(id: string, path: string): Promise<EntryInfo>;
   fileExists(id: string, path: string): Promise<boolean>;
   removeFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void>;

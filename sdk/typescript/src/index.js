@@ -104,8 +104,23 @@ export class Controller {
   }
 
   // -- files, streamed both ways (the daemon's /v1/sandboxes/{id}/files/* routes; sb.files wraps these)
-  listFiles(id, p, { depth = 1 } = {}) {
-    return this.request("GET", `${filesOf(id)}/list`, undefined, { query: { path: p, depth } }).then((r) => r.entries);
+  /** Every entry under `p`, `depth` levels down (depth first, names in order), page after page, up to `maxEntries`. */
+  async listFiles(id, p, { depth = 1, maxEntries = 100000 } = {}) {
+    const out = [];
+    let cursor;
+    do {
+      const page = await this.listFilesPage(id, p, { depth, cursor });
+      out.push(...page.entries);
+      cursor = page.nextCursor;
+    } while (cursor && out.length < maxEntries);
+    return out.slice(0, maxEntries);
+  }
+  /** One bounded page of a listing from after `cursor` ({entries, nextCursor, skipped}; nextCursor null: done). */
+  listFilesPage(id, p, { depth = 1, limit, cursor } = {}) {
+    const query = { path: p, depth };
+    if (limit !== undefined) query.limit = limit;
+    if (cursor) query.cursor = cursor;
+    return this.request("GET", `${filesOf(id)}/list`, undefined, { query });
   }
   statFile(id, p) { return this.request("GET", `${filesOf(id)}/stat`, undefined, { query: { path: p } }); }
   async fileExists(id, p) {

@@ -100,6 +100,8 @@ export interface EntryInfo {
 
 export interface EntryList {
   entries: EntryInfo[];
+  nextCursor?: string | null;
+  skipped?: number;
 }
 
 export interface EvalRequest {
