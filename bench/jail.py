@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Jail benchmark: what each VMM's own network namespace costs, side by side in one interleaved run.
+"""Jail benchmark: what jailing each VMM (its own empty network namespace and root) costs, side by side.
 
     FORKD_HOME=/dev/shm/fkj python3 bench/jail.py [--reps 10] [--fanout 6] [-o json] [--report FILE]
 
-Children without a network device get an empty network namespace of their own (FORKD_VMM_PRIVATE_NETNS=1, the
+Children without a network device get an empty network namespace of their own (FORKD_VMM_JAIL=1, the
 default) or share the host's (=0, as before). The two settings alternate rep by rep against one warm 512 MiB parent
 (`bench-jail`, made if missing), so load on the host falls on both alike:
 * fork: one child, from the call to its agent answering a ping (p50/p90);
@@ -52,7 +52,7 @@ def ensure(rt: Runtime) -> None:
 
 
 def one_rep(rt: Runtime, fanout: int, out: dict[str, dict[str, list[float]]], mode: str) -> None:
-    os.environ["FORKD_VMM_PRIVATE_NETNS"] = SETTINGS[mode]
+    os.environ["FORKD_VMM_JAIL"] = SETTINGS[mode]
     t0 = time.perf_counter()
     (rec,) = rt.fork(Spawn.of(tag=TAG, n=1))
     rt.ping(rec.id)
@@ -77,14 +77,14 @@ def run(a: argparse.Namespace) -> dict:
     out = {m: {"fork": [], "fanout": [], "branch_pause": []} for m in SETTINGS}
     try:
         for mode in SETTINGS:  # warm-up, not counted: first fork per process pays imports
-            os.environ["FORKD_VMM_PRIVATE_NETNS"] = SETTINGS[mode]
+            os.environ["FORKD_VMM_JAIL"] = SETTINGS[mode]
             rt.kill([r.id for r in rt.fork(Spawn.of(tag=TAG, n=1))])
         for i in range(a.reps):
             for mode in (SETTINGS if i % 2 == 0 else reversed(SETTINGS)):  # alternate which goes first
                 one_rep(rt, a.fanout, out, mode)
                 print(f"rep {i + 1}/{a.reps} {mode} done", file=sys.stderr)
     finally:
-        os.environ.pop("FORKD_VMM_PRIVATE_NETNS", None)
+        os.environ.pop("FORKD_VMM_JAIL", None)
     stats = {m: {k: {"p50": statistics.median(v), "p90": pct(v, 0.9), "n": len(v)} for k, v in d.items() if v}
              for m, d in out.items()}
     ratios = {k: stats["jailed"][k]["p50"] / stats["shared"][k]["p50"]
@@ -99,7 +99,7 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def table(r: dict) -> str:
-    lines = [f"jail benchmark {r['date']}: {r['reps']} reps, fan-out {r['fanout']} (ms; jailed = own netns)"]
+    lines = [f"jail benchmark {r['date']}: {r['reps']} reps, fan-out {r['fanout']} (ms; jailed: own netns, empty root)"]
     for k in ("fork", "fanout", "branch_pause"):
         if k not in r["ratio_p50_jailed_over_shared"]:
             continue

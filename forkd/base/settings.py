@@ -57,10 +57,10 @@ class Settings(BaseModel):
                              le=(1 << 32) - 2)
     vmm_uid_count: int = _env(1 << 29, "how many uids/gids that range holds (at least 2048; with fewer, two "
                                        "children share a uid more often)", ge=2048, le=1 << 31)
-    vmm_private_netns: bool = _env(True, "give every child VMM without a network device an empty network "
-                                         "namespace of its own (as isolated children and build VMMs have): a "
-                                         "compromised VMM then reaches no host loopback service or abstract socket; "
-                                         "0 shares the host's (the behaviour of before)")
+    vmm_jail: bool = _env(True, "jail each VMM that dropped root further: a child without a network device gets an "
+                                "empty network namespace of its own (no host loopback service, no abstract socket), "
+                                "and a VMM without a disk is chrooted into an empty directory once its files are "
+                                "open (no host path resolves for it); 0 opts out of both (SECURITY.md)")
     max_branches: int = _env(2, "live branches in flight at once per FORKD_HOME", ge=1)
     branch_live_capture: Literal["auto", "pages", "write-protect"] = _env(
         "auto", "how a live branch captures its source: auto (the pages it wrote since its restore, taken in a "

@@ -68,7 +68,7 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
         argv += ["-incoming", "defer"]
     else:  # a booting guest that powers off or panics pauses (its console ring stays readable) until boot() is done
         argv += ["-no-shutdown"]
-    if runas and disk is None:  # a disk VMM reopens its qcow2 by path when migrating: it keeps the host's view
+    if runas and disk is None and settings().vmm_jail:  # a disk VMM reopens its qcow2 by path when migrating
         argv += ["-chroot", str(empty_root())]
     if runas:
         # -runas calls setgid/setuid after init, which elevateprivileges=deny (and =children) kill with SIGSYS
