@@ -47,7 +47,7 @@ from typing import Any
 import kopf
 import pydantic
 
-from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Unavailable, first_line
 from forkd.base.paths import Layout
 from forkd.base.settings import read_one, settings
 from forkd.client.backends import RemoteBackend
@@ -113,12 +113,18 @@ def pool_need_mib(body: Mapping[str, Any]) -> int:
 
 
 def _holder(known: Mapping[str, str], kind: str, name: str, namespace: str) -> str | None:
-    """The node whose daemon already holds `kind/name` of `namespace` (an object placed before), or None."""
+    """The node whose daemon already holds `kind/name` of `namespace` (an object placed before), or None when every
+    node answered that it does not. A node that cannot be asked might hold it: Unavailable (retried), never "no"
+    (that would place the object a second time)."""
     for node in sorted(known):
         try:
             objs = daemon(known[node]).get(kind, name)
-        except ForkdError:
+        except NotFound:
             continue
+        except ForkdError as exc:
+            raise Unavailable(f"node {node} did not answer whether it holds {kind}/{name} of namespace {namespace} "
+                              f"({first_line(exc)}): placing it now could place it twice",
+                              hint=f"retried; bring node {node} back, or remove it from FORKD_NODES") from exc
         if objs and (objs[0].metadata.annotations or {}).get(NAMESPACE_KEY, namespace) == namespace:
             return node
     return None
