@@ -26,29 +26,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.isolation import ensure as ensure_parent  # noqa: E402
+from bench.isolation import pct  # noqa: E402
 from bench.lib.cli import run_main  # noqa: E402
-from forkd.base.errors import ForkdError  # noqa: E402
 from forkd.core.branch import branch, wait_background  # noqa: E402
-from forkd.core.requests import Branch, ParentBuild, Spawn  # noqa: E402
+from forkd.core.requests import Branch, Spawn  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 
 TAG = "bench-jail"
 SETTINGS = {"jailed": "1", "shared": "0"}
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
-
-
 def ensure(rt: Runtime) -> None:
-    try:
-        if rt.store.get(TAG).status == "ready":
-            return
-        rt.rmi(TAG, force=True)
-    except ForkdError:
-        pass
-    rt.create_snapshot(ParentBuild.of(tag=TAG, memory_mib=512))
+    ensure_parent(rt, TAG, "none")
 
 
 def one_rep(rt: Runtime, fanout: int, out: dict[str, dict[str, list[float]]], mode: str) -> None:

@@ -32,9 +32,12 @@ def make_tar(members):
             if kind == "dir":
                 ti.type, ti.mode = tarfile.DIRTYPE, 0o755
                 t.addfile(ti)
-            elif kind == "sym":
-                ti.type, ti.linkname = tarfile.SYMTYPE, val
+            elif kind in ("sym", "hard"):
+                ti.type, ti.linkname = (tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE), val
                 t.addfile(ti)
+            elif kind == "dirdata":
+                ti.type, ti.size = tarfile.DIRTYPE, len(val)
+                t.addfile(ti, io.BytesIO(val.encode()))
             elif kind == "zeros":
                 ti.size = val
                 t.addfile(ti, io.BytesIO(bytes(val)))

@@ -16,29 +16,11 @@ from forkd.base.errors import InvalidInput
 from forkd.base.taranswer import answer_only, top_name
 from forkd.base.tarsafe import extract
 from forkd.client.copy import _to_stdout
+from tests.security.test_files_guest import MAKE_TAR
 
-
-def make_tar(members: list[tuple]) -> bytes:
-    """(name, kind, value) members: kind file (value: text), dir, sym/hard (value: target), dirdata (a directory
-    header that carries data)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for name, kind, val in members:
-            ti = tarfile.TarInfo(name)
-            if kind == "dir":
-                ti.type, ti.mode = tarfile.DIRTYPE, 0o755
-                t.addfile(ti)
-            elif kind in ("sym", "hard"):
-                ti.type, ti.linkname = (tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE), val
-                t.addfile(ti)
-            elif kind == "dirdata":
-                ti.type, ti.size = tarfile.DIRTYPE, len(val)
-                t.addfile(ti, io.BytesIO(val.encode()))
-            else:
-                data = val.encode()
-                ti.size, ti.mode = len(data), 0o644
-                t.addfile(ti, io.BytesIO(data))
-    return buf.getvalue()
+_ns: dict = {}
+exec(MAKE_TAR, _ns)  # noqa: S102 - the builder the hostile guest of test_files_guest.py runs, run here
+make_tar = _ns["make_tar"]  # (name, kind, value): file (text), dir, sym/hard (target), zeros (size), dirdata
 
 
 def chunks(data: bytes, size: int = 700) -> list[bytes]:
