@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from forkd.base import nsthread
 from forkd.base.errors import ForkdError
 from forkd.base.locks import file_lock
 from forkd.base.settings import settings
@@ -93,39 +94,13 @@ class ChildNet:
 
 
 # -- thread-local namespace switching ---------------------------------------------------------------------
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"setns: {os.strerror(e)}")
-
-
-def _return_to(own: int) -> None:
-    """Put this thread back into its own network namespace. A thread stuck in a child's namespace must not go
-    on (it would open sockets there): fatal by design."""
-    try:
-        _setns(own)
-    except OSError:
-        os._exit(70)
-
-
 @contextlib.contextmanager
 def inside(name: str) -> Iterator[int]:
     """Run the body in network namespace `name` (this thread only); yields an fd of the original namespace."""
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        target = os.open(NETNS_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        os.close(own)
-        raise NetworkError(f"network namespace {name} does not exist") from None
-    try:
-        _setns(target)
-        try:
-            yield own
-        finally:
-            _return_to(own)
-    finally:
-        os.close(target)
-        os.close(own)
+    if not (NETNS_DIR / name).exists():
+        raise NetworkError(f"network namespace {name} does not exist")
+    with nsthread.entered(str(NETNS_DIR / name)) as own:
+        yield own
 
 
 def exists(name: str) -> bool:
@@ -256,7 +231,7 @@ def _new_netns(name: str) -> Iterator[int]:
                 raise NetworkError(f"bind-mounting the namespace on {path}: {os.strerror(e)}")
             yield own
         finally:
-            _return_to(own)
+            nsthread.return_to(own)
     finally:
         os.close(own)
 

@@ -11,6 +11,7 @@ The command line it starts QEMU with and the identity QEMU drops to are forkd.vm
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from forkd.base import nsthread
 from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.base.settings import settings
@@ -35,6 +37,7 @@ from forkd.vmm.qemu_cmdline import (
     build_identity,
     kernel_stub,
     may_drop,
+    netns_path,
     qemu_argv,
     unprivileged_uffd_problem,
     vmm_env,
@@ -124,12 +127,14 @@ class QemuDriver(VmmDriver):
         return self._version
 
     # -- process ---------------------------------------------------------------------------------
-    def _start(self, argv: list[str], files: RunFiles, pass_fds: tuple[int, ...] = ()) -> Vm:
+    def _start(self, argv: list[str], files: RunFiles, pass_fds: tuple[int, ...] = (), netns: str | None = None) -> Vm:
+        """Start QEMU (born in network namespace `netns` when given: this thread enters it for the fork)."""
         files.dir.mkdir(parents=True, exist_ok=True)
         for f in (files.qmp, files.agent):
             f.unlink(missing_ok=True)
         ksm.inherit_merge(settings().vmm_ksm)
-        with open(files.log, "wb") as log:
+        where = nsthread.entered(netns_path(netns)) if netns else contextlib.nullcontext()
+        with open(files.log, "wb") as log, where:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, pass_fds=pass_fds, close_fds=True, env=vmm_env())
         started = start_time(proc.pid)
@@ -228,7 +233,7 @@ class QemuDriver(VmmDriver):
 
         def start() -> None:
             nonlocal vm
-            vm = self._start(argv, files)
+            vm = self._start(argv, files, netns=netns)
 
         def connect() -> None:
             vm.qmp = QMPClient(files.qmp, timeout=10)  # QMP answers from QEMU's main loop: after -runas
@@ -321,7 +326,7 @@ class QemuDriver(VmmDriver):
 
         def start() -> None:
             nonlocal vm
-            vm = self._start(argv, files, pass_fds=(fd,))
+            vm = self._start(argv, files, pass_fds=(fd,), netns=netns)
             if on_start:
                 on_start(vm)
 

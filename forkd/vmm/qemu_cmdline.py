@@ -24,7 +24,6 @@ GUEST_MAC = "52:54:00:12:34:56"
 # could fill the disk. The driver copies the ring out (bounded) into RunFiles.console when it reports a failure.
 CONSOLE_RING = 256 << 10  # bytes (a power of two, as QEMU requires)
 CONSOLE_DEV = "console"
-NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 
 
@@ -76,11 +75,14 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
         argv += ["-runas", runas]
     if sandbox:
         argv += ["-sandbox", SANDBOX_RUNAS if runas else SANDBOX]
-    if netns:  # nsenter and unshare exec QEMU in place: the pid and start time are QEMU's own
-        argv = [NSENTER, f"--net=/run/netns/{netns}", "--", *argv]
-    elif machine.network != "none" or private_net:
-        argv = [UNSHARE, "--net", "--", *argv]
+    if not netns and (machine.network != "none" or private_net):  # unshare execs QEMU in place: its pid
+        argv = [UNSHARE, "--net", "--", *argv]  # (a named `netns` is entered by the driver: netns_path)
     return argv
+
+
+def netns_path(netns: str) -> str:
+    """Where a named network namespace the caller prepared is (the driver starts QEMU inside it)."""
+    return f"/run/netns/{netns}"
 
 
 def empty_root() -> Path:
