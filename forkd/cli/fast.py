@@ -258,14 +258,38 @@ def _env(pairs: list[str]) -> dict[str, str] | None:
     return env or None
 
 
-def _pump_stdin(procs: Any, child: str, pid: int) -> None:
-    """This terminal's stdin to the process, until EOF (then the process's stdin closes)."""
-    try:
-        while data := os.read(0, 65536):
-            procs.send_stdin(child, pid, data)
-        procs.send_stdin(child, pid, b"", eof=True)
-    except Exception:  # the process ended first: nothing left to feed
-        pass
+class StdinPump:
+    """This terminal's stdin to the process, until EOF (then the process's stdin closes). A send that fails is
+    kept (with the bytes delivered before it), never dropped: the command then saw only part of its input."""
+
+    def __init__(self, procs: Any, child: str, pid: int):
+        self.procs, self.child, self.pid = procs, child, pid
+        self.sent, self.error, self.done = 0, None, False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while data := os.read(0, 65536):
+                self.procs.send_stdin(self.child, self.pid, data)
+                self.sent += len(data)
+            self.procs.send_stdin(self.child, self.pid, b"", eof=True)
+            self.done = True
+        except Exception as exc:  # noqa: BLE001 - reported after the command's exit (cut_short)
+            self.error = exc
+
+    def cut_short(self, exited: bool) -> str | None:
+        """Why the command got only part of its input, or None. A send refused because the process had already
+        exited is no cut (it stopped reading): only a failure while it still ran is."""
+        if self.done or self.error is None or exited and _gone(self.error):
+            return None
+        return f"stdin was cut after {self.sent} bytes: {self.error}"
+
+
+def _gone(exc: Exception) -> bool:
+    """Whether a stdin send was refused by the daemon as a request for a process that no longer reads it (a 400,
+    404 or 409: its stdin closed, it exited); anything else (unreachable, busy, a server error) cut the input."""
+    return isinstance(exc, Failure) and exc.code in (2, 3, 4)
 
 
 def _watch_size(procs: Any, child: str, pid: int) -> None:
@@ -309,7 +333,7 @@ def run_exec(args: argparse.Namespace) -> int:
         pty = {"rows": size.lines, "cols": size.columns}
     events = procs.stream(args.child, argv, env=_env(args.env), cwd=args.cwd, user=args.user,
                           stdin=args.interactive, pty=pty, timeout=args.timeout)
-    restore, pid = None, None
+    restore, pid, pump = None, None, None
     out, err = sys.stdout.buffer, sys.stderr.buffer
     try:
         for ev in events:
@@ -317,7 +341,7 @@ def run_exec(args: argparse.Namespace) -> int:
             if kind == "start" and ev.get("pid") is not None:
                 pid = ev["pid"]
                 if args.interactive:
-                    threading.Thread(target=_pump_stdin, args=(procs, args.child, pid), daemon=True).start()
+                    pump = StdinPump(procs, args.child, pid)
                 if args.tty:
                     restore = _raw_tty() if args.interactive else None
                     _watch_size(procs, args.child, pid)
@@ -328,6 +352,10 @@ def run_exec(args: argparse.Namespace) -> int:
             elif kind == "exit":
                 if ev.get("truncated"):
                     err.write(b"forkd: output truncated\n")
+                cut = pump.cut_short(exited=True) if pump else None
+                if cut:
+                    raise Failure(f"{cut} (the command exited {_exit_code(ev)} after reading only that much)",
+                                  "its input was incomplete: run it again", EXEC_FAILED)
                 return _exit_code(ev)
             elif kind == "error":
                 raise Failure(ev.get("detail") or "the stream broke", ev.get("hint"))
