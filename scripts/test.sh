@@ -1,12 +1,37 @@
 #!/usr/bin/env bash
-# Runs every check CI runs: the layer contract, the linter, and the test suite (real VMs).
-# Needs scripts/setup.sh --dev first.
+# Runs every check CI runs, in tiers; a failing tier stops the run (later tiers would only take longer to say so):
+#   1. lint:  import-linter (layer order), ruff
+#   2. fast:  every test that boots no VM (pytest -m "not vm and not bench and not long")
+#   3. vm:    the tests that boot QEMU, then the benchmark scripts' short modes last (-m "(vm or bench) and not long")
+# Markers (what a test boots) are declared in pyproject.toml and checked in tests/markers.py.
+#   scripts/test.sh           the default tiers above (what .ci/run and the README run)
+#   scripts/test.sh --long    the default tiers, then the long tier (-m long: minutes each even when right)
+#   scripts/test.sh ARGS...   one pytest run with ARGS (a file, -k, -m ...), after the lint tier
+# Each pytest run prints its 25 slowest steps (--durations=25). Needs scripts/setup.sh --dev first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-echo "== import-linter (layer order)"
+PYTEST=(python -m pytest -q -ra --durations=25)
+
+echo "== tier 1: import-linter (layer order)"
 lint-imports
-echo "== ruff"
+echo "== tier 1: ruff"
 ruff check forkd tests bench
-echo "== pytest"
-python -m pytest -q -ra "$@"
+
+long=0
+if [[ "${1:-}" == "--long" ]]; then
+  long=1
+  shift
+fi
+if (($#)); then
+  echo "== pytest $*"
+  exec "${PYTEST[@]}" "$@"
+fi
+echo "== tier 2: tests that boot no VM"
+"${PYTEST[@]}" -m "not vm and not bench and not long"
+echo "== tier 3: tests that boot VMs, then benchmark smoke"
+"${PYTEST[@]}" -m "(vm or bench) and not long"
+if ((long)); then
+  echo "== long tier"
+  "${PYTEST[@]}" -m long
+fi

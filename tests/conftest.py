@@ -101,5 +101,13 @@ def forkd_cli(*args: str, check: bool = False, input: str | None = None) -> subp
 
 
 from tests.branching import sfork, srt  # noqa: E402,F401 - fixtures: a runtime on tmpfs for BRANCH tests
+from tests.markers import (  # noqa: E402,F401 - hooks: the vm marker checked both ways
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+    pytest_terminal_summary,
+)
 from tests.oci_images import layers, layout_dir  # noqa: E402,F401 - session fixtures: OCI test images
 from tests.swap import swap  # noqa: E402,F401 - a module's swap device, for the tests that page children out

@@ -23,6 +23,7 @@ def test_bench_script_help(script):
     assert "usage" in res.stdout.lower()
 
 
+@pytest.mark.bench
 def test_plan_bench_meets_its_own_output_contract():
     res = subprocess.run([sys.executable, str(BENCH / "plan.py"), "--runs", "3"], capture_output=True, text=True,
                          timeout=120)
@@ -30,6 +31,7 @@ def test_plan_bench_meets_its_own_output_contract():
     assert "plan():" in res.stdout and "1000" in res.stdout
 
 
+@pytest.mark.bench
 def test_pool_bench_registry_only_short_mode():
     res = subprocess.run([sys.executable, str(BENCH / "pool.py"), "--registry-only", "--rounds", "3"],
                          capture_output=True, text=True, timeout=120)
@@ -38,6 +40,7 @@ def test_pool_bench_registry_only_short_mode():
 
 
 @pytest.mark.vm
+@pytest.mark.bench
 def test_soak_short_mode_samples_every_series(rt):
     """bench/soak.py --short: a minute of claim/exec/branch/release churn against a real daemon; every series is
     sampled, a slope printed for each, nothing left over at the end."""
@@ -55,6 +58,8 @@ def test_soak_short_mode_samples_every_series(rt):
     assert out["leaked_qemu_at_end"] == []
 
 
+@pytest.mark.vm  # through the script, in a subprocess
+@pytest.mark.bench
 def test_bench_all_short_writes_one_report_and_the_plots(home, tmp_path):
     """bench/all.py --short with the benchmarks behind the plots (fork, density) on real VMs: one JSON report with
     each benchmark's parsed result, and the three PNGs. Checks that they run, not how fast."""
@@ -72,6 +77,8 @@ def test_bench_all_short_writes_one_report_and_the_plots(home, tmp_path):
     assert not [c for c in Runtime(Layout(home)).children() if c.snapshot.startswith(("bench-density", "bench-fork"))]
 
 
+@pytest.mark.vm  # through the script, in a subprocess
+@pytest.mark.bench
 def test_density_short_mode(home):
     """bench/density.py --short: 4 children in batches of 2, the JSON report's shape; its children are stopped."""
     res = subprocess.run([sys.executable, str(BENCH / "density.py"), "--short", "--home", str(home), "-o", "json"],
@@ -84,6 +91,8 @@ def test_density_short_mode(home):
     assert r["limits"]["n_memory_runs_out"] > 4
 
 
+@pytest.mark.vm  # through the script, in a subprocess
+@pytest.mark.bench
 @pytest.mark.skipif(os.geteuid() != 0, reason="bench/wake.py needs root (hugetlb pages, process_madvise)")
 def test_wake_short_mode(home, swap):
     """bench/wake.py --short on real VMs and a real swap: the host's fault cost, a page-in's cost and the exec rounds

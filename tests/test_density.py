@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from forkd.base.settings import settings
+
+pytestmark = pytest.mark.vm
 
 
 def test_child_vmm_runs_with_one_malloc_arena_and_the_tcg_buffer_setting(rt, fork):

@@ -59,6 +59,7 @@ def test_writing_snapshot_is_not_forkable_and_a_dead_writer_marks_it_failed(rt, 
     assert forkd_cli("rmi", "half").returncode == 0
 
 
+@pytest.mark.vm
 def test_qemu_failing_to_start_shows_its_stderr(rt, home, base, monkeypatch, tmp_path):
     # the real QEMU, given one more memory backend it cannot create (forkd's own files are private and made by
     # forkd before QEMU starts, so they no longer make it fail)
@@ -76,6 +77,7 @@ def test_qemu_failing_to_start_shows_its_stderr(rt, home, base, monkeypatch, tmp
     rt.rmi("noqemu")
 
 
+@pytest.mark.vm
 def test_guest_never_ready_names_the_console_log(rt, home, base):
     with pytest.raises(ForkdError) as exc:
         rt.create_snapshot(ParentBuild.of(tag="slowboot", boot_timeout=0.3))
@@ -89,6 +91,7 @@ def test_guest_never_ready_names_the_console_log(rt, home, base):
     rt.rmi("slowboot")
 
 
+@pytest.mark.vm
 def test_failing_warmup_leaves_a_failed_snapshot(rt, home, base):
     res = forkd_cli("snapshot", "create", "--tag", "badwarm", "--warm-import", "no_such_module_xyz")
     assert res.returncode == 1 and "No module named 'no_such_module_xyz'" in res.stderr
@@ -97,6 +100,7 @@ def test_failing_warmup_leaves_a_failed_snapshot(rt, home, base):
     rt.rmi("badwarm")
 
 
+@pytest.mark.vm
 def test_agent_timeout(rt, fork):
     (c,) = fork(1)
     with rt.agent(c.id) as a, pytest.raises(AgentTimeout):
@@ -106,6 +110,7 @@ def test_agent_timeout(rt, fork):
     assert rt.ping(c.id)["pong"] is True  # still serving afterwards
 
 
+@pytest.mark.vm
 def test_corrupted_manifest(rt, home, base):
     d = rt.layout.snapshots / "corrupt"
     d.mkdir()
@@ -118,6 +123,7 @@ def test_corrupted_manifest(rt, home, base):
     assert not d.exists()
 
 
+@pytest.mark.vm
 def test_missing_memory_file(rt, home, base):
     src, dst = rt.store.dir(BASE_TAG), rt.layout.snapshots / "nomem"
     dst.mkdir()
@@ -133,6 +139,7 @@ def test_missing_memory_file(rt, home, base):
     rt.rmi("nomem", force=True)
 
 
+@pytest.mark.vm
 def test_rmi_refused_while_children_run(rt, fork):
     (c,) = fork(1)
     res = forkd_cli("rmi", BASE_TAG)

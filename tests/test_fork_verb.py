@@ -27,6 +27,7 @@ def _tags(ctrl) -> set[str]:
     return {s.tag for s in ctrl.list_snapshots()}
 
 
+@pytest.mark.vm
 def test_fork_n_continues_from_this_instant_and_cleans_up(daemon):
     ctrl = Controller(socket=daemon.sock)
     with Sandbox.create(template=BASE_TAG, controller=ctrl) as src:
@@ -53,6 +54,7 @@ def test_fork_n_continues_from_this_instant_and_cleans_up(daemon):
         assert tag not in _tags(ctrl)  # gone with the last of them
 
 
+@pytest.mark.vm
 def test_fork_keep_and_upstream_shape(daemon):
     ctrl = Controller(socket=daemon.sock)
     with Sandbox.create(template=BASE_TAG, controller=ctrl) as src, daemon.unix() as c:
@@ -67,6 +69,7 @@ def test_fork_keep_and_upstream_shape(daemon):
         assert bad.status_code == 422 and "count" in bad.json()["detail"]
 
 
+@pytest.mark.vm
 def test_cli_fork_from_sandbox(daemon):
     ctrl = Controller(socket=daemon.sock)
     with Sandbox.create(template=BASE_TAG, controller=ctrl, metadata={"who": "cli-test"}) as src:

@@ -157,6 +157,7 @@ def disk_swap():
         shutil.rmtree(backing.parent, ignore_errors=True)
 
 
+@pytest.mark.vm
 def test_a_swap_that_is_not_zram_pages_nothing_out_unless_allowed(rt, fork, swap, disk_swap, monkeypatch):
     """With a loop-device swap active beside zram, an idle child is not paged out (its VMM keeps its memory,
     doctor says why); FORKD_IDLE_PAGEOUT_DISK=1 lets the same reclaimer page it out, and doctor warns."""
@@ -182,6 +183,7 @@ def test_a_swap_that_is_not_zram_pages_nothing_out_unless_allowed(rt, fork, swap
     assert idle.why_not is None
 
 
+@pytest.mark.vm
 def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
     """The idle child's VMM gives most of its private memory to swap (its own heap and code buffer, and the guest
     pages it copied from the snapshot); a busy sibling keeps its own; the paged-out
@@ -215,6 +217,7 @@ def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
     assert reclaimer.tick(rt) == {}  # it ran: a new idle stretch starts, not paged again at once
 
 
+@pytest.mark.vm
 def test_the_daemon_pages_out_an_idle_sandbox(home, rt, base, swap, tmp_path):
     """FORKD_IDLE_PAGEOUT_SECS=1 on a real daemon: its sweeper pages an idle sandbox out, and the sandbox answers."""
     old = {k: os.environ.get(k) for k in ("FORKD_IDLE_PAGEOUT_SECS", "FORKD_SWEEP_INTERVAL")}
@@ -247,6 +250,7 @@ def _paged_out(rt, rec) -> int:
     return swapped
 
 
+@pytest.mark.vm
 def test_a_request_brings_a_paged_out_child_back_at_once(rt, fork, swap, monkeypatch):
     """forkd.sandbox.wake: a request to a paged-out child starts paging its anonymous memory back in on another
     thread (one at a time per VMM), so it leaves swap whole instead of as the request happens to touch it; with
@@ -290,6 +294,7 @@ def _swap_by_kind(pid: int) -> dict[str, int]:
     return out
 
 
+@pytest.mark.vm
 def test_a_request_pages_in_the_translation_buffer_only_by_default(rt, fork, swap, monkeypatch):
     """FORKD_PAGE_IN_SCOPE=code (the default): a request's page-in reads TCG's translation buffer back whole and
     leaves QEMU's other anonymous memory in swap, to fault back only where the request touches it."""
@@ -309,6 +314,7 @@ def test_a_request_pages_in_the_translation_buffer_only_by_default(rt, fork, swa
     assert rt.exec(rec.id, ["true"])["exit_code"] == 0
 
 
+@pytest.mark.vm
 def test_a_request_to_a_paged_out_child_pages_it_in_through_the_runtime(rt, fork, swap, monkeypatch):
     """The same through the one front door: `rt.exec` on a paged-out child (FORKD_PAGE_IN_ON_REQUEST on, the
     default) leaves little of its translation buffer in swap shortly after."""
@@ -331,6 +337,7 @@ def _run_state(rt, rec) -> str:
         return rt.driver.run_state(vm)
 
 
+@pytest.mark.vm
 def test_idle_child_sleeps_and_its_next_request_wakes_it_with_the_right_clock(rt, fork, swap, monkeypatch):
     """FORKD_IDLE_SLEEP=1 (forkd.sandbox.sleep): the sweeper stops an idle child's vCPUs before its page-out; the
     stopped VMM uses no CPU; the next request through the one door resumes it and sets the guest's clock, which
@@ -353,6 +360,7 @@ def test_idle_child_sleeps_and_its_next_request_wakes_it_with_the_right_clock(rt
     assert rt.exec(rec.id, ["true"])["exit_code"] == 0
 
 
+@pytest.mark.vm
 def test_a_child_is_not_put_to_sleep_while_a_request_holds_it(rt, fork, monkeypatch):
     """The sweeper gets a child's wake lock only when no request holds it (shared, for the request's length): a
     request in flight is never frozen under it."""

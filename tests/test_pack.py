@@ -1,4 +1,4 @@
-"""Packs with real VMs: pack a layer with its base and image, unpack into an empty store and fork from it;
+"""Packs: pack a layer with its base and image, unpack into an empty store and fork from it;
 unpack is idempotent and refuses conflicts; hand-made malicious packs are refused with nothing written."""
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from forkd.core.runtime import Runtime
 from forkd.store.snapshot import Snapshot
 from forkd.vmm import disk as vdisk
 from tests.conftest import BASE_TAG, forkd_cli
-
-pytestmark = pytest.mark.vm
 
 
 def _empty_runtime() -> tuple[Runtime, Path]:
@@ -72,6 +70,7 @@ def target():
     _drop(rt2, d)
 
 
+@pytest.mark.vm
 def test_pack_holds_the_chain_and_image_manifest_first(rt, packfile):
     m = read_manifest(packfile)
     snap = rt.store.get("pk1")
@@ -89,6 +88,7 @@ def test_pack_holds_the_chain_and_image_manifest_first(rt, packfile):
     assert names[0] == PACK_MANIFEST and names[1:] == paths  # no flat-cache files, nothing else
 
 
+@pytest.mark.vm
 def test_unpack_into_an_empty_store_then_fork(packfile, target):
     res = forkd_cli_env(target, "unpack", str(packfile), "-o", "json")
     assert res.returncode == 0, res.stderr
@@ -110,6 +110,7 @@ def test_unpack_into_an_empty_store_then_fork(packfile, target):
     assert _state(target) == before
 
 
+@pytest.mark.vm
 def test_unpack_refuses_a_tag_with_other_content(rt, packfile, target):
     snap = rt.store.get(BASE_TAG)
     d = target.store.dir(BASE_TAG)
@@ -121,6 +122,7 @@ def test_unpack_refuses_a_tag_with_other_content(rt, packfile, target):
     assert _state(target) == before
 
 
+@pytest.mark.vm
 def test_only_ready_snapshots_are_packed(rt, base, tmp_path):
     snap = rt.store.begin(rt.store.get(BASE_TAG).with_(tag="pkw", status="writing"))
     try:
@@ -132,6 +134,7 @@ def test_only_ready_snapshots_are_packed(rt, base, tmp_path):
         rt.rmi("pkw", force=True)
 
 
+@pytest.mark.vm
 def test_a_truncated_pack_is_refused(packfile, target, tmp_path):
     raw = packfile.read_bytes()
     for cut in (len(raw) // 2, len(raw) - 200):
@@ -398,6 +401,7 @@ def _sh(rt2: Runtime, cid: str, script: str) -> str:
     return r["stdout"]
 
 
+@pytest.mark.vm
 def test_a_disk_backed_snapshot_unpacks_into_another_home_and_forks(disk_snap, disk_pack, target):
     snap, image = disk_snap
     m = read_manifest(disk_pack)
@@ -425,6 +429,7 @@ def test_a_disk_backed_snapshot_unpacks_into_another_home_and_forks(disk_snap, d
     assert _state(target) == before
 
 
+@pytest.mark.vm
 def test_a_disk_backed_chain_unpacks_and_forks(rt, disk_snap, target, tmp_path):
     snap, image = disk_snap
     rt.snapshot_diff(LayerBuild.of(tag="pk-disk-l", parent_tag=DISK_TAG, run=("echo l > /srv/l.txt && sync",)))
@@ -453,6 +458,7 @@ def _rewrite(src: Path, dest: Path, edits: dict) -> Path:
     return dest
 
 
+@pytest.mark.vm
 def test_a_pack_with_a_tampered_disk_is_refused_with_nothing_written(rt, disk_snap, disk_pack, target, tmp_path):
     snap, image = disk_snap
     arc, sarc = f"snapshots/{DISK_TAG}/disk.qcow2", f"snapshots/{DISK_TAG}/snapshot.json"

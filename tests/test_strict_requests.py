@@ -36,6 +36,7 @@ def test_every_request_model_forbids_extra_fields():
         assert model.model_config.get("extra") == "forbid", model
 
 
+@pytest.mark.vm
 def test_unknown_fields_are_422_naming_them(daemon):
     with daemon.unix() as c:
         _unknown(c.post("/v1/sandboxes", json={"snapshot_tag": BASE_TAG, "n": 1, "bogus_field": 1}), "bogus_field")
@@ -46,6 +47,7 @@ def test_unknown_fields_are_422_naming_them(daemon):
         assert "never-built" not in [s["tag"] for s in c.get("/v1/snapshots").json()]
 
 
+@pytest.mark.vm
 def test_upstream_create_snapshot_fields_are_refused_with_a_reason_not_a_default_image(daemon):
     """Before: upstream's MCP create_snapshot body answered 201 after building the default image."""
     body = {"tag": "upstream-mcp", "kernel": "/boot/vmlinux", "rootfs": "/images/rootfs.ext4", "rw": True,
@@ -61,6 +63,7 @@ def test_upstream_create_snapshot_fields_are_refused_with_a_reason_not_a_default
         assert not {"upstream-mcp", "upstream-ro"} & {s["tag"] for s in c.get("/v1/snapshots").json()}
 
 
+@pytest.mark.vm
 def test_spawn_accepts_prewarm_and_live_fork_and_list_fills_record_fields(daemon):
     """Before: memory_limit_mib was never filled by GET /v1/sandboxes though the record has it."""
     with daemon.unix() as c:
@@ -78,6 +81,7 @@ def test_spawn_accepts_prewarm_and_live_fork_and_list_fills_record_fields(daemon
             c.delete(f"/v1/sandboxes/{sid}")
 
 
+@pytest.mark.vm
 def test_isolated_child_shows_its_guest_address(rt, fork):
     """An isolated child's record (netns set) lists its guest address, as upstream's API does."""
     (rec,) = fork(1)

@@ -1,0 +1,96 @@
+"""Markers say what a test boots, and the session keeps them honest (hooks registered in conftest.py).
+
+Declared in pyproject.toml ([tool.pytest.ini_options] markers):
+
+    vm     boots real QEMU guests (TCG here): the VM tier
+    image  builds a guest image or rootfs (mmdebstrap, initramfs, OCI unpack) but boots no VM
+    bench  runs a benchmark script end to end in its short mode (the last tier; most also boot VMs)
+    long   takes minutes even when everything is right: left out of the default run, `scripts/test.sh --long`
+
+Users of the image-building fixtures (`IMAGE_FIXTURES`) get `image` at collection. Two checks, both failing the
+run rather than warning:
+- at collection, a test whose fixtures (transitively) include one that boots a VM (`VM_FIXTURES`) must be
+  marked `vm`;
+- while it runs, a test not marked `vm` that starts QEMU in this process (a VMM or the accelerator's boot probe,
+  in a fixture or in the test itself) errors at teardown, naming the marker to add.
+A VM booted by a subprocess the test starts (a daemon, the CLI, a benchmark script) is not seen by the second check:
+such tests are marked by hand. The reverse (marked `vm`, booted nothing here) is listed at the end of the run, since
+a subprocess may have booted what this process did not see.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+# fixtures that boot a VM when set up (conftest.base, tests.branching.srt) and everything built on them
+VM_FIXTURES = frozenset({"base", "fork", "srt", "sfork"})
+# fixtures that build a rootfs from the default image's packages (tests.oci_images): their users get `image`
+IMAGE_FIXTURES = frozenset({"layers", "layout_dir"})
+_BOOTS = [0]
+_BEFORE = pytest.StashKey[int]()
+_QUIET_VM = pytest.StashKey[list]()
+_PASSED: set[str] = set()
+
+
+def _counted(fn):
+    @functools.wraps(fn)
+    def boot(*args, **kwargs):
+        _BOOTS[0] += 1
+        return fn(*args, **kwargs)
+    return boot
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from forkd.core import runtime
+    from forkd.vmm import accel
+    from forkd.vmm.qemu import QemuDriver
+
+    QemuDriver._start = _counted(QemuDriver._start)
+    accel.probe = runtime.probe = _counted(accel.probe)
+    config.stash[_QUIET_VM] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda it: it.get_closest_marker("bench") is not None)  # benchmark smoke last (stable)
+    for it in items:
+        if IMAGE_FIXTURES & set(getattr(it, "fixturenames", ())):
+            it.add_marker(pytest.mark.image)
+    wrong = [f"{it.nodeid} (uses {', '.join(sorted(VM_FIXTURES & set(it.fixturenames)))})"
+             for it in items if VM_FIXTURES & set(getattr(it, "fixturenames", ())) and not it.get_closest_marker("vm")]
+    if wrong:
+        raise pytest.UsageError("these tests use a fixture that boots a VM but are not marked vm; add "
+                                "@pytest.mark.vm:\n  " + "\n  ".join(wrong))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_BEFORE] = _BOOTS[0]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    result = yield
+    booted = _BOOTS[0] - item.stash.get(_BEFORE, _BOOTS[0])
+    is_vm = item.get_closest_marker("vm") is not None
+    if booted and not is_vm:
+        raise pytest.fail.Exception(f"{item.nodeid} started QEMU {booted} time(s) but is not marked vm: add "
+                                    "@pytest.mark.vm (tests/markers.py)", pytrace=False)
+    if is_vm and not booted and item.nodeid in _PASSED and not VM_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.config.stash[_QUIET_VM].append(item.nodeid)
+    return result
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.passed:
+        _PASSED.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    quiet = config.stash.get(_QUIET_VM, [])
+    if quiet:
+        terminalreporter.write_sep("-", f"{len(quiet)} vm-marked tests started no QEMU in this process "
+                                        "(a subprocess may have; else drop their vm marker)")
+        for nodeid in quiet:
+            terminalreporter.write_line(f"  {nodeid}")
