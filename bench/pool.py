@@ -39,7 +39,7 @@ from bench.plan import timed, world  # noqa: E402
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.procs import start_time  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
-from forkd.client.backends import RemoteBackend  # noqa: E402
+from forkd.client.remote import RemoteBackend  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.reconciler.control import Control  # noqa: E402
 from forkd.reconciler.plan import plan  # noqa: E402

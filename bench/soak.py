@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forkd.base.paths import Layout  # noqa: E402
 from forkd.base.settings import settings  # noqa: E402
-from forkd.client.backends import RemoteBackend  # noqa: E402
+from forkd.client.remote import RemoteBackend  # noqa: E402
 from forkd.core.requests import Branch  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from tests.chaos.invariants import home_qemu_pids  # noqa: E402

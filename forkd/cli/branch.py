@@ -9,7 +9,7 @@ import typer
 
 from forkd.cli.options import complete_children
 from forkd.cli.output import Fmt, emit, err, ms, out
-from forkd.client import Branch, backend
+from forkd.client import backend
 
 OUTPUT_HELP = "table, json or yaml"
 
@@ -69,6 +69,8 @@ def branch_cmd(child: str = typer.Argument(..., help="id of the running child to
     conversion continues in this process, which exits only once the snapshot is ready or failed (a daemon
     returns at once)."""
     b = backend()
+    from forkd.client import Branch
+
     res = b.branch(Branch.of(child_id=child, tag=tag, mode=mode.value, wait=not no_wait))
     snap = res["snapshot"]
     emit(res, output, [("TAG", "left"), ("STATUS", "left"), ("MODE", "left"), ("CAPTURE", "left"), ("SOURCE", "left"),

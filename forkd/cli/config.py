@@ -6,8 +6,6 @@ import os
 
 import typer
 
-from forkd.base.logs import FORMATS, LEVELS, setup
-from forkd.base.settings import describe, env_name
 from forkd.cli.output import Fmt, emit
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
@@ -16,6 +14,8 @@ OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 def config(output: Fmt = OUTPUT) -> None:
     """Every FORKD_* setting: its value in effect, default, source (env, default or invalid) and what it does.
     Secrets show only as set/unset. Exits 2 if a variable holds a value that does not parse."""
+    from forkd.base.settings import describe
+
     rows = describe()
     data = [r.__dict__ for r in rows]
     colour = {"env": "cyan", "default": "dim", "invalid": "red"}
@@ -46,6 +46,9 @@ def global_options(
         log_format: str | None = typer.Option(None, "--log-format", help="text or json (one object per line); or "
                                                                           "$FORKD_LOG_FORMAT")) -> None:
     """Set up logging for this command, and hand the choice on to the processes it starts (serve, operator)."""
+    from forkd.base.logs import FORMATS, LEVELS, setup
+    from forkd.base.settings import env_name
+
     if log_level is not None and log_level.upper() not in LEVELS:
         raise typer.BadParameter(f"use one of {', '.join(LEVELS)}", param_hint="--log-level")
     if log_format is not None and log_format not in FORMATS:

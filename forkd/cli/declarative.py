@@ -11,18 +11,12 @@ from enum import StrEnum
 from pathlib import Path
 
 import typer
-import yaml
 
-from forkd.base.atomic import write_bytes
 from forkd.base.errors import InvalidInput
 from forkd.cli.options import complete_pools, count, count_option, format_or_old_path, lifetime_option, timeout_option
 from forkd.cli.output import Fmt, emit, err, out
-from forkd.client import LocalBackend, applyset_id, backend, parse_ref, resolve_kind
-from forkd.spec.loader import build_values, load_paths
-from forkd.spec.models import to_document
+from forkd.client import backend
 from forkd.spec.namespaces import DEFAULT, check_namespace, qname
-from forkd.spec.schema import explain as explain_path
-from forkd.spec.schema import schemas
 
 FILES = typer.Option(..., "-f", "--filename", help="file or directory of YAML specs ('-' for stdin); repeatable")
 RECURSIVE = typer.Option(False, "-R", "--recursive", help="also read subdirectories of -f directories")
@@ -62,6 +56,8 @@ class GetOut(StrEnum):
 
 def _load(files: list[str], recursive: bool, sets: list[str], values: list[Path], template: bool = False,
           namespace: str | None = None):
+    from forkd.spec.loader import build_values, load_paths
+
     loaded = load_paths([Path(f) for f in files], recursive=recursive, values=build_values(values, sets),
                         template=template)
     return [(_in_namespace(item.obj, namespace, f"{item.file}:{item.line}"), f"{item.file}:{item.line}")
@@ -116,6 +112,9 @@ def apply(files: list[str] = FILES, recursive: bool = RECURSIVE, sets: list[str]
     Files ending in .j2 are jinja2 templates (values from --set / --values); other files are plain YAML, never
     rendered, unless --template. Fields a Kubernetes API server sets (metadata.uid, resourceVersion, status, ...)
     are ignored, so `kubectl get ... -o yaml | forkd apply -f -` works."""
+    from forkd.client import LocalBackend, applyset_id
+    from forkd.spec.models import to_document
+
     objs = _load(files, recursive, sets, values, template, namespace)
     aset = applyset or applyset_id(_sources(files))
     b = backend() if dry_run != DryRun.client else None
@@ -214,6 +213,9 @@ def get(resource: str = typer.Argument(..., help="parents | layers | pools | bra
         namespace: str | None = NAMESPACE, all_namespaces: bool = ALL_NAMESPACES):
     """List objects of one kind, with their status (AGE: since the object was first applied); of one namespace
     (-n, default: default) or of all (-A, with a NAMESPACE column)."""
+    from forkd.client import parse_ref, resolve_kind
+    from forkd.spec.models import to_document
+
     kind, name = parse_ref(resource) if "/" in resource and name is None else (resolve_kind(resource), name)
     if all_namespaces and name:
         raise typer.BadParameter("-A lists objects; name one with -n NAMESPACE instead", param_hint="-A")
@@ -234,6 +236,9 @@ def schema(output_dir: Path | None = typer.Option(None, "--output-dir", help="wr
            ) -> None:
     """JSON Schemas of the spec objects, for editors: put `# yaml-language-server: $schema=PATH/forkd.json` at the
     top of a spec file (the YAML language server, VS Code's YAML extension, ...)."""
+    from forkd.base.atomic import write_bytes
+    from forkd.spec.schema import schemas
+
     fmt, old_path = format_or_old_path(output, "--output-dir")
     if fmt not in (None, Fmt.json):
         raise typer.BadParameter("JSON Schemas are printed as JSON", param_hint="-o")
@@ -254,6 +259,8 @@ def schema(output_dir: Path | None = typer.Option(None, "--output-dir", help="wr
 def explain(path: str = typer.Argument(..., help="KIND[.field...], e.g. ForkPool.spec.child"),
             output: Fmt = typer.Option(Fmt.table, "-o", "--output")) -> None:
     """Describe a field of a spec object and the fields under it, like kubectl explain."""
+    from forkd.spec.schema import explain as explain_path
+
     info = explain_path(path)
     if output != Fmt.table:
         emit(info, output)
@@ -273,6 +280,10 @@ def explain(path: str = typer.Argument(..., help="KIND[.field...], e.g. ForkPool
 def describe(ref: str = typer.Argument(..., help="KIND/NAME, e.g. pool/agents"),
              namespace: str | None = NAMESPACE) -> None:
     """Show one object: spec, status, conditions, recent events (and a pool's children)."""
+    import yaml
+
+    from forkd.client import parse_ref
+
     kind, name = parse_ref(ref)
     info = backend().describe(kind, qname(_ns(namespace), name))
     doc = info["object"]
@@ -305,6 +316,8 @@ def delete(ref: str | None = typer.Argument(None, help="KIND/NAME"),
     """Delete objects (by KIND/NAME or by the files that declare them). Their children and snapshots are
     released by the reconciler; a pool's claimed children stay until killed or their ttl ends; a ForkClaim's
     children are killed."""
+    from forkd.client import parse_ref
+
     if ref:
         kind, name = parse_ref(ref)
         targets = [(kind, _ns(namespace), name)]

@@ -35,7 +35,7 @@ from forkd.cli.options import (
     timeout_option,
 )
 from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
-from forkd.client import Compaction, LayerBuild, ParentBuild, Spawn, backend
+from forkd.client import backend
 
 app = typer.Typer(
     help="forkd: copy-on-write microVM sandboxes. Boot a parent once, snapshot it warm, fork children in "
@@ -106,6 +106,8 @@ def snapshot_create(
                                     help="none, or isolated: a NIC, and each child in its own network namespace"),
         output: Fmt = OUTPUT) -> None:
     """Boot a parent VM, warm it up, pause it and write a snapshot children can fork from."""
+    from forkd.client import ParentBuild
+
     req = ParentBuild.of(tag=tag, memory_mib=memory_mib, vcpus=vcpus, warm_imports=tuple(warm_import),
                          warm_run=tuple(warm_run), warm_exec=tuple(warm_exec), network=network)
     snap = backend().create_snapshot(req, progress=Progress(quiet=output != Fmt.table))
@@ -165,6 +167,8 @@ def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the 
                   code: list[str] = typer.Option([], "--exec", help="Python code to run in the agent (repeat)"),
                   output: Fmt = OUTPUT) -> None:
     """Build a layer: fork one child of --from, run the steps, and store only the pages that changed."""
+    from forkd.client import LayerBuild
+
     req = LayerBuild.of(tag=tag, parent_tag=from_, run=tuple(run), imports=tuple(imports), code=tuple(code))
     snap = backend().snapshot_diff(req, progress=Progress(quiet=output != Fmt.table))
     emit(snap, output, [("TAG", "left"), ("FROM", "left"), ("PAGES", "right"), ("STORED", "right"),
@@ -178,6 +182,8 @@ def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head t
                      to: str = typer.Option(..., "--to", help="tag of the new base snapshot"),
                      output: Fmt = OUTPUT) -> None:
     """Write a chain head as a base snapshot (flat memory + device state, no ancestors)."""
+    from forkd.client import Compaction
+
     snap = backend().compact(Compaction.of(from_tag=from_, to_tag=to), progress=Progress(quiet=output != Fmt.table))
     emit(snap, output, [("TAG", "left"), ("FROM", "left"), ("STORED", "right")],
          [[snap["tag"], from_, size(snap["memory_stored_bytes"])]])
@@ -230,6 +236,8 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep)
         emit({"children": recs}, output, CHILD_COLUMNS, _child_rows(recs))
         return
+    from forkd.client import Spawn
+
     req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
                    memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime))
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))

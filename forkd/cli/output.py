@@ -8,7 +8,6 @@ import time
 from enum import StrEnum
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -30,6 +29,8 @@ def emit(data: Any, fmt: Fmt, columns: list[tuple[str, str]] | None = None, rows
     if fmt == Fmt.json:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     elif fmt == Fmt.yaml:
+        import yaml
+
         sys.stdout.write(yaml.safe_dump(data, sort_keys=True))
     else:
         t = Table(title=title, box=None, pad_edge=False, header_style="bold")

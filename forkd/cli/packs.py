@@ -10,7 +10,7 @@ import typer
 
 from forkd.cli.options import format_or_old_path, old_spelling
 from forkd.cli.output import Fmt, Progress, emit, err, out, size
-from forkd.client import backend, hub_server
+from forkd.client import backend
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 HUB = typer.Option(None, "--hub", envvar="FORKD_HUB", help="hub base URL (default: $FORKD_HUB): http://... or "
@@ -111,6 +111,8 @@ def hub_serve(directory: Path = typer.Argument(..., help="directory holding regi
               port: int = typer.Option(8080, "--port", help="TCP port (0: pick a free one)"),
               bind: str = typer.Option("127.0.0.1", "--bind", help="address to listen on (loopback: default)")) -> None:
     """Serve a directory as a read-only hub over HTTP (for tests and air-gapped sites)."""
+    from forkd.client import hub_server
+
     srv = hub_server(directory, port, bind)
     host, p = srv.server_address[:2]
     if bind not in ("127.0.0.1", "::1", "localhost"):

@@ -7,17 +7,14 @@ same from both implementations (the remote one maps the daemon's problem+json ba
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from forkd.base.settings import settings
-from forkd.client.http import find_daemon
-from forkd.client.local import LocalBackend
-from forkd.client.remote import RemoteBackend
-from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
-from forkd.reconciler.control import Change
-from forkd.spec.models import ForkObject
+if TYPE_CHECKING:  # the in-process runtime, reconciler and models load only when a verb needs them
+    from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
+    from forkd.reconciler.control import Change
+    from forkd.spec.models import ForkObject
 
-ObjList = list[tuple[ForkObject, str]]
+ObjList = list[tuple["ForkObject", str]]
 Progress = Callable[[str], None]
 Json = dict[str, Any]
 
@@ -77,8 +74,17 @@ class Backend(Protocol):
 
 def backend() -> Backend:
     """FORKD_URL (+ FORKD_TOKEN) names a daemon on TCP; else the local daemon's socket if one answers; else
-    in-process (FORKD_NO_DAEMON=1 forces that)."""
-    if settings().no_daemon:
-        return LocalBackend()
-    endpoint = find_daemon(probe=True)
-    return RemoteBackend(endpoint=endpoint) if endpoint else LocalBackend()
+    in-process (FORKD_NO_DAEMON=1 forces that). The in-process runtime is imported only in that last case."""
+    from forkd.base.settings import settings
+
+    if not settings().no_daemon:
+        from forkd.client.http import find_daemon
+
+        endpoint = find_daemon(probe=True)
+        if endpoint:
+            from forkd.client.remote import RemoteBackend
+
+            return RemoteBackend(endpoint=endpoint)
+    from forkd.client.local import LocalBackend
+
+    return LocalBackend()

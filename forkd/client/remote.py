@@ -7,15 +7,16 @@ Long verbs report one progress line (the daemon does the work and answers when i
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forkd.client.api import Client
 from forkd.client.http import Call, Endpoint, quote
-from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
-from forkd.reconciler.control import Change
-from forkd.spec.models import MODELS, ForkObject, to_document
 
-ObjList = list[tuple[ForkObject, str]]
+if TYPE_CHECKING:  # loaded by the verbs that take or return them (declarative objects), not by every verb
+    from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
+    from forkd.spec.models import ForkObject
+
+ObjList = list[tuple["ForkObject", str]]
 Progress = Callable[[str], None]
 LONG = 3600.0  # builds, forks of many children, packs: minutes under TCG
 
@@ -49,12 +50,16 @@ class RemoteBackend:
     # -- declarative objects -------------------------------------------------------------------------
     @staticmethod
     def _docs(objs: ObjList) -> list[dict]:
+        from forkd.spec.models import to_document
+
         return [{"document": to_document(o, with_status=False), "source": src} for o, src in objs]
 
     def apply(self, objs, applyset, prune=False, dry_run=False, manager="cli", force=False):
         res = self._call("POST", "/v1/apply", json={"items": self._docs(objs), "applyset": applyset,
                                                    "prune": prune, "dry_run": dry_run, "manager": manager,
                                                    "force": force})
+        from forkd.reconciler.control import Change
+
         return [Change(**c) for c in res["changes"]]
 
     def diff(self, objs):
@@ -62,6 +67,8 @@ class RemoteBackend:
 
     def get(self, kind, name=None):
         docs = self._call("GET", f"/v1/objects/{kind}" + (f"/{quote(name)}" if name else ""))["items"]
+        from forkd.spec.models import MODELS
+
         return [MODELS[d["kind"]].model_validate(d) for d in docs]
 
     def describe(self, kind, name):

@@ -50,7 +50,7 @@ import pydantic
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Unavailable, first_line
 from forkd.base.paths import Layout
 from forkd.base.settings import read_one, settings
-from forkd.client.backends import RemoteBackend
+from forkd.client.remote import RemoteBackend
 from forkd.operator.crdgen import GROUP, VERSION, plural
 from forkd.reconciler.control import managed_by
 from forkd.reconciler.objects import MANAGED_BY

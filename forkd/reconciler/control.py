@@ -24,8 +24,9 @@ from forkd.reconciler.poollocks import pool_lock
 from forkd.reconciler.state import Actual
 from forkd.reconciler.world import parent_tag, pool_room, resolve
 from forkd.sandbox.registry import Claim
-from forkd.spec.models import MODELS, RESOURCE_NAMES, ForkObject, to_document
+from forkd.spec.models import ForkObject, to_document
 from forkd.spec.namespaces import DEFAULT, check_references, qualify
+from forkd.spec.refs import parse_ref, resolve_kind  # noqa: F401 - named here too (forkd.api, forkd.client)
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -49,21 +50,6 @@ def applyset_id(sources: list[str]) -> str:
 def managed_by(obj: ForkObject) -> str:
     """Who applies `obj`: its forkd.dev/managed-by annotation ("cli" for objects stored before there was one)."""
     return obj.metadata.annotations.get(MANAGED_BY, "cli")
-
-
-def resolve_kind(word: str) -> str:
-    kind = RESOURCE_NAMES.get(word.lower()) or (word if word in MODELS else None)
-    if not kind:
-        raise InvalidInput(f"unknown resource type {word!r}", hint="use parents, layers, pools or branches")
-    return kind
-
-
-def parse_ref(ref: str) -> tuple[str, str]:
-    """'pool/agents' or 'ForkPool/agents' -> ('ForkPool', 'agents')."""
-    if "/" not in ref:
-        raise InvalidInput(f"{ref!r}: expected KIND/NAME, e.g. pool/agents")
-    word, name = ref.split("/", 1)
-    return resolve_kind(word), name
 
 
 class Control:

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""CLI start-up per verb: wall time of `forkd VERB` end to end, against the daemon answering on $FORKD_HOME.
+
+    python3 bench/cli_start.py [--runs 20] [--verbs version,ls,...] [-o json]
+
+Each verb runs `--runs` times in turn (verbs interleaved, so a burst of load on a shared host hits them all alike);
+prints p50/p90 per verb beside `python -c pass` (the interpreter's own floor). Start a daemon first
+(`forkd serve`), else the verbs that need one run in-process and measure that instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VERBS = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "--version": ["--version"],
+    "version": ["version"],
+    "--help": ["--help"],
+    "ls": ["ls"],
+    "snapshots": ["snapshots"],
+    "get pools": ["get", "ForkPool"],
+    "exec (bad id)": ["exec", "nosuchchild", "--", "true"],
+    "logs (bad id)": ["logs", "nosuchchild"],
+}
+
+
+def argv_for(name: str) -> list[str]:
+    """The installed `forkd` entry point beside this interpreter (what a user runs), else `-m forkd.cli.main`."""
+    cmd = VERBS[name]
+    if name.startswith("python"):
+        return cmd
+    script = Path(sys.executable).parent / "forkd"
+    return [str(script), *cmd] if script.exists() else [sys.executable, "-m", "forkd.cli.main", *cmd]
+
+
+def measure(names: list[str], runs: int) -> dict[str, list[float]]:
+    took: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(runs):
+        for n in names:
+            t0 = time.perf_counter()
+            subprocess.run(argv_for(n), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+            took[n].append((time.perf_counter() - t0) * 1000.0)
+    return took
+
+
+def summary(took: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    def q(xs: list[float], p: float) -> float:
+        return statistics.quantiles(xs, n=100, method="inclusive")[int(p) - 1] if len(xs) > 1 else xs[0]
+    return {n: {"p50_ms": statistics.median(xs), "p90_ms": q(xs, 90), "runs": len(xs)} for n, xs in took.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--verbs", default=",".join(VERBS), help="comma-separated names from: " + ", ".join(VERBS))
+    ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    args = ap.parse_args()
+    names = [n.strip() for n in args.verbs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VERBS]
+    if unknown:
+        ap.error(f"unknown verb name(s) {unknown}; choose from {list(VERBS)}")
+    res = {"load_1m": os.getloadavg()[0], "cpus": os.cpu_count(), "verbs": summary(measure(names, args.runs))}
+    if args.output == "json":
+        print(json.dumps(res, indent=2))
+        return
+    print(f"load average {res['load_1m']:.2f} on {res['cpus']} CPUs; {args.runs} runs each")
+    for n, s in res["verbs"].items():
+        print(f"  {n:<16} p50 {s['p50_ms']:7.1f} ms   p90 {s['p90_ms']:7.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The CLI's start-up import graph stays small: a verb imports what it needs, never the in-process runtime, the
+reconciler or the spec models when a daemon answers (the import graph, not the clock, so the test means the same on
+a loaded host). No VM: the daemon here is tests.http_stub's loopback server, which answers the few routes these
+verbs call; the part under test is the CLI process's own imports, not the daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.http_stub import Draining, serving
+
+# what a verb that talks to a daemon must not load: the in-process side of forkd and its big dependencies
+IN_PROCESS = ("forkd.core", "forkd.reconciler", "forkd.vmm", "forkd.store", "forkd.image", "forkd.api",
+              "forkd.operator", "forkd.client.local", "forkd.spec.models", "forkd.spec.loader", "jinja2")
+# what a verb's --help must not load either: no HTTP client, no API models
+NO_CLIENT = (*IN_PROCESS, "httpx", "forkd_client.api", "forkd.client.http", "yaml")
+# and `forkd --version` / `forkd --help`: not even the settings (pydantic); a verb's --help does set up logging
+NO_BACKEND = (*NO_CLIENT, "pydantic", "forkd.base.settings")
+
+PROBE = ("import json, os, sys\n"
+         "sys.argv = ['forkd', *json.loads(os.environ['PROBE_ARGV'])]\n"
+         "from forkd.cli.fast import main\n"
+         "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
+         "with open(os.environ['PROBE_OUT'], 'w') as f:\n"
+         "    json.dump({'code': code, 'modules': sorted(sys.modules)}, f)\n")
+
+
+def loaded(argv: list[str], tmp_path, **env: str) -> tuple[int, list[str]]:
+    """Run the `forkd` entry point with `argv` in a fresh interpreter; its exit code and every module it loaded."""
+    out = tmp_path / "modules.json"
+    e = dict(os.environ, PROBE_ARGV=json.dumps(argv), PROBE_OUT=str(out), FORKD_HOME=str(tmp_path / "home"), **env)
+    e.pop("FORKD_NO_DAEMON", None)
+    subprocess.run([sys.executable, "-c", PROBE], env=e, capture_output=True, timeout=120, check=True)
+    res = json.loads(out.read_text())
+    return res["code"], res["modules"]
+
+
+def heavy(modules: list[str], banned: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if any(m == b or m.startswith(b + ".") for b in banned)]
+
+
+class Answering(Draining):
+    busy = 0  # answers at once
+
+
+@pytest.mark.parametrize("argv,banned", [(["--version"], NO_BACKEND), (["--help"], NO_BACKEND),
+                                         (["fork", "--help"], NO_CLIENT), (["apply", "--help"], NO_CLIENT)])
+def test_version_and_help_load_no_backend(argv, banned, tmp_path):
+    code, modules = loaded(argv, tmp_path)
+    assert code == 0
+    assert heavy(modules, banned) == []
+
+
+@pytest.mark.parametrize("argv,path,answer", [
+    (["ls"], "/v1/children", b"[]"),
+    (["snapshots"], "/v1/manifests", b"[]"),
+    (["get", "pools"], "/v1/objects/ForkPool", b'{"items": []}'),  # its answers are spec models: those it loads
+])
+def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer, tmp_path):
+    with serving(Answering) as url:
+        Answering.answers = {path: ("application/json", answer)}
+        code, modules = loaded(argv, tmp_path, FORKD_URL=url)
+    assert Answering.seen.get(("GET", path)) == 1, Answering.seen  # it did ask the daemon
+    assert code == 0
+    allowed = {"forkd.spec.models", "forkd.core", "forkd.core.requests"} if argv[0] == "get" else set()  # models
+    assert [m for m in heavy(modules, IN_PROCESS) if m not in allowed] == []
+
+
+def test_without_a_daemon_the_in_process_runtime_is_loaded(tmp_path):
+    """The other side of the rule, so the check above cannot pass by loading nothing: no daemon, `forkd ls` runs
+    in-process and does load the runtime."""
+    code, modules = loaded(["ls"], tmp_path, FORKD_NO_DAEMON="1")
+    assert code == 0
+    assert "forkd.core.runtime" in modules and "forkd.client.local" in modules
