@@ -71,7 +71,9 @@ def branch_cmd(child: str = typer.Argument(..., help="id of the running child to
     b = backend()
     from forkd.client import Branch
 
-    res = b.branch(Branch.of(child_id=child, tag=tag, mode=mode.value, wait=not no_wait))
+    req = Branch.of(flags={"child_id": "CHILD", "tag": "--tag", "mode": "--mode"}, child_id=child, tag=tag,
+                    mode=mode.value, wait=not no_wait)
+    res = b.branch(req)
     snap = res["snapshot"]
     emit(res, output, [("TAG", "left"), ("STATUS", "left"), ("MODE", "left"), ("CAPTURE", "left"), ("SOURCE", "left"),
                        ("PAUSE ms", "right"), ("RETURNED ms", "right")],

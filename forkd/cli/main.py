@@ -18,6 +18,7 @@ import typer
 from rich.markup import escape
 
 from forkd import __version__
+from forkd.base.durations import EXAMPLES
 from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
 from forkd.cli import config, cp, declarative, k8s
@@ -31,6 +32,7 @@ from forkd.cli.options import (
     complete_snapshots,
     count,
     count_option,
+    duration_value,
     old_spelling,
     timeout_option,
 )
@@ -51,6 +53,13 @@ app.add_typer(image_app, name="image")
 app.add_typer(snapshot_app, name="snapshot")
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
+# request field -> the flag a user types for it (errors name the flag, forkd.core.requests.invalid_flags)
+PARENT_FLAGS = {"tag": "--tag", "memory_mib": "--memory-mib", "vcpus": "--vcpus", "warm_imports": "--warm-import",
+                "warm_run": "--warm-run", "warm_exec": "--warm-exec", "network": "--network"}
+LAYER_FLAGS = {"tag": "--tag", "parent_tag": "--from", "run": "--run", "imports": "--import", "code": "--exec"}
+SPAWN_FLAGS = {"tag": "--tag", "n": "--count", "timeout": "--timeout", "network": "--per-child-netns",
+               "memory_limit_mib": "--memory-limit-mib", "allow_unconstrained": "--allow-unconstrained",
+               "prime": "--prime"}
 
 
 @app.command()
@@ -95,7 +104,8 @@ def image_build(force: bool = typer.Option(False, help="rebuild even if the cach
 # -- snapshots ------------------------------------------------------------------------------------
 @snapshot_app.command("create")
 def snapshot_create(
-        tag: str = typer.Option(..., "--tag", "-t", help="name: [a-z0-9][a-z0-9._-]{0,62}"),
+        tag: str = typer.Option(..., "--tag", "-t", help="name: 1-63 of a-z, 0-9, '.', '_' and '-', starting with a "
+                                                        "letter or digit"),
         memory_mib: int = typer.Option(512, "--memory-mib", help="guest RAM in MiB"),
         vcpus: int = typer.Option(1, "--vcpus"),
         warm_import: list[str] = typer.Option([], "--warm-import", help="module to import in the agent (repeat)"),
@@ -108,8 +118,9 @@ def snapshot_create(
     """Boot a parent VM, warm it up, pause it and write a snapshot children can fork from."""
     from forkd.client import ParentBuild
 
-    req = ParentBuild.of(tag=tag, memory_mib=memory_mib, vcpus=vcpus, warm_imports=tuple(warm_import),
-                         warm_run=tuple(warm_run), warm_exec=tuple(warm_exec), network=network)
+    req = ParentBuild.of(flags=PARENT_FLAGS, tag=tag, memory_mib=memory_mib, vcpus=vcpus,
+                         warm_imports=tuple(warm_import), warm_run=tuple(warm_run), warm_exec=tuple(warm_exec),
+                         network=network)
     snap = backend().create_snapshot(req, progress=Progress(quiet=output != Fmt.table))
     t = snap["timings_ms"]
     emit(snap, output, [("TAG", "left"), ("STATUS", "left"), ("BOOT ms", "right"), ("WARM ms", "right"),
@@ -169,7 +180,8 @@ def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the 
     """Build a layer: fork one child of --from, run the steps, and store only the pages that changed."""
     from forkd.client import LayerBuild
 
-    req = LayerBuild.of(tag=tag, parent_tag=from_, run=tuple(run), imports=tuple(imports), code=tuple(code))
+    req = LayerBuild.of(flags=LAYER_FLAGS, tag=tag, parent_tag=from_, run=tuple(run), imports=tuple(imports),
+                        code=tuple(code))
     snap = backend().snapshot_diff(req, progress=Progress(quiet=output != Fmt.table))
     emit(snap, output, [("TAG", "left"), ("FROM", "left"), ("PAGES", "right"), ("STORED", "right"),
                         ("OF", "right"), ("BUILD ms", "right")],
@@ -184,7 +196,8 @@ def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head t
     """Write a chain head as a base snapshot (flat memory + device state, no ancestors)."""
     from forkd.client import Compaction
 
-    snap = backend().compact(Compaction.of(from_tag=from_, to_tag=to), progress=Progress(quiet=output != Fmt.table))
+    req = Compaction.of(flags={"from_tag": "--from", "to_tag": "--to"}, from_tag=from_, to_tag=to)
+    snap = backend().compact(req, progress=Progress(quiet=output != Fmt.table))
     emit(snap, output, [("TAG", "left"), ("FROM", "left"), ("STORED", "right")],
          [[snap["tag"], from_, size(snap["memory_stored_bytes"])]])
 
@@ -238,7 +251,7 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         return
     from forkd.client import Spawn
 
-    req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
+    req = Spawn.of(flags=SPAWN_FLAGS, tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
                    memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime))
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
@@ -249,9 +262,10 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
 
 @app.command("set-timeout")
 def set_timeout(child: str = typer.Argument(..., help="id of a running child"),
-                seconds: float = typer.Argument(..., help="it now expires this many seconds from now"),
+                seconds: str = typer.Argument(..., metavar="DURATION", callback=duration_value,
+                                                help=f"it now expires this long from now ({EXAMPLES})"),
                 output: Fmt = OUTPUT) -> None:
-    """Keepalive: a child made through the daemon expires SECONDS from now (the daemon kills it then)."""
+    """Keepalive: a child made through the daemon expires DURATION from now (the daemon kills it then)."""
     rec = backend().set_timeout(child, seconds)
     emit(rec, output, [("ID", "left"), ("EXPIRES AT", "left")],
          [[rec["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["expires_at"]))]])

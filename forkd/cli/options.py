@@ -22,7 +22,7 @@ from forkd.cli.output import Fmt, err
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="output format: table, json or yaml")
 
 
-def _duration(value: Any) -> float | None:
+def duration_value(value: Any) -> float | None:
     """Checked while the command line is parsed, before anything is done (bad value: exit 2)."""
     if value is None:
         return None
@@ -34,7 +34,7 @@ def _duration(value: Any) -> float | None:
 
 def timeout_option(default: str | None, what: str) -> Any:
     """--timeout DURATION (the function receives seconds, a float)."""
-    return typer.Option(default, "--timeout", callback=_duration, metavar="DURATION",
+    return typer.Option(default, "--timeout", callback=duration_value, metavar="DURATION",
                         help=f"{what} ({EXAMPLES})")
 
 
@@ -42,7 +42,7 @@ MAX_LIFETIME_S = 30 * 86400.0  # the daemon's bound on a client-given lifetime (
 
 
 def _lifetime(value: Any) -> float | None:
-    secs = _duration(value)
+    secs = duration_value(value)
     if secs is not None and not 0 < secs <= MAX_LIFETIME_S:
         raise typer.BadParameter(f"{value!r}: a lifetime is more than 0 and at most 30 days")
     return secs

@@ -110,11 +110,43 @@ class Request(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     @classmethod
-    def of(cls, **fields: Any) -> Self:
+    def of(cls, *, flags: dict[str, str] | None = None, **fields: Any) -> Self:
+        """`flags` maps a field to what the caller's user typed for it (a CLI flag): errors then name that, and
+        the value given, instead of the field."""
         try:
             return cls(**fields)
         except ValidationError as exc:
-            raise invalid(cls.__name__, exc) from None
+            raise (invalid(cls.__name__, exc) if flags is None else invalid_flags(flags, exc)) from None
+
+
+def invalid_flags(flags: dict[str, str], exc: ValidationError) -> InvalidInput:
+    """InvalidInput naming the flag and value that broke a rule (`--memory-mib 1: must be at least 128`)."""
+    parts, named = [], []
+    for err in exc.errors(include_url=False):
+        field = str(err.get("loc", ("?",))[0])
+        flag = flags.get(field, field)
+        named.append(flag)
+        value = err.get("input")
+        shown = f" {value}" if isinstance(value, int | float | str) else ""
+        parts.append(f"{flag}{shown}: {_rule(err)}")
+    return InvalidInput("; ".join(parts), hint=f"fix {', '.join(dict.fromkeys(named))} and run the command again")
+
+
+def _rule(err: dict) -> str:
+    """pydantic's message as a rule: 'must be at least 128', not 'Input should be greater than or equal to 128'."""
+    ctx = err.get("ctx") or {}
+    kind = err.get("type")
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx['le']}"
+    if kind == "greater_than":
+        return f"must be more than {ctx['gt']}"
+    if kind == "less_than":
+        return f"must be less than {ctx['lt']}"
+    if kind == "value_error":
+        return str(ctx.get("error") or err.get("msg"))
+    return str(err.get("msg", "invalid")).replace("Input should be", "must be")
 
 
 def invalid(what: str, exc: ValidationError) -> InvalidInput:

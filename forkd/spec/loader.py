@@ -25,6 +25,8 @@ import pydantic
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from forkd.base.durations import EXAMPLES as DURATION_EXAMPLES
+from forkd.base.durations import PATTERN as DURATION_PATTERN
 from forkd.base.errors import InvalidInput
 from forkd.base.names import NAME_PATTERN
 from forkd.spec.limits import (
@@ -247,6 +249,8 @@ def _message(err: dict) -> str:
         return f"unknown field '{err['loc'][-1]}'"
     if err["type"] == "string_pattern_mismatch" and err.get("ctx", {}).get("pattern") == NAME_PATTERN:
         return f"invalid name {err['input']!r}: use 1-52 of a-z, 0-9 and '-', starting and ending with a-z or 0-9"
+    if err["type"] == "string_pattern_mismatch" and err.get("ctx", {}).get("pattern") == DURATION_PATTERN:
+        return f"{err['input']!r} is not a duration: use {DURATION_EXAMPLES}"
     return err["msg"]
 
 
