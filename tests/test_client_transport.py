@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from forkd_client.http import Retry
 
-from forkd.base.errors import Unavailable
+from forkd.base.errors import InvalidInput, Unavailable
 from forkd.client.api import Client
 from forkd.client.http import UNREACHABLE, Call
 from forkd.client.processes import RemoteProcesses, to_line
@@ -66,3 +66,19 @@ def test_a_stream_is_opened_with_the_same_retries(draining):
     with pytest.raises(Unavailable) as e:  # starting a process is a POST: a 503 is final
         list(RemoteProcesses(c).stream("c1", ["true"]))
     assert e.value.status == 503 and _Draining.seen["POST", "/v1/sandboxes/c1/processes"] == 1
+
+
+def test_the_retry_budget_is_a_setting_every_client_reads(monkeypatch):
+    """FORKD_RETRY_ATTEMPTS / FORKD_RETRY_WAIT set the defaults of every Retry (the CLI's, the SDK's) without code;
+    a value that does not parse is refused naming the variable."""
+    assert Retry().attempts == 4 and Retry().first_wait == 0.25
+    monkeypatch.setenv("FORKD_RETRY_ATTEMPTS", "2")
+    monkeypatch.setenv("FORKD_RETRY_WAIT", "0.01")
+    port = free_port()
+    with pytest.raises(Unavailable) as e:
+        Client(url=f"http://127.0.0.1:{port}")._send(Call("GET", "/v1/sandboxes"))
+    assert "2 attempt(s)" in str(e.value)
+    assert Retry(attempts=5).first_wait == 0.01  # an explicit field still wins over the variable, the rest follow it
+    monkeypatch.setenv("FORKD_RETRY_ATTEMPTS", "0")
+    with pytest.raises(InvalidInput, match="FORKD_RETRY_ATTEMPTS='0' is less than 1"):
+        Retry()

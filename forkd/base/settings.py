@@ -79,6 +79,10 @@ class Settings(BaseModel):
     daemon_socket: Path | None = _env(None, "the daemon socket the CLI, the operator, the forkd-client SDK and the MCP "
                                             "server reach (default $FORKD_HOME/forkd.sock, used when a daemon "
                                             "answers there); FORKD_URL wins over it")
+    retry_attempts: int = _env(4, "how many times a client (the CLI, the SDK, the MCP server) sends a request that "
+                                  "could not connect, or got 503 where a retry is safe, before it gives up", ge=1)
+    retry_wait: float = _env(0.25, "seconds before a client's first retry; each next wait doubles (at most 4 s), "
+                                   "with jitter", ge=0)
     hub: str | None = _env(None, "pack hub for push/pull: http://host:port/path or file:///dir")
     pack_max_bytes: int = _env(64 << 30, "unpack: the most bytes a pack may unpack to (the sum of its members' "
                                          "sizes; zeros count too)", ge=1 << 20)

@@ -10,6 +10,8 @@ Retries (`Retry`): a request that could not connect (the daemon is restarting, o
 its method, since it never reached the daemon; a 503 answer is retried only for idempotent methods (GET, HEAD,
 PUT, DELETE), since a POST may have done part of its work. Waits grow 0.25 s, 0.5 s, 1 s... (at most `max_wait`),
 with jitter, `attempts` times in all (default 4). Then the error is raised: `Unavailable` naming the daemon.
+The defaults come from `$FORKD_RETRY_ATTEMPTS` and `$FORKD_RETRY_WAIT` (the first wait, seconds) when set: the retry
+budget of every client in a process tree (the CLI, scripts, tests), without code.
 Streamed answers (`stream`) are opened the same way; once open, nothing is sent again.
 """
 
@@ -21,7 +23,7 @@ import random
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +55,25 @@ class Endpoint:
         return self.socket is not None
 
 
+def _env_number(name: str, default: float, kind: type, least: float) -> Any:
+    """A retry setting from the environment (blank = unset); a value that does not parse is an error naming it."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return kind(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise InvalidInput(f"{name}={raw!r} is not a {kind.__name__}", hint=f"set it to a number >= {least}, or "
+                           "unset it") from None
+    if value < least:
+        raise InvalidInput(f"{name}={raw!r} is less than {least}", hint=f"set it to a number >= {least}")
+    return value
+
+
 @dataclass(frozen=True)
 class Retry:
-    attempts: int = 4
-    first_wait: float = 0.25
+    attempts: int = field(default_factory=lambda: _env_number("FORKD_RETRY_ATTEMPTS", 4, int, 1))
+    first_wait: float = field(default_factory=lambda: _env_number("FORKD_RETRY_WAIT", 0.25, float, 0))
     max_wait: float = 4.0
 
     def wait(self, attempt: int) -> float:
