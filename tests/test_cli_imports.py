@@ -48,7 +48,7 @@ class Answering(Draining):
     busy = 0  # answers at once
 
 
-@pytest.mark.parametrize("argv,banned", [(["--version"], NO_BACKEND), (["--help"], NO_BACKEND),
+@pytest.mark.parametrize("argv,banned", [(["--version"], (*NO_BACKEND, "rich")), (["--help"], NO_BACKEND),
                                          (["fork", "--help"], NO_CLIENT), (["apply", "--help"], NO_CLIENT)])
 def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     code, modules = loaded(argv, tmp_path)

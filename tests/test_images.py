@@ -201,7 +201,8 @@ def test_check_fits_messages():
 
 # ---------------------------------------------------------------- the numpy example (Debian path, slow)
 @pytest.mark.vm
-@pytest.mark.timeout(1800)  # the slow one: mmdebstrap + a 1 GiB parent under TCG; it still runs by default
+@pytest.mark.long  # mmdebstrap + a 1 GiB parent under TCG: `scripts/test.sh --long` runs it
+@pytest.mark.timeout(1800)
 def test_numpy_pool_example(rt):
     """specs/examples/numpy-pool.yaml through the reconciler: Debian image built (downloads cached in the
     session's FORKD_HOME), numpy imported before the pause, a pool of 4, a claimed child evals numpy."""

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from forkd import __version__
 from forkd.base.durations import EXAMPLES
@@ -436,6 +435,8 @@ def main() -> None:
     try:
         app()
     except ForkdError as exc:
+        from rich.markup import escape
+
         err.print(f"[red]error:[/] {escape(exc.message)}")
         if exc.hint:
             err.print(f"[dim]hint:[/] {escape(exc.hint)}")
@@ -444,6 +445,8 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(130)
     except OSError as exc:  # an environment problem forkd did not anticipate: say what, without a traceback
+        from rich.markup import escape
+
         err.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(1)
 

@@ -8,13 +8,26 @@ import time
 from enum import StrEnum
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
 
-# piped output is for scripts and logs: never truncate it to an imaginary 80-column terminal
-_WIDTH = None if sys.stdout.isatty() else 240
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 240)
+class _Console:
+    """A rich Console made on first use (rich is loaded only by a command that prints through it). Piped output is
+    for scripts and logs: never truncate it to an imaginary 80-column terminal."""
+
+    def __init__(self, stderr: bool):
+        self._stderr, self._console = stderr, None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            tty = (sys.stderr if self._stderr else sys.stdout).isatty()
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True,
+                                    width=None if tty else 240)
+        return getattr(self._console, name)
+
+
+out = _Console(stderr=False)
+err = _Console(stderr=True)
 
 
 class Fmt(StrEnum):
@@ -33,6 +46,8 @@ def emit(data: Any, fmt: Fmt, columns: list[tuple[str, str]] | None = None, rows
 
         sys.stdout.write(yaml.safe_dump(data, sort_keys=True))
     else:
+        from rich.table import Table
+
         t = Table(title=title, box=None, pad_edge=False, header_style="bold")
         for head, justify in columns or []:
             t.add_column(head, justify=justify)
