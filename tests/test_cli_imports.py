@@ -1,7 +1,7 @@
 """The CLI's start-up import graph stays small: a verb imports what it needs, never the in-process runtime, the
-reconciler or the spec models when a daemon answers (the import graph, not the clock, so the test means the same on
-a loaded host). No VM: the daemon here is tests.http_stub's loopback server, which answers the few routes these
-verbs call; the part under test is the CLI process's own imports, not the daemon."""
+reconciler, the spec models or the SDK's API models when a daemon answers (the import graph, not the clock, so the
+test means the same on a loaded host). No VM: the daemon here is tests.http_stub's loopback server, which answers
+the few routes these verbs call; the part under test is the CLI process's own imports, not the daemon."""
 
 from __future__ import annotations
 
@@ -68,7 +68,8 @@ def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer,
     assert Answering.seen.get(("GET", path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
     allowed = {"forkd.spec.models", "forkd.core", "forkd.core.requests"} if argv[0] == "get" else set()  # models
-    assert [m for m in heavy(modules, IN_PROCESS) if m not in allowed] == []
+    banned = (*IN_PROCESS, "forkd_client.api", "forkd_client.models")
+    assert [m for m in heavy(modules, banned) if m not in allowed] == []
 
 
 def test_without_a_daemon_the_in_process_runtime_is_loaded(tmp_path):

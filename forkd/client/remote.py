@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from forkd.client.api import Client
-from forkd.client.http import Call, Endpoint, quote
+from forkd.client.http import UNREACHABLE, Call, Endpoint, SyncHttp, quote
 
 if TYPE_CHECKING:  # loaded by the verbs that take or return them (declarative objects), not by every verb
     from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
@@ -25,6 +24,12 @@ def _quiet(_: str) -> None:
     pass
 
 
+class _Plain(SyncHttp):
+    """The transport alone (retries, typed errors) with the runtime's hint for a daemon that cannot be reached."""
+
+    unreachable_hint = UNREACHABLE
+
+
 class RemoteBackend:
     """A running `forkd serve`: at `endpoint` (see forkd.client.http.find_daemon), or over the unix socket
     `socket_path`, or at TCP `url` with a bearer `token`."""
@@ -33,14 +38,25 @@ class RemoteBackend:
                  token: str | None = None, *, endpoint: Endpoint | None = None):
         if endpoint is None:
             endpoint = Endpoint(url.rstrip("/"), None, token) if url else Endpoint("http://forkd", socket_path, token)
-        self.api = Client(at=endpoint, timeout=timeout)
+        self.endpoint, self._timeout, self._api = endpoint, timeout, None
+        self.http = _Plain(endpoint, timeout=timeout)
         self.is_local = endpoint.is_local  # a TCP daemon's agent sockets and files are on its host, not ours
 
+    @property
+    def api(self) -> Any:
+        """The SDK's client (forkd.client.api.Client), made on first use: the routes whose answers are its models
+        (exec, eval, ping, branch, files) need it; the rest send JSON through `http` without loading the models."""
+        if self._api is None:
+            from forkd.client.api import Client
+
+            self._api = Client(at=self.endpoint, timeout=self._timeout)
+        return self._api
+
     def _call(self, method: str, path: str, timeout: float | None = None, **kw) -> Any:
-        return self.api._send(Call(method, path, timeout=timeout, **kw))
+        return self.http._send(Call(method, path, timeout=timeout, **kw))
 
     def _long(self, progress: Progress, method: str, path: str, json: Any) -> Any:
-        progress(f"working on the daemon at {self.api.endpoint.where}; waiting for its answer")
+        progress(f"working on the daemon at {self.endpoint.where}; waiting for its answer")
         return self._call(method, path, timeout=LONG, json=json)
 
     def _here(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
