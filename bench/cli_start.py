@@ -4,8 +4,8 @@
     python3 bench/cli_start.py [--runs 20] [--verbs version,ls,...] [-o json]
 
 Each verb runs `--runs` times in turn (verbs interleaved, so a burst of load on a shared host hits them all alike);
-prints p50/p90 per verb beside `python -c pass` (the interpreter's own floor). Start a daemon first
-(`forkd serve`), else the verbs that need one run in-process and measure that instead.
+prints wall p50/p90 and CPU (user + system) p50 per verb beside `python -c pass` (the interpreter's own floor).
+Start a daemon first (`forkd serve`), else the verbs that need one run in-process and measure that instead.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,20 +42,28 @@ def argv_for(name: str) -> list[str]:
     return [str(script), *cmd] if script.exists() else [sys.executable, "-m", "forkd.cli.main", *cmd]
 
 
-def measure(names: list[str], runs: int) -> dict[str, list[float]]:
-    took: dict[str, list[float]] = {n: [] for n in names}
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(names: list[str], runs: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Per verb: wall ms and CPU ms (user + system, the child's own: less sensitive to a loaded host)."""
+    took: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
     for _ in range(runs):
         for n in names:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu()
             subprocess.run(argv_for(n), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-            took[n].append((time.perf_counter() - t0) * 1000.0)
+            took[n][0].append((time.perf_counter() - t0) * 1000.0)
+            took[n][1].append((_cpu() - c0) * 1000.0)
     return took
 
 
-def summary(took: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+def summary(took: dict[str, tuple[list[float], list[float]]]) -> dict[str, dict[str, float]]:
     def q(xs: list[float], p: float) -> float:
         return statistics.quantiles(xs, n=100, method="inclusive")[int(p) - 1] if len(xs) > 1 else xs[0]
-    return {n: {"p50_ms": statistics.median(xs), "p90_ms": q(xs, 90), "runs": len(xs)} for n, xs in took.items()}
+    return {n: {"p50_ms": statistics.median(w), "p90_ms": q(w, 90), "cpu_p50_ms": statistics.median(c),
+                "runs": len(w)} for n, (w, c) in took.items()}
 
 
 def main() -> None:
@@ -73,7 +82,8 @@ def main() -> None:
         return
     print(f"load average {res['load_1m']:.2f} on {res['cpus']} CPUs; {args.runs} runs each")
     for n, s in res["verbs"].items():
-        print(f"  {n:<16} p50 {s['p50_ms']:7.1f} ms   p90 {s['p90_ms']:7.1f} ms")
+        print(f"  {n:<16} wall p50 {s['p50_ms']:7.1f} ms  p90 {s['p90_ms']:7.1f} ms"
+              f"   CPU p50 {s['cpu_p50_ms']:7.1f} ms")
 
 
 if __name__ == "__main__":
