@@ -30,8 +30,10 @@ from tests.conftest import BASE_TAG, forkd_cli
 
 
 def _empty_runtime() -> tuple[Runtime, Path]:
+    """A runtime on an empty home in a directory of its own (what is written beside the home is this test's: /tmp
+    is shared with whatever else runs on the host)."""
     d = Path(tempfile.mkdtemp(prefix="fkp", dir="/tmp"))
-    return Runtime(Layout(d)), d
+    return Runtime(Layout(d / "home")), d
 
 
 def _drop(rt2: Runtime, d: Path) -> None:
