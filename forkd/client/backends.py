@@ -88,3 +88,16 @@ def backend() -> Backend:
     from forkd.client.local import LocalBackend
 
     return LocalBackend()
+
+
+def __getattr__(name: str) -> Any:
+    """`from forkd.client.backends import LocalBackend, RemoteBackend` still works, loading that side on use."""
+    if name == "LocalBackend":
+        from forkd.client.local import LocalBackend
+
+        return LocalBackend
+    if name == "RemoteBackend":
+        from forkd.client.remote import RemoteBackend
+
+        return RemoteBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
