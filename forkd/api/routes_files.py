@@ -1,4 +1,4 @@
-"""Files in a sandbox (issue 16): list, stat, exists, remove, rename, mkdir, chmod; streamed download and upload of
+"""Files in a sandbox: list, stat, exists, remove, rename, mkdir, chmod; streamed download and upload of
 any size (chunked response; the request body goes to the guest chunk by chunk, never buffered whole); tar streams
 of files and directories (`forkd cp`); and a watch of a directory streamed as NDJSON.
 

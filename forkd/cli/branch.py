@@ -1,4 +1,4 @@
-"""`forkd branch ID --tag T [--mode live|diff|full] [--no-wait]`: snapshot a running child (issue 5)."""
+"""`forkd branch ID --tag T [--mode live|diff|full] [--no-wait]`: snapshot a running child."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`forkd from-image REF --tag T` (guest images from OCI layouts / docker save tarballs) and the Debian options
-of `forkd image build` (issue 9). Parsing and printing only: the work is the backend's (forkd.client)."""
+of `forkd image build`. Parsing and printing only: the work is the backend's (forkd.client)."""
 
 from __future__ import annotations
 

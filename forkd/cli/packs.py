@@ -1,4 +1,4 @@
-"""`forkd pack|unpack|pull|push` and `forkd hub serve`: move snapshot chains between hosts (issue 4, items 5-6)."""
+"""`forkd pack|unpack|pull|push` and `forkd hub serve`: move snapshot chains between hosts."""
 
 from __future__ import annotations
 

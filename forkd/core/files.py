@@ -1,4 +1,4 @@
-"""Files in a running child (issue 16): the core-level doors to forkd.vmm.agent_files over the child's agent.
+"""Files in a running child: the core-level doors to forkd.vmm.agent_files over the child's agent.
 
 `open_files(rt, id)` yields an AgentFiles on one agent connection and turns the guest's file errors into forkd's
 (404 for a missing path, 409 for one that exists or is not empty, 400 for bad arguments or permissions).

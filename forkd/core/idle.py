@@ -1,4 +1,4 @@
-"""Idle children cost less (issue 18): once a running child's VMM has been idle for FORKD_IDLE_PAGEOUT_SECS, its
+"""Idle children cost less: once a running child's VMM has been idle for FORKD_IDLE_PAGEOUT_SECS, its
 private memory (TCG's translation buffer, QEMU's heap, the guest pages it copied) is paged out to the host's swap
 (forkd.vmm.pageout).
 

@@ -1,4 +1,4 @@
-"""Sandbox lifetimes, labels and the clean-up of throw-away branch snapshots (issue 16, deliverable 3 and 4).
+"""Sandbox lifetimes, labels and the clean-up of throw-away branch snapshots.
 
 A sandbox made by `POST /v1/sandboxes`, `/fork` or `forkd fork` through the daemon carries `expires_at` in its child
 record (default FORKD_SANDBOX_TIMEOUT from its creation; `set_timeout` moves it to now + seconds). The daemon's

@@ -1,1 +1,1 @@
-"""Reconciler: plan(desired, actual) -> actions, an executor and a loop (issue 3)."""
+"""Reconciler: plan(desired, actual) -> actions, an executor and a loop."""

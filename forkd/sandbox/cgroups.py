@@ -16,7 +16,7 @@ before the device state loads and the guest runs: what QEMU allocated in its fir
 the parent group, every page the guest copies afterwards (and TCG's code buffer, filled at run time) is charged to
 the child. With no swap, a child over its limit is OOM-killed inside its own group: only that VMM dies.
 
-Shared guest RAM (the accounting model, issue 15): a page of a tmpfs file is charged to the cgroup of whoever
+Shared guest RAM (the accounting model): a page of a tmpfs file is charged to the cgroup of whoever
 allocates it first, and a child's MAP_PRIVATE fault on a *hole* of its flat image allocates that page in the
 shared file. So every flat image is populated in full when it enters the flat cache, by a short helper process
 placed in this home's own group <root>/forkd/<home-hash>/shared (`populate_shared`): the image is charged once,

@@ -272,7 +272,7 @@ def _collect_cgroups(home: str, keep: set[str], report: GcReport, dry_run: bool)
 
 def _scratch_dirs(layout: Layout) -> list[Path]:
     """Where scratch memory files may be: this home's private tmpfs directory and tmp/ (when they are private),
-    and the shared tmpfs itself (where forkd before issue 14 put them; only our own files there are touched)."""
+    and the shared tmpfs itself (where older forkd versions put them; only our own files there are touched)."""
     out = [settings().shm]
     for d in (layout.shm_dir, layout.tmp):
         with contextlib.suppress(FileNotFoundError, UnsafePath):

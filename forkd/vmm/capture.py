@@ -15,7 +15,7 @@ same instant, by QEMU's own construction (we never arm write-protect ourselves b
 upstream's defect 5). In **stop** mode (`diff`/`full`) the VM is paused first and the same migration runs
 against a stopped VM.
 
-Memory accounting (issue 15): QEMU never writes the stream file itself. It writes into a pipe, and a process
+Memory accounting: QEMU never writes the stream file itself. It writes into a pipe, and a process
 forkd starts (`StreamPump`, forkd.vmm.stream_pump, in forkd's memory group) splices the pipe into the file: the
 file's pages (tmpfs or page cache, as big as the guest's RAM) are charged to forkd, never to the source child's
 memory group, so a branch cannot push a memory-limited source over its limit. (The guest RAM the capture reads is

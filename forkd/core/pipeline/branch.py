@@ -1,5 +1,5 @@
 """Branch: snapshot a running child into an ordinary, forkable snapshot, with the source paused as briefly as
-possible (issue 5). The VMM side (capture, resume, conversion) is the driver's: see forkd/vmm/CONTRACT.md.
+possible. The VMM side (capture, resume, conversion) is the driver's: see forkd/vmm/CONTRACT.md.
 
 Modes:
   * `live`: taken by pages when it can (forkd.core.pipeline.branch_paged: the pages the source wrote since its
@@ -32,7 +32,7 @@ records where it came from in labels (`forkd.dev/branch-of`, `forkd.dev/branch-s
 `parent_tag`, because it does not depend on its source's files. (A `diff` branch does: its `parent_tag` is the
 source's snapshot.)
 
-Memory: a branch charges nothing to its source's memory group (issue 15): the guest RAM it reads is the source's
+Memory: a branch charges nothing to its source's memory group: the guest RAM it reads is the source's
 flat image, populated and charged to forkd's `shared` group when it was materialized, and the stream is written
 by a process forkd starts, not by the VMM (forkd.vmm.stream_pump). A diff branch reads the source's pages from
 forkd's process and writes them to forkd's files; a source with memory in swap (idle page-out) has it read back
