@@ -11,7 +11,16 @@ import sys
 
 import forkd_client
 import pytest
-from forkd_client import AsyncSandbox, Client, NotFound, Retry, Sandbox, Unavailable, compat  # sdk/python
+from forkd_client import (  # sdk/python
+    AsyncSandbox,
+    Client,
+    CommandExitException,
+    NotFound,
+    Retry,
+    Sandbox,
+    Unavailable,
+    compat,
+)
 
 from tests.conftest import BASE_TAG, WARM_GLOBAL
 from tests.http_stub import Draining, serving
@@ -56,6 +65,27 @@ def test_one_sdk_and_one_error_hierarchy():
     assert all(callable(getattr(Sandbox, m)) for m in ("set_timeout", "fork", "list", "connect"))
 
 
+def test_e2b_command_errors_carry_the_result():
+    """What E2B code catches: CommandExitException (exit_code, stdout, stderr, error) for a non-zero exit,
+    TimeoutException for a command its timeout killed; both ForkdErrors; check=False returns the result."""
+    from forkd_client import ForkdError, SandboxException, Timeout, TimeoutException
+    from forkd_client.commands import CommandResult, checked
+
+    ok = CommandResult(exit_code=0, stdout_bytes=b"fine")
+    assert checked(ok, True, 5, "cmd") is ok
+    bad = CommandResult(exit_code=3, stdout_bytes=b"out", stderr_bytes=b"boom\n")
+    with pytest.raises(CommandExitException) as e:
+        checked(bad, True, 5, "cmd")
+    assert (e.value.exit_code, e.value.stdout, e.value.stderr, e.value.result) == (3, "out", "boom\n", bad)
+    assert "exited with code 3: boom" in str(e.value) and isinstance(e.value, SandboxException)
+    slow = CommandResult(exit_code=-9, timed_out=True, stdout_bytes=b"partial")
+    with pytest.raises(TimeoutException) as t:
+        checked(slow, True, 1.5, "cmd")
+    assert isinstance(t.value, Timeout) and isinstance(t.value, ForkdError) and t.value.stdout == "partial"
+    assert "1.5 s" in str(t.value)
+    assert checked(bad, False, 5, "cmd") is bad and checked(slow, False, 1.5, "cmd") is slow
+
+
 def test_an_unreachable_daemon_is_unavailable_after_retries():
     port = free_port()  # nothing listens there
     with pytest.raises(Unavailable) as e:
@@ -91,11 +121,12 @@ def test_sandbox_streams_lists_connects_and_raises_typed_errors(daemon):
     sock = str(daemon.home / "forkd.sock")
     seen: list[str] = []
     with Sandbox.create(template=BASE_TAG, envs={"WHO": "sdk"}, socket=sock) as sb:
-        res = sb.commands.run("echo $WHO; echo err >&2; exit 3", on_stdout=seen.append)
-        assert (res.stdout, res.stderr, res.exit_code, "".join(seen)) == ("sdk\n", "err\n", 3, "sdk\n")
+        with pytest.raises(CommandExitException) as e:  # E2B's: a non-zero exit raises, with the output
+            sb.commands.run("echo $WHO; echo err >&2; exit 3", on_stdout=seen.append)
+        assert (e.value.stdout, e.value.stderr, e.value.exit_code, "".join(seen)) == ("sdk\n", "err\n", 3, "sdk\n")
         assert sb.commands.run("echo $WHO", envs={"WHO": "call"}).stdout == "call\n"
         h = sb.commands.run("sleep 600", background=True)
-        assert h.pid and h.kill() and h.wait(120).exit_code != 0
+        assert h.pid and h.kill() and h.wait(120, check=False).exit_code != 0
         sb.files.write("/root/c.txt", b"\x00\xffbytes")
         assert sb.files.read("/root/c.txt", format="bytes") == b"\x00\xffbytes"
         assert sb.eval("WARM_GLOBAL").result == repr(WARM_GLOBAL)
@@ -116,8 +147,11 @@ def test_async_sandbox(daemon):
         async with await AsyncSandbox.create(template=BASE_TAG, envs={"A": "1"}, url=daemon.url,
                                              token=daemon.token) as sb:
             seen: list[str] = []
-            res = await sb.commands.run("echo $A; exit 4", on_stdout=seen.append)
-            assert (res.stdout, res.exit_code, seen) == ("1\n", 4, ["1\n"])
+            with pytest.raises(CommandExitException) as e:
+                await sb.commands.run("echo $A; exit 4", on_stdout=seen.append)
+            assert (e.value.stdout, e.value.exit_code, seen) == ("1\n", 4, ["1\n"])
+            res = await sb.commands.run("echo $A; exit 4", check=False)
+            assert (res.stdout, res.exit_code) == ("1\n", 4)
             h = await sb.commands.run(["cat"], background=True, stdin=True)
             await h.send_stdin("piped", eof=True)
             assert (await h.wait(120)).stdout_bytes == b"piped"

@@ -31,6 +31,7 @@ from forkd.cli.options import (
     complete_snapshots,
     count,
     count_option,
+    egress_option,
     old_spelling,
     timeout_option,
 )
@@ -209,6 +210,7 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
          per_child_netns: bool = typer.Option(False, "--per-child-netns",
                                               help="require network isolation (the snapshot must have a NIC)"),
          memory_limit_mib: int | None = typer.Option(None, "--memory-limit-mib", help="cgroup memory limit"),
+         egress: list[str] | None = egress_option(),
          allow_unconstrained: bool = typer.Option(False, "--allow-unconstrained",
                                                   help="start children even where no cgroup can constrain them"),
          prime: list[str] = typer.Option([], "--prime", help="shell command each child runs once before it counts "
@@ -227,11 +229,12 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
                   "run the command in the child before forking it")
         raise typer.Exit(2)
     if from_sandbox:
-        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep)
+        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=egress)
         emit({"children": recs}, output, CHILD_COLUMNS, _child_rows(recs))
         return
     req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
-                   memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime))
+                   memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime),
+                   egress=egress or "none")
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
     emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, _child_rows(recs))

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from forkd.client.backends import Backend, LocalBackend, RemoteBackend, backend
 from forkd.core.hub import make_server as hub_server  # `forkd hub serve`: a static file server, no daemon
-from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn  # what the verbs take
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, parse_egress  # what verbs take
 from forkd.reconciler.control import applyset_id, parse_ref, resolve_kind  # naming of declarative objects
 
 __all__ = ["Backend", "Branch", "Compaction", "LayerBuild", "LocalBackend", "ParentBuild", "RemoteBackend", "Spawn",
+           "parse_egress",
            "applyset_id", "backend", "hub_server", "parse_ref", "resolve_kind"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from forkd.client.api import Client
 from forkd.client.http import Call, Endpoint, quote
-from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
+from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBuild, Spawn, egress_json
 from forkd.reconciler.control import Change
 from forkd.spec.models import MODELS, ForkObject, to_document
 
@@ -126,8 +126,9 @@ class RemoteBackend:
         return self._call("POST", f"/v1/children/{quote(child)}/timeout", json={"timeout_secs": seconds})
 
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
-                  lifetime: float | None = None) -> list[dict[str, Any]]:
-        body = {"n": n, "tag": tag, "keep": keep, "lifetime": lifetime}
+                  lifetime: float | None = None, egress: Egress | None = None) -> list[dict[str, Any]]:
+        body = {"n": n, "tag": tag, "keep": keep, "lifetime": lifetime,
+                "egress": None if egress is None else egress_json(egress)}
         return self._here(self._call("POST", f"/v1/children/{quote(child)}/fork", timeout=LONG, json=body))
 
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:

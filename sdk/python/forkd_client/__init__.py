@@ -18,7 +18,8 @@ from typing import Any
 
 _WHERE = {
     "AsyncClient": "api", "Client": "api",
-    "CommandHandle": "commands", "CommandResult": "commands",
+    "CommandHandle": "commands", "CommandResult": "commands", "CommandExitException": "commands",
+    "TimeoutException": "commands",
     "Busy": "errors", "Conflict": "errors", "ControllerError": "errors", "ForkdError": "errors",
     "InvalidInput": "errors",
     "NotFound": "errors", "ProtocolViolation": "errors", "Timeout": "errors", "Unavailable": "errors",
@@ -29,7 +30,8 @@ _WHERE = {
     "WatchHandle": "files",
     "AsyncSandbox": "sandbox", "Sandbox": "sandbox",
 }
-_ALIASES = {"AsyncController": "AsyncClient", "Controller": "Client"}  # upstream's names for the clients
+_ALIASES = {"AsyncController": "AsyncClient", "Controller": "Client",  # upstream's names for the clients
+            "SandboxException": "ForkdError"}  # E2B's name for the base class
 
 __all__ = sorted([*_WHERE, *_ALIASES])
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+Egress = str | dict[str, list[str]]  # "none" | "internet" | {"allow": ["CIDR:port", ...]} (the daemon validates)
+
 
 class Wire(BaseModel):
     model_config = ConfigDict(extra="allow")  # newer servers may add fields; old clients keep working
@@ -54,7 +56,7 @@ class SandboxInfo(Wire):
     snapshot_tag: str
     status: str
     netns: str | None = None
-    egress: str | dict[str, list[str]] = "none"  # none | internet | {"allow": ["CIDR:port", ...]}
+    egress: Egress = "none"
     guest_addr: str | None = None
     created_at_unix: int = 0
     pid: int | None = None

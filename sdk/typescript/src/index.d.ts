@@ -1,9 +1,14 @@
 // Types of the forkd SDK. The API's shapes come from ./wire.d.ts, generated from the daemon's /openapi.json
 // (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
 import type { Readable } from "node:stream";
-import type { EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult, SandboxInfo,
+import type { EgressAllow, EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult,
+  SandboxInfo,
   SnapshotDetail, SnapshotInfo, Written } from "./wire.js";
 export type * from "./wire.js";
+
+/** What a sandbox may reach on the network: "none" (the default), "internet" (public IPv4 only), or
+ * { allow: ["CIDR:port", ...] } (exactly those). */
+export type Egress = "none" | "internet" | EgressAllow;
 
 /** POST /v1/sandboxes/{id}/branch: the new snapshot, and how the branch went. */
 export type BranchResult = SnapshotInfo & { mode?: "full" | "diff" | "live"; pauseMs?: number | null;
@@ -80,12 +85,12 @@ export class Controller {
   deleteSnapshot(tag: string, opts?: { cascade?: boolean; force?: boolean }): Promise<void>;
   compactSnapshot(tag: string, to: string): Promise<SnapshotInfo>;
   spawnSandboxes(opts: { snapshotTag: string; n?: number; perChildNetns?: boolean; memoryLimitMib?: number;
-    labels?: Record<string, string>; lifetimeSecs?: number }): Promise<SandboxInfo[]>;
+    labels?: Record<string, string>; lifetimeSecs?: number; egress?: Egress }): Promise<SandboxInfo[]>;
   /** Keepalive: the sandbox now expires `timeoutSecs` from now. */
   setSandboxTimeout(id: string, timeoutSecs: number): Promise<SandboxInfo>;
   /** `n` running sandboxes continuing from this instant of `id` (a live branch; `id` keeps running). */
   forkSandbox(id: string, n?: number, opts?: { tag?: string; keep?: boolean; lifetimeSecs?: number;
-    labels?: Record<string, string> }): Promise<SandboxInfo[]>;
+    labels?: Record<string, string>; egress?: Egress }): Promise<SandboxInfo[]>;
   listSandboxes(): Promise<SandboxInfo[]>;
   getSandbox(id: string): Promise<SandboxInfo>;
   killSandbox(id: string): Promise<void>;
@@ -225,12 +230,12 @@ export class Sandbox implements AsyncDisposable {
   files: Filesystem;
   /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT). */
   static create(opts: SandboxOptions & { template?: string; pool?: string; metadata?: Record<string, string>;
-    timeout?: number }): Promise<Sandbox>;
+    timeout?: number; egress?: Egress; allowInternetAccess?: boolean }): Promise<Sandbox>;
   /** Keepalive: this sandbox now expires `seconds` from now. */
   setTimeout(seconds: number): Promise<SandboxInfo>;
   /** `n` sandboxes continuing from this instant (this one keeps running); each is killed when disposed. */
-  fork(n?: number, opts?: { timeout?: number; keep?: boolean; tag?: string; metadata?: Record<string, string> }):
-    Promise<Sandbox[]>;
+  fork(n?: number, opts?: { timeout?: number; keep?: boolean; tag?: string; metadata?: Record<string, string>;
+    egress?: Egress }): Promise<Sandbox[]>;
   static connect(id: string, opts?: SandboxOptions): Promise<Sandbox>;
   static list(opts?: ControllerOptions & { controller?: Controller; metadata?: Record<string, string> }):
     Promise<SandboxInfo[]>;

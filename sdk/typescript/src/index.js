@@ -72,17 +72,18 @@ export class Controller {
   compactSnapshot(tag, to) { return this.request("POST", `/v1/snapshots/${seg(tag)}/compact`, { to }); }
 
   // -- sandboxes
-  spawnSandboxes({ snapshotTag, n = 1, perChildNetns = false, memoryLimitMib, labels, lifetimeSecs } = {}) {
+  /** `egress`: "none" (the daemon's default), "internet" or { allow: ["CIDR:port", ...] }. */
+  spawnSandboxes({ snapshotTag, n = 1, perChildNetns = false, memoryLimitMib, labels, lifetimeSecs, egress } = {}) {
     return this.request("POST", "/v1/sandboxes",
-      { snapshotTag, n, perChildNetns, memoryLimitMib, labels, lifetimeSecs });
+      { snapshotTag, n, perChildNetns, memoryLimitMib, labels, lifetimeSecs, egress });
   }
   /** Keepalive: the sandbox now expires `timeoutSecs` from now. */
   setSandboxTimeout(id, timeoutSecs) {
     return this.request("POST", `/v1/sandboxes/${seg(id)}/timeout`, { timeoutSecs });
   }
   /** `n` running sandboxes continuing from this instant of `id` (a live branch; `id` keeps running). */
-  forkSandbox(id, n = 1, { tag, keep, lifetimeSecs, labels } = {}) {
-    return this.request("POST", `/v1/sandboxes/${seg(id)}/fork`, { n, tag, keep, lifetimeSecs, labels });
+  forkSandbox(id, n = 1, { tag, keep, lifetimeSecs, labels, egress } = {}) {
+    return this.request("POST", `/v1/sandboxes/${seg(id)}/fork`, { n, tag, keep, lifetimeSecs, labels, egress });
   }
   listSandboxes() { return this.request("GET", "/v1/sandboxes"); }
   getSandbox(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}`); }
@@ -370,14 +371,24 @@ export class Sandbox {
     return background ? handle : handle.wait();
   }
 
-  /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT). */
-  static async create({ template, pool, envs, metadata, timeout, controller, ...opts } = {}) {
+  /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT).
+   * `egress` / `allowInternetAccess` (E2B's name: true is egress "internet"): what it may reach; unlike E2B,
+   * nothing unless asked (the template must be built with network isolated; a pool's children have its egress). */
+  static async create({ template, pool, envs, metadata, timeout, egress, allowInternetAccess, controller,
+    ...opts } = {}) {
     if ((template === undefined) === (pool === undefined)) {
       throw new Error("Sandbox.create needs exactly one of template (a snapshot tag) or pool");
     }
+    if (allowInternetAccess !== undefined) {
+      if (egress !== undefined) throw new Error("Sandbox.create takes egress or allowInternetAccess, not both");
+      egress = allowInternetAccess ? "internet" : "none";
+    }
+    if (pool !== undefined && egress !== undefined) {
+      throw new Error(`a sandbox claimed from pool ${JSON.stringify(pool)} has the pool's egress (child.egress)`);
+    }
     const ctrl = controller ?? new Controller(opts);
     const [info] = pool !== undefined ? await ctrl.claim(pool, 1, { lifetimeSecs: timeout })
-      : await ctrl.spawnSandboxes({ snapshotTag: template, labels: metadata, lifetimeSecs: timeout });
+      : await ctrl.spawnSandboxes({ snapshotTag: template, labels: metadata, lifetimeSecs: timeout, egress });
     return new Sandbox(info, ctrl, { owned: true, envs });
   }
 
@@ -388,8 +399,9 @@ export class Sandbox {
   }
 
   /** `n` sandboxes continuing from this instant (this one keeps running); each is killed when disposed. */
-  async fork(n = 1, { timeout, keep, tag, metadata } = {}) {
-    const infos = await this.controller.forkSandbox(this.id, n, { tag, keep, lifetimeSecs: timeout, labels: metadata });
+  async fork(n = 1, { timeout, keep, tag, metadata, egress } = {}) {
+    const infos = await this.controller.forkSandbox(this.id, n,
+      { tag, keep, lifetimeSecs: timeout, labels: metadata, egress });
     return infos.map((info) => new Sandbox(info, this.controller, { owned: true, envs: this.envs }));
   }
 
