@@ -6,8 +6,10 @@ typed errors), the async client, and upstream's client surface (forkd_client.com
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import forkd_client
 import pytest
@@ -25,6 +27,8 @@ from forkd_client import (  # sdk/python
 from tests.conftest import BASE_TAG, WARM_GLOBAL
 from tests.http_stub import Draining, serving
 from tests.test_api import free_port, start_api_daemon, stop_api_daemon
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_import_loads_neither_the_runtime_nor_yaml_nor_zstandard():
@@ -84,6 +88,39 @@ def test_e2b_command_errors_carry_the_result():
     assert isinstance(t.value, Timeout) and isinstance(t.value, ForkdError) and t.value.stdout == "partial"
     assert "1.5 s" in str(t.value)
     assert checked(bad, False, 5, "cmd") is bad and checked(slow, False, 1.5, "cmd") is slow
+
+
+def test_readme_typescript_example_parses_on_this_node(tmp_path):
+    """The README's TypeScript example is valid syntax on the Node here (the package claims Node >= 18): no
+    `await using` outside a comment, which Node before 24 rejects."""
+    if shutil.which("node") is None:
+        pytest.skip("needs node")
+    text = (REPO / "README.md").read_text()
+    start = text.index("TypeScript (`sdk/typescript`, Node >= 18")
+    block = [ln[4:] for ln in text[start:].split("\n\n", 2)[1].splitlines() if ln.startswith("    ")]
+    assert any("Sandbox.create" in ln for ln in block), block
+    (tmp_path / "example.mjs").write_text("\n".join(block) + "\n")
+    res = subprocess.run(["node", "--check", str(tmp_path / "example.mjs")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_the_fallback_error_names_every_place_tried(monkeypatch, tmp_path):
+    """No url/socket, no FORKD_URL, no socket at the home: the client falls back to upstream's address, and an
+    error reaching it names the places tried before it too (built from a refused connect: no traffic)."""
+    import httpx
+    from forkd_client.http import DEFAULT_URL, find_daemon, transport_error
+
+    monkeypatch.delenv("FORKD_URL", raising=False)
+    monkeypatch.delenv("FORKD_DAEMON_SOCKET", raising=False)
+    monkeypatch.setenv("FORKD_HOME", str(tmp_path))
+    ep = find_daemon()
+    assert ep.base_url == DEFAULT_URL and ep.socket is None
+    msg = str(transport_error(httpx.ConnectError("refused"), ep, "GET", "/v1/sandboxes", tries=4))
+    for place in (DEFAULT_URL, "$FORKD_URL: not set", str(tmp_path / "forkd.sock"), "url=/socket="):
+        assert place in msg, msg
+    monkeypatch.setenv("FORKD_DAEMON_SOCKET", str(tmp_path / "named.sock"))
+    assert str(tmp_path / "named.sock") in str(transport_error(httpx.ConnectError("x"), find_daemon(), "GET"))
+    assert find_daemon(url="http://d:1").tried == ()  # named explicitly: nothing else was tried
 
 
 def test_an_unreachable_daemon_is_unavailable_after_retries():

@@ -100,13 +100,14 @@ def build_router(control: Control, metrics, gate: GuestIO) -> APIRouter:
     @r.post("/v1/sandboxes", status_code=201, tags=["sandboxes"])
     def spawn(req: wire.SpawnRequest) -> list[wire.SandboxInfo]:
         """Fork `n` children of a ready snapshot; returns when every one answered (409: snapshot not ready).
+        `snapshot_tag` may name a ForkParent, ForkLayer or ForkBranch too (E2B's template): its ready snapshot.
         Each lives `lifetime_secs` (default FORKD_SANDBOX_TIMEOUT) unless extended; `prewarm` is honoured
         (always: spawn returns once each guest answered); `live_fork` is a no-op (every child can branch live)."""
         # per_child_netns: true needs a parent built with a NIC (network isolated); children of such a parent are
         # always isolated. memory_limit_mib: a per-child cgroup, placement fails closed. egress: what each child may
         # reach (default none), refused on a snapshot without a NIC.
         t0 = time.perf_counter()
-        recs = rt.fork(Spawn.of(tag=req.snapshot_tag, n=req.n, timeout=req.timeout_secs,
+        recs = rt.fork(Spawn.of(tag=control.template(req.snapshot_tag), n=req.n, timeout=req.timeout_secs,
                        network="isolated" if req.per_child_netns else None, memory_limit_mib=req.memory_limit_mib,
                        egress=req.egress))
         metrics.spawn_request_seconds.observe(time.perf_counter() - t0)  # each child: forkd.base.telemetry

@@ -31,6 +31,7 @@ from forkd.cli.options import (
     complete_snapshots,
     count,
     count_option,
+    egress_from,
     egress_option,
     old_spelling,
     timeout_option,
@@ -224,17 +225,18 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         err.print("[red]error:[/] name a snapshot (--tag T) or a running child (--from-sandbox ID)")
         raise typer.Exit(2)
     n = count(n, n_old)
+    policy = egress_from(egress)
     if from_sandbox and prime:
         err.print("[red]error:[/] --prime applies to children of a snapshot (--tag), not to --from-sandbox: "
                   "run the command in the child before forking it")
         raise typer.Exit(2)
     if from_sandbox:
-        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=egress)
+        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=policy)
         emit({"children": recs}, output, CHILD_COLUMNS, _child_rows(recs))
         return
     req = Spawn.of(tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
                    memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime),
-                   egress=egress or "none")
+                   egress=policy or "none")
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
     emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, _child_rows(recs))

@@ -55,8 +55,9 @@ def lifetime_option(what: str) -> Any:
     return typer.Option(None, "--lifetime", callback=_lifetime, metavar="DURATION", help=f"{what} ({EXAMPLES})")
 
 
-def _egress(values: list[str] | None) -> Any:
-    """--egress none | internet | CIDR:port (repeat for several): the typed egress (bad value: exit 2)."""
+def egress_from(values: list[str] | None) -> Any:
+    """--egress none | internet | CIDR:port (repeat for several): the typed egress, None when not given (bad
+    value: exit 2)."""
     if not values:
         return None
     if len(values) == 1 and values[0] in ("none", "internet"):
@@ -73,7 +74,7 @@ def _egress(values: list[str] | None) -> Any:
 
 def egress_option() -> Any:
     """--egress (repeatable); None when not given."""
-    return typer.Option(None, "--egress", callback=_egress, metavar="POLICY",
+    return typer.Option(None, "--egress", callback=lambda v: egress_from(v) and v, metavar="POLICY",
                         help="what each child may reach on the network (isolated snapshots only): none (the "
                              "default), internet (public IPv4 only: never metadata, private ranges or the host), "
                              "or CIDR:port (repeat for an allow list of exactly those, e.g. --egress "

@@ -423,7 +423,7 @@ export class Sandbox {
   ping() { return this.controller.pingSandbox(this.id); }
   branch(opts) { return this.controller.branchSandbox(this.id, opts); }
   kill() { return this.controller.killSandbox(this.id); }
-  async [Symbol.asyncDispose]() {
+  async [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")]() {
     if (!this.owned) return;
     try { await this.kill(); } catch (e) { if (!(e instanceof NotFound)) throw e; }
   }
