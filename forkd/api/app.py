@@ -25,12 +25,14 @@ from forkd.api.guestio import RETRY_AFTER, GuestIO
 from forkd.api.metrics import Metrics
 from forkd.api.routes_files import build_files_router
 from forkd.api.routes_forkd import build_forkd_router
+from forkd.api.routes_ports import build_ports_router
 from forkd.api.routes_process import build_process_router
 from forkd.api.routes_v1 import build_router
 from forkd.base.errors import Busy, ForkdError, InvalidInput, NotFound
 from forkd.base.settings import settings
 from forkd.client.local import LocalBackend
 from forkd.core.audit import AuditLog
+from forkd.core.ports import PortGrants
 from forkd.reconciler.control import Control
 from forkd.spec.models import MODELS, to_document
 
@@ -197,6 +199,7 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
     app.include_router(build_forkd_router(LocalBackend(control)))
     app.include_router(build_process_router(control.rt, gate))
     app.include_router(build_files_router(control, gate))
+    app.include_router(build_ports_router(control, PortGrants()))
 
     @app.post("/v1/apply")
     def apply(req: ApplyRequest) -> dict:

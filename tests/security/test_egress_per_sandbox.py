@@ -97,9 +97,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 async def _mcp_spawn(net_tag: str) -> dict:
     from forkd.mcp.server import build
 
-    res = await build().call_tool("spawn_sandboxes", {"snapshot_tag": net_tag, "egress": "internet"})
-    content = res[1] if isinstance(res, tuple) else res
-    return content["result"] if "result" in content else content
+    from tests.test_mcp import _data
+
+    return _data(await build().call_tool("spawn_sandboxes", {"snapshot_tag": net_tag, "egress": "internet"}))
 
 
 def _children(rt, sock: str, net_tag: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ from forkd_client.http import AsyncHttp, Call, Endpoint, Retry, SyncHttp, find_d
 
 _SNAPS = TypeAdapter(list[wire.SnapshotInfo])
 _SBXS = TypeAdapter(list[wire.SandboxInfo])
+_PORTS = TypeAdapter(list[wire.PortGrant])
 
 
 class ApiCalls:
@@ -89,6 +90,18 @@ class ApiCalls:
                 "egress": egress}
         return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/fork",
                                json={k: v for k, v in body.items() if v is not None}, parse=_SBXS.validate_python))
+
+    def open_port(self, sandbox_id: str, port: int) -> wire.PortGrant:
+        """An authenticated path through the daemon to TCP `port` in the sandbox (`path`: append to base_url)."""
+        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/ports", json={"port": port},
+                               parse=wire.PortGrant.model_validate))
+
+    def list_ports(self, sandbox_id: str) -> list[wire.PortGrant]:
+        return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}/ports", parse=_PORTS.validate_python))
+
+    def close_port(self, sandbox_id: str, port: int) -> None:
+        """Revoke the grant: its URL stops working."""
+        return self._send(Call("DELETE", f"/v1/sandboxes/{quote(sandbox_id)}/ports/{int(port)}"))
 
     def get_sandbox(self, sandbox_id: str) -> wire.SandboxInfo:
         return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}", parse=wire.SandboxInfo.model_validate))

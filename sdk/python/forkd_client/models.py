@@ -96,6 +96,13 @@ class BranchResult(SnapshotInfo):
     capture_note: str | None = None  # why a live branch was not taken by pages (newer servers)
 
 
+class PortGrant(Wire):
+    sandbox_id: str
+    port: int
+    token: str
+    path: str  # /v1/ports/{id}/{port}/{token}/: append to the daemon's base URL
+
+
 class FileWritten(Wire):
     path: str
     bytes: int

@@ -8,6 +8,7 @@
         snap = sb.branch("step-1")                        # a forkable snapshot of this sandbox, now
         kids = sb.fork(3)                                 # 3 running sandboxes continuing from this instant
         sb.set_timeout(300)                               # keepalive
+        url = sb.get_url(8000)                            # through the daemon to the sandbox's port 8000
     # killed on exit (a kill that fails is raised, or noted on the exception already in flight)
     Sandbox.list(metadata={"run": "7"})
 
@@ -162,6 +163,20 @@ class Sandbox(_Sandbox):
         infos = self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout, egress=egress)
         return [type(self)(info, self.controller, envs=self.envs) for info in infos]
 
+    def get_url(self, port: int) -> str:
+        """A URL through the daemon to TCP `port` in this sandbox (its server's root), carrying a token for that
+        port of this sandbox only; it stops working at close_port(port) or when the sandbox dies. Over the unix
+        socket the host is a placeholder: send with this client's transport."""
+        grant = self.controller.open_port(self.id, port)
+        return self.controller.base_url.rstrip("/") + grant.path
+
+    def get_host(self, port: int) -> str:
+        """E2B's get_host: get_url without its scheme (host[:port]/v1/ports/...); prefix the daemon's scheme."""
+        return self.get_url(port).split("://", 1)[1]
+
+    def close_port(self, port: int) -> None:
+        self.controller.close_port(self.id, port)
+
     def kill(self) -> None:
         self.controller.kill_sandbox(self.id)
 
@@ -234,6 +249,16 @@ class AsyncSandbox(_Sandbox):
         infos = await self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout,
                                                    egress=egress)
         return [type(self)(info, self.controller, envs=self.envs) for info in infos]
+
+    async def get_url(self, port: int) -> str:
+        grant = await self.controller.open_port(self.id, port)
+        return self.controller.base_url.rstrip("/") + grant.path
+
+    async def get_host(self, port: int) -> str:
+        return (await self.get_url(port)).split("://", 1)[1]
+
+    async def close_port(self, port: int) -> None:
+        await self.controller.close_port(self.id, port)
 
     async def kill(self) -> None:
         await self.controller.kill_sandbox(self.id)

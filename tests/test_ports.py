@@ -1,0 +1,115 @@
+"""A sandbox's TCP port reached from the host through the daemon: real `python3 -m http.server` in real isolated
+children, a real daemon on loopback TCP (bearer token), the SDK's get_url / get_host / close_port.
+
+The port URL works without the daemon's bearer token (its grant's token is in the path), for that port of that
+sandbox only; a wrong or missing token, another sandbox's token, a port not opened, a revoked grant and a dead
+child all get 404; a child without a NIC is refused (409). The daemon's bearer token is never forwarded.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import httpx
+import pytest
+from forkd_client import Conflict, NotFound
+
+from forkd.sdk import Controller, Sandbox
+from tests.conftest import BASE_TAG
+from tests.test_api import start_api_daemon, stop_api_daemon
+
+pytestmark = pytest.mark.vm
+
+ECHO = """
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        out = json.dumps({"path": self.path, "body": body.decode(), "headers": dict(self.headers)}).encode()
+        self.send_response(201); self.send_header("content-length", str(len(out))); self.end_headers()
+        self.wfile.write(out)
+http.server.HTTPServer(("0.0.0.0", 8001), H).serve_forever()
+"""
+LISTENING = ("for i in $(seq 300); do python3 -c 'import socket,sys; socket.create_connection((\"127.0.0.1\", "
+             "int(sys.argv[1])), 1)' {port} 2>/dev/null && exit 0; sleep 0.1; done; exit 1")
+
+
+@pytest.fixture(scope="module")
+def daemon(home, base, rt, tmp_path_factory):
+    from tests.test_isolation import net_snapshot
+
+    net_snapshot(rt)
+    d = start_api_daemon(home, tmp_path_factory.mktemp("ports"))
+    yield d
+    stop_api_daemon(d)
+
+
+def _serve(sb: Sandbox, name: str) -> None:
+    """http.server on 8000 serving /root/srv (hello.txt says `name`), the echo server on 8001; both listening."""
+    sb.commands.run("mkdir -p /root/srv")
+    sb.files.write("/root/srv/hello.txt", f"hello from {name}")
+    sb.files.write("/root/echo.py", ECHO)
+    sb.commands.run("cd /root/srv && exec python3 -m http.server 8000", background=True)
+    sb.commands.run("exec python3 /root/echo.py", background=True)
+    for port in (8000, 8001):
+        sb.commands.run(LISTENING.format(port=port), timeout=60)
+
+
+def test_a_port_through_the_daemon(daemon):
+    from tests.test_isolation import NET_TAG
+
+    ctrl = Controller(url=daemon.url, token=daemon.token)
+    a = Sandbox.create(template=NET_TAG, controller=ctrl)
+    b = Sandbox.create(template=NET_TAG, controller=ctrl)
+    try:
+        _serve(a, "a")
+        _serve(b, "b")
+        url_a, url_b = a.get_url(8000), b.get_url(8000)
+        assert url_a.startswith(daemon.url + "/v1/ports/" + a.id + "/8000/") and a.get_host(8000) == url_a[7:]
+        web = httpx.Client(timeout=60)  # no bearer token: the grant's token is the key
+        assert web.get(url_a + "hello.txt").text == "hello from a"
+        assert web.get(url_b + "hello.txt").text == "hello from b"
+        assert web.get(url_a + "missing").status_code == 404 and "Error response" in web.get(url_a + "missing").text
+        token_a = url_a.rstrip("/").rsplit("/", 1)[1]
+        base = f"{daemon.url}/v1/ports"
+        refused = {
+            "wrong token": f"{base}/{a.id}/8000/{secrets.token_urlsafe(32)}/hello.txt",
+            "no token": f"{base}/{a.id}/8000/hello.txt",
+            "a's token on b": f"{base}/{b.id}/8000/{token_a}/hello.txt",
+            "a port not opened": f"{base}/{a.id}/8001/{token_a}/",
+        }
+        for why, url in refused.items():
+            r = web.get(url)
+            assert r.status_code == 404 and "hello from" not in r.text, (why, r.status_code, r.text)
+
+        echo = a.get_url(8001)
+        r = web.post(echo + "p?q=1", content=b"body!", headers={"Authorization": f"Bearer {daemon.token}",
+                                                               "Content-Type": "text/plain", "X-App": "kept"})
+        seen = r.json()
+        assert r.status_code == 201 and seen["path"] == "/p?q=1" and seen["body"] == "body!", seen
+        hdrs = {k.lower(): v for k, v in seen["headers"].items()}
+        assert "authorization" not in hdrs and hdrs["x-app"] == "kept" and hdrs["host"] == "localhost:8001", hdrs
+        assert {g.port for g in ctrl.list_ports(a.id)} == {8000, 8001}
+
+        a.close_port(8000)  # revoked: the URL stops working, b's does not
+        assert web.get(url_a + "hello.txt").status_code == 404
+        assert web.get(url_b + "hello.txt").text == "hello from b"
+        url_b2 = b.get_url(8000)
+        assert url_b2 == url_b  # the same grant while it stands
+        b.kill()  # its ports go with it
+        assert web.get(url_b + "hello.txt").status_code == 404
+    finally:
+        for sb in (a, b):
+            try:
+                sb.kill()
+            except NotFound:
+                pass
+
+
+def test_a_child_without_a_nic_has_no_port_and_api_calls_need_the_bearer(daemon):
+    ctrl = Controller(url=daemon.url, token=daemon.token)
+    with Sandbox.create(template=BASE_TAG, controller=ctrl) as sb:
+        with pytest.raises(Conflict, match="no network device"):
+            sb.get_url(8000)
+        r = httpx.post(f"{daemon.url}/v1/sandboxes/{sb.id}/ports", json={"port": 8000})  # no bearer
+        assert r.status_code == 401
