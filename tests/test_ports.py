@@ -8,6 +8,7 @@ child all get 404; a child without a NIC is refused (409). The daemon's bearer t
 
 from __future__ import annotations
 
+import json
 import secrets
 
 import httpx
@@ -94,6 +95,11 @@ def test_a_port_through_the_daemon(daemon):
         a.close_port(8000)  # revoked: the URL stops working, b's does not
         assert web.get(url_a + "hello.txt").status_code == 404
         assert web.get(url_b + "hello.txt").text == "hello from b"
+        cli = forkd_cli_env({"FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token}, "port", a.id, "8000", "-o",
+                            "json")  # `forkd port`: opened again, with a new token
+        assert cli.returncode == 0, cli.stderr
+        url_cli = json.loads(cli.stdout)["url"]
+        assert url_cli != url_a and web.get(url_cli + "hello.txt").text == "hello from a"
         url_b2 = b.get_url(8000)
         assert url_b2 == url_b  # the same grant while it stands
         b.kill()  # its ports go with it
@@ -113,3 +119,17 @@ def test_a_child_without_a_nic_has_no_port_and_api_calls_need_the_bearer(daemon)
             sb.get_url(8000)
         r = httpx.post(f"{daemon.url}/v1/sandboxes/{sb.id}/ports", json={"port": 8000})  # no bearer
         assert r.status_code == 401
+        env = {"FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token}
+        cli = forkd_cli_env(env, "port", sb.id, "8000")
+        assert cli.returncode == 4 and "no network device" in cli.stderr, cli.stderr
+    cli = forkd_cli_env({"FORKD_NO_DAEMON": "1"}, "port", "c123", "8000")
+    assert cli.returncode == 6 and "needs the daemon" in cli.stderr, cli.stderr
+
+
+def forkd_cli_env(env: dict[str, str], *args: str):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "forkd.cli.main", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)

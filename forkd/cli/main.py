@@ -254,6 +254,21 @@ def set_timeout(child: str = typer.Argument(..., help="id of a running child"),
          [[rec["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["expires_at"]))]])
 
 
+@app.command("port")
+def port_(child: str = CHILD, port: int = typer.Argument(..., min=1, max=65535, help="a TCP port the guest listens on"),
+          close: bool = typer.Option(False, "--close", help="revoke it: its URL stops working"),
+          output: Fmt = OUTPUT) -> None:
+    """Open TCP PORT of CHILD through the daemon: prints a URL (a path under the daemon's address over the unix
+    socket) that reaches the guest's HTTP server on PORT, for whoever holds it, until --close or the child dies.
+    Needs the daemon and a child with a NIC (its parent built with --network isolated; any egress)."""
+    res = backend().port(child, port, close=close)
+    if close:
+        emit(res, output, [("ID", "left"), ("PORT", "right"), ("CLOSED", "left")], [[child, str(port), "yes"]])
+        return
+    emit(res, output, [("ID", "left"), ("PORT", "right"), ("URL", "left")],
+         [[child, str(port), res.get("url") or res["path"]]])
+
+
 @app.command("gc")
 def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would be removed, remove nothing"),
        grace: float = typer.Option(60.0, help="seconds an unrecorded object may be a spawn still in progress"),

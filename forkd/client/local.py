@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forkd.base.errors import Unavailable
 from forkd.client.wire import child_view, snapshot_view
 from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
@@ -109,6 +110,12 @@ class LocalBackend:
         from forkd.core.lifetimes import set_timeout
 
         return child_view(set_timeout(self.rt, child, seconds))
+
+    def port(self, child: str, port: int, close: bool = False) -> dict[str, Any]:
+        """Ports are served by a running daemon (its grants live in its memory): refused here."""
+        raise Unavailable(f"opening port {port} of {child} needs the daemon: it serves the port's URL",
+                          hint="start it with 'forkd serve' (add --bind HOST:PORT --token-file F for TCP), or set "
+                               "FORKD_URL/FORKD_TOKEN to one that runs")
 
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
                   lifetime: float | None = None, egress: Egress | None = None) -> list[dict[str, Any]]:

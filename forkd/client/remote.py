@@ -131,6 +131,14 @@ class RemoteBackend:
                 "egress": None if egress is None else egress_json(egress)}
         return self._here(self._call("POST", f"/v1/children/{quote(child)}/fork", timeout=LONG, json=body))
 
+    def port(self, child: str, port: int, close: bool = False) -> dict[str, Any]:
+        """Open TCP `port` of `child` through the daemon (its URL when the daemon is reached over TCP), or revoke."""
+        if close:
+            self.api.close_port(child, port)
+            return {"sandbox_id": child, "port": port, "closed": True}
+        grant = self.api.open_port(child, port).model_dump(mode="json")
+        return dict(grant, url=None if self.is_local else self.api.endpoint.base_url + grant["path"])
+
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
         res = self._long(progress, "POST", "/v1/children", req.model_dump(mode="json"))
         return self._here(res["children"])
