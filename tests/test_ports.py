@@ -80,7 +80,7 @@ def test_a_port_through_the_daemon(daemon):
             "a port not opened": f"{base}/{a.id}/8001/{token_a}/",
         }
         for why, url in refused.items():
-            r = web.get(url)
+            r = web.get(url, follow_redirects=True)  # (a path without the token is redirected to one with a slash)
             assert r.status_code == 404 and "hello from" not in r.text, (why, r.status_code, r.text)
 
         echo = a.get_url(8001)

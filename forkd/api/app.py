@@ -152,9 +152,10 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
         metrics.errors.labels("RequestValidationError", "422").inc()
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": str(e.get("type"))}
                   for e in exc.errors()]
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        where = ".".join(str(x) for x in first["loc"])
-        return problem(422, "InvalidRequest", f"{where}: {first['msg']}", errors=errors)
+        # every way the first field failed (a union's branches: "none or internet; or {allow}: IPv6 ..."), at most 5
+        parts = [e for e in errors if e["loc"][:2] == errors[0]["loc"][:2]][:5] if errors else []
+        detail = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in parts)
+        return problem(422, "InvalidRequest", detail or "invalid request", errors=errors)
 
     @app.exception_handler(ValidationError)
     async def invalid_document(_: Request, exc: ValidationError) -> JSONResponse:

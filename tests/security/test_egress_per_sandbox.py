@@ -96,7 +96,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 async def _mcp_spawn(net_tag: str) -> dict:
     from forkd.mcp.server import build
-
     from tests.test_mcp import _data
 
     return _data(await build().call_tool("spawn_sandboxes", {"snapshot_tag": net_tag, "egress": "internet"}))

@@ -2,7 +2,7 @@
 // (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
 import type { Readable } from "node:stream";
 import type { EgressAllow, EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult,
-  SandboxInfo,
+  PortGrant, SandboxInfo,
   SnapshotDetail, SnapshotInfo, Written } from "./wire.js";
 export type * from "./wire.js";
 
@@ -92,6 +92,10 @@ export class Controller {
   forkSandbox(id: string, n?: number, opts?: { tag?: string; keep?: boolean; lifetimeSecs?: number;
     labels?: Record<string, string>; egress?: Egress }): Promise<SandboxInfo[]>;
   listSandboxes(): Promise<SandboxInfo[]>;
+  /** An authenticated path through the daemon to TCP `port` in the sandbox. */
+  openPort(id: string, port: number): Promise<PortGrant>;
+  listPorts(id: string): Promise<PortGrant[]>;
+  closePort(id: string, port: number): Promise<void>;
   getSandbox(id: string): Promise<SandboxInfo>;
   killSandbox(id: string): Promise<void>;
   branchSandbox(id: string, opts?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }):
@@ -244,5 +248,10 @@ export class Sandbox implements AsyncDisposable {
   ping(): Promise<PingResult>;
   branch(opts?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }): Promise<BranchResult>;
   kill(): Promise<void>;
+  /** A URL through the daemon to TCP `port` in this sandbox (its token opens that port only). */
+  getUrl(port: number): Promise<string>;
+  /** E2B's getHost: getUrl without its scheme. */
+  getHost(port: number): Promise<string>;
+  closePort(port: number): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
 }

@@ -41,7 +41,9 @@ export function findDaemon(opts = {}) {
   if (env("FORKD_URL")) return { baseUrl: env("FORKD_URL").replace(/\/+$/, ""), token };
   const sock = env("FORKD_DAEMON_SOCKET") ?? path.join(env("FORKD_HOME") ?? "/var/lib/forkd", "forkd.sock");
   if (fs.existsSync(sock)) return { socketPath: sock, token };
-  return { baseUrl: "http://127.0.0.1:8889", token };
+  const tried = ["baseUrl/socketPath options: none given", "$FORKD_URL: not set",
+    `the local daemon's socket ${sock}: no such file`];
+  return { baseUrl: "http://127.0.0.1:8889", token, tried };
 }
 
 export class Controller {
@@ -86,6 +88,10 @@ export class Controller {
     return this.request("POST", `/v1/sandboxes/${seg(id)}/fork`, { n, tag, keep, lifetimeSecs, labels, egress });
   }
   listSandboxes() { return this.request("GET", "/v1/sandboxes"); }
+  /** An authenticated path through the daemon to TCP `port` in the sandbox: { sandboxId, port, token, path }. */
+  openPort(id, port) { return this.request("POST", `/v1/sandboxes/${seg(id)}/ports`, { port }); }
+  listPorts(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}/ports`); }
+  async closePort(id, port) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}/ports/${Number(port)}`); }
   getSandbox(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}`); }
   async killSandbox(id) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}`); }
   branchSandbox(id, { tag, mode = "live", wait = true } = {}) {
@@ -224,7 +230,8 @@ export class Controller {
       } catch (err) {
         if (!CONNECT_ERRORS.has(err.code) || attempt >= retries) {
           if (err instanceof ForkdError) throw err;
-          throw new Unavailable(`cannot reach the forkd daemon at ${this.where} (${attempt + 1} attempt(s)): ${err.message}`,
+          const before = this.tried ? `; tried before it: ${this.tried.join("; ")}` : "";
+          throw new Unavailable(`cannot reach the forkd daemon at ${this.where} (${attempt + 1} attempt(s)): ${err.message}${before}`,
             { url: this.#url(p), hint: "start it with 'forkd serve', or pass baseUrl/socketPath or set FORKD_URL" });
         }
       }
@@ -423,6 +430,14 @@ export class Sandbox {
   ping() { return this.controller.pingSandbox(this.id); }
   branch(opts) { return this.controller.branchSandbox(this.id, opts); }
   kill() { return this.controller.killSandbox(this.id); }
+  /** A URL through the daemon to TCP `port` in this sandbox (a token for that port only; closePort revokes it). */
+  async getUrl(port) {
+    const grant = await this.controller.openPort(this.id, port);
+    return `${this.controller.baseUrl ?? "http://forkd"}${grant.path}`;
+  }
+  /** E2B's getHost: getUrl without its scheme. */
+  async getHost(port) { return (await this.getUrl(port)).split("://")[1]; }
+  closePort(port) { return this.controller.closePort(this.id, port); }
   async [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")]() {
     if (!this.owned) return;
     try { await this.kill(); } catch (e) { if (!(e instanceof NotFound)) throw e; }

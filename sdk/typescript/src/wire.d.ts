@@ -255,6 +255,18 @@ export interface PingResult {
   pong?: boolean;
 }
 
+export interface PortGrant {
+  sandboxId: string;
+  port: number;
+  token: string;
+  path: string;
+}
+
+export interface PortRequest {
+  /** a TCP port the sandbox's guest listens on */
+  port: number;
+}
+
 export interface ProcessStart {
   argv?: string[] | null;
   cmd?: string | null;
