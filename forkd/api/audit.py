@@ -151,7 +151,7 @@ class Gate:
 
     async def _record(self, scope, method: str, path: str, actor: str, code: int, t0: float) -> None:
         route = scope.get("route")
-        template = getattr(route, "path", None) or path
+        template = getattr(route, "path", None) or (PORT_PREFIX + "..." if path.startswith(PORT_PREFIX) else path)
         if self.metrics:
             self.metrics.requests.labels(method, template if route else "unmatched", str(code)).inc()
         if self.audit and method in MUTATING and path not in READ_ONLY_POSTS:

@@ -81,6 +81,13 @@ def build_ports_router(control: Control, grants: ports.PortGrants) -> APIRouter:
     return r
 
 
+def upstream_headers(items, port: int, length: int) -> list[tuple[str, str]]:
+    """The headers the guest's server gets: the client's, less hop-by-hop ones and the daemon's Authorization
+    (never passed on), with its own Host and the body's length."""
+    out = [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP]
+    return out + [("host", f"localhost:{port}"), ("connection", "close"), ("content-length", str(length))]
+
+
 async def _body(request: Request) -> bytes:
     body = bytearray()
     async for chunk in request.stream():
@@ -95,8 +102,7 @@ async def _forward(netns: str, port: int, path: str, request: Request) -> Respon
         raise InvalidInput("WebSocket through a sandbox port is not served", hint="use plain HTTP requests")
     body = await _body(request)
     target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
-    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
-    headers += [("host", f"localhost:{port}"), ("connection", "close"), ("content-length", str(len(body)))]
+    headers = upstream_headers(request.headers.items(), port, len(body))
     sock = await run_in_threadpool(ports.connect, netns, port)
     reader, writer = await asyncio.open_connection(sock=sock)
     conn = h11.Connection(h11.CLIENT)
