@@ -50,8 +50,8 @@ def _serve(sb: Sandbox, name: str) -> None:
     sb.commands.run("mkdir -p /root/srv")
     sb.files.write("/root/srv/hello.txt", f"hello from {name}")
     sb.files.write("/root/echo.py", ECHO)
-    sb.commands.run("cd /root/srv && exec python3 -m http.server 8000", background=True)
-    sb.commands.run("exec python3 /root/echo.py", background=True)
+    sb.commands.run("cd /root/srv && exec python3 -m http.server 8000", background=True, timeout=None)
+    sb.commands.run("exec python3 /root/echo.py", background=True, timeout=None)  # (the default 60 s kills)
     for port in (8000, 8001):
         sb.commands.run(LISTENING.format(port=port), timeout=60)
 
