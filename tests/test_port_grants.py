@@ -13,16 +13,18 @@ from forkd.core.ports import PortGrants
 
 def test_a_token_opens_one_port_of_one_sandbox_until_revoked():
     g = PortGrants()
-    a = g.grant("ca", 8000)
-    assert g.grant("ca", 8000) == a  # the same grant while it stands
-    b = g.grant("cb", 8000)
-    assert g.check("ca", 8000, a.token) and g.check("cb", 8000, b.token)
-    assert not g.check("cb", 8000, a.token) and not g.check("ca", 8001, a.token)  # other sandbox, other port
-    assert not g.check("ca", 8000, secrets.token_urlsafe(32)) and not g.check("ca", 8000, "")
+    a = g.grant("ca", 8000, 1.0)
+    assert g.grant("ca", 8000, 1.0) == a  # the same grant while it stands
+    b = g.grant("cb", 8000, 2.0)
+    assert g.check("ca", 8000, a.token, 1.0) and g.check("cb", 8000, b.token, 2.0)
+    assert not g.check("cb", 8000, a.token, 2.0) and not g.check("ca", 8001, a.token, 1.0)  # other sandbox/port
+    assert not g.check("ca", 8000, secrets.token_urlsafe(32), 1.0) and not g.check("ca", 8000, "", 1.0)
+    assert not g.check("ca", 8000, a.token, 9.0)  # a later child under the same id is not the one granted
     assert [x.port for x in g.list("ca")] == [8000]
-    assert g.revoke("ca", 8000) and not g.check("ca", 8000, a.token) and not g.revoke("ca", 8000)
+    assert g.revoke("ca", 8000) and not g.check("ca", 8000, a.token, 1.0) and not g.revoke("ca", 8000)
     g.drop("cb")  # the child is gone
-    assert not g.check("cb", 8000, b.token) and g.list("cb") == []
+    assert not g.check("cb", 8000, b.token, 2.0) and g.list("cb") == []
+    assert g.grant("cb", 8000, 3.0).token != b.token  # a new child: a new token
 
 
 def test_the_guest_never_gets_the_daemons_bearer_token():

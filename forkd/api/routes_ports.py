@@ -25,7 +25,7 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from forkd.api.auth import PORT_PREFIX
-from forkd.base.errors import InvalidInput, NotFound, Unavailable
+from forkd.base.errors import ForkdError, InvalidInput, NotFound, Unavailable
 from forkd.client.wire import Strict
 from forkd.core import ports
 from forkd.reconciler.control import Control
@@ -52,8 +52,9 @@ def build_ports_router(control: Control, grants: ports.PortGrants) -> APIRouter:
     @r.post("/v1/sandboxes/{id}/ports", status_code=201, tags=["sandboxes"])
     def open_port(id: str, req: PortRequest) -> PortGrant:
         """An authenticated path through the daemon to `port` in the sandbox (E2B's get_host)."""
-        ports.reachable(rt.child(id))
-        return _view(grants.grant(id, req.port))
+        rec = rt.child(id)
+        ports.reachable(rec)
+        return _view(grants.grant(id, req.port, rec.created_at))
 
     @r.get("/v1/sandboxes/{id}/ports", tags=["sandboxes"])
     def list_ports(id: str) -> list[PortGrant]:
@@ -68,15 +69,16 @@ def build_ports_router(control: Control, grants: ports.PortGrants) -> APIRouter:
 
     @r.api_route(PORT_PREFIX + "{id}/{port}/{token}/{path:path}", methods=METHODS, include_in_schema=False)
     async def proxy(id: str, port: int, token: str, path: str, request: Request) -> Response:
-        if not grants.check(id, port, token):
-            raise NotFound(f"no open port {port} of sandbox {id} for this token",
-                           hint="open it with POST /v1/sandboxes/{id}/ports (sb.get_host(port))")
         try:
-            netns = ports.reachable(await run_in_threadpool(rt.child, id))
-        except NotFound:
+            rec = await run_in_threadpool(rt.child, id)
+        except ForkdError:
+            rec = None
+        if rec is None or rec.status != "running":
             grants.drop(id)  # the child is gone: so are its grants
-            raise
-        return await _forward(netns, port, path, request)
+        if rec is None or not grants.check(id, port, token, rec.created_at):  # one answer for every refusal
+            raise NotFound(f"no open port {port} of sandbox {id} for this token",
+                           hint="open it with POST /v1/sandboxes/{id}/ports (sb.get_url(port))")
+        return await _forward(ports.reachable(rec), port, path, request)
 
     return r
 

@@ -1,9 +1,10 @@
 """Ports of a sandbox reached through the daemon: who may (grants) and how (a connection to the one child's port).
 
-A grant is (sandbox id, guest TCP port) -> a random token (32 bytes, URL-safe), held in the daemon's memory only:
-revoked by DELETE, dropped when the child is found gone, and all gone when the daemon stops. A request presents
-the token; `PortGrants.check` compares it in constant time (hmac.compare_digest) with the grant of exactly that
-sandbox and port, so a token opens one port of one sandbox and nothing else.
+A grant is (sandbox id, guest TCP port) -> a random token (32 bytes, URL-safe) and the child's creation time, held
+in the daemon's memory only: revoked by DELETE, dropped when the child is found gone, and all gone when the daemon
+stops. A request presents the token; `PortGrants.check` compares it in constant time (hmac.compare_digest) with the
+grant of exactly that sandbox and port, made for that very child (a later child under the same id is not it), so a
+token opens one port of one sandbox and nothing else.
 
 The daemon connects to a port only through the child's own network namespace, to the guest's fixed address
 (forkd.sandbox.netns.GUEST_ADDR): never an address a client names. A child without a NIC (its parent built with
@@ -28,6 +29,7 @@ class Grant:
     sandbox_id: str
     port: int
     token: str
+    born: float = 0.0  # the child's created_at: the grant is for that child only
 
 
 class PortGrants:
@@ -35,22 +37,23 @@ class PortGrants:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._grants: dict[tuple[str, int], str] = {}
+        self._grants: dict[tuple[str, int], Grant] = {}
 
-    def grant(self, sandbox_id: str, port: int) -> Grant:
-        """A grant for `port` of `sandbox_id`: the existing one, or a new token."""
+    def grant(self, sandbox_id: str, port: int, born: float) -> Grant:
+        """A grant for `port` of the child `sandbox_id` created at `born`: the existing one, or a new token."""
         with self._lock:
-            token = self._grants.get((sandbox_id, port))
-            if token is None:
-                if sum(1 for sid, _ in self._grants if sid == sandbox_id) >= MAX_GRANTS_PER_SANDBOX:
-                    raise Conflict(f"sandbox {sandbox_id} already has {MAX_GRANTS_PER_SANDBOX} ports opened",
-                                   hint="revoke one first: DELETE /v1/sandboxes/{id}/ports/{port}")
-                token = self._grants[(sandbox_id, port)] = secrets.token_urlsafe(32)
-            return Grant(sandbox_id, port, token)
+            have = self._grants.get((sandbox_id, port))
+            if have is not None and have.born == born:
+                return have
+            if have is None and sum(1 for sid, _ in self._grants if sid == sandbox_id) >= MAX_GRANTS_PER_SANDBOX:
+                raise Conflict(f"sandbox {sandbox_id} already has {MAX_GRANTS_PER_SANDBOX} ports opened",
+                               hint="revoke one first: DELETE /v1/sandboxes/{id}/ports/{port}")
+            made = self._grants[(sandbox_id, port)] = Grant(sandbox_id, port, secrets.token_urlsafe(32), born)
+            return made
 
     def list(self, sandbox_id: str) -> list[Grant]:
         with self._lock:
-            return [Grant(s, p, t) for (s, p), t in sorted(self._grants.items()) if s == sandbox_id]
+            return [g for (s, _), g in sorted(self._grants.items()) if s == sandbox_id]
 
     def revoke(self, sandbox_id: str, port: int) -> bool:
         with self._lock:
@@ -62,11 +65,12 @@ class PortGrants:
             for key in [k for k in self._grants if k[0] == sandbox_id]:
                 del self._grants[key]
 
-    def check(self, sandbox_id: str, port: int, token: str) -> bool:
-        """Does `token` open `port` of `sandbox_id`? Constant-time in the token's content."""
+    def check(self, sandbox_id: str, port: int, token: str, born: float) -> bool:
+        """Does `token` open `port` of the child `sandbox_id` created at `born`? Constant-time in the token."""
         with self._lock:
             want = self._grants.get((sandbox_id, port))
-        return hmac.compare_digest(token.encode(), (want or secrets.token_urlsafe(32)).encode()) and want is not None
+        expected = want.token if want is not None else secrets.token_urlsafe(32)
+        return hmac.compare_digest(token.encode(), expected.encode()) and want is not None and want.born == born
 
 
 def reachable(rec) -> str:
