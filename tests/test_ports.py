@@ -31,6 +31,40 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(out)
 http.server.HTTPServer(("0.0.0.0", 8001), H).serve_forever()
 """
+WS_ECHO = """
+import base64, hashlib, socket, struct, threading
+def serve(c):
+    data = b""
+    while b"\\r\\n\\r\\n" not in data:
+        data += c.recv(4096)
+    key = [l.split(b":", 1)[1].strip() for l in data.split(b"\\r\\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\n"
+              b"Sec-WebSocket-Accept: " + accept + b"\\r\\n\\r\\n")
+    path = data.split(b" ")[1]
+    def read(n):
+        b = b""
+        while len(b) < n:
+            x = c.recv(n - len(b))
+            if not x:
+                raise EOFError
+            b += x
+        return b
+    while True:
+        h = read(2); op, n = h[0] & 15, h[1] & 127
+        n = struct.unpack(">H", read(2))[0] if n == 126 else struct.unpack(">Q", read(8))[0] if n == 127 else n
+        mask = read(4) if h[1] & 128 else bytes(4)
+        p = bytes(x ^ mask[i % 4] for i, x in enumerate(read(n)))
+        if op == 8:
+            c.sendall(b"\\x88\\x02" + p[:2]); return
+        if op == 1:
+            p = b"echo " + path + b" " + p
+        head = bytes([0x80 | op, len(p)]) if len(p) < 126 else bytes([0x80 | op, 126]) + struct.pack(">H", len(p))
+        c.sendall(head + p)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 8002)); s.listen(8)
+while True:
+    c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
 LISTENING = ("for i in $(seq 300); do python3 -c 'import socket,sys; socket.create_connection((\"127.0.0.1\", "
              "int(sys.argv[1])), 1)' {port} 2>/dev/null && exit 0; sleep 0.1; done; exit 1")
 
@@ -46,14 +80,46 @@ def daemon(home, base, rt, tmp_path_factory):
 
 
 def _serve(sb: Sandbox, name: str) -> None:
-    """http.server on 8000 serving /root/srv (hello.txt says `name`), the echo server on 8001; both listening."""
+    """http.server on 8000 serving /root/srv (hello.txt says `name`), an HTTP echo on 8001, a WebSocket echo on
+    8002 (stdlib only, as the guest has); all listening."""
     sb.commands.run("mkdir -p /root/srv")
     sb.files.write("/root/srv/hello.txt", f"hello from {name}")
     sb.files.write("/root/echo.py", ECHO)
     sb.commands.run("cd /root/srv && exec python3 -m http.server 8000", background=True, timeout=None)
     sb.commands.run("exec python3 /root/echo.py", background=True, timeout=None)  # (the default 60 s kills)
-    for port in (8000, 8001):
+    sb.files.write("/root/ws.py", WS_ECHO)
+    sb.commands.run("exec python3 /root/ws.py", background=True, timeout=None)
+    for port in (8000, 8001, 8002):
         sb.commands.run(LISTENING.format(port=port), timeout=60)
+
+
+def _ws(url: str, texts: list[str]) -> tuple[int, list[str]]:
+    """A WebSocket client (wsproto over a plain socket): (the handshake's status, the replies to `texts`)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, CloseConnection, Message, RejectConnection, Request, TextMessage
+
+    u = urlsplit(url)
+    conn, got = WSConnection(ConnectionType.CLIENT), []
+    with socket.create_connection((u.hostname, u.port), timeout=60) as s:
+        s.sendall(conn.send(Request(host=u.netloc, target=u.path + (f"?{u.query}" if u.query else ""))))
+        status, sent = 0, False
+        while len(got) < len(texts):
+            conn.receive_data(s.recv(65536) or None)
+            for ev in conn.events():
+                if isinstance(ev, AcceptConnection):
+                    status = 101
+                elif isinstance(ev, RejectConnection):
+                    return ev.status_code, got
+                elif isinstance(ev, TextMessage):
+                    got.append(ev.data)
+            if status == 101 and not sent:
+                s.sendall(b"".join(conn.send(Message(data=t)) for t in texts))
+                sent = True
+        s.sendall(conn.send(CloseConnection(code=1000)))
+    return status, got
 
 
 def test_a_port_through_the_daemon(daemon):
@@ -91,6 +157,12 @@ def test_a_port_through_the_daemon(daemon):
         hdrs = {k.lower(): v for k, v in seen["headers"].items()}
         assert "authorization" not in hdrs and hdrs["x-app"] == "kept" and hdrs["host"] == "localhost:8001", hdrs
         assert {g.port for g in ctrl.list_ports(a.id)} == {8000, 8001}
+
+        ws_url = a.get_url(8002)
+        assert _ws(ws_url + "chat?x=1", ["hi", "there"]) == (101, ["echo /chat?x=1 hi", "echo /chat?x=1 there"])
+        assert _ws(ws_url.replace(token_a, "x" * 43) + "chat", ["hi"])[0] == 403  # a wrong token: no upgrade
+        b_ws = ws_url.replace(f"/{a.id}/", f"/{b.id}/")  # a's token on b's port
+        assert _ws(b_ws + "chat", ["hi"])[0] == 403
 
         a.close_port(8000)  # revoked: the URL stops working, b's does not
         assert web.get(url_a + "hello.txt").status_code == 404

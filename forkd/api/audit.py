@@ -1,6 +1,7 @@
 """The gate every request passes, in this order:
 
-1. scope type: HTTP (and the lifespan) only; a websocket or any other scope is refused (the daemon serves none);
+1. scope type: HTTP (and the lifespan) only; a websocket or any other scope is refused, but for a WebSocket to a
+   sandbox's port (under PORT_PREFIX: the Host check applies, its route checks the grant's token);
 2. TCP: the Host header must name this daemon (421 otherwise: DNS rebinding), then the bearer token (401), except
    under PORT_PREFIX (a sandbox's port, whose route checks its own grant's token: forkd.api.routes_ports);
 3. mutating methods: a body must be `application/json` (the raw file upload, a PUT: `application/octet-stream`
@@ -93,6 +94,11 @@ class Gate:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
             return
+        if scope["type"] == "websocket" and scope["path"].startswith(PORT_PREFIX):
+            refused = self._before_auth(scope, scope["path"])  # the Host check; the route checks the grant
+            if refused is None:
+                await self.app(scope, receive, send)
+                return
         if scope["type"] != "http":
             await self._refuse_scope(scope, send)
             return

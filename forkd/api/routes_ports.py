@@ -7,9 +7,9 @@
 
 The first three are API calls (the daemon's bearer token over TCP). The last is authenticated by the grant's token
 alone (the Gate lets PORT_PREFIX through without the bearer, which is never forwarded to the guest): whoever holds
-the URL reaches that one port of that one sandbox until the grant is revoked or the child dies. HTTP/1.1 only: a
-WebSocket upgrade is refused (the daemon serves no WebSocket), and the request body is read whole first (at most
-MAX_BODY bytes); the answer streams.
+the URL reaches that one port of that one sandbox until the grant is revoked or the child dies. HTTP/1.1: the
+request body is read whole first (at most MAX_BODY bytes), the answer streams. A WebSocket to the same URL is
+relayed message by message to a WebSocket handshake with the guest's server (`relay_websocket`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import h11
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request, Response, WebSocket
 from fastapi.responses import StreamingResponse
 from forkd_client.models import PortGrant
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from forkd.api.auth import PORT_PREFIX
+from forkd.api.ports_ws import relay_websocket
 from forkd.base.errors import ForkdError, InvalidInput, NotFound, Unavailable
 from forkd.client.wire import Strict
 from forkd.core import ports
@@ -67,18 +68,31 @@ def build_ports_router(control: Control, grants: ports.PortGrants) -> APIRouter:
             raise NotFound(f"port {port} of sandbox {id} is not open", hint="GET /v1/sandboxes/{id}/ports")
         return Response(status_code=204)
 
-    @r.api_route(PORT_PREFIX + "{id}/{port}/{token}/{path:path}", methods=METHODS, include_in_schema=False)
-    async def proxy(id: str, port: int, token: str, path: str, request: Request) -> Response:
+    async def granted(id: str, port: int, token: str) -> str:
+        """The child's namespace when `token` opens its `port`; NotFound (one answer for every refusal) else."""
         try:
             rec = await run_in_threadpool(rt.child, id)
         except ForkdError:
             rec = None
         if rec is None or rec.status != "running":
             grants.drop(id)  # the child is gone: so are its grants
-        if rec is None or not grants.check(id, port, token, rec.created_at):  # one answer for every refusal
+        if rec is None or not grants.check(id, port, token, rec.created_at):
             raise NotFound(f"no open port {port} of sandbox {id} for this token",
                            hint="open it with POST /v1/sandboxes/{id}/ports (sb.get_url(port))")
-        return await _forward(ports.reachable(rec), port, path, request)
+        return ports.reachable(rec)
+
+    @r.api_route(PORT_PREFIX + "{id}/{port}/{token}/{path:path}", methods=METHODS, include_in_schema=False)
+    async def proxy(id: str, port: int, token: str, path: str, request: Request) -> Response:
+        return await _forward(await granted(id, port, token), port, path, request)
+
+    @r.websocket(PORT_PREFIX + "{id}/{port}/{token}/{path:path}")
+    async def proxy_ws(ws: WebSocket, id: str, port: int, token: str, path: str) -> None:
+        try:
+            netns = await granted(id, port, token)
+        except ForkdError:
+            await ws.close(code=1008)  # policy violation: the handshake is answered 403
+            return
+        await relay_websocket(ws, netns, port, "/" + path + (f"?{ws.url.query}" if ws.url.query else ""))
 
     return r
 
