@@ -65,3 +65,25 @@ def test_the_gate_lets_a_port_url_through_without_the_bearer_and_never_audits_it
     assert status == 200 and not any("T0KEN" in str(a) for a in seen[1:]), seen
     assert _through_gate("/v1/sandboxes")[0] == 401  # everything else still needs the bearer
     assert _through_gate("/v1/portsx/ca/8000/T0KEN/x")[0] == 401
+
+
+def test_the_gate_admits_a_websocket_only_to_a_port_url_and_only_for_this_daemons_host():
+    def ws(path: str, host: bytes = b"127.0.0.1") -> tuple[list, list]:
+        reached, sent = [], []
+
+        async def app(scope, receive, send):
+            reached.append(scope["path"])
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "websocket", "path": path, "headers": [(b"host", host)], "server": ("127.0.0.1", 8889),
+                 TRANSPORT_KEY: "tcp"}
+        gate = Gate(app, token="api-token", audit=None, hosts=frozenset({"127.0.0.1", "localhost"}))
+        asyncio.run(gate(scope, None, send))
+        return reached, sent
+
+    assert ws("/v1/ports/ca/8002/T0KEN/chat")[0] == ["/v1/ports/ca/8002/T0KEN/chat"]  # its route checks the grant
+    for path, host in (("/v1/sandboxes", b"127.0.0.1"), ("/v1/ports/ca/8002/T0KEN/chat", b"evil.example")):
+        reached, sent = ws(path, host)
+        assert reached == [] and sent[0]["type"] == "websocket.close", (path, host, sent)
