@@ -77,7 +77,7 @@ def reachable(rec) -> str:
     """The network namespace through which the child's ports are reached; NotFound/Conflict when it has none."""
     if rec.status != "running":
         raise NotFound(f"sandbox {rec.id} is {rec.status}, not running", hint="its ports went with it")
-    if not rec.netns:
+    if rec.network != "isolated" or not rec.netns:  # a child without a NIC may still have an empty namespace
         raise Conflict(f"sandbox {rec.id} has no network device, so no port to reach",
                        hint="fork it from a snapshot built with --network isolated (ForkParent spec.network: "
                             "isolated); its egress may stay none")
