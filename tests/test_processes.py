@@ -145,9 +145,13 @@ def sandbox(daemon):
 
 
 def test_sdk_run_streams_and_background_handles(sandbox):
+    from forkd_client import CommandExitException, TimeoutException
+
     seen: list[str] = []
-    res = sandbox.commands.run("echo one; sleep 0.2; printf 'two\\377'; echo err >&2; exit 3",
-                               on_stdout=seen.append)
+    with pytest.raises(CommandExitException) as e:  # as E2B's: a non-zero exit raises, the output on it
+        sandbox.commands.run("echo one; sleep 0.2; printf 'two\\377'; echo err >&2; exit 3", on_stdout=seen.append)
+    res = e.value.result
+    assert e.value.exit_code == 3 and e.value.stderr == "err\n" and e.value.stdout == "one\ntwo\ufffd"
     assert res.exit_code == 3 and res.stdout_bytes == b"one\ntwo\xff" and res.stderr == "err\n"
     assert "".join(seen).startswith("one\n")
     assert sandbox.commands.run("echo $FOO; pwd", envs={"FOO": "bar"}, cwd="/tmp").stdout == "bar\n/tmp\n"
@@ -161,9 +165,12 @@ def test_sdk_run_streams_and_background_handles(sandbox):
     res = h.wait(60)
     assert res.exit_code == 0 and res.stdout == "got:a\ngot:b\n" and "".join(lines) == res.stdout
     h = sandbox.commands.run("sleep 600", background=True)
-    assert h.kill() is True and h.wait(60).exit_code == -9
-    res = sandbox.commands.run("sleep 600", timeout=1)
-    assert res.timed_out is True
+    assert h.kill() is True and h.wait(60, check=False).exit_code == -9
+    with pytest.raises(TimeoutException) as t:
+        sandbox.commands.run("sleep 600", timeout=1)
+    assert t.value.result.timed_out is True and t.value.status is None
+    assert sandbox.commands.run("sleep 600", timeout=1, check=False).timed_out is True
+    assert sandbox.commands.run("exit 4", check=False).exit_code == 4
     big = sandbox.commands.run("head -c 300000 /dev/zero", max_output=1000)
     assert big.truncated is True and len(big.stdout_bytes) == 1000
 

@@ -6,16 +6,29 @@ typed errors), the async client, and upstream's client surface (forkd_client.com
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import forkd_client
 import pytest
-from forkd_client import AsyncSandbox, Client, NotFound, Retry, Sandbox, Unavailable, compat  # sdk/python
+from forkd_client import (  # sdk/python
+    AsyncSandbox,
+    Client,
+    CommandExitException,
+    NotFound,
+    Retry,
+    Sandbox,
+    Unavailable,
+    compat,
+)
 
 from tests.conftest import BASE_TAG, WARM_GLOBAL
 from tests.http_stub import Draining, serving
 from tests.test_api import free_port, start_api_daemon, stop_api_daemon
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_import_loads_neither_the_runtime_nor_yaml_nor_zstandard():
@@ -28,7 +41,8 @@ def test_import_loads_neither_the_runtime_nor_yaml_nor_zstandard():
     assert out.stdout.strip() == "[]"
     meta = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.requires('forkd-client'))"],
                           capture_output=True, text=True, timeout=60)
-    assert sorted(r.split(">")[0] for r in eval(meta.stdout)) == ["httpx", "pydantic"]
+    required = [r for r in eval(meta.stdout) if "extra ==" not in r]  # optional extras (inspect) aside
+    assert sorted(r.split(">")[0] for r in required) == ["httpx", "pydantic"]
 
 
 def test_one_sdk_and_one_error_hierarchy():
@@ -54,6 +68,60 @@ def test_one_sdk_and_one_error_hierarchy():
     for method in ("list", "exists", "get_info", "remove", "rename", "make_dir", "chmod", "watch_dir"):
         assert callable(getattr(Sandbox(None, None).files, method)), method  # type: ignore[arg-type]
     assert all(callable(getattr(Sandbox, m)) for m in ("set_timeout", "fork", "list", "connect"))
+
+
+def test_e2b_command_errors_carry_the_result():
+    """What E2B code catches: CommandExitException (exit_code, stdout, stderr, error) for a non-zero exit,
+    TimeoutException for a command its timeout killed; both ForkdErrors; check=False returns the result."""
+    from forkd_client import ForkdError, SandboxException, Timeout, TimeoutException
+    from forkd_client.commands import CommandResult, checked
+
+    ok = CommandResult(exit_code=0, stdout_bytes=b"fine")
+    assert checked(ok, True, 5, "cmd") is ok
+    bad = CommandResult(exit_code=3, stdout_bytes=b"out", stderr_bytes=b"boom\n")
+    with pytest.raises(CommandExitException) as e:
+        checked(bad, True, 5, "cmd")
+    assert (e.value.exit_code, e.value.stdout, e.value.stderr, e.value.result) == (3, "out", "boom\n", bad)
+    assert "exited with code 3: boom" in str(e.value) and isinstance(e.value, SandboxException)
+    slow = CommandResult(exit_code=-9, timed_out=True, stdout_bytes=b"partial")
+    with pytest.raises(TimeoutException) as t:
+        checked(slow, True, 1.5, "cmd")
+    assert isinstance(t.value, Timeout) and isinstance(t.value, ForkdError) and t.value.stdout == "partial"
+    assert "1.5 s" in str(t.value)
+    assert checked(bad, False, 5, "cmd") is bad and checked(slow, False, 1.5, "cmd") is slow
+
+
+def test_readme_typescript_example_parses_on_this_node(tmp_path):
+    """The reference's TypeScript example (docs/reference.md) is valid syntax on the Node here (the package claims
+    Node >= 18): no `await using` outside a comment, which Node before 24 rejects."""
+    if shutil.which("node") is None:
+        pytest.skip("needs node")
+    text = (REPO / "docs" / "reference.md").read_text()
+    start = text.index("TypeScript (`sdk/typescript`, Node >= 18")
+    block = [ln[4:] for ln in text[start:].split("\n\n", 2)[1].splitlines() if ln.startswith("    ")]
+    assert any("Sandbox.create" in ln for ln in block), block
+    (tmp_path / "example.mjs").write_text("\n".join(block) + "\n")
+    res = subprocess.run(["node", "--check", str(tmp_path / "example.mjs")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_the_fallback_error_names_every_place_tried(monkeypatch, tmp_path):
+    """No url/socket, no FORKD_URL, no socket at the home: the client falls back to upstream's address, and an
+    error reaching it names the places tried before it too (built from a refused connect: no traffic)."""
+    import httpx
+    from forkd_client.http import DEFAULT_URL, find_daemon, transport_error
+
+    monkeypatch.delenv("FORKD_URL", raising=False)
+    monkeypatch.delenv("FORKD_DAEMON_SOCKET", raising=False)
+    monkeypatch.setenv("FORKD_HOME", str(tmp_path))
+    ep = find_daemon()
+    assert ep.base_url == DEFAULT_URL and ep.socket is None
+    msg = str(transport_error(httpx.ConnectError("refused"), ep, "GET", "/v1/sandboxes", tries=4))
+    for place in (DEFAULT_URL, "$FORKD_URL: not set", str(tmp_path / "forkd.sock"), "url=/socket="):
+        assert place in msg, msg
+    monkeypatch.setenv("FORKD_DAEMON_SOCKET", str(tmp_path / "named.sock"))
+    assert str(tmp_path / "named.sock") in str(transport_error(httpx.ConnectError("x"), find_daemon(), "GET"))
+    assert find_daemon(url="http://d:1").tried == ()  # named explicitly: nothing else was tried
 
 
 def test_an_unreachable_daemon_is_unavailable_after_retries():
@@ -91,11 +159,12 @@ def test_sandbox_streams_lists_connects_and_raises_typed_errors(daemon):
     sock = str(daemon.home / "forkd.sock")
     seen: list[str] = []
     with Sandbox.create(template=BASE_TAG, envs={"WHO": "sdk"}, socket=sock) as sb:
-        res = sb.commands.run("echo $WHO; echo err >&2; exit 3", on_stdout=seen.append)
-        assert (res.stdout, res.stderr, res.exit_code, "".join(seen)) == ("sdk\n", "err\n", 3, "sdk\n")
+        with pytest.raises(CommandExitException) as e:  # E2B's: a non-zero exit raises, with the output
+            sb.commands.run("echo $WHO; echo err >&2; exit 3", on_stdout=seen.append)
+        assert (e.value.stdout, e.value.stderr, e.value.exit_code, "".join(seen)) == ("sdk\n", "err\n", 3, "sdk\n")
         assert sb.commands.run("echo $WHO", envs={"WHO": "call"}).stdout == "call\n"
         h = sb.commands.run("sleep 600", background=True)
-        assert h.pid and h.kill() and h.wait(120).exit_code != 0
+        assert h.pid and h.kill() and h.wait(120, check=False).exit_code != 0
         sb.files.write("/root/c.txt", b"\x00\xffbytes")
         assert sb.files.read("/root/c.txt", format="bytes") == b"\x00\xffbytes"
         assert sb.eval("WARM_GLOBAL").result == repr(WARM_GLOBAL)
@@ -116,8 +185,11 @@ def test_async_sandbox(daemon):
         async with await AsyncSandbox.create(template=BASE_TAG, envs={"A": "1"}, url=daemon.url,
                                              token=daemon.token) as sb:
             seen: list[str] = []
-            res = await sb.commands.run("echo $A; exit 4", on_stdout=seen.append)
-            assert (res.stdout, res.exit_code, seen) == ("1\n", 4, ["1\n"])
+            with pytest.raises(CommandExitException) as e:
+                await sb.commands.run("echo $A; exit 4", on_stdout=seen.append)
+            assert (e.value.stdout, e.value.exit_code, seen) == ("1\n", 4, ["1\n"])
+            res = await sb.commands.run("echo $A; exit 4", check=False)
+            assert (res.stdout, res.exit_code) == ("1\n", 4)
             h = await sb.commands.run(["cat"], background=True, stdin=True)
             await h.send_stdin("piped", eof=True)
             assert (await h.wait(120)).stdout_bytes == b"piped"

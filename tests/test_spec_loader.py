@@ -248,7 +248,7 @@ def test_the_examples_directory_loads_as_is():
     """`forkd apply -f specs/examples/` reads every example (the template with its defaults), values.yaml not."""
     examples = Path(__file__).resolve().parents[1] / "specs" / "examples"
     names = {(i.obj.kind, i.obj.metadata.name) for i in load_paths([examples])}
-    assert {("ForkPool", "agents"), ("ForkPool", "tmpl"), ("ForkParent", "py-base")} <= names
+    assert {("ForkPool", "agents"), ("ForkPool", "tmpl"), ("ForkParent", "base")} <= names
 
 
 def test_server_populated_fields_are_accepted_and_ignored(tmp_path):

@@ -25,12 +25,14 @@ from forkd.api.guestio import RETRY_AFTER, GuestIO
 from forkd.api.metrics import Metrics
 from forkd.api.routes_files import build_files_router
 from forkd.api.routes_forkd import build_forkd_router
+from forkd.api.routes_ports import build_ports_router
 from forkd.api.routes_process import build_process_router
 from forkd.api.routes_v1 import build_router
 from forkd.base.errors import Busy, ForkdError, InvalidInput, NotFound
 from forkd.base.settings import settings
 from forkd.client.local import LocalBackend
 from forkd.core.audit import AuditLog
+from forkd.core.ports import PortGrants
 from forkd.reconciler.control import Control
 from forkd.spec.models import MODELS, to_document
 
@@ -150,9 +152,10 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
         metrics.errors.labels("RequestValidationError", "422").inc()
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": str(e.get("type"))}
                   for e in exc.errors()]
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        where = ".".join(str(x) for x in first["loc"])
-        return problem(422, "InvalidRequest", f"{where}: {first['msg']}", errors=errors)
+        # every way the first field failed (a union's branches: "none or internet; or {allow}: IPv6 ..."), at most 5
+        parts = [e for e in errors if e["loc"][:2] == errors[0]["loc"][:2]][:5] if errors else []
+        detail = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in parts)
+        return problem(422, "InvalidRequest", detail or "invalid request", errors=errors)
 
     @app.exception_handler(ValidationError)
     async def invalid_document(_: Request, exc: ValidationError) -> JSONResponse:
@@ -197,6 +200,7 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
     app.include_router(build_forkd_router(LocalBackend(control)))
     app.include_router(build_process_router(control.rt, gate))
     app.include_router(build_files_router(control, gate))
+    app.include_router(build_ports_router(control, PortGrants()))
 
     @app.post("/v1/apply")
     def apply(req: ApplyRequest) -> dict:

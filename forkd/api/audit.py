@@ -1,10 +1,12 @@
 """The gate every request passes, in this order:
 
-1. scope type: HTTP (and the lifespan) only; a websocket or any other scope is refused (the daemon serves none);
-2. TCP: the Host header must name this daemon (421 otherwise: DNS rebinding), then the bearer token (401);
+1. scope type: HTTP (and the lifespan) only; a websocket or any other scope is refused, but for a WebSocket to a
+   sandbox's port (under PORT_PREFIX: the Host check applies, its route checks the grant's token);
+2. TCP: the Host header must name this daemon (421 otherwise: DNS rebinding), then the bearer token (401), except
+   under PORT_PREFIX (a sandbox's port, whose route checks its own grant's token: forkd.api.routes_ports);
 3. mutating methods: a body must be `application/json` (the raw file upload, a PUT: `application/octet-stream`
    or untyped), 415 otherwise: the CORS-simple types a web page may send without a preflight (text/plain, forms)
-   never reach a route;
+   never reach a route (a sandbox's port takes what its server takes);
 4. request metrics, and one audit line (forkd.core.audit, hash-chained and fsynced) per mutating call.
 
 Requests refused before anyone was authenticated (1, 2 and foreign peers on the unix socket) do not get a line
@@ -24,7 +26,7 @@ from collections import Counter
 
 from starlette.concurrency import run_in_threadpool
 
-from forkd.api.auth import OPEN_PATHS, TRANSPORT_KEY, actor_of, bearer_ok, host_ok
+from forkd.api.auth import OPEN_PATHS, PORT_PREFIX, TRANSPORT_KEY, actor_of, bearer_ok, host_ok
 from forkd.core.audit import AuditError, AuditLog
 
 log = logging.getLogger("forkd.audit")
@@ -92,6 +94,11 @@ class Gate:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
             return
+        if scope["type"] == "websocket" and scope["path"].startswith(PORT_PREFIX):
+            refused = self._before_auth(scope, scope["path"])  # the Host check; the route checks the grant
+            if refused is None:
+                await self.app(scope, receive, send)
+                return
         if scope["type"] != "http":
             await self._refuse_scope(scope, send)
             return
@@ -128,7 +135,9 @@ class Gate:
         if self.hosts is not None and not host_ok(scope, self.hosts):
             return (421, "MisdirectedRequest", "the Host header does not name this daemon",
                     "use the address the daemon is bound to, or start it with --allow-host NAME")
-        if path not in OPEN_PATHS and (not self.token or not bearer_ok(_header(scope, b"authorization"), self.token)):
+        if path in OPEN_PATHS or path.startswith(PORT_PREFIX):
+            return None
+        if not self.token or not bearer_ok(_header(scope, b"authorization"), self.token):
             return (401, "Unauthorized", "missing or wrong bearer token",
                     "send 'Authorization: Bearer <token>' (FORKD_TOKEN for the CLI and SDKs)")
         return None
@@ -148,11 +157,11 @@ class Gate:
 
     async def _record(self, scope, method: str, path: str, actor: str, code: int, t0: float) -> None:
         route = scope.get("route")
-        template = getattr(route, "path", None) or path
+        template = getattr(route, "path", None) or (PORT_PREFIX + "..." if path.startswith(PORT_PREFIX) else path)
         if self.metrics:
             self.metrics.requests.labels(method, template if route else "unmatched", str(code)).inc()
         if self.audit and method in MUTATING and path not in READ_ONLY_POSTS:
-            params = scope.get("path_params") or {}
+            params = {k: v for k, v in (scope.get("path_params") or {}).items() if k != "token"}  # never logged
             target = "/".join(str(v) for v in params.values()) or path
             try:  # fail-open (README): the failure is logged and named by the next append that works
                 await run_in_threadpool(
@@ -165,7 +174,7 @@ class Gate:
 
 def _content_type_problem(scope, method: str, path: str) -> str | None:
     """Why a mutating request's body may not reach its route, or None (see module doc, point 3)."""
-    if method not in MUTATING:
+    if method not in MUTATING or path.startswith(PORT_PREFIX):
         return None
     ctype = _header(scope, b"content-type")
     raw = method == "PUT" and RAW_BODY.match(path) is not None

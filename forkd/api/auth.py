@@ -33,6 +33,7 @@ from forkd.core.audit import token_id
 
 DEFAULT_PORT = 8889
 OPEN_PATHS = frozenset({"/healthz"})
+PORT_PREFIX = "/v1/ports/"  # a sandbox's port: authenticated by its grant's token (forkd.api.routes_ports)
 TRANSPORT_KEY = "forkd.transport"  # set in the ASGI scope by the TCP listener's wrapper
 PEER_KEY = "forkd.peer_uid"  # set in the ASGI scope by the unix listener's protocol (peer_checked)
 PEER_PID_KEY = "forkd.peer_pid"  # the same peer's pid

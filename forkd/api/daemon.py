@@ -228,8 +228,9 @@ def _watch(control: Control, watch: Path) -> Observer:
 def _servers(app, usock: socket.socket, tcp: Tcp | None, denials) -> tuple[uvicorn.Server, uvicorn.Server | None]:
     """The unix-socket server (run on the main thread) and the TCP one, started on its own thread (uvicorn
     installs signal handlers only on the main thread). log_config=None: uvicorn logs through forkd's set-up;
-    ws="none": no websocket upgrades (the Gate refuses websocket scopes too)."""
-    common = {"log_level": "warning", "access_log": False, "log_config": None, "ws": "none"}
+    ws="wsproto": WebSocket upgrades reach the Gate, which refuses every one but a sandbox port's
+    (forkd.api.routes_ports)."""
+    common = {"log_level": "warning", "access_log": False, "log_config": None, "ws": "wsproto"}
     unix_http = peer_checked(import_from_string(HTTP_PROTOCOLS["auto"]), on_refused=denials.record)
     server = uvicorn.Server(uvicorn.Config(app, http=unix_http, **common))
     if tcp is None:

@@ -81,7 +81,7 @@ def _child_routes(r: APIRouter, b: LocalBackend) -> None:
     def fork_from(id: str, req: wire.ForkFromRequest) -> list[dict[str, Any]]:
         """`forkd fork --from-sandbox ID`: children continuing from this instant of ID."""
         return b.fork_from(id, req.n, tag=req.tag, keep=req.keep,
-                           lifetime=req.lifetime or settings().sandbox_timeout or None)
+                           lifetime=req.lifetime or settings().sandbox_timeout or None, egress=req.egress)
 
     @r.post("/v1/children", status_code=201)
     def fork(req: Spawn) -> dict[str, Any]:

@@ -100,13 +100,16 @@ def build_router(control: Control, metrics, gate: GuestIO) -> APIRouter:
     @r.post("/v1/sandboxes", status_code=201, tags=["sandboxes"])
     def spawn(req: wire.SpawnRequest) -> list[wire.SandboxInfo]:
         """Fork `n` children of a ready snapshot; returns when every one answered (409: snapshot not ready).
+        `snapshot_tag` may name a ForkParent, ForkLayer or ForkBranch too (E2B's template): its ready snapshot.
         Each lives `lifetime_secs` (default FORKD_SANDBOX_TIMEOUT) unless extended; `prewarm` is honoured
         (always: spawn returns once each guest answered); `live_fork` is a no-op (every child can branch live)."""
         # per_child_netns: true needs a parent built with a NIC (network isolated); children of such a parent are
-        # always isolated. memory_limit_mib: a per-child cgroup, placement fails closed.
+        # always isolated. memory_limit_mib: a per-child cgroup, placement fails closed. egress: what each child may
+        # reach (default none), refused on a snapshot without a NIC.
         t0 = time.perf_counter()
-        recs = rt.fork(Spawn.of(tag=req.snapshot_tag, n=req.n, timeout=req.timeout_secs,
-                       network="isolated" if req.per_child_netns else None, memory_limit_mib=req.memory_limit_mib))
+        recs = rt.fork(Spawn.of(tag=control.template(req.snapshot_tag), n=req.n, timeout=req.timeout_secs,
+                       network="isolated" if req.per_child_netns else None, memory_limit_mib=req.memory_limit_mib,
+                       egress=req.egress))
         metrics.spawn_request_seconds.observe(time.perf_counter() - t0)  # each child: forkd.base.telemetry
         recs = lifetimes.stamp(rt, [x.id for x in recs], _lifetime(req.lifetime_secs), req.labels)
         return [wire.sandbox_info(rec) for rec in recs]
@@ -133,7 +136,7 @@ def build_router(control: Control, metrics, gate: GuestIO) -> APIRouter:
         `n` children of it. The branch snapshot is removed with the last of them unless `keep` or `tag`."""
         req = req or wire.ForkRequest()
         res, recs = forking.fork(rt, id, req.n, tag=req.tag, keep=req.keep, lifetime=_lifetime(req.lifetime_secs),
-                                 labels=req.labels, timeout=req.timeout_secs)
+                                 labels=req.labels, timeout=req.timeout_secs, egress=req.egress)
         if res.pause_ms is not None:
             metrics.branch_pause_seconds.labels("live").observe(res.pause_ms / 1000.0)
         return [wire.sandbox_info(rec) for rec in recs]

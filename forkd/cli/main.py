@@ -32,6 +32,8 @@ from forkd.cli.options import (
     count,
     count_option,
     duration_value,
+    egress_from,
+    egress_option,
     old_spelling,
     timeout_option,
 )
@@ -58,7 +60,7 @@ PARENT_FLAGS = {"tag": "--tag", "memory_mib": "--memory-mib", "vcpus": "--vcpus"
 LAYER_FLAGS = {"tag": "--tag", "parent_tag": "--from", "run": "--run", "imports": "--import", "code": "--exec"}
 SPAWN_FLAGS = {"tag": "--tag", "n": "--count", "timeout": "--timeout", "network": "--per-child-netns",
                "memory_limit_mib": "--memory-limit-mib", "allow_unconstrained": "--allow-unconstrained",
-               "prime": "--prime"}
+               "prime": "--prime", "egress": "--egress"}
 
 
 @app.command()
@@ -227,6 +229,7 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
          per_child_netns: bool = typer.Option(False, "--per-child-netns",
                                               help="require network isolation (the snapshot must have a NIC)"),
          memory_limit_mib: int | None = typer.Option(None, "--memory-limit-mib", help="cgroup memory limit"),
+         egress: list[str] | None = egress_option(),
          allow_unconstrained: bool = typer.Option(False, "--allow-unconstrained",
                                                   help="start children even where no cgroup can constrain them"),
          prime: list[str] = typer.Option([], "--prime", help="shell command each child runs once before it counts "
@@ -240,18 +243,20 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         err.print("[red]error:[/] name a snapshot (--tag T) or a running child (--from-sandbox ID)")
         raise typer.Exit(2)
     n = count(n, n_old)
+    policy = egress_from(egress)
     if from_sandbox and prime:
         err.print("[red]error:[/] --prime applies to children of a snapshot (--tag), not to --from-sandbox: "
                   "run the command in the child before forking it")
         raise typer.Exit(2)
     if from_sandbox:
-        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep)
+        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=policy)
         emit({"children": recs}, output, CHILD_COLUMNS, _child_rows(recs))
         return
     from forkd.client import Spawn
 
     req = Spawn.of(flags=SPAWN_FLAGS, tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
-                   memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime))
+                   memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime),
+                   egress=policy or "none")
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
     emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, _child_rows(recs))
@@ -268,6 +273,21 @@ def set_timeout(child: str = typer.Argument(..., help="id of a running child"),
     rec = backend().set_timeout(child, seconds)
     emit(rec, output, [("ID", "left"), ("EXPIRES AT", "left")],
          [[rec["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["expires_at"]))]])
+
+
+@app.command("port")
+def port_(child: str = CHILD, port: int = typer.Argument(..., min=1, max=65535, help="a TCP port the guest listens on"),
+          close: bool = typer.Option(False, "--close", help="revoke it: its URL stops working"),
+          output: Fmt = OUTPUT) -> None:
+    """Open TCP PORT of CHILD through the daemon: prints a URL (a path under the daemon's address over the unix
+    socket) that reaches the guest's HTTP server on PORT, for whoever holds it, until --close or the child dies.
+    Needs the daemon and a child with a NIC (its parent built with --network isolated; any egress)."""
+    res = backend().port(child, port, close=close)
+    if close:
+        emit(res, output, [("ID", "left"), ("PORT", "right"), ("CLOSED", "left")], [[child, str(port), "yes"]])
+        return
+    emit(res, output, [("ID", "left"), ("PORT", "right"), ("URL", "left")],
+         [[child, str(port), res.get("url") or res["path"]]])
 
 
 @app.command("gc")

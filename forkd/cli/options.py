@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from forkd.base.durations import EXAMPLES, parse_duration
+from forkd.base.errors import ForkdError
 from forkd.cli.output import Fmt, err
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="output format: table, json or yaml")
@@ -51,6 +52,34 @@ def _lifetime(value: Any) -> float | None:
 def lifetime_option(what: str) -> Any:
     """--lifetime DURATION (seconds, a float, in (0, 30 days]); None when not given."""
     return typer.Option(None, "--lifetime", callback=_lifetime, metavar="DURATION", help=f"{what} ({EXAMPLES})")
+
+
+def egress_from(values: list[str] | None) -> Any:
+    """--egress none | internet | CIDR:port (repeat for several): the typed egress, None when not given (bad
+    value: exit 2)."""
+    if not values:
+        return None
+    if len(values) == 1 and values[0] in ("none", "internet"):
+        value: Any = values[0]
+    elif any(v in ("none", "internet") for v in values):
+        raise typer.BadParameter("--egress none or internet stands alone; an allow list is CIDR:port entries only")
+    else:
+        value = {"allow": values}
+    from forkd.client import parse_egress
+
+    try:
+        return parse_egress(value, "--egress")
+    except ForkdError as exc:
+        raise typer.BadParameter(exc.message) from None
+
+
+def egress_option() -> Any:
+    """--egress (repeatable); None when not given."""
+    return typer.Option(None, "--egress", callback=lambda v: egress_from(v) and v, metavar="POLICY",
+                        help="what each child may reach on the network (isolated snapshots only): none (the "
+                             "default), internet (public IPv4 only: never metadata, private ranges or the host), "
+                             "or CIDR:port (repeat for an allow list of exactly those, e.g. --egress "
+                             "10.0.0.0/8:5432); IPv6 never. With --from-sandbox, unset keeps the source's")
 
 
 def count_option(default: int, what: str) -> Any:

@@ -16,13 +16,14 @@ _WHERE = {
     "hub_server": "forkd.core.hub",  # `forkd hub serve`: a static file server, no daemon
     # what the verbs take
     "Branch": "forkd.core.requests", "Compaction": "forkd.core.requests", "LayerBuild": "forkd.core.requests",
-    "ParentBuild": "forkd.core.requests", "Spawn": "forkd.core.requests",
+    "ParentBuild": "forkd.core.requests", "Spawn": "forkd.core.requests", "parse_egress": "forkd.core.requests",
     # naming of declarative objects
     "applyset_id": "forkd.reconciler.control", "parse_ref": "forkd.spec.refs", "resolve_kind": "forkd.spec.refs",
 }
 _RENAMED = {"hub_server": "make_server"}
 
 __all__ = ["Backend", "Branch", "Compaction", "LayerBuild", "LocalBackend", "ParentBuild", "RemoteBackend", "Spawn",
+           "parse_egress",
            "applyset_id", "backend", "hub_server", "parse_ref", "resolve_kind"]
 
 
@@ -39,6 +40,6 @@ if TYPE_CHECKING:  # for type checkers and import-linter: the same names, import
     from forkd.client.local import LocalBackend
     from forkd.client.remote import RemoteBackend
     from forkd.core.hub import make_server as hub_server
-    from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
+    from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, parse_egress
     from forkd.reconciler.control import applyset_id
     from forkd.spec.refs import parse_ref, resolve_kind

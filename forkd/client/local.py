@@ -11,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forkd.base.errors import Unavailable
 from forkd.client.wire import child_view, snapshot_view
-from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
+from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 
@@ -110,12 +111,19 @@ class LocalBackend:
 
         return child_view(set_timeout(self.rt, child, seconds))
 
+    def port(self, child: str, port: int, close: bool = False) -> dict[str, Any]:
+        """Ports are served by a running daemon (its grants live in its memory): refused here."""
+        raise Unavailable(f"opening port {port} of {child} needs the daemon: it serves the port's URL",
+                          hint="start it with 'forkd serve' (add --bind HOST:PORT --token-file F for TCP), or set "
+                               "FORKD_URL/FORKD_TOKEN to one that runs")
+
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
-                  lifetime: float | None = None) -> list[dict[str, Any]]:
-        """`n` children continuing from this instant of `child` (forkd.core.forking)."""
+                  lifetime: float | None = None, egress: Egress | None = None) -> list[dict[str, Any]]:
+        """`n` children continuing from this instant of `child` (forkd.core.forking); egress None: the source's."""
         from forkd.core.forking import fork
 
-        return [child_view(r) for r in fork(self.rt, child, n, tag=tag, keep=keep, lifetime=lifetime)[1]]
+        return [child_view(r) for r in fork(self.rt, child, n, tag=tag, keep=keep, lifetime=lifetime,
+                                            egress=egress)[1]]
 
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
         return [child_view(r) for r in self.rt.fork(req, progress=progress)]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from forkd.client.http import UNREACHABLE, Call, Endpoint, SyncHttp, quote
 
 if TYPE_CHECKING:  # loaded by the verbs that take or return them (declarative objects), not by every verb
-    from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn
+    from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBuild, Spawn
     from forkd.spec.models import ForkObject
 
 ObjList = list[tuple["ForkObject", str]]
@@ -149,9 +149,20 @@ class RemoteBackend:
         return self._call("POST", f"/v1/children/{quote(child)}/timeout", json={"timeout_secs": seconds})
 
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
-                  lifetime: float | None = None) -> list[dict[str, Any]]:
-        body = {"n": n, "tag": tag, "keep": keep, "lifetime": lifetime}
+                  lifetime: float | None = None, egress: Egress | None = None) -> list[dict[str, Any]]:
+        from forkd.core.requests import egress_json
+
+        body = {"n": n, "tag": tag, "keep": keep, "lifetime": lifetime,
+                "egress": None if egress is None else egress_json(egress)}
         return self._here(self._call("POST", f"/v1/children/{quote(child)}/fork", timeout=LONG, json=body))
+
+    def port(self, child: str, port: int, close: bool = False) -> dict[str, Any]:
+        """Open TCP `port` of `child` through the daemon (its URL when the daemon is reached over TCP), or revoke."""
+        if close:
+            self.api.close_port(child, port)
+            return {"sandbox_id": child, "port": port, "closed": True}
+        grant = self.api.open_port(child, port).model_dump(mode="json")
+        return dict(grant, url=None if self.is_local else self.api.endpoint.base_url + grant["path"])
 
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
         res = self._long(progress, "POST", "/v1/children", req.model_dump(mode="json"))

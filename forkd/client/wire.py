@@ -17,6 +17,8 @@ from forkd_client import models
 from forkd_client.models import EvalResult, ExecResult, FileWritten, PingResult, Wire  # noqa: F401 - the daemon's too
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from forkd.core.requests import EGRESS_DOC, Egress
+
 SnapshotStatus = Literal["writing", "ready", "failed"]
 BranchMode = Literal["full", "diff", "live"]
 
@@ -70,6 +72,7 @@ class SpawnRequest(Strict):
     n: int = Field(1, ge=1, le=1000)
     per_child_netns: bool = False
     memory_limit_mib: int | None = Field(None, ge=64)
+    egress: Egress = Field("none", description=EGRESS_DOC + "; needs a snapshot built with network isolated")
     timeout_secs: float = Field(60.0, gt=0, le=600)
     lifetime_secs: float | None = Field(None, gt=0, le=30 * 86400, description=(
         "the sandbox's timeout: the daemon kills it this long after creation unless extended (POST "
@@ -92,6 +95,7 @@ class ForkRequest(Strict):
     lifetime_secs: float | None = Field(None, gt=0, le=30 * 86400)
     labels: LabelMap = Field(default_factory=dict)
     timeout_secs: float = Field(60.0, gt=0, le=600)
+    egress: Egress | None = Field(None, description="the new sandboxes' egress; unset: the source's")
 
 
 class ForkFromRequest(Strict):
@@ -101,6 +105,7 @@ class ForkFromRequest(Strict):
     tag: str | None = Field(None, min_length=1, max_length=63)
     keep: bool = False
     lifetime: float | None = Field(None, gt=0, le=30 * 86400)
+    egress: Egress | None = Field(None, description="the new children's egress; unset: the source's")
 
 
 class SandboxInfo(models.SandboxInfo):

@@ -22,7 +22,7 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from forkd.base.errors import InvalidInput
 from forkd.base.names import check_tag
@@ -97,6 +97,18 @@ Egress = EgressMode | EgressAllow
 EGRESS_DOC = ("what an isolated child may reach: none (nothing, the default), internet (public IPv4 addresses "
               "only: never link-local/metadata, RFC 1918, CGNAT or the host), or {allow: [CIDR:port, ...]} "
               "(exactly those; the host's 10.200.0.1 too if listed). IPv6 is always denied")
+
+
+_EGRESS = TypeAdapter(Egress)
+
+
+def parse_egress(value: Any, field: str = "egress") -> Egress:
+    """A recorded or given egress ("none", "internet", {"allow": [...]}) as the type; InvalidInput naming `field`
+    when it is none of those."""
+    try:
+        return _EGRESS.validate_python(value)
+    except ValidationError as exc:
+        raise invalid(field, exc) from None
 
 
 def egress_json(egress: Egress) -> str | dict[str, list[str]]:

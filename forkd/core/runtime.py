@@ -183,7 +183,8 @@ class Runtime:
         """Restore `req.n` children of `req.tag` in parallel; return when every one answered. All or nothing.
 
         `network`: None follows the snapshot (isolated parents have a NIC, so their children always get a network
-        namespace each); "isolated" on a parent built without a NIC, or "none" on one with a NIC, is refused.
+        namespace each); "isolated" on a parent built without a NIC, or "none" on one with a NIC, is refused, and
+        so is an egress other than none on a parent without a NIC.
         `memory_limit_mib` / `cpu_weight` go into each child's cgroup; a child that cannot be placed is not
         started unless `allow_unconstrained`. `claim`: the children are handed out from birth (a claim that
         forks on the spot): no pool ever counts them as idle."""
@@ -197,6 +198,10 @@ class Runtime:
                                                     "(ForkParent spec.network: isolated)")
             raise InvalidInput(f"snapshot {tag!r} has a network device: its children always run isolated, each in "
                                "its own network namespace", hint="fork it with network isolated (the default)")
+        if req.egress != "none" and self.network_of(snap) != "isolated":
+            raise InvalidInput(f"egress {egress_json(req.egress)!r}: snapshot {tag!r} was built without a network "
+                               "device, so its children have no network to open", hint="fork a snapshot built with "
+                               "--network isolated (ForkParent spec.network: isolated), or leave egress at none")
         machine = self.machine_for(snap)
         # checks every ancestor's manifest; builds the flat image only the first time (never re-hashes)
         memory, vmstate = self.store.materialize(tag), self.store.vmstate_path(tag)

@@ -72,9 +72,11 @@ def build() -> MCPServer:
         return _dump(await controller().snapshot_info(tag))
 
     @server_tool()
-    async def spawn_sandboxes(snapshot_tag: str, n: int = 1) -> dict:
-        """Fork n (1..1000) sandboxes from a ready snapshot; returns them once every one answers."""
-        return {"sandboxes": _dump(await controller().spawn_sandboxes(snapshot_tag, n))}
+    async def spawn_sandboxes(snapshot_tag: str, n: int = 1, egress: str | dict[str, list[str]] = "none") -> dict:
+        """Fork n (1..1000) sandboxes from a ready snapshot; returns them once every one answers. egress: what
+        each may reach on the network: "none" (the default), "internet" (public IPv4 only), or {"allow":
+        ["CIDR:port", ...]} (exactly those); needs a snapshot built with network isolated."""
+        return {"sandboxes": _dump(await controller().spawn_sandboxes(snapshot_tag, n, egress=egress))}
 
     @server_tool()
     async def claim(pool: str, n: int = 1) -> dict:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.base.names import check_tag
 from forkd.base.settings import settings
 from forkd.base.telemetry import observe as observe_event
 from forkd.reconciler import observe
@@ -165,6 +166,29 @@ class Control:
         return out
 
     # -- claim ---------------------------------------------------------------------------------------
+    def template(self, name: str) -> str:
+        """The snapshot tag `name` stands for where a client names a template (E2B's word): a snapshot's own tag
+        as it is; else the ready snapshot of the ForkParent, ForkLayer or ForkBranch called `name` (so
+        `template="base"` forks the parent `base` in whatever version it is now); else `name`, whose spawn then
+        fails naming it. Conflict when that object has no ready snapshot yet."""
+        check_tag(name)
+        try:
+            self.rt.store.get(name)
+            return name
+        except NotFound:
+            pass
+        for kind in ("ForkParent", "ForkLayer", "ForkBranch"):
+            try:
+                obj = self.objects.get(kind, name).obj
+            except NotFound:
+                continue
+            tag = getattr(obj.status, "snapshot", None) if obj.status else None
+            if not tag:
+                raise Conflict(f"template {name!r} is {kind} {name} and it has no ready snapshot yet",
+                               hint=f"wait for it: forkd apply --wait, or forkd describe {kind} {name}")
+            return tag
+        return name
+
     def claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list[ChildRecord]:
         """`_claim`, observed: a claim's latency under its pool's qualified name, a failure counted apart (pool ""
         when the name given is no pool: a metric label only ever holds the name of a pool that exists)."""

@@ -18,18 +18,21 @@ from typing import Any
 
 _WHERE = {
     "AsyncClient": "api", "Client": "api",
-    "CommandHandle": "commands", "CommandResult": "commands",
+    "CommandHandle": "commands", "CommandResult": "commands", "CommandExitException": "commands",
+    "TimeoutException": "commands",
     "Busy": "errors", "Conflict": "errors", "ControllerError": "errors", "ForkdError": "errors",
     "InvalidInput": "errors",
     "NotFound": "errors", "ProtocolViolation": "errors", "Timeout": "errors", "Unavailable": "errors",
     "Endpoint": "http", "Retry": "http",
     "BranchResult": "models", "EvalResult": "models", "ExecResult": "models", "FileWritten": "models",
-    "PingResult": "models", "SandboxInfo": "models", "SnapshotDetail": "models", "SnapshotInfo": "models",
+    "PingResult": "models", "PortGrant": "models",
+    "SandboxInfo": "models", "SnapshotDetail": "models", "SnapshotInfo": "models",
     "EntryInfo": "files", "Filesystem": "files", "AsyncFilesystem": "files", "WatchEvent": "files",
     "WatchHandle": "files",
     "AsyncSandbox": "sandbox", "Sandbox": "sandbox",
 }
-_ALIASES = {"AsyncController": "AsyncClient", "Controller": "Client"}  # upstream's names for the clients
+_ALIASES = {"AsyncController": "AsyncClient", "Controller": "Client",  # upstream's names for the clients
+            "SandboxException": "ForkdError"}  # E2B's name for the base class
 
 __all__ = sorted([*_WHERE, *_ALIASES])
 

@@ -16,6 +16,7 @@ from forkd_client.http import AsyncHttp, Call, Endpoint, Retry, SyncHttp, find_d
 
 _SNAPS = TypeAdapter(list[wire.SnapshotInfo])
 _SBXS = TypeAdapter(list[wire.SandboxInfo])
+_PORTS = TypeAdapter(list[wire.PortGrant])
 
 
 class ApiCalls:
@@ -59,10 +60,13 @@ class ApiCalls:
     # -- sandboxes (upstream names) ------------------------------------------------------------------
     def spawn_sandboxes(self, snapshot_tag: str, n: int = 1, per_child_netns: bool = False,
                         memory_limit_mib: int | None = None, lifetime_secs: float | None = None,
-                        labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
-        """Fork `n` children of a snapshot. `lifetime_secs` and `labels` (metadata) are sent only when given."""
+                        labels: dict[str, str] | None = None,
+                        egress: wire.Egress | None = None) -> list[wire.SandboxInfo]:
+        """Fork `n` children of a snapshot. `lifetime_secs`, `labels` (metadata) and `egress` ("none", "internet"
+        or {"allow": ["CIDR:port", ...]}; the daemon's default: none) are sent only when given."""
         body: dict[str, Any] = {"snapshot_tag": snapshot_tag, "n": n, "per_child_netns": per_child_netns}
-        for k, v in (("memory_limit_mib", memory_limit_mib), ("lifetime_secs", lifetime_secs), ("labels", labels)):
+        for k, v in (("memory_limit_mib", memory_limit_mib), ("lifetime_secs", lifetime_secs), ("labels", labels),
+                     ("egress", egress)):
             if v is not None:
                 body[k] = v
         return self._send(Call("POST", "/v1/sandboxes", json=body, parse=_SBXS.validate_python))
@@ -78,12 +82,26 @@ class ApiCalls:
                                json={"timeout_secs": timeout_secs}, parse=wire.SandboxInfo.model_validate))
 
     def fork_sandbox(self, sandbox_id: str, n: int = 1, tag: str | None = None, keep: bool = False,
-                     lifetime_secs: float | None = None,
-                     labels: dict[str, str] | None = None) -> list[wire.SandboxInfo]:
-        """`n` running sandboxes continuing from this instant of `sandbox_id` (a live branch plus `n` spawns)."""
-        body = {"n": n, "tag": tag, "keep": keep, "lifetime_secs": lifetime_secs, "labels": labels or {}}
+                     lifetime_secs: float | None = None, labels: dict[str, str] | None = None,
+                     egress: wire.Egress | None = None) -> list[wire.SandboxInfo]:
+        """`n` running sandboxes continuing from this instant of `sandbox_id` (a live branch plus `n` spawns);
+        `egress` None: the source's."""
+        body = {"n": n, "tag": tag, "keep": keep, "lifetime_secs": lifetime_secs, "labels": labels or {},
+                "egress": egress}
         return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/fork",
                                json={k: v for k, v in body.items() if v is not None}, parse=_SBXS.validate_python))
+
+    def open_port(self, sandbox_id: str, port: int) -> wire.PortGrant:
+        """An authenticated path through the daemon to TCP `port` in the sandbox (`path`: append to base_url)."""
+        return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/ports", json={"port": port},
+                               parse=wire.PortGrant.model_validate))
+
+    def list_ports(self, sandbox_id: str) -> list[wire.PortGrant]:
+        return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}/ports", parse=_PORTS.validate_python))
+
+    def close_port(self, sandbox_id: str, port: int) -> None:
+        """Revoke the grant: its URL stops working."""
+        return self._send(Call("DELETE", f"/v1/sandboxes/{quote(sandbox_id)}/ports/{int(port)}"))
 
     def get_sandbox(self, sandbox_id: str) -> wire.SandboxInfo:
         return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}", parse=wire.SandboxInfo.model_validate))

@@ -3,7 +3,7 @@ text, results with text and exact bytes, `background=True` for a handle), as cor
 
     res = await sb.commands.run("make", on_stdout=print)          # CommandResult
     h = await sb.commands.run("python server.py", background=True)
-    await h.send_stdin("quit\\n"); print((await h.wait()).exit_code)
+    await h.send_stdin("quit\\n"); print((await h.wait()).exit_code)   # non-zero: CommandExitException
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from forkd_client.commands import KEEP, CommandResult, OnOutput, _Collector
+from forkd_client.commands import KEEP, CommandResult, OnOutput, _Collector, checked
 from forkd_client.errors import Timeout
 from forkd_client.http import Call, quote
 from forkd_client.processes import KEEPALIVE, _start_args, from_line
@@ -36,15 +36,17 @@ async def _drain(events: AsyncIterator[dict], c: _Collector) -> CommandResult:
 class AsyncCommandHandle:
     """A started command: `pid`; `await wait()` for its CommandResult; `send_stdin`, `kill`, `signal`."""
 
-    def __init__(self, cmds: AsyncProcessCommands, pid: int | None, task: asyncio.Task):
-        self._cmds, self.pid, self._task = cmds, pid, task
+    def __init__(self, cmds: AsyncProcessCommands, pid: int | None, task: asyncio.Task, limit: float | None = None):
+        self._cmds, self.pid, self._task, self._limit = cmds, pid, task, limit
 
-    async def wait(self, timeout: float | None = None) -> CommandResult:
+    async def wait(self, timeout: float | None = None, check: bool = True) -> CommandResult:
+        """As CommandHandle.wait: CommandExitException / TimeoutException unless `check=False`."""
         try:
-            return await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            res = await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except TimeoutError:
             raise Timeout(f"command {self.pid} in sandbox {self._cmds._sb.id} still runs after {timeout} s",
                           hint="wait longer, or kill() it") from None
+        return checked(res, check, self._limit, f"command {self.pid} in sandbox {self._cmds._sb.id}")
 
     async def send_stdin(self, data: str | bytes, eof: bool = False) -> None:
         await self._cmds.send_stdin(self.pid, data, eof)
@@ -74,15 +76,16 @@ class AsyncProcessCommands:
                 if line.strip():
                     yield from_line(line)
 
-    async def _handle(self, events: AsyncIterator[dict], c: _Collector) -> AsyncCommandHandle:
+    async def _handle(self, events: AsyncIterator[dict], c: _Collector,
+                      limit: float | None = None) -> AsyncCommandHandle:
         first = await anext(events)
-        return AsyncCommandHandle(self, first.get("pid"), asyncio.create_task(_drain(events, c)))
+        return AsyncCommandHandle(self, first.get("pid"), asyncio.create_task(_drain(events, c)), limit)
 
     async def run(self, cmd: str | list[str], background: bool = False, envs: dict[str, str] | None = None,
                   cwd: str | None = None, user: str | None = None, on_stdout: OnOutput | None = None,
                   on_stderr: OnOutput | None = None, timeout: float | None = 60,
                   stdin: str | bytes | bool | None = None, pty: dict | None = None,
-                  max_output: int = KEEP) -> CommandResult | AsyncCommandHandle:
+                  max_output: int = KEEP, check: bool = True) -> CommandResult | AsyncCommandHandle:
         """As forkd_client.commands.ProcessCommands.run, awaited."""
         argv = list(cmd) if isinstance(cmd, list | tuple) else None
         env = {**self._sb.envs, **(envs or {})} or None
@@ -90,10 +93,10 @@ class AsyncProcessCommands:
                            stdin is not None and stdin is not False, pty, None)
         body.update(max_output=max_output, timeout_secs=timeout)
         handle = await self._handle(self._events("POST", self._path(), json=body),
-                                    _Collector(on_stdout, on_stderr, max_output))
+                                    _Collector(on_stdout, on_stderr, max_output), limit=timeout)
         if isinstance(stdin, str | bytes) and handle.pid is not None:
             await handle.send_stdin(stdin, eof=True)
-        return handle if background else await handle.wait()
+        return handle if background else await handle.wait(check=check)
 
     def stream(self, cmd: str | list[str], *, envs: dict[str, str] | None = None, cwd: str | None = None,
                user: str | None = None, stdin: bool = False, timeout: float | None = None,

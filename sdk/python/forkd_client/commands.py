@@ -7,7 +7,12 @@
 Output is streamed by the daemon (forkd_client.processes: NDJSON events) and is bytes end to end: callbacks get
 text (UTF-8, decoded incrementally so a character split between chunks is whole), results carry the text and
 the exact bytes (`stdout_bytes`). A result keeps at most `max_output` bytes per stream (`truncated`), the
-callbacks see everything. Unlike E2B, a non-zero exit code is returned, not raised (`exit_code`, `error`).
+callbacks see everything.
+
+As in E2B, a command that exits non-zero raises CommandExitException (`exit_code`, `stdout`, `stderr`, `error`,
+and the whole `result`) from `run()` and from a handle's `wait()`, and one killed by its `timeout` raises
+TimeoutException (the output so far on `result`); `check=False` returns the CommandResult instead (`exit_code`,
+`timed_out`). Both are ForkdErrors (TimeoutException a Timeout too).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from forkd_client.errors import Timeout
+from forkd_client.errors import ForkdError, Timeout
 from forkd_client.processes import RemoteProcesses
 
 OnOutput = Callable[[str], Any]
@@ -44,6 +49,52 @@ class CommandResult:
 
     def __getitem__(self, key: str) -> Any:  # dict access, as the wire models allow
         return getattr(self, key)
+
+
+class CommandExitException(ForkdError):
+    """The command exited non-zero (E2B's name and attributes): `exit_code`, `stdout`, `stderr`, `error`, `result`."""
+
+    def __init__(self, result: CommandResult, what: str = "command"):
+        tail = result.stderr[-500:].rstrip() or result.error or ""
+        super().__init__(f"{what} exited with code {result.exit_code}" + (f": {tail}" if tail else ""),
+                         hint="pass check=False to get the result of a non-zero exit instead of this exception")
+        self.result = result
+        self.exit_code, self.error = result.exit_code, result.error
+
+    @property
+    def stdout(self) -> str:
+        return self.result.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr
+
+
+class TimeoutException(Timeout):
+    """The command outlasted its `timeout` and was killed (E2B's name); `result` holds its output until then."""
+
+    def __init__(self, result: CommandResult, timeout: float | None, what: str = "command"):
+        super().__init__(f"{what} was killed after its timeout of {timeout} s",
+                         hint="pass a longer timeout= (None: none), or check=False to get the partial result")
+        self.result = result
+        self.exit_code = result.exit_code
+
+    @property
+    def stdout(self) -> str:
+        return self.result.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr
+
+
+def checked(result: CommandResult, check: bool, timeout: float | None, what: str) -> CommandResult:
+    """`result`, or its exception when `check` and the command timed out or exited non-zero."""
+    if check and result.timed_out:
+        raise TimeoutException(result, timeout, what)
+    if check and result.exit_code != 0:
+        raise CommandExitException(result, what)
+    return result
 
 
 @dataclass
@@ -86,8 +137,9 @@ def _drain(events: Iterator[dict], c: _Collector) -> CommandResult:
 class CommandHandle:
     """A started command: `pid`; `wait()` for its CommandResult; `send_stdin`, `kill`, `signal`."""
 
-    def __init__(self, procs: RemoteProcesses, sandbox_id: str, events: Iterator[dict], collector: _Collector):
-        self._procs, self._sb, self._events, self._c = procs, sandbox_id, events, collector
+    def __init__(self, procs: RemoteProcesses, sandbox_id: str, events: Iterator[dict], collector: _Collector,
+                 limit: float | None = None):
+        self._procs, self._sb, self._events, self._c, self._limit = procs, sandbox_id, events, collector, limit
         first = next(events)
         self.pid: int | None = first.get("pid")
         self._result: CommandResult | None = None
@@ -100,12 +152,14 @@ class CommandHandle:
         except Exception as exc:  # noqa: BLE001 - reported by wait()
             self._result = self._c.result({"type": "error", "detail": str(exc)})
 
-    def wait(self, timeout: float | None = None) -> CommandResult:
+    def wait(self, timeout: float | None = None, check: bool = True) -> CommandResult:
+        """Its result once it ended; `timeout`: seconds to wait here (Timeout if it still runs). A non-zero exit
+        raises CommandExitException, a kill by its own timeout TimeoutException, unless `check=False`."""
         self._thread.join(timeout)
         if self._result is None:
             raise Timeout(f"command {self.pid} in sandbox {self._sb} still runs after {timeout} s",
                           hint="wait longer, or kill() it")
-        return self._result
+        return checked(self._result, check, self._limit, f"command {self.pid} in sandbox {self._sb}")
 
     def send_stdin(self, data: str | bytes, eof: bool = False) -> None:
         self._procs.send_stdin(self._sb, self.pid, data.encode() if isinstance(data, str) else data, eof)
@@ -134,19 +188,21 @@ class ProcessCommands:
     def run(self, cmd: str | list[str], background: bool = False, envs: dict[str, str] | None = None,
             cwd: str | None = None, user: str | None = None, on_stdout: OnOutput | None = None,
             on_stderr: OnOutput | None = None, timeout: float | None = 60, stdin: str | bytes | bool | None = None,
-            pty: dict | None = None, max_output: int = KEEP) -> CommandResult | CommandHandle:
+            pty: dict | None = None, max_output: int = KEEP, check: bool = True) -> CommandResult | CommandHandle:
         """Run `cmd` (a string goes through /bin/sh -c; a list is the argv). `stdin`: data sent then closed, or
         True to keep it open for send_stdin. `timeout` (seconds, None: none) kills it. `background=True`
-        returns a CommandHandle as soon as it started."""
+        returns a CommandHandle as soon as it started. A non-zero exit raises CommandExitException and a kill by
+        `timeout` TimeoutException (here, or from the handle's wait()), unless `check=False`."""
         argv = list(cmd) if isinstance(cmd, list | tuple) else None
         env = {**getattr(self._sb, "envs", {}), **(envs or {})} or None  # the sandbox's envs, then the call's
         events = self._procs.stream(self._sb.id, argv, cmd=cmd if argv is None else None, env=env, cwd=cwd,
                                     user=user, stdin=stdin is not None and stdin is not False, pty=pty,
                                     timeout=timeout)
-        handle = CommandHandle(self._procs, self._sb.id, events, _Collector(on_stdout, on_stderr, max_output))
+        handle = CommandHandle(self._procs, self._sb.id, events, _Collector(on_stdout, on_stderr, max_output),
+                               limit=timeout)
         if isinstance(stdin, str | bytes) and handle.pid is not None:
             handle.send_stdin(stdin, eof=True)
-        return handle if background else handle.wait()
+        return handle if background else handle.wait(check=check)
 
     def connect(self, pid: int, on_stdout: OnOutput | None = None, on_stderr: OnOutput | None = None,
                 max_output: int = KEEP) -> CommandHandle:

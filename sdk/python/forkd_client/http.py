@@ -4,7 +4,8 @@ through these classes too, with its own discovery of the daemon and its own hint
 
 Where, first match wins: `url=` / `socket=` arguments, `$FORKD_URL` (TCP, with `$FORKD_TOKEN`), the local daemon's
 unix socket (`$FORKD_DAEMON_SOCKET`, else `$FORKD_HOME/forkd.sock`, `$FORKD_HOME` defaulting to /var/lib/forkd),
-else upstream's default http://127.0.0.1:8889. An https URL is checked against `$FORKD_CA` when set.
+else upstream's default http://127.0.0.1:8889 (an error reaching it names the places tried before it). An https
+URL is checked against `$FORKD_CA` when set.
 
 Retries (`Retry`): a request that could not connect (the daemon is restarting, or not up yet) is sent again, whatever
 its method, since it never reached the daemon; a 503 answer is retried only for idempotent methods (GET, HEAD,
@@ -44,6 +45,7 @@ class Endpoint:
     base_url: str
     socket: str | None = None
     token: str | None = None
+    tried: tuple[str, ...] = ()  # where discovery looked first and found no daemon (named when this one fails too)
 
     @property
     def where(self) -> str:
@@ -104,7 +106,11 @@ def find_daemon(url: str | None = None, socket: str | os.PathLike | None = None,
     sock = local_socket()
     if sock.exists():
         return Endpoint("http://forkd", str(sock), token)
-    return Endpoint(DEFAULT_URL, None, token)
+    named_by = "$FORKD_DAEMON_SOCKET" if os.environ.get("FORKD_DAEMON_SOCKET") else (
+        "$FORKD_HOME/forkd.sock" if os.environ.get("FORKD_HOME") else "/var/lib/forkd/forkd.sock: $FORKD_HOME unset")
+    tried = ("url=/socket= arguments: none given", "$FORKD_URL: not set",
+             f"the local daemon's socket {sock} ({named_by}): no such file")
+    return Endpoint(DEFAULT_URL, None, token, tried)
 
 
 class Call:
@@ -146,8 +152,9 @@ def transport_error(exc: httpx.HTTPError, ep: Endpoint, method: str | Call, path
         return Unavailable(f"the forkd daemon at {ep.where} has a TLS certificate this client does not trust: {exc}",
                            hint="set FORKD_CA to the PEM file of the daemon's certificate or its CA")
     if isinstance(exc, httpx.TransportError):
+        before = f"; tried before it: {'; '.join(ep.tried)}" if ep.tried else ""
         return Unavailable(f"cannot reach the forkd daemon at {ep.where} ({tries} attempt(s)): "
-                           f"{exc or type(exc).__name__}", hint=hint)
+                           f"{exc or type(exc).__name__}{before}", hint=hint)
     return ForkdError(f"{where} failed: {exc}")
 
 

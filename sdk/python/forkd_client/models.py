@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+Egress = str | dict[str, list[str]]  # "none" | "internet" | {"allow": ["CIDR:port", ...]} (the daemon validates)
+
 
 class Wire(BaseModel):
     model_config = ConfigDict(extra="allow")  # newer servers may add fields; old clients keep working
@@ -54,7 +56,7 @@ class SandboxInfo(Wire):
     snapshot_tag: str
     status: str
     netns: str | None = None
-    egress: str | dict[str, list[str]] = "none"  # none | internet | {"allow": ["CIDR:port", ...]}
+    egress: Egress = "none"
     guest_addr: str | None = None
     created_at_unix: int = 0
     pid: int | None = None
@@ -92,6 +94,13 @@ class BranchResult(SnapshotInfo):
     returned_ms: float = 0.0
     capture: str | None = None  # pages | write-protect | stop (newer servers)
     capture_note: str | None = None  # why a live branch was not taken by pages (newer servers)
+
+
+class PortGrant(Wire):
+    sandbox_id: str
+    port: int
+    token: str
+    path: str  # /v1/ports/{id}/{port}/{token}/: append to the daemon's base URL
 
 
 class FileWritten(Wire):

@@ -1,13 +1,14 @@
 """E2B-style sandboxes over the daemon API: `Sandbox.create(template=...)` forks one child of a snapshot,
 `Sandbox.create(pool=...)` claims a warm one.
 
-    with Sandbox.create(template="base", timeout=600, metadata={"run": "7"}) as sb:
+    with Sandbox.create(template="base", timeout=600, metadata={"run": "7"}, egress="internet") as sb:
         print(sb.commands.run("echo hi").stdout)          # streaming commands: forkd_client.commands
         sb.files.write("/root/a.txt", "data")             # the filesystem: forkd_client.files
         print(sb.eval("1 + 1").result)
         snap = sb.branch("step-1")                        # a forkable snapshot of this sandbox, now
         kids = sb.fork(3)                                 # 3 running sandboxes continuing from this instant
         sb.set_timeout(300)                               # keepalive
+        url = sb.get_url(8000)                            # through the daemon to the sandbox's port 8000
     # killed on exit (a kill that fails is raised, or noted on the exception already in flight)
     Sandbox.list(metadata={"run": "7"})
 
@@ -53,6 +54,21 @@ def _pick(template: str | None, pool: str | None) -> None:
         raise ValueError("Sandbox.create needs exactly one of template= (a snapshot tag) or pool= (a pool name)")
 
 
+def egress_of(egress: wire.Egress | None, allow_internet_access: bool | None,
+              pool: str | None) -> wire.Egress | None:
+    """What Sandbox.create sends as egress. Unlike E2B, a sandbox reaches nothing unless asked:
+    `allow_internet_access=True` (E2B's name) is egress "internet", False is "none"; `egress` says it in forkd's
+    terms ("none", "internet", {"allow": ["CIDR:port", ...]}). A pool's children have the pool's egress."""
+    if allow_internet_access is not None:
+        if egress is not None:
+            raise ValueError("Sandbox.create takes egress= or allow_internet_access=, not both")
+        egress = "internet" if allow_internet_access else "none"
+    if pool is not None and egress is not None:
+        raise ValueError(f"a sandbox claimed from pool {pool!r} has the pool's egress (its child.egress): "
+                         "leave egress= and allow_internet_access= unset, or use template=")
+    return egress
+
+
 class _Sandbox:
     """What Sandbox and AsyncSandbox share: the sandbox's record (`info`), its daemon client (`controller`), the envs
     every command gets, whether leaving a `with` block kills it (`owned`), and its `commands` and `files`."""
@@ -85,18 +101,21 @@ class Sandbox(_Sandbox):
 
     @classmethod
     def create(cls, template: str | None = None, pool: str | None = None, *, envs: dict[str, str] | None = None,
-               metadata: Labels | None = None, timeout: float | None = None, controller: Controller | None = None,
+               metadata: Labels | None = None, timeout: float | None = None, egress: wire.Egress | None = None,
+               allow_internet_access: bool | None = None, controller: Controller | None = None,
                url: str | None = None, token: str | None = None, socket: str | Path | None = None) -> Sandbox:
         """Fork a child of snapshot `template`, or claim one of `pool`. `envs`: set in every command it runs
         (a call's own envs win). `metadata`: the sandbox's labels (`Sandbox.list(metadata=...)` filters on them;
         not for pool claims). `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's
-        FORKD_SANDBOX_TIMEOUT; extend with set_timeout)."""
+        FORKD_SANDBOX_TIMEOUT; extend with set_timeout). `egress` / `allow_internet_access`: what it may reach
+        on the network (egress_of; default nothing; the template must be built with network isolated)."""
         _pick(template, pool)
+        egress = egress_of(egress, allow_internet_access, pool)
         ctrl = controller or Controller(url=url, token=token, socket=socket)
         if pool:
             info = ctrl.claim(pool, 1, lifetime_secs=timeout)[0]
         else:
-            info = ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata)[0]
+            info = ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata, egress=egress)[0]
         return cls(info, ctrl, envs=envs)
 
     @classmethod
@@ -136,12 +155,27 @@ class Sandbox(_Sandbox):
         """Keepalive: this sandbox now lives `timeout` seconds from now (the daemon kills it then)."""
         self.info = self.controller.set_sandbox_timeout(self.id, timeout)
 
-    def fork(self, n: int = 1, *, keep: bool = False, tag: str | None = None,
-             timeout: float | None = None) -> list[Sandbox]:
+    def fork(self, n: int = 1, *, keep: bool = False, tag: str | None = None, timeout: float | None = None,
+             egress: wire.Egress | None = None) -> list[Sandbox]:
         """`n` new sandboxes continuing from this instant (a live branch; this one keeps running), with this one's
-        envs. The branch snapshot is removed when the last of them is killed, unless `keep` or `tag`."""
-        infos = self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout)
+        envs and egress (unless `egress` says otherwise). The branch snapshot is removed when the last of them is
+        killed, unless `keep` or `tag`."""
+        infos = self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout, egress=egress)
         return [type(self)(info, self.controller, envs=self.envs) for info in infos]
+
+    def get_url(self, port: int) -> str:
+        """A URL through the daemon to TCP `port` in this sandbox (its server's root), carrying a token for that
+        port of this sandbox only; it stops working at close_port(port) or when the sandbox dies. Over the unix
+        socket the host is a placeholder: send with this client's transport."""
+        grant = self.controller.open_port(self.id, port)
+        return self.controller.base_url.rstrip("/") + grant.path
+
+    def get_host(self, port: int) -> str:
+        """E2B's get_host: get_url without its scheme (host[:port]/v1/ports/...); prefix the daemon's scheme."""
+        return self.get_url(port).split("://", 1)[1]
+
+    def close_port(self, port: int) -> None:
+        self.controller.close_port(self.id, port)
 
     def kill(self) -> None:
         self.controller.kill_sandbox(self.id)
@@ -164,15 +198,18 @@ class AsyncSandbox(_Sandbox):
     @classmethod
     async def create(cls, template: str | None = None, pool: str | None = None, *,
                      envs: dict[str, str] | None = None, metadata: Labels | None = None,
-                     timeout: float | None = None, controller: AsyncController | None = None,
+                     timeout: float | None = None, egress: wire.Egress | None = None,
+                     allow_internet_access: bool | None = None, controller: AsyncController | None = None,
                      url: str | None = None, token: str | None = None,
                      socket: str | Path | None = None) -> AsyncSandbox:
         _pick(template, pool)
+        egress = egress_of(egress, allow_internet_access, pool)
         ctrl = controller or AsyncController(url=url, token=token, socket=socket)
         if pool:
             info = (await ctrl.claim(pool, 1, lifetime_secs=timeout))[0]
         else:
-            info = (await ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata))[0]
+            info = (await ctrl.spawn_sandboxes(template, 1, lifetime_secs=timeout, labels=metadata,
+                                               egress=egress))[0]
         return cls(info, ctrl, envs=envs)
 
     @classmethod
@@ -207,10 +244,21 @@ class AsyncSandbox(_Sandbox):
     async def set_timeout(self, timeout: float) -> None:
         self.info = await self.controller.set_sandbox_timeout(self.id, timeout)
 
-    async def fork(self, n: int = 1, *, keep: bool = False, tag: str | None = None,
-                   timeout: float | None = None) -> list[AsyncSandbox]:
-        infos = await self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout)
+    async def fork(self, n: int = 1, *, keep: bool = False, tag: str | None = None, timeout: float | None = None,
+                   egress: wire.Egress | None = None) -> list[AsyncSandbox]:
+        infos = await self.controller.fork_sandbox(self.id, n, tag=tag, keep=keep, lifetime_secs=timeout,
+                                                   egress=egress)
         return [type(self)(info, self.controller, envs=self.envs) for info in infos]
+
+    async def get_url(self, port: int) -> str:
+        grant = await self.controller.open_port(self.id, port)
+        return self.controller.base_url.rstrip("/") + grant.path
+
+    async def get_host(self, port: int) -> str:
+        return (await self.get_url(port)).split("://", 1)[1]
+
+    async def close_port(self, port: int) -> None:
+        await self.controller.close_port(self.id, port)
 
     async def kill(self) -> None:
         await self.controller.kill_sandbox(self.id)

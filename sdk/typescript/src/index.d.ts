@@ -1,9 +1,14 @@
 // Types of the forkd SDK. The API's shapes come from ./wire.d.ts, generated from the daemon's /openapi.json
 // (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
 import type { Readable } from "node:stream";
-import type { EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult, SandboxInfo,
+import type { EgressAllow, EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult,
+  PortGrant, SandboxInfo,
   SnapshotDetail, SnapshotInfo, Written } from "./wire.js";
 export type * from "./wire.js";
+
+/** What a sandbox may reach on the network: "none" (the default), "internet" (public IPv4 only), or
+ * { allow: ["CIDR:port", ...] } (exactly those). */
+export type Egress = "none" | "internet" | EgressAllow;
 
 /** POST /v1/sandboxes/{id}/branch: the new snapshot, and how the branch went. */
 export type BranchResult = SnapshotInfo & { mode?: "full" | "diff" | "live"; pauseMs?: number | null;
@@ -80,13 +85,17 @@ export class Controller {
   deleteSnapshot(tag: string, opts?: { cascade?: boolean; force?: boolean }): Promise<void>;
   compactSnapshot(tag: string, to: string): Promise<SnapshotInfo>;
   spawnSandboxes(opts: { snapshotTag: string; n?: number; perChildNetns?: boolean; memoryLimitMib?: number;
-    labels?: Record<string, string>; lifetimeSecs?: number }): Promise<SandboxInfo[]>;
+    labels?: Record<string, string>; lifetimeSecs?: number; egress?: Egress }): Promise<SandboxInfo[]>;
   /** Keepalive: the sandbox now expires `timeoutSecs` from now. */
   setSandboxTimeout(id: string, timeoutSecs: number): Promise<SandboxInfo>;
   /** `n` running sandboxes continuing from this instant of `id` (a live branch; `id` keeps running). */
   forkSandbox(id: string, n?: number, opts?: { tag?: string; keep?: boolean; lifetimeSecs?: number;
-    labels?: Record<string, string> }): Promise<SandboxInfo[]>;
+    labels?: Record<string, string>; egress?: Egress }): Promise<SandboxInfo[]>;
   listSandboxes(): Promise<SandboxInfo[]>;
+  /** An authenticated path through the daemon to TCP `port` in the sandbox. */
+  openPort(id: string, port: number): Promise<PortGrant>;
+  listPorts(id: string): Promise<PortGrant[]>;
+  closePort(id: string, port: number): Promise<void>;
   getSandbox(id: string): Promise<SandboxInfo>;
   killSandbox(id: string): Promise<void>;
   branchSandbox(id: string, opts?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }):
@@ -225,12 +234,12 @@ export class Sandbox implements AsyncDisposable {
   files: Filesystem;
   /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT). */
   static create(opts: SandboxOptions & { template?: string; pool?: string; metadata?: Record<string, string>;
-    timeout?: number }): Promise<Sandbox>;
+    timeout?: number; egress?: Egress; allowInternetAccess?: boolean }): Promise<Sandbox>;
   /** Keepalive: this sandbox now expires `seconds` from now. */
   setTimeout(seconds: number): Promise<SandboxInfo>;
   /** `n` sandboxes continuing from this instant (this one keeps running); each is killed when disposed. */
-  fork(n?: number, opts?: { timeout?: number; keep?: boolean; tag?: string; metadata?: Record<string, string> }):
-    Promise<Sandbox[]>;
+  fork(n?: number, opts?: { timeout?: number; keep?: boolean; tag?: string; metadata?: Record<string, string>;
+    egress?: Egress }): Promise<Sandbox[]>;
   static connect(id: string, opts?: SandboxOptions): Promise<Sandbox>;
   static list(opts?: ControllerOptions & { controller?: Controller; metadata?: Record<string, string> }):
     Promise<SandboxInfo[]>;
@@ -239,5 +248,10 @@ export class Sandbox implements AsyncDisposable {
   ping(): Promise<PingResult>;
   branch(opts?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }): Promise<BranchResult>;
   kill(): Promise<void>;
+  /** A URL through the daemon to TCP `port` in this sandbox (its token opens that port only). */
+  getUrl(port: number): Promise<string>;
+  /** E2B's getHost: getUrl without its scheme. */
+  getHost(port: number): Promise<string>;
+  closePort(port: number): Promise<void>;
   [Symbol.asyncDispose](): Promise<void>;
 }

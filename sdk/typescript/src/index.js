@@ -41,7 +41,9 @@ export function findDaemon(opts = {}) {
   if (env("FORKD_URL")) return { baseUrl: env("FORKD_URL").replace(/\/+$/, ""), token };
   const sock = env("FORKD_DAEMON_SOCKET") ?? path.join(env("FORKD_HOME") ?? "/var/lib/forkd", "forkd.sock");
   if (fs.existsSync(sock)) return { socketPath: sock, token };
-  return { baseUrl: "http://127.0.0.1:8889", token };
+  const tried = ["baseUrl/socketPath options: none given", "$FORKD_URL: not set",
+    `the local daemon's socket ${sock}: no such file`];
+  return { baseUrl: "http://127.0.0.1:8889", token, tried };
 }
 
 export class Controller {
@@ -72,19 +74,24 @@ export class Controller {
   compactSnapshot(tag, to) { return this.request("POST", `/v1/snapshots/${seg(tag)}/compact`, { to }); }
 
   // -- sandboxes
-  spawnSandboxes({ snapshotTag, n = 1, perChildNetns = false, memoryLimitMib, labels, lifetimeSecs } = {}) {
+  /** `egress`: "none" (the daemon's default), "internet" or { allow: ["CIDR:port", ...] }. */
+  spawnSandboxes({ snapshotTag, n = 1, perChildNetns = false, memoryLimitMib, labels, lifetimeSecs, egress } = {}) {
     return this.request("POST", "/v1/sandboxes",
-      { snapshotTag, n, perChildNetns, memoryLimitMib, labels, lifetimeSecs });
+      { snapshotTag, n, perChildNetns, memoryLimitMib, labels, lifetimeSecs, egress });
   }
   /** Keepalive: the sandbox now expires `timeoutSecs` from now. */
   setSandboxTimeout(id, timeoutSecs) {
     return this.request("POST", `/v1/sandboxes/${seg(id)}/timeout`, { timeoutSecs });
   }
   /** `n` running sandboxes continuing from this instant of `id` (a live branch; `id` keeps running). */
-  forkSandbox(id, n = 1, { tag, keep, lifetimeSecs, labels } = {}) {
-    return this.request("POST", `/v1/sandboxes/${seg(id)}/fork`, { n, tag, keep, lifetimeSecs, labels });
+  forkSandbox(id, n = 1, { tag, keep, lifetimeSecs, labels, egress } = {}) {
+    return this.request("POST", `/v1/sandboxes/${seg(id)}/fork`, { n, tag, keep, lifetimeSecs, labels, egress });
   }
   listSandboxes() { return this.request("GET", "/v1/sandboxes"); }
+  /** An authenticated path through the daemon to TCP `port` in the sandbox: { sandboxId, port, token, path }. */
+  openPort(id, port) { return this.request("POST", `/v1/sandboxes/${seg(id)}/ports`, { port }); }
+  listPorts(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}/ports`); }
+  async closePort(id, port) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}/ports/${Number(port)}`); }
   getSandbox(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}`); }
   async killSandbox(id) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}`); }
   branchSandbox(id, { tag, mode = "live", wait = true } = {}) {
@@ -223,7 +230,8 @@ export class Controller {
       } catch (err) {
         if (!CONNECT_ERRORS.has(err.code) || attempt >= retries) {
           if (err instanceof ForkdError) throw err;
-          throw new Unavailable(`cannot reach the forkd daemon at ${this.where} (${attempt + 1} attempt(s)): ${err.message}`,
+          const before = this.tried ? `; tried before it: ${this.tried.join("; ")}` : "";
+          throw new Unavailable(`cannot reach the forkd daemon at ${this.where} (${attempt + 1} attempt(s)): ${err.message}${before}`,
             { url: this.#url(p), hint: "start it with 'forkd serve', or pass baseUrl/socketPath or set FORKD_URL" });
         }
       }
@@ -370,14 +378,24 @@ export class Sandbox {
     return background ? handle : handle.wait();
   }
 
-  /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT). */
-  static async create({ template, pool, envs, metadata, timeout, controller, ...opts } = {}) {
+  /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT).
+   * `egress` / `allowInternetAccess` (E2B's name: true is egress "internet"): what it may reach; unlike E2B,
+   * nothing unless asked (the template must be built with network isolated; a pool's children have its egress). */
+  static async create({ template, pool, envs, metadata, timeout, egress, allowInternetAccess, controller,
+    ...opts } = {}) {
     if ((template === undefined) === (pool === undefined)) {
       throw new Error("Sandbox.create needs exactly one of template (a snapshot tag) or pool");
     }
+    if (allowInternetAccess !== undefined) {
+      if (egress !== undefined) throw new Error("Sandbox.create takes egress or allowInternetAccess, not both");
+      egress = allowInternetAccess ? "internet" : "none";
+    }
+    if (pool !== undefined && egress !== undefined) {
+      throw new Error(`a sandbox claimed from pool ${JSON.stringify(pool)} has the pool's egress (child.egress)`);
+    }
     const ctrl = controller ?? new Controller(opts);
     const [info] = pool !== undefined ? await ctrl.claim(pool, 1, { lifetimeSecs: timeout })
-      : await ctrl.spawnSandboxes({ snapshotTag: template, labels: metadata, lifetimeSecs: timeout });
+      : await ctrl.spawnSandboxes({ snapshotTag: template, labels: metadata, lifetimeSecs: timeout, egress });
     return new Sandbox(info, ctrl, { owned: true, envs });
   }
 
@@ -388,8 +406,9 @@ export class Sandbox {
   }
 
   /** `n` sandboxes continuing from this instant (this one keeps running); each is killed when disposed. */
-  async fork(n = 1, { timeout, keep, tag, metadata } = {}) {
-    const infos = await this.controller.forkSandbox(this.id, n, { tag, keep, lifetimeSecs: timeout, labels: metadata });
+  async fork(n = 1, { timeout, keep, tag, metadata, egress } = {}) {
+    const infos = await this.controller.forkSandbox(this.id, n,
+      { tag, keep, lifetimeSecs: timeout, labels: metadata, egress });
     return infos.map((info) => new Sandbox(info, this.controller, { owned: true, envs: this.envs }));
   }
 
@@ -411,7 +430,15 @@ export class Sandbox {
   ping() { return this.controller.pingSandbox(this.id); }
   branch(opts) { return this.controller.branchSandbox(this.id, opts); }
   kill() { return this.controller.killSandbox(this.id); }
-  async [Symbol.asyncDispose]() {
+  /** A URL through the daemon to TCP `port` in this sandbox (a token for that port only; closePort revokes it). */
+  async getUrl(port) {
+    const grant = await this.controller.openPort(this.id, port);
+    return `${this.controller.baseUrl ?? "http://forkd"}${grant.path}`;
+  }
+  /** E2B's getHost: getUrl without its scheme. */
+  async getHost(port) { return (await this.getUrl(port)).split("://")[1]; }
+  closePort(port) { return this.controller.closePort(this.id, port); }
+  async [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")]() {
     if (!this.owned) return;
     try { await this.kill(); } catch (e) { if (!(e instanceof NotFound)) throw e; }
   }

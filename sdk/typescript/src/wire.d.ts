@@ -149,6 +149,8 @@ export interface ForkFromRequest {
   tag?: string | null;
   keep?: boolean;
   lifetime?: number | null;
+  /** the new children's egress; unset: the source's */
+  egress?: "none" | "internet" | EgressAllow | null;
 }
 
 export interface ForkRequest {
@@ -160,6 +162,8 @@ export interface ForkRequest {
   lifetimeSecs?: number | null;
   labels?: Record<string, unknown>;
   timeoutSecs?: number;
+  /** the new sandboxes' egress; unset: the source's */
+  egress?: "none" | "internet" | EgressAllow | null;
 }
 
 export interface FromImageRequest {
@@ -249,6 +253,18 @@ export interface PathResult {
 
 export interface PingResult {
   pong?: boolean;
+}
+
+export interface PortGrant {
+  sandboxId: string;
+  port: number;
+  token: string;
+  path: string;
+}
+
+export interface PortRequest {
+  /** a TCP port the sandbox's guest listens on */
+  port: number;
 }
 
 export interface ProcessStart {
@@ -376,6 +392,8 @@ export interface SpawnRequest {
   n?: number;
   perChildNetns?: boolean;
   memoryLimitMib?: number | null;
+  /** what an isolated child may reach: none (nothing, the default), internet (public IPv4 addresses only: never link-local/metadata, RFC 1918, CGNAT or the host), or {allow: [CIDR:port, ...]} (exactly those; the host's 10.200.0.1 too if listed). IPv6 is always denied; needs a snapshot built with network isolated */
+  egress?: "none" | "internet" | EgressAllow;
   timeoutSecs?: number;
   /** the sandbox's timeout: the daemon kills it this long after creation unless extended (POST /v1/sandboxes/{id}/timeout); default FORKD_SANDBOX_TIMEOUT */
   lifetimeSecs?: number | null;

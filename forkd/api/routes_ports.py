@@ -1,0 +1,162 @@
+"""Ports of a sandbox over HTTP through the daemon (forkd.core.ports holds the grants and the connection):
+
+  POST   /v1/sandboxes/{id}/ports {port}      open one: 201 {sandbox_id, port, token, path}
+  GET    /v1/sandboxes/{id}/ports             the open ones
+  DELETE /v1/sandboxes/{id}/ports/{port}      revoke (204)
+  ANY    /v1/ports/{id}/{port}/{token}/{path} the guest's http://10.42.0.2:{port}/{path}
+
+The first three are API calls (the daemon's bearer token over TCP). The last is authenticated by the grant's token
+alone (the Gate lets PORT_PREFIX through without the bearer, which is never forwarded to the guest): whoever holds
+the URL reaches that one port of that one sandbox until the grant is revoked or the child dies. HTTP/1.1: the
+request body is read whole first (at most MAX_BODY bytes), the answer streams. A WebSocket to the same URL is
+relayed message by message to a WebSocket handshake with the guest's server (`relay_websocket`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import h11
+from fastapi import APIRouter, Request, Response, WebSocket
+from fastapi.responses import StreamingResponse
+from forkd_client.models import PortGrant
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
+
+from forkd.api.auth import PORT_PREFIX
+from forkd.api.ports_ws import relay_websocket
+from forkd.base.errors import ForkdError, InvalidInput, NotFound, Unavailable
+from forkd.client.wire import Strict
+from forkd.core import ports
+from forkd.reconciler.control import Control
+
+MAX_BODY = 64 << 20
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade", "host", "authorization", "content-length"})
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+class PortRequest(Strict):
+    port: int = Field(ge=1, le=65535, description="a TCP port the sandbox's guest listens on")
+
+
+def _view(g: ports.Grant) -> PortGrant:
+    return PortGrant(sandbox_id=g.sandbox_id, port=g.port, token=g.token,
+                     path=f"{PORT_PREFIX}{g.sandbox_id}/{g.port}/{g.token}/")
+
+
+def build_ports_router(control: Control, grants: ports.PortGrants) -> APIRouter:
+    rt = control.rt
+    r = APIRouter()
+
+    @r.post("/v1/sandboxes/{id}/ports", status_code=201, tags=["sandboxes"])
+    def open_port(id: str, req: PortRequest) -> PortGrant:
+        """An authenticated path through the daemon to `port` in the sandbox (E2B's get_host)."""
+        rec = rt.child(id)
+        ports.reachable(rec)
+        return _view(grants.grant(id, req.port, rec.created_at))
+
+    @r.get("/v1/sandboxes/{id}/ports", tags=["sandboxes"])
+    def list_ports(id: str) -> list[PortGrant]:
+        rt.child(id)
+        return [_view(g) for g in grants.list(id)]
+
+    @r.delete("/v1/sandboxes/{id}/ports/{port}", status_code=204, tags=["sandboxes"])
+    def close_port(id: str, port: int) -> Response:
+        if not grants.revoke(id, port):
+            raise NotFound(f"port {port} of sandbox {id} is not open", hint="GET /v1/sandboxes/{id}/ports")
+        return Response(status_code=204)
+
+    async def granted(id: str, port: int, token: str) -> str:
+        """The child's namespace when `token` opens its `port`; NotFound (one answer for every refusal) else."""
+        try:
+            rec = await run_in_threadpool(rt.child, id)
+        except ForkdError:
+            rec = None
+        if rec is None or rec.status != "running":
+            grants.drop(id)  # the child is gone: so are its grants
+        if rec is None or not grants.check(id, port, token, rec.created_at):
+            raise NotFound(f"no open port {port} of sandbox {id} for this token",
+                           hint="open it with POST /v1/sandboxes/{id}/ports (sb.get_url(port))")
+        return ports.reachable(rec)
+
+    @r.api_route(PORT_PREFIX + "{id}/{port}/{token}/{path:path}", methods=METHODS, include_in_schema=False)
+    async def proxy(id: str, port: int, token: str, path: str, request: Request) -> Response:
+        return await _forward(await granted(id, port, token), port, path, request)
+
+    @r.websocket(PORT_PREFIX + "{id}/{port}/{token}/{path:path}")
+    async def proxy_ws(ws: WebSocket, id: str, port: int, token: str, path: str) -> None:
+        try:
+            netns = await granted(id, port, token)
+        except ForkdError:
+            await ws.close(code=1008)  # policy violation: the handshake is answered 403
+            return
+        await relay_websocket(ws, netns, port, "/" + path + (f"?{ws.url.query}" if ws.url.query else ""))
+
+    return r
+
+
+def upstream_headers(items, port: int, length: int) -> list[tuple[str, str]]:
+    """The headers the guest's server gets: the client's, less hop-by-hop ones and the daemon's Authorization
+    (never passed on), with its own Host and the body's length."""
+    out = [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP]
+    return out + [("host", f"localhost:{port}"), ("connection", "close"), ("content-length", str(length))]
+
+
+async def _body(request: Request) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise InvalidInput(f"the request body is over {MAX_BODY >> 20} MiB", hint="send less per request")
+    return bytes(body)
+
+
+async def _forward(netns: str, port: int, path: str, request: Request) -> Response:
+    if (request.headers.get("upgrade") or "").lower() == "websocket":
+        raise InvalidInput("WebSocket through a sandbox port is not served", hint="use plain HTTP requests")
+    body = await _body(request)
+    target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
+    headers = upstream_headers(request.headers.items(), port, len(body))
+    sock = await run_in_threadpool(ports.connect, netns, port)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    conn = h11.Connection(h11.CLIENT)
+    try:
+        writer.write(conn.send(h11.Request(method=request.method, target=target.encode(), headers=headers)))
+        if body:
+            writer.write(conn.send(h11.Data(data=body)))
+        writer.write(conn.send(h11.EndOfMessage()))
+        await writer.drain()
+        head = await _next(conn, reader)
+        if not isinstance(head, h11.Response):
+            raise Unavailable(f"the server on port {port} gave no HTTP answer", hint="is it an HTTP server?")
+    except BaseException:
+        writer.close()
+        raise
+    out = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers
+           if k.decode("latin-1").lower() not in HOP_BY_HOP - {"content-length"}}
+    return StreamingResponse(_stream(conn, reader, writer), status_code=head.status_code, headers=out)
+
+
+async def _next(conn: h11.Connection, reader: asyncio.StreamReader):
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise Unavailable(f"the sandbox's server broke HTTP: {exc}") from None
+        if event is not h11.NEED_DATA:
+            return event
+        conn.receive_data(await reader.read(1 << 16))
+
+
+async def _stream(conn: h11.Connection, reader, writer) -> AsyncIterator[bytes]:
+    try:
+        while True:
+            event = await _next(conn, reader)
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                return
+    finally:
+        writer.close()
