@@ -47,7 +47,8 @@ def test_fresh_home_without_image(rt):
     checks = run_checks(rt, progress=seen.append)
     names = [c.name for c in checks]
     assert len(names) == len(set(names))
-    assert set(names) == {"qemu", "image", "kernel", "accelerator", "userfaultfd-wp", "vmm-uids", "store-space", "shm-space",
+    assert set(names) == {"qemu", "image", "kernel", "accelerator", "userfaultfd-wp", "vmm-uids", "store-space",
+                          "shm-space",
                           "cgroup", "netns", "snapshots", "kvm-device", "leftovers", "disk-tools", "pagemap-scan",
                           *SECURITY}
     for c in checks:
