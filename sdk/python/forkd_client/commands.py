@@ -51,7 +51,21 @@ class CommandResult:
         return getattr(self, key)
 
 
-class CommandExitException(ForkdError):
+class _WithResult:
+    """What a command's exception shows of its result: the output until the command ended."""
+
+    result: CommandResult
+
+    @property
+    def stdout(self) -> str:
+        return self.result.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr
+
+
+class CommandExitException(_WithResult, ForkdError):
     """The command exited non-zero (E2B's name and attributes): `exit_code`, `stdout`, `stderr`, `error`, `result`."""
 
     def __init__(self, result: CommandResult, what: str = "command"):
@@ -61,16 +75,8 @@ class CommandExitException(ForkdError):
         self.result = result
         self.exit_code, self.error = result.exit_code, result.error
 
-    @property
-    def stdout(self) -> str:
-        return self.result.stdout
 
-    @property
-    def stderr(self) -> str:
-        return self.result.stderr
-
-
-class TimeoutException(Timeout):
+class TimeoutException(_WithResult, Timeout):
     """The command outlasted its `timeout` and was killed (E2B's name); `result` holds its output until then."""
 
     def __init__(self, result: CommandResult, timeout: float | None, what: str = "command"):
@@ -78,14 +84,6 @@ class TimeoutException(Timeout):
                          hint="pass a longer timeout= (None: none), or check=False to get the partial result")
         self.result = result
         self.exit_code = result.exit_code
-
-    @property
-    def stdout(self) -> str:
-        return self.result.stdout
-
-    @property
-    def stderr(self) -> str:
-        return self.result.stderr
 
 
 def checked(result: CommandResult, check: bool, timeout: float | None, what: str) -> CommandResult:
