@@ -6,6 +6,7 @@ The OCI image is the three-layer test image of tests/oci_images.py, built with `
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,49 @@ def test_live_branch_pauses_the_vm_when_the_agent_is_busy(rt, fork, disk_snap):
     (c,) = fork(1, tag="disk-br-held")
     assert sh(rt, c.id, "cat /srv/state.txt") == "held\n"
     sh(rt, src.id, "timeout 5 sh -c 'echo after > /srv/state.txt && sync'")
+
+
+def _held_files(pid: int) -> set[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    return {os.readlink(fds / n) for n in os.listdir(fds)}
+
+
+@pytest.mark.vm
+def test_a_disk_backed_childs_vmm_drops_root_and_holds_its_chain_as_descriptors(rt, fork, disk_snap):
+    """The jail holds for a VMM with a disk too: its own uid, chrooted into the empty root, its qcow2 chain
+    opened by the driver (no image path resolves for it), and a save (a migration, which reopens every image)
+    still works: the branch tests below run on such VMMs."""
+    from forkd.vmm.qemu_cmdline import empty_root
+
+    (c,) = fork(1, tag=TAG)
+    uid = int(Path(f"/proc/{c.pid}/status").read_text().split("\nUid:\t", 1)[1].split()[0])
+    assert uid != 0 and c.runas == f"{uid}:{uid}"
+    assert os.readlink(f"/proc/{c.pid}/root") == str(empty_root())
+    held = _held_files(c.pid)
+    chain = [str(Path(c.dir) / "disk.qcow2"), str(rt.store.disk_path(TAG)), str(disk_snap[1].disk)]
+    assert all(os.path.realpath(f) in held for f in chain), (chain, held)
+    assert sh(rt, c.id, "echo jailed > /srv/j.txt && sync && cat /srv/j.txt") == "jailed\n"
+
+
+@pytest.mark.vm
+def test_a_branch_refuses_an_overlay_whose_header_its_vmm_rewrote(rt, fork, disk_snap):
+    """A compromised VMM holds its overlay read-write: pointing the header's backing name at a host file must not
+    make a snapshot (root's qemu-img would open that file when it rebases the branch's disk)."""
+    import struct
+
+    from forkd.base.errors import ForkdError
+    from forkd.core.branch import branch
+
+    (src,) = fork(1, tag=TAG)
+    own = Path(src.dir) / "disk.qcow2"
+    with open(own, "r+b") as f:  # what the VMM could write through its descriptor
+        head = f.read(4096)
+        b_off = struct.unpack_from(">Q", head, 8)[0]
+        evil = b"/etc/shadow"
+        f.seek(b_off)
+        f.write(evil)
+        f.seek(16)
+        f.write(struct.pack(">I", len(evil)))
+    with pytest.raises(ForkdError, match="refused disk overlay"):
+        branch(rt, Branch.of(child_id=src.id, tag="disk-br-evil", mode="full"))
+    assert all(getattr(s, "tag", None) != "disk-br-evil" or s.status != "ready" for s in rt.store.list())

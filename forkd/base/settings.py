@@ -59,7 +59,7 @@ class Settings(BaseModel):
                                        "children share a uid more often)", ge=2048, le=1 << 31)
     vmm_jail: bool = _env(True, "jail each VMM that dropped root further: a child without a network device gets an "
                                 "empty network namespace of its own (no host loopback service, no abstract socket), "
-                                "and a VMM without a disk is chrooted into an empty directory once its files are "
+                                "and every dropped VMM is chrooted into an empty directory once its files are "
                                 "open (no host path resolves for it); 0 opts out of both (SECURITY.md)")
     max_branches: int = _env(2, "live branches in flight at once per FORKD_HOME", ge=1)
     branch_live_capture: Literal["auto", "pages", "write-protect"] = _env(

@@ -37,11 +37,11 @@ def _proc_status(pid: int) -> dict[str, str]:
         return {}
 
 
-def _running_vmms(rt: Runtime, with_disk: bool = True) -> list[tuple[str, dict[str, str]]]:
-    """(child id, /proc status) of every recorded child whose VMM is alive (`with_disk`: disk-backed ones too)."""
+def _running_vmms(rt: Runtime) -> list[tuple[str, dict[str, str]]]:
+    """(child id, /proc status) of every recorded child whose VMM is alive."""
     out = []
     for rec in rt.registry.list():
-        if rec.pid and is_alive(rec.pid, rec.started) and (with_disk or not Path(rec.dir, "disk.qcow2").exists()):
+        if rec.pid and is_alive(rec.pid, rec.started):
             status = _proc_status(rec.pid)
             if status:
                 out.append((rec.id, status))
@@ -51,12 +51,9 @@ def _running_vmms(rt: Runtime, with_disk: bool = True) -> list[tuple[str, dict[s
 def check_vmm_uid(rt: Runtime) -> Check:
     """VMMs drop root (FORKD_VMM_RUNAS) and the running ones did: no uid 0, no effective capability."""
     mode = settings().vmm_runas
-    vmms, disk = _running_vmms(rt, with_disk=False), len(_running_vmms(rt)) - len(_running_vmms(rt, with_disk=False))
+    vmms = _running_vmms(rt)
     priv = [cid for cid, st in vmms if st.get("Uid", "0").split()[0] == "0" or int(st.get("CapEff", "0"), 16)]
     found = f"FORKD_VMM_RUNAS={mode}; {len(vmms)} running VMMs, {len(priv)} with uid 0 or capabilities"
-    if disk:
-        return Check(SEC + "vmm-uid", WARN, f"{found}; {disk} disk-backed VMMs keep root (QEMU 7.2 reopens disks by "
-                     "path when migrating)", "run untrusted code in initramfs images (no --rootfs disk); SECURITY.md")
     if mode != "per-child":
         return Check(SEC + "vmm-uid", WARN, f"{found}: a QEMU bug is host root",
                      "unset FORKD_VMM_RUNAS (default per-child: each VMM runs as a uid of its own, no capabilities)")

@@ -27,6 +27,7 @@ from pathlib import Path
 from forkd.base.atomic import temp_name
 from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
+from forkd.vmm.qcow2_header import check_overlay
 
 QCOW2 = "qcow2"
 RAW = "raw"
@@ -70,8 +71,16 @@ def create_overlay(dest: Path, backing: Path, relative: bool = True) -> None:
           str(dest)], f"creating the overlay {dest}")
 
 
+def check_written(path: Path, backing: Path) -> None:
+    """Refuse an overlay a VMM wrote unless its header is one forkd made on `backing` (forkd.vmm.qcow2_header):
+    called before anything running as root opens it by its header."""
+    check_overlay(path, backing, fmt_of(backing))
+
+
 def set_backing(path: Path, backing: Path, relative: bool = True) -> None:
-    """Rewrite only the header's backing reference (`rebase -u`): for a file moved next to the same content."""
+    """Rewrite only the header's backing reference (`rebase -u`): for a VMM's overlay moved next to the same
+    content (its header is checked first: it must name `backing` already)."""
+    check_written(path, backing)
     _run(["rebase", "-u", "-q", "-f", QCOW2, "-F", fmt_of(backing), "-b", backing_ref(path, backing, relative),
           str(path)], f"re-pointing {path} at {backing}")
 

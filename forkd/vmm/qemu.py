@@ -30,6 +30,7 @@ from forkd.vmm.agent_client import AgentClient, AgentTimeout
 from forkd.vmm.agent_replies import AgentError
 from forkd.vmm.diff_capture import state_format_args
 from forkd.vmm.disk import new_overlay
+from forkd.vmm.disk_fds import DiskFds, open_chain
 from forkd.vmm.driver import Capture, DiffTaken, Machine, RunFiles, Vm, VmmDriver
 from forkd.vmm.qemu_cmdline import (
     CONSOLE_DEV,
@@ -224,16 +225,22 @@ class QemuDriver(VmmDriver):
     def boot(self, machine: Machine, mem_path: Path, files: RunFiles, timeout: float = 60.0,
              netns: str | None = None) -> Vm:
         net = " forkd.net=1" if machine.network != "none" else ""
+        runas = build_identity(machine)
+        fds = _disk_fds(machine.disk, runas, throwaway=False)
         argv = qemu_argv(self.binary, machine, mem_path, files, share=True, incoming=False, sandbox=True,
-                         extra_cmdline=net.strip(), netns=netns, runas=build_identity(machine), disk=machine.disk,
-                         private_net=True) + ["-S"]  # the guest starts (`cont`) once QEMU dropped root
+                         extra_cmdline=net.strip(), netns=netns, runas=runas, disk=machine.disk,
+                         private_net=True, disk_fds=fds) + ["-S"]  # the guest starts (`cont`) once QEMU dropped root
         vm: Vm | None = None
         timings: dict[str, float] = {}
         described: list[bool] = []
 
         def start() -> None:
             nonlocal vm
-            vm = self._start(argv, files, netns=netns)
+            try:
+                vm = self._start(argv, files, pass_fds=tuple(fds.fds) if fds else (), netns=netns)
+            finally:
+                if fds:
+                    fds.close()
 
         def connect() -> None:
             vm.qmp = QMPClient(files.qmp, timeout=10)  # QMP answers from QEMU's main loop: after -runas
@@ -317,16 +324,22 @@ class QemuDriver(VmmDriver):
         machine = replace(machine, kernel=kernel_stub(machine.kernel, files.dir / "kernel.stub"), initrd=empty)
         if machine.disk is not None:
             new_overlay(machine.disk, files.disk, self.overlay_templates)
+        runas = runas or build_identity(machine)  # layer builds name none
+        disk = files.disk if machine.disk is not None else None
+        fds = _disk_fds(disk, runas, throwaway=True)
         argv = qemu_argv(self.binary, machine, mem_path, files, share=share, incoming=True, sandbox=True,
-                         netns=netns, runas=runas or build_identity(machine),  # layer builds name none
-                         disk=files.disk if machine.disk is not None else None, private_net=share)
+                         netns=netns, runas=runas, disk=disk, private_net=share, disk_fds=fds)
         argv += state_format_args(state_path)
         vm: Vm | None = None
         timings: dict[str, float] = {}
 
         def start() -> None:
             nonlocal vm
-            vm = self._start(argv, files, pass_fds=(fd,), netns=netns)
+            try:
+                vm = self._start(argv, files, pass_fds=(fd, *(fds.fds if fds else ())), netns=netns)
+            finally:
+                if fds:
+                    fds.close()
             if on_start:
                 on_start(vm)
 
@@ -372,16 +385,22 @@ class QemuDriver(VmmDriver):
             new_overlay(machine.disk, files.disk, self.overlay_templates)
         # -S: the stream comes from a *running* VM, so without it QEMU would start the guest once loaded, and the
         # guest would change `memory` before we save the device state
+        runas = build_identity(machine)
+        disk = files.disk if machine.disk is not None else None
+        fds = _disk_fds(disk, runas, throwaway=True)
         argv = qemu_argv(self.binary, machine, memory, files, share=True, incoming=True, sandbox=True,
-                         runas=build_identity(machine), disk=files.disk if machine.disk is not None else None,
-                         private_net=True) + ["-S"] + state_format_args(stream)
+                         runas=runas, disk=disk, private_net=True, disk_fds=fds) + ["-S"] + state_format_args(stream)
         fd = os.open(stream, os.O_RDONLY)
         timings: dict[str, float] = {}
         vm: Vm | None = None
 
         def start() -> None:
             nonlocal vm
-            vm = self._start(argv, files, pass_fds=(fd,))
+            try:
+                vm = self._start(argv, files, pass_fds=(fd, *(fds.fds if fds else ())))
+            finally:
+                if fds:
+                    fds.close()
             vm.qmp = QMPClient(files.qmp, timeout=30)
 
         def load() -> None:
@@ -404,3 +423,8 @@ class QemuDriver(VmmDriver):
             if vm is not None:
                 self.stop(vm)
         return timings
+
+
+def _disk_fds(disk: Path | None, runas: str | None, throwaway: bool) -> DiskFds | None:
+    """The disk chain opened for a VMM that drops root (None: no disk, or a VMM that stays root and opens it)."""
+    return open_chain(disk, throwaway=throwaway) if disk is not None and runas else None

@@ -14,6 +14,8 @@ from pathlib import Path
 from forkd.base import idrange
 from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
+from forkd.vmm.disk_fds import TOP as disk_fds_top
+from forkd.vmm.disk_fds import DiskFds
 from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles
 
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
@@ -29,7 +31,8 @@ UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
 
 def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *, share: bool,
               incoming: bool, sandbox: bool, extra_cmdline: str = "", netns: str | None = None,
-              runas: str | None = None, disk: Path | None = None, private_net: bool = False) -> list[str]:
+              runas: str | None = None, disk: Path | None = None, private_net: bool = False,
+              disk_fds: DiskFds | None = None) -> list[str]:
     """The QEMU command line. `machine.network` != "none" adds one virtio-net NIC on a tap named TAP_NAME with the
     fixed GUEST_MAC (parent and children must have the same device set and the guest keeps its MAC). The tap
     lives in a network namespace: `netns` (prepared by the caller: forkd.sandbox.netns) or, without one, a fresh
@@ -39,7 +42,8 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     `runas` ("uid:gid") makes QEMU drop to that identity once its files, sockets and tap are open.
     `disk` (a qcow2 file) is the root disk of a disk-backed image: one virtio-blk device, after the NIC, so
     parents and children have the same devices at the same PCI addresses. Children's overlays are throw-away,
-    so their host flushes are skipped (cache=unsafe)."""
+    so their host flushes are skipped (cache=unsafe). `disk_fds`: the chain opened by the driver (a VMM that
+    drops root opens no image by path: forkd.vmm.disk_fds)."""
     accel = f"tcg,tb-size={settings().tcg_tb_mib}" if machine.accel == "tcg" else machine.accel
     mem = f"{machine.memory_mib}M"
     argv = [
@@ -59,7 +63,9 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
     if machine.network != "none":
         argv += ["-netdev", f"tap,id=net0,ifname={TAP_NAME},script=no,downscript=no",
                  "-device", f"virtio-net-pci,netdev=net0,mac={GUEST_MAC}"]
-    if disk is not None:
+    if disk is not None and disk_fds is not None:
+        argv += [*disk_fds.argv, "-device", f"virtio-blk-pci,drive={disk_fds_top}"]
+    elif disk is not None:
         cache = "unsafe" if incoming else "writeback"
         argv += ["-drive", f"file={disk},if=none,id=root,format=qcow2,cache={cache},discard=unmap",
                  "-device", "virtio-blk-pci,drive=root"]
@@ -67,7 +73,7 @@ def qemu_argv(binary: str, machine: Machine, mem_path: Path, files: RunFiles, *,
         argv += ["-incoming", "defer"]
     else:  # a booting guest that powers off or panics pauses (its console ring stays readable) until boot() is done
         argv += ["-no-shutdown"]
-    if runas and disk is None and settings().vmm_jail:  # a disk VMM reopens its qcow2 by path when migrating
+    if runas and (disk is None or disk_fds is not None) and settings().vmm_jail:
         argv += ["-chroot", str(empty_root())]
     if runas:
         # -runas calls setgid/setuid after init, which elevateprivileges=deny (and =children) kill with SIGSYS
@@ -124,10 +130,10 @@ UFFD_HINT = ("QEMU 7.2's background snapshot opens a userfaultfd that handles ke
 
 
 def may_drop(machine: Machine) -> bool:
-    """Whether a VMM for `machine` drops root under FORKD_VMM_RUNAS=per-child. Not with a disk: when a migration
-    (save, branch) hands the block devices over, QEMU 7.2 reopens the qcow2 files by path with other flags, which
-    the dropped uid cannot do inside forkd's 0700 directories (the save fails). See SECURITY.md."""
-    return settings().vmm_runas_per_child and machine.disk is None
+    """Whether a VMM for `machine` drops root: under FORKD_VMM_RUNAS=per-child, every VMM (a disk-backed one gets
+    its chain as descriptors, forkd.vmm.disk_fds, since QEMU reopens its images when a migration hands the block
+    devices over)."""
+    return settings().vmm_runas_per_child
 
 
 def build_identity(machine: Machine) -> str | None:

@@ -205,17 +205,17 @@ def test_vmm_uid_is_unique_per_child_by_construction():
     assert len(uids) >= 1990  # 28 random bits per child
 
 
-def test_disk_backed_vmms_are_the_documented_exception(tmp_path):
-    """SECURITY.md: VMMs with a disk keep root (QEMU 7.2 reopens qcow2 files by path when migrating); every other
-    VMM gets an identity of its own."""
+def test_disk_backed_vmms_drop_root_too(tmp_path):
+    """Every VMM gets an identity of its own, with a disk too (its chain is handed over as descriptors:
+    tests/test_disk_rootfs.py shows one running jailed)."""
     from forkd.vmm.driver import Machine
     from forkd.vmm.qemu_cmdline import build_identity, may_drop
     plain = Machine(kernel=tmp_path / "k", initrd=tmp_path / "i", memory_mib=256)
     disk = Machine(kernel=tmp_path / "k", initrd=tmp_path / "i", memory_mib=256, disk=tmp_path / "d.qcow2")
-    assert may_drop(plain) and not may_drop(disk)
-    assert build_identity(disk) is None
-    uid, gid = map(int, build_identity(plain).split(":"))
-    assert uid == gid and BUILD_UID_BASE <= uid < BUILD_UID_BASE + (1 << 28)
+    assert may_drop(plain) and may_drop(disk)
+    for m in (plain, disk):
+        uid, gid = map(int, build_identity(m).split(":"))
+        assert uid == gid and BUILD_UID_BASE <= uid < BUILD_UID_BASE + (1 << 28)
 
 
 @pytest.mark.skipif(not os.access("/dev/kvm", os.R_OK | os.W_OK), reason="the probe runs only where /dev/kvm opens")

@@ -335,7 +335,7 @@ class BranchJob(Job):
                 frozen = freeze_fs(self.child_files.agent, self.timings) if self.was_running else None
                 if frozen is None:
                     cap.pause()
-                copy_disk(self.child_files.disk, self.work / DISK, self.timings)
+                copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings)
             cap.start()
             if self.returns_at_stop:
                 cap.wait_stopped(timeout=60)
@@ -380,7 +380,7 @@ class BranchJob(Job):
         try:
             cap.pause()
             if self.machine.disk is not None:
-                copy_disk(self.child_files.disk, self.work / DISK, self.timings)
+                copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings)
             cap.start()
             cap.wait_done(timeout=self.req.timeout)
         except BaseException as exc:

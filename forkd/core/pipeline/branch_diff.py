@@ -94,7 +94,7 @@ class DiffBranchJob(BranchJob):
 
     def capture_pages(self) -> None:
         def disk() -> None:  # the VMM flushed its block layer when it stopped: nothing writes the overlay
-            copy_disk(self.child_files.disk, self.work / DISK, self.timings)
+            copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings)
 
         try:
             with self.agent.quiet():  # no host byte reaches guest RAM between its device state and its pages

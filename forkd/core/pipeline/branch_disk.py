@@ -12,6 +12,7 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.vmm.agent_client import AgentClient
+from forkd.vmm.disk import check_written
 
 FREEZE_MAX_SECONDS = 10.0  # a frozen source filesystem thaws itself after this, whatever becomes of us
 
@@ -56,9 +57,11 @@ def thaw_fs(frozen: tuple[AgentClient, float], timings: dict[str, float]) -> Non
         agent.close()
 
 
-def copy_disk(disk: Path, dest: Path, timings: dict[str, float]) -> None:
+def copy_disk(disk: Path, dest: Path, backing: Path, timings: dict[str, float]) -> None:
     """Copy a child's overlay while nothing writes it (VM paused: the VMM flushed it when it stopped; or guest
-    filesystem frozen: the guest flushed it): the branch's disk as of now."""
+    filesystem frozen: the guest flushed it): the branch's disk as of now. Its VMM wrote the header, so the copy is
+    refused unless it still names `backing` and nothing else (check_written)."""
     t = time.perf_counter()
     shutil.copyfile(disk, dest)
+    check_written(dest, backing)
     timings["disk_copy"] = (time.perf_counter() - t) * 1000.0

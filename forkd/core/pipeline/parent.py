@@ -18,7 +18,7 @@ from forkd.core.pipeline.logs import keep_logs
 from forkd.core.requests import ParentBuild
 from forkd.core.warmup import warm_up
 from forkd.store.snapshot import Snapshot
-from forkd.vmm.disk import create_overlay
+from forkd.vmm.disk import check_written, create_overlay
 from forkd.vmm.driver import Machine, RunFiles
 
 if TYPE_CHECKING:
@@ -75,5 +75,7 @@ class ParentJob(Job):
     def seal(self) -> None:
         self.progress("writing and hashing the memory file")
         w = self.writer
+        if self.machine.disk:  # the boot VMM wrote it: its header must still be the one create_overlay made
+            check_written(w.disk, self.image.disk)
         w.seal(memory=self.memory, vmstate=w.vmstate, disk=w.disk if self.machine.disk else None)
 
