@@ -11,7 +11,6 @@ The command line it starts QEMU with and the identity QEMU drops to are forkd.vm
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -129,15 +128,17 @@ class QemuDriver(VmmDriver):
 
     # -- process ---------------------------------------------------------------------------------
     def _start(self, argv: list[str], files: RunFiles, pass_fds: tuple[int, ...] = (), netns: str | None = None) -> Vm:
-        """Start QEMU (born in network namespace `netns` when given: this thread enters it for the fork)."""
+        """Start QEMU (born in network namespace `netns` when given and, under FORKD_VMM_JAIL, in a mount and a pid
+        namespace of its own: forkd.base.nsthread.born_apart)."""
         files.dir.mkdir(parents=True, exist_ok=True)
         for f in (files.qmp, files.agent):
             f.unlink(missing_ok=True)
         ksm.inherit_merge(settings().vmm_ksm)
-        where = nsthread.entered(netns_path(netns)) if netns else contextlib.nullcontext()
-        with open(files.log, "wb") as log, where:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, pass_fds=pass_fds, close_fds=True, env=vmm_env())
+        with open(files.log, "wb") as log:
+            proc = nsthread.born_apart(
+                lambda: subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True, pass_fds=pass_fds, close_fds=True, env=vmm_env()),
+                netns=netns_path(netns) if netns else None, private=settings().vmm_jail)
         started = start_time(proc.pid)
         if started is None:
             proc.wait()
