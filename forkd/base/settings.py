@@ -60,7 +60,8 @@ class Settings(BaseModel):
     vmm_jail: bool = _env(True, "jail each VMM that dropped root further: a child without a network device gets an "
                                 "empty network namespace of its own (no host loopback service, no abstract socket), "
                                 "and every dropped VMM is chrooted into an empty directory once its files are "
-                                "open (no host path resolves for it); 0 opts out of both (SECURITY.md)")
+                                "open (no host path resolves for it); every VMM is born in a mount namespace and "
+                                "a pid namespace of its own; 0 opts out of all three (SECURITY.md)")
     max_branches: int = _env(2, "live branches in flight at once per FORKD_HOME", ge=1)
     branch_live_capture: Literal["auto", "pages", "write-protect"] = _env(
         "auto", "how a live branch captures its source: auto (the pages it wrote since its restore, taken in a "

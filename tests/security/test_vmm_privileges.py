@@ -109,6 +109,20 @@ def test_child_vmm_cannot_open_root_files_or_a_siblings_run_dir(rt, fork, secret
     assert os.readlink(f"/proc/{a.pid}/root") == str(empty_root())
 
 
+def test_each_vmm_is_pid_1_of_its_own_pid_namespace_with_a_mount_namespace_of_its_own(fork):
+    """The jailer's namespaces: besides its network namespace, each child's VMM has a mount namespace and a pid
+    namespace of its own (tests/security/test_born_apart.py: slave propagation, the caller unchanged)."""
+    a, b = fork(2)
+    host = {k: os.readlink(f"/proc/self/ns/{k}") for k in ("mnt", "pid")}
+    seen = []
+    for c in (a, b):
+        ns = {k: os.readlink(f"/proc/{c.pid}/ns/{k}") for k in ("mnt", "pid")}
+        assert ns["mnt"] != host["mnt"] and ns["pid"] != host["pid"], ns
+        assert proc_status(c.pid)["NSpid"].split() == [str(c.pid), "1"]
+        seen.append(ns)
+    assert seen[0]["mnt"] != seen[1]["mnt"] and seen[0]["pid"] != seen[1]["pid"]
+
+
 def test_child_vmm_uid_cannot_signal_or_trace_a_sibling(fork):
     a, b = fork(2)
     ua = assert_unprivileged(a.pid)
