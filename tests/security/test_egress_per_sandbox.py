@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from forkd.base.errors import InvalidInput
+from tests.security.netlab import lab_main, run_lab
 from tests.security.test_network import OTHER_PORT, PORT, PRIVATE, PUBLIC, _ip, _listen, _outside
 
 pytestmark = pytest.mark.vm
@@ -161,19 +161,8 @@ def lab_results(rt, home, base):
     from tests.conftest import BASE_TAG
     from tests.test_isolation import NET_TAG, net_snapshot
 
-    if shutil.which("unshare") is None:
-        pytest.skip("needs util-linux unshare")
     net_snapshot(rt)
-    run_dir = tempfile.mkdtemp(prefix="fkt-run-")  # leases of this lab: its own, not the host's
-    env = dict(os.environ, FORKD_HOME=str(home), FORKD_RUN_DIR=run_dir)
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        res = subprocess.run(["unshare", "--net", "--", sys.executable, "-m", "tests.security.test_egress_per_sandbox",
-                              NET_TAG, BASE_TAG, f.name], env=env, capture_output=True, text=True, timeout=1800,
-                             cwd=Path(__file__).resolve().parents[2])
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-        data = json.loads(Path(f.name).read_text())
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return data
+    return run_lab("tests.security.test_egress_per_sandbox", [NET_TAG, BASE_TAG], home, timeout=1800)
 
 
 def reached(results: dict, case: str) -> set[str]:
@@ -226,5 +215,4 @@ def test_egress_refusals_name_the_field_and_say_why(lab_results):
 
 
 if __name__ == "__main__":  # the lab, inside `unshare --net`
-    with contextlib.suppress(BrokenPipeError):
-        Path(sys.argv[3]).write_text(json.dumps(lab(sys.argv[1], sys.argv[2])))
+    lab_main(lab)

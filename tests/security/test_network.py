@@ -14,15 +14,11 @@ address; `{allow: [CIDR:port]}` reaches exactly what it lists.
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -31,6 +27,7 @@ import pytest
 from forkd.base.errors import ForkdError, InvalidInput
 from forkd.core.requests import Spawn
 from forkd.spec.models import ForkPool
+from tests.security.netlab import lab_main, run_lab
 
 pytestmark = pytest.mark.vm
 
@@ -209,19 +206,8 @@ def lab(tag: str) -> dict:
 def results(rt, home):
     from tests.test_isolation import NET_TAG, net_snapshot
 
-    if shutil.which("unshare") is None:
-        pytest.skip("needs util-linux unshare")
     net_snapshot(rt)
-    run_dir = tempfile.mkdtemp(prefix="fkt-run-")  # leases of this lab: its own, not the host's
-    env = dict(os.environ, FORKD_HOME=str(home), FORKD_RUN_DIR=run_dir)
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        res = subprocess.run(["unshare", "--net", "--", sys.executable, "-m", "tests.security.test_network", NET_TAG,
-                              f.name], env=env, capture_output=True, text=True, timeout=900,
-                             cwd=Path(__file__).resolve().parents[2])
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-        data = json.loads(Path(f.name).read_text())
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return data
+    return run_lab("tests.security.test_network", [NET_TAG], home, timeout=900)
 
 
 def reached(results: dict, policy: str) -> set[str]:
@@ -318,5 +304,4 @@ def test_egress_rules_are_built_from_the_policy():
 
 
 if __name__ == "__main__":  # the lab, inside `unshare --net`
-    with contextlib.suppress(BrokenPipeError):
-        Path(sys.argv[2]).write_text(json.dumps(lab(sys.argv[1])))
+    lab_main(lab)
