@@ -29,11 +29,9 @@ from forkd.sandbox.sleep import asleep, awake, set_clock
 from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
-from forkd.vmm.accel import Decision, probe
 from forkd.vmm.agent_client import AgentClient, AgentTimeout
-from forkd.vmm.disk import prune_templates
-from forkd.vmm.driver import Machine, VmmDriver
-from forkd.vmm.qemu import QemuDriver
+from forkd.vmm.driver import Decision, Machine, VmmDriver
+from forkd.vmm.drivers import make_driver
 
 Progress = Callable[[str], None]
 
@@ -51,13 +49,13 @@ class Runtime:
 
     @property
     def overlay_templates(self) -> Path:
-        """Fresh child overlays of disk-backed snapshots, made once per snapshot disk (forkd.vmm.disk)."""
+        """Fresh child overlays of disk-backed snapshots, made once per snapshot disk (the driver's `disks`)."""
         return self.layout.cache / "overlays"
 
     @property
     def driver(self) -> VmmDriver:
         if self._driver is None:
-            self._driver = QemuDriver(overlay_templates=self.overlay_templates)
+            self._driver = make_driver(self.overlay_templates)
         return self._driver
 
     @property
@@ -85,13 +83,14 @@ class Runtime:
             cache = json.loads(cache_path.read_text())
         except (OSError, ValueError):
             cache = {}
-        hit = cache.get(image.kernel_sha256)
+        key = image.kernel_sha256 if self.driver.name == "qemu" else f"{image.kernel_sha256}:{self.driver.name}"
+        hit = cache.get(key)
         if hit and not reprobe:
             return Decision(hit["accel"], hit["reason"], hit.get("probe_seconds", 0.0)), True
         progress("probing KVM with a real guest boot (cached afterwards)")
-        decision = probe(self.driver.binary, image.kernel, image.initrd)
-        cache[image.kernel_sha256] = {"accel": decision.accel, "reason": decision.reason,
-                                      "probe_seconds": decision.probe_seconds, "probed_at": time.time()}
+        decision = self.driver.probe_accel(image.kernel, image.initrd)
+        cache[key] = {"accel": decision.accel, "reason": decision.reason,
+                      "probe_seconds": decision.probe_seconds, "probed_at": time.time()}
         write_json(cache_path, cache)
         return decision, False
 
@@ -175,7 +174,7 @@ class Runtime:
                                     "(running children keep their memory mapping)")
             for t in doomed:
                 self.store.remove(t)
-            prune_templates(self.overlay_templates)
+            self.driver.disks.prune_templates(self.overlay_templates)
             return doomed
 
     # -- children ----------------------------------------------------------------------------------
@@ -390,7 +389,8 @@ class Runtime:
         kw = {} if grace is None else {"grace": grace}
         with self.registry.locked():
             report = gc_.collect(self.layout, dry_run=dry_run, **kw).to_json()
-            report["overlay_templates"] = [str(p) for p in prune_templates(self.overlay_templates, dry_run)]
+            pruned = self.driver.disks.prune_templates(self.overlay_templates, dry_run)
+            report["overlay_templates"] = [str(p) for p in pruned]
             return report
 
     def memory(self, child_id: str) -> dict[str, int]:

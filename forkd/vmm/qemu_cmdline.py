@@ -14,11 +14,10 @@ from pathlib import Path
 from forkd.base import idrange
 from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
-from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles
+from forkd.vmm.driver import AGENT_PORT, TAP_NAME, Machine, RunFiles
 
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 SANDBOX_RUNAS = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
-TAP_NAME = "tap0"
 GUEST_MAC = "52:54:00:12:34:56"
 # The guest's serial console goes to a ring inside QEMU (oldest bytes dropped), never to a file QEMU writes: a guest
 # could fill the disk. The driver copies the ring out (bounded) into RunFiles.console when it reports a failure.

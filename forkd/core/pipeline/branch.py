@@ -75,7 +75,6 @@ from forkd.core.pipeline.branch_disk import copy_disk, freeze_fs, thaw_fs
 from forkd.core.pipeline.job import Job
 from forkd.core.requests import Branch
 from forkd.store.snapshot import DISK, Snapshot
-from forkd.vmm.disk import rebase
 from forkd.vmm.driver import Capture, RunFiles
 
 if TYPE_CHECKING:
@@ -443,7 +442,7 @@ class BranchJob(Job):
     def rebase_disk(self) -> None:
         """The source's overlay as it was, cut loose from its snapshot's chain."""
         w = self.writer
-        rebase(w.take(self.work / DISK, w.disk), self.rt.image(self.source.image_id).disk)
+        self.rt.driver.disks.rebase(w.take(self.work / DISK, w.disk), self.rt.image(self.source.image_id).disk)
 
     def seal(self) -> None:
         w = self.writer
