@@ -22,7 +22,7 @@ from forkd.core.pipeline.compaction import CompactJob
 from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
-from forkd.image.build import Image, build, default_image
+from forkd.image.build import Image, build, default_image, stub_image
 from forkd.sandbox import cgroups
 from forkd.sandbox.registry import ChildRecord, Claim, Registry, this_process
 from forkd.sandbox.sleep import asleep, awake, set_clock
@@ -64,6 +64,8 @@ class Runtime:
 
     # -- images and accelerator ------------------------------------------------------------------
     def build_image(self, progress: Progress = _quiet, force: bool = False) -> tuple[Image, bool]:
+        if not self.driver.boots_kernel:
+            return stub_image(self.layout, self.driver.name)
         return build(self.layout, progress, force=force)
 
     def image(self, image_id: str | None = None) -> Image:

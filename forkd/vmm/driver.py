@@ -135,6 +135,7 @@ class VmmDriver(ABC):
     name: str
     binary: str | None = None  # the VMM program, for host checks (forkd doctor); None when there is none
     seccomp_policy: str | None = None  # the syscall filter the VMM applies to itself, for host checks
+    boots_kernel: bool = True  # False: VMs never run the image's kernel and initramfs (a stub image will do)
     disks: Disks
 
     @abstractmethod

@@ -175,6 +175,7 @@ class FakeDriver(VmmDriver):
     """VmmDriver over ordinary processes (the module's text says what it models and what not)."""
 
     name = "fake"
+    boots_kernel = False
 
     def __init__(self) -> None:
         self.disks = Qcow2Disks()
