@@ -43,3 +43,14 @@ def fake_rt(fake_home) -> Runtime:
     rt = Runtime(Layout(fake_home))
     assert rt.driver.name == "fake"
     return rt
+
+
+@pytest.fixture(scope="module")
+def fake_base(fake_rt):
+    """conftest's `base` on the fake driver: a warm snapshot tagged BASE_TAG (imports, a global, a file)."""
+    from forkd.core.requests import ParentBuild
+    from tests.conftest import BASE_TAG, WARM_GLOBAL
+
+    return fake_rt.create_snapshot(ParentBuild.of(tag=BASE_TAG, memory_mib=256, warm_imports=("decimal", "random"),
+                                                  warm_exec=(f"WARM_GLOBAL = {WARM_GLOBAL!r}",),
+                                                  warm_run=("echo parent > /root/parent.txt",)))

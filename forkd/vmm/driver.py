@@ -263,6 +263,7 @@ class Capture(ABC):
     info: dict  # the VMM's report once done (e.g. "downtime" in ms)
     timings: dict[str, float]
     stop_resume_ms: float | None  # live: from the VM's stop to its resume, by the VMM's own clock
+    resumed_at: float | None  # live: time.perf_counter() when the VM was seen running again (`wait_resumed`)
 
     @abstractmethod
     def pause(self) -> None:

@@ -49,6 +49,8 @@ STATE_FORMAT = "forkd-fake-vmstate-1"
 MIB = 1 << 20
 GUEST_DIR = Path(guest.__file__).parent
 LAUNCHER = Path(__file__).with_name("fake_guest.py")
+# the guest's Python: the host's system Python 3 (a guest image's is Debian's), else the one running forkd
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
 
 
 def _root(files: RunFiles) -> Path:
@@ -120,7 +122,7 @@ class FakeCapture(Capture):
 
     def __init__(self, driver: FakeDriver, vm: Vm, stream: Path, live: bool):
         self.driver, self.vm, self.path, self.live = driver, vm, stream, live
-        self.info, self.timings, self.stop_resume_ms = {}, {}, None
+        self.info, self.timings, self.stop_resume_ms, self.resumed_at = {}, {}, None, None
         self._lock = vm.files.dir / "capture.lock"
         self._held = False
         stream.touch()  # an unwritable destination fails here, before anything is paused
@@ -144,6 +146,7 @@ class FakeCapture(Capture):
         finally:
             if self.live and was_running:
                 self.driver.ensure_running(self.vm)
+                self.resumed_at = time.perf_counter()
             took = (time.perf_counter() - t0) * 1000.0
             self.info = {"status": "completed", "downtime": took}
             self.stop_resume_ms = took if self.live else None
@@ -201,7 +204,7 @@ class FakeDriver(VmmDriver):
         files.agent.unlink(missing_ok=True)
         _root(files).mkdir(exist_ok=True)
         _journal(files).touch()
-        argv = [os.path.realpath(sys.executable), "-I", "-S", str(LAUNCHER), str(GUEST_DIR), str(_root(files)),
+        argv = [PYTHON, "-I", "-S", str(LAUNCHER), str(GUEST_DIR), str(_root(files)),
                 str(files.agent), str(_journal(files))]
         where = nsthread.entered(f"/run/netns/{netns}") if netns else contextlib.nullcontext()
         with open(files.console, "ab") as console, where:

@@ -48,6 +48,10 @@ def enter_root(root):
             _bind(src, os.path.join(root, name), name in READ_ONLY)
         elif os.path.islink(src) and not os.path.lexists(os.path.join(root, name)):
             os.symlink(os.readlink(src), os.path.join(root, name))  # /bin -> usr/bin on merged-/usr hosts
+    prefix = os.path.realpath(sys.base_prefix)  # this interpreter's stdlib, when it is not the system's
+    if not any(prefix == "/" + d or prefix.startswith("/" + d + "/") for d in READ_ONLY):
+        os.makedirs(root + prefix, exist_ok=True)
+        _bind(prefix, root + prefix, True)
     for name in ("tmp", "root", "forkd"):
         os.makedirs(os.path.join(root, name), exist_ok=True)
     os.chroot(root)
