@@ -26,8 +26,12 @@ def fake_home():
     old = {k: os.environ.get(k) for k in ENV}
     os.environ.update(FORKD_HOME=str(d), FORKD_VMM_DRIVER="fake")
     yield d
+    from tests.conftest import qemu_pids
+
+    booted = qemu_pids(d)
     try:
         Runtime(Layout(d)).kill(all_=True)
+        assert not booted, f"QEMU ran in the fake driver's home {d}: {booted}"
     finally:
         shutil.rmtree(Layout(d).flat_cache.parent, ignore_errors=True)  # flat images on tmpfs
         shutil.rmtree(d, ignore_errors=True)
