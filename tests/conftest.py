@@ -101,6 +101,7 @@ def forkd_cli(*args: str, check: bool = False, input: str | None = None) -> subp
 
 
 from tests.branching import sfork, srt  # noqa: E402,F401 - fixtures: a runtime on tmpfs for BRANCH tests
+from tests.fake_vmm import fake_base, fake_home, fake_rt  # noqa: E402,F401 - fixtures: the no-VM tier's fake-driver runtime
 from tests.markers import (  # noqa: E402,F401 - hooks: the vm marker checked both ways
     pytest_collection_modifyitems,
     pytest_configure,

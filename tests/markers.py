@@ -43,12 +43,11 @@ def _counted(fn):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from forkd.core import runtime
     from forkd.vmm import accel
     from forkd.vmm.qemu import QemuDriver
 
     QemuDriver._start = _counted(QemuDriver._start)
-    accel.probe = runtime.probe = _counted(accel.probe)
+    accel.probe = _counted(accel.probe)  # QemuDriver.probe_accel looks it up at each call
     config.stash[_QUIET_VM] = []
 
 

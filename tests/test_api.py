@@ -1,5 +1,6 @@
-"""The daemon's REST API as a real process (`python -m forkd.api serve --bind ... --token-file ...`) with real VMs:
-upstream-shaped requests and status codes, token auth on TCP, problem+json errors, files, pools, metrics."""
+"""The daemon's REST API as a real process (`python -m forkd.api serve --bind ... --token-file ...`) on the fake
+VMM driver (tests/fake_vmm.py): upstream-shaped requests and status codes, token auth on TCP, problem+json errors,
+files, pools, metrics. The helpers that start a daemon are shared with test_sdk, test_mcp, test_audit (real VMs)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,17 @@ def stop_api_daemon(d: Daemon) -> None:
 
 
 @pytest.fixture(scope="module")
-def daemon(home, base, tmp_path_factory):
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def daemon(home, fake_base, tmp_path_factory):
     d = start_api_daemon(home, tmp_path_factory.mktemp("api"))
     yield d
     stop_api_daemon(d)
@@ -117,7 +128,6 @@ def test_non_loopback_bind_without_token_is_refused(tmp_path):
 # -- the real daemon ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.vm
 def test_token_auth_on_tcp(daemon):
     assert httpx.get(f"{daemon.url}/healthz").json() == {"ok": True}  # open
     for client in (daemon.tcp(None), daemon.tcp("wrong-token-wrong-token")):
@@ -135,7 +145,6 @@ def test_token_auth_on_tcp(daemon):
     assert Path(daemon.sock).stat().st_mode & 0o777 == 0o600
 
 
-@pytest.mark.vm
 def test_openapi_published(daemon):
     with daemon.tcp() as c:
         spec = c.get("/openapi.json").json()
@@ -148,7 +157,6 @@ def test_openapi_published(daemon):
     assert "201" in paths["/v1/sandboxes"]["post"]["responses"]
 
 
-@pytest.mark.vm
 def test_upstream_sandbox_flow(daemon, rt):
     with daemon.tcp() as c:
         r = c.post("/v1/sandboxes", json={"snapshot_tag": BASE_TAG, "n": 2})
@@ -196,9 +204,8 @@ def test_upstream_sandbox_flow(daemon, rt):
     assert not [r for r in rt.children() if r.id in ids]
 
 
-@pytest.mark.vm
-def test_errors_are_problem_json(daemon, rt, base):
-    wip = rt.store.begin(base.with_(tag="api-wip", status="writing", labels={}))
+def test_errors_are_problem_json(daemon, rt, fake_base):
+    wip = rt.store.begin(fake_base.with_(tag="api-wip", status="writing", labels={}))
     try:
         with daemon.tcp() as c:
             cases = [
@@ -227,7 +234,6 @@ def test_errors_are_problem_json(daemon, rt, base):
         rt.rmi("api-wip", force=True)
 
 
-@pytest.mark.vm
 def test_pools_routes(daemon):
     doc = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkPool", "metadata": {"name": "api-pool"},
            "spec": {"from": "api-missing-parent", "warm": 0}}
@@ -253,7 +259,6 @@ def test_pools_routes(daemon):
         assert c.get("/v1/pools/api-pool").status_code == 404
 
 
-@pytest.mark.vm
 def test_metrics_after_activity(daemon):
     with daemon.tcp() as c:
         [sb] = c.post("/v1/sandboxes", json={"snapshot_tag": BASE_TAG}).json()

@@ -1,5 +1,6 @@
 """The hash-chained audit log: mutating API calls and reconciler actions of a real daemon are recorded;
-`forkd audit verify` says OK, then catches an edited line, a removed line and a truncated tail."""
+`forkd audit verify` says OK, then catches an edited line, a removed line and a truncated tail. The daemon runs
+the fake VMM driver (tests/fake_vmm.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ import pytest
 
 from forkd.core.audit import GENESIS, AuditLog, token_id, verify
 from tests.test_api import start_api_daemon, stop_api_daemon
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
 
 
 def cli_verify(home) -> subprocess.CompletedProcess:
@@ -51,8 +62,7 @@ def test_chain_and_tamper_detection(tmp_path):
     assert len(token_id("x")) == 12
 
 
-@pytest.mark.vm
-def test_daemon_audits_api_calls_and_reconciler_actions(home, base, tmp_path):
+def test_daemon_audits_api_calls_and_reconciler_actions(home, fake_base, tmp_path):
     d = start_api_daemon(home, tmp_path)
     parent = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkParent", "metadata": {"name": "audp"},
               "spec": {"memoryMiB": 256}}

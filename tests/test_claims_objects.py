@@ -1,7 +1,7 @@
-"""ForkClaim against real VMs (issue 17): a claim object takes warm children of a pool through the pool's claim
-path, lists them (ids, agent sockets) in its status, is Ready; its children answer; deleting the claim kills them;
-a claim with a short ttl expires (Expired condition) and its children are retired. Plus the CLI's side: `forkd get
-claims` with its AGE column, and the flags `apply` checks before it changes anything."""
+"""ForkClaim on the fake VMM driver (tests/fake_vmm.py): a claim object takes warm children of a pool through the
+pool's claim path, lists them (ids, agent sockets) in its status, is Ready; its children answer; deleting the claim
+kills them; a claim with a short ttl expires (Expired condition) and its children are retired. Plus the CLI's side:
+`forkd get claims` with its AGE column, and the flags `apply` checks before it changes anything."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from forkd.reconciler.control import Control
 from forkd.spec.loader import load_text
 from tests.conftest import forkd_cli
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
 
 SPEC = """\
 apiVersion: forkd.dev/v1alpha1

@@ -1,4 +1,5 @@
-"""Concurrent claims against one pool through a real daemon (issue 15, finding 9), with real VMs.
+"""Concurrent claims against one pool through a real daemon (issue 15, finding 9), on the fake VMM driver
+(tests/fake_vmm.py: what is raced here is the registry, the claims and the reconcile loop, not the VMs).
 
 Eight threads at a time do `Sandbox.create(pool="agents")` (the README's pool: warm 4, maxChildren 16), run a
 command and kill their sandbox, while the pool is scaled down and up again (the reconcile loop retires idle
@@ -67,6 +68,16 @@ def warm_idle(rt, n: int) -> bool:
 
 
 @pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
 def daemon(home, tmp_path_factory, rt):
     apply(4)  # the daemon's loop builds the parent and fills the pool
     d = start_api_daemon(home, tmp_path_factory.mktemp("claims"))
@@ -102,7 +113,6 @@ def claimer(sock: str, i: int, results: dict, errors: list) -> None:
             errors.append(f"kill {sb.id} (claim {i}): {exc!r}")
 
 
-@pytest.mark.vm
 def test_concurrent_claims_creates_and_kills_against_one_pool(daemon, rt):
     for rnd in range(ROUNDS):
         results: dict[int, tuple[str, str]] = {}

@@ -1,6 +1,6 @@
 """One front door: with FORKD_URL + FORKD_TOKEN every CLI verb acts on that daemon (a real `forkd serve` over TCP,
-real VMs), run from a DIFFERENT FORKD_HOME that stays empty; an unreachable daemon is a clean Unavailable; the SDK
-and the CLI raise the same forkd.base.errors types for the same daemon answers."""
+on the fake VMM driver: tests/fake_vmm.py), run from a DIFFERENT FORKD_HOME that stays empty; an unreachable daemon
+is a clean Unavailable; the SDK and the CLI raise the same forkd.base.errors types for the same daemon answers."""
 
 from __future__ import annotations
 
@@ -17,6 +17,16 @@ from forkd.client.http import api_error
 from forkd.sdk import Controller, ControllerError
 from tests.conftest import BASE_TAG, WARM_GLOBAL
 from tests.test_api import free_port, start_api_daemon, stop_api_daemon
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -78,7 +88,7 @@ def test_the_sdk_finds_the_daemon_of_forkd_home(elsewhere, monkeypatch):
 
 # -- a real daemon over TCP ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def daemon(home, base, tmp_path_factory):
+def daemon(home, fake_base, tmp_path_factory):
     d = start_api_daemon(home, tmp_path_factory.mktemp("cliremote"))
     yield d
     stop_api_daemon(d)
@@ -88,7 +98,6 @@ def remote_env(daemon, elsewhere: Path) -> dict[str, str]:
     return dict(os.environ, FORKD_HOME=str(elsewhere), FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token)
 
 
-@pytest.mark.vm
 def test_verbs_act_on_the_daemons_children_and_snapshots(daemon, rt, elsewhere):
     env = remote_env(daemon, elsewhere)
     local = dict(env, FORKD_NO_DAEMON="1")
@@ -131,7 +140,6 @@ def test_verbs_act_on_the_daemons_children_and_snapshots(daemon, rt, elsewhere):
     assert not any((elsewhere / "children").glob("c*"))
 
 
-@pytest.mark.vm
 def test_fork_goes_to_the_daemon(daemon, rt, elsewhere):
     """`forkd fork` through FORKD_URL: the children are the daemon's (its registry), none in this home."""
     env = remote_env(daemon, elsewhere)

@@ -67,10 +67,10 @@ def test_fresh_home_without_image(rt):
     assert "checking qemu" in seen
 
 
-def test_pagemap_scan_finds_written_pages():
+def test_pagemap_scan_finds_written_pages(rt):
     """What a diff branch needs; this machine runs Linux 6.18, so it must pass (the probe scans two pages of its
     own, one written)."""
-    c = doctor.check_pagemap_scan()
+    c = doctor.check_pagemap_scan(rt)
     assert c.status == "PASS" and "PAGEMAP_SCAN" in c.detail, c
 
 
@@ -178,12 +178,12 @@ def test_posture_section_lists_each_item_in_cli_json(rt, monkeypatch):
     assert "fs.protected_symlinks=" in got["security:protected-links"]["detail"]
 
 
-def test_ksm_posture_names_the_switch(monkeypatch):
+def test_ksm_posture_names_the_switch(rt, monkeypatch):
     monkeypatch.delenv("FORKD_VMM_KSM", raising=False)
-    c = posture.check_ksm()
+    c = posture.check_ksm(rt)
     assert c.status == "PASS" and "never merged" in c.detail and "FORKD_VMM_KSM off" in c.detail
     monkeypatch.setenv("FORKD_VMM_KSM", "1")
-    c = posture.check_ksm()
+    c = posture.check_ksm(rt)
     assert c.status == "WARN" and "FORKD_VMM_KSM" in (c.fix or "")
 
 

@@ -1,6 +1,6 @@
-"""Issue 16, deliverable 3 against a real daemon with real VMs: every sandbox has a timeout the daemon enforces
-even when its caller is gone (expiry in the audit log), set_timeout extends it, labels are shown and filterable,
-and branch snapshots forkd named itself are removed by policy, never while a child runs on them."""
+"""Lifetimes against a real daemon on the fake VMM driver (tests/fake_vmm.py): every sandbox has a timeout the
+daemon enforces even when its caller is gone (expiry in the audit log), set_timeout extends it, labels are shown and
+filterable, and branch snapshots forkd named itself are removed by policy, never while a child runs on them."""
 
 from __future__ import annotations
 
@@ -22,7 +22,12 @@ SETTINGS = {"FORKD_SWEEP_INTERVAL": "0.5", "FORKD_SANDBOX_TIMEOUT": "900", "FORK
 
 
 @pytest.fixture(scope="module")
-def daemon(home, base, tmp_path_factory):
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def daemon(home, fake_base, tmp_path_factory):
     old = {k: os.environ.get(k) for k in SETTINGS}
     os.environ.update(SETTINGS)
     try:
@@ -55,7 +60,6 @@ def test_selectors():
         lifetimes.parse_selector(["=x"])
 
 
-@pytest.mark.vm
 def test_sandbox_expires_though_its_caller_is_gone(daemon):
     """Before: a sandbox made by POST /v1/sandboxes lived forever. Its caller here closes its connection at once."""
     with daemon.unix() as c:
@@ -70,7 +74,6 @@ def test_sandbox_expires_though_its_caller_is_gone(daemon):
                        for e in _audit(daemon.home)), "the expiry in the audit log", 10)
 
 
-@pytest.mark.vm
 def test_default_timeout_and_set_timeout(daemon):
     ctrl = Controller(socket=daemon.sock)
     sb = Sandbox.create(template=BASE_TAG, controller=ctrl)
@@ -92,7 +95,6 @@ def test_default_timeout_and_set_timeout(daemon):
         sb.kill()
 
 
-@pytest.mark.vm
 def test_labels_are_shown_and_filterable(daemon):
     ctrl = Controller(socket=daemon.sock)
     a = Sandbox.create(template=BASE_TAG, controller=ctrl, metadata={"team": "search", "run": "1"})
@@ -112,7 +114,6 @@ def test_labels_are_shown_and_filterable(daemon):
         b.kill()
 
 
-@pytest.mark.vm
 def test_auto_named_branches_are_collected_but_never_while_used(daemon):
     """Before: branch snapshots made without a tag were never cleaned up."""
     ctrl = Controller(socket=daemon.sock)
@@ -153,7 +154,6 @@ def _cli(daemon, *args: str, stdin: str | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.vm
 def test_children_claimed_from_a_pool_without_a_ttl_have_a_timeout_too(daemon, tmp_path):
     """Before: a child claimed from a pool with no child.ttlSeconds (`forkd claim`, POST /v1/pools/{name}/claim,
     `Sandbox.create(pool=...)`) never expired: an agent that crashed after claiming leaked it. Now it gets the call's

@@ -1,4 +1,5 @@
-"""`forkd-mcp` over stdio, driven by the official mcp client library, against a real daemon and real VMs."""
+"""`forkd-mcp` over stdio, driven by the official mcp client library, against a real daemon on the fake VMM driver
+(tests/fake_vmm.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,22 @@ from mcp.client.stdio import stdio_client
 from tests.conftest import BASE_TAG, WARM_GLOBAL
 from tests.test_api import start_api_daemon, stop_api_daemon
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
 TOOLS = {"spawn_sandboxes", "claim", "exec_command", "eval_code", "branch_sandbox", "kill_sandbox", "list_sandboxes",
          "list_snapshots", "snapshot_info", "ping_sandbox", "get_sandbox"}
 
 
 @pytest.fixture(scope="module")
-def daemon(home, base, tmp_path_factory):
+def daemon(home, fake_base, tmp_path_factory):
     d = start_api_daemon(home, tmp_path_factory.mktemp("mcp"))
     yield d
     stop_api_daemon(d)

@@ -1,6 +1,6 @@
 """Prometheus metrics as users expect them, scraped from a real daemon (`forkd serve`) after a reconciler refill, a
 claim and an exec: every path observes its latency (through forkd.base.telemetry), names follow the conventions,
-and no label grows a series per snapshot or child."""
+and no label grows a series per snapshot or child. The daemon runs the fake VMM driver (tests/fake_vmm.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from forkd.api.metrics import Metrics
 from forkd.base import telemetry
 from tests.test_api import start_api_daemon, stop_api_daemon
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
 
 ALIASES = {"forkd_snapshots_total", "forkd_sandboxes_active"}  # upstream names kept as gauge aliases
 BOUNDED_LABELS = {"pool", "status", "reason", "kind", "action", "mode", "method", "route", "le", "version",
@@ -84,8 +94,7 @@ def wait_warm(c, n: int, timeout: float = 600) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.vm
-def test_metrics_after_refill_claim_exec(home, base, tmp_path):
+def test_metrics_after_refill_claim_exec(home, fake_base, tmp_path):
     d = start_api_daemon(home, tmp_path)
     try:
         with d.tcp() as c:

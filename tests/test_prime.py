@@ -1,5 +1,5 @@
 """Priming: shell commands each new child runs once, after its reseed and before it counts as ready (Spawn.prime,
-`forkd fork --prime`, ForkPool spec.child.prime). Real VMs; the validation table needs none."""
+`forkd fork --prime`, ForkPool spec.child.prime), on the fake VMM driver (tests/fake_vmm.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,16 @@ from forkd.core.requests import MAX_PRIME, Spawn
 from forkd.reconciler.control import Control
 from forkd.spec.loader import load_text
 from tests.conftest import BASE_TAG, forkd_cli, qemu_pids
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
 
 MARK = "/root/primed"
 
@@ -35,8 +45,7 @@ def test_a_pool_with_too_many_prime_commands_is_refused_at_load():
     assert "child.prime" in str(errors[0]) and "pool.yaml" in str(errors[0])
 
 
-@pytest.mark.vm
-def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, base):
+def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, fake_base):
     plain = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
     primed = rt.fork(Spawn.of(tag=BASE_TAG, n=2, prime=(f"echo $$ >> {MARK}", "true")))
     try:
@@ -51,8 +60,7 @@ def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, base):
         rt.kill([r.id for r in plain + primed])
 
 
-@pytest.mark.vm
-def test_a_failing_prime_fails_the_spawn_and_keeps_nothing(rt, base, home):
+def test_a_failing_prime_fails_the_spawn_and_keeps_nothing(rt, fake_base, home):
     before_ids, before_vmms = {r.id for r in rt.children()}, set(qemu_pids(home))
     with pytest.raises(ForkdError) as exc:
         rt.fork(Spawn.of(tag=BASE_TAG, n=2, prime=("true", "echo boom >&2; exit 3")))
@@ -68,8 +76,7 @@ def test_prime_is_refused_with_from_sandbox():
     assert res.returncode == 2 and "--prime applies to children of a snapshot" in res.stderr
 
 
-@pytest.mark.vm
-def test_forkd_fork_prime_on_the_command_line(base):
+def test_forkd_fork_prime_on_the_command_line(fake_base):
     res = forkd_cli("fork", "-t", BASE_TAG, "--prime", "exit 4", "-o", "json")
     assert res.returncode != 0
     assert "prime command 'exit 4' exited 4" in res.stderr
@@ -94,7 +101,6 @@ spec: {from: primep, warm: 1, child: {prime: ["date +%s > /root/primed"]}}
 """
 
 
-@pytest.mark.vm
 def test_a_pool_primes_its_warm_children(rt):
     loaded, errors = load_text(POOL, "pool.yaml")
     assert not errors, errors

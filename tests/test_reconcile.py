@@ -1,5 +1,6 @@
-"""The reconciler against real VMs: apply a parent and a pool, keep the pool at target through deaths,
-scaling, claims and a change of the parent's warm-up; dry runs, diff and bad documents change nothing."""
+"""The reconciler over the fake VMM driver (tests/fake_vmm.py; it passes the driver contract tests): apply a parent
+and a pool, keep the pool at target through deaths, scaling, claims and a change of the parent's warm-up; dry runs,
+diff and bad documents change nothing. What only a real VM shows is tested with QEMU elsewhere (test_fork, ...)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from forkd.reconciler.world import parent_tag
 from forkd.spec.loader import load_text
 from tests.conftest import forkd_cli
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
 
 SPEC = """\
 apiVersion: forkd.dev/v1alpha1

@@ -1,7 +1,8 @@
 """forkd-client (sdk/python), the light Python client: it imports neither the runtime nor yaml nor zstandard; an
 unreachable daemon is Unavailable after bounded retries (503 retried for idempotent requests only); and, against a
-real daemon with real VMs, sandboxes (create/list/connect, envs, streaming and background commands, files, eval,
-typed errors), the async client, and upstream's client surface (forkd_client.compat) unchanged."""
+real daemon on the fake VMM driver (tests/fake_vmm.py), sandboxes (create/list/connect, envs, streaming and
+background commands, files, eval, typed errors), the async client, and upstream's client surface
+(forkd_client.compat) unchanged."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ from forkd_client import (  # sdk/python
 from tests.conftest import BASE_TAG, WARM_GLOBAL
 from tests.http_stub import Draining, serving
 from tests.test_api import free_port, start_api_daemon, stop_api_daemon
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -148,13 +159,12 @@ def test_503_is_retried_for_idempotent_requests_only():
 
 
 @pytest.fixture(scope="module")
-def daemon(home, base, tmp_path_factory):
+def daemon(home, fake_base, tmp_path_factory):
     d = start_api_daemon(home, tmp_path_factory.mktemp("sdkclient"))
     yield d
     stop_api_daemon(d)
 
 
-@pytest.mark.vm
 def test_sandbox_streams_lists_connects_and_raises_typed_errors(daemon):
     sock = str(daemon.home / "forkd.sock")
     seen: list[str] = []
@@ -179,7 +189,6 @@ def test_sandbox_streams_lists_connects_and_raises_typed_errors(daemon):
     assert e.value.status == 404
 
 
-@pytest.mark.vm
 def test_async_sandbox(daemon):
     async def go():
         async with await AsyncSandbox.create(template=BASE_TAG, envs={"A": "1"}, url=daemon.url,
@@ -201,7 +210,6 @@ def test_async_sandbox(daemon):
         Client(url=daemon.url, token=daemon.token).get_sandbox(sid)
 
 
-@pytest.mark.vm
 def test_upstream_client_code_runs_unchanged(daemon, monkeypatch):
     """Upstream's README flow: Controller(base_url=...) with dicts, Sandbox(tag=...) whose eval returns the value."""
     monkeypatch.setenv("FORKD_TOKEN", daemon.token)

@@ -46,6 +46,9 @@ class Settings(BaseModel):
     cgroup_root: Path = _env(Path("/sys/fs/cgroup"), "where the cgroup hierarchy is mounted")
     # -- the VMM and the host tools
     accel: Literal["kvm", "tcg"] | None = _env(None, "force the accelerator (kvm or tcg) instead of probing")
+    vmm_driver: Literal["qemu", "fake"] = _env("qemu", "the VMM driver: qemu (real microVMs) or fake (ordinary "
+                                               "host processes answering the guest protocol: tests only, no "
+                                               "isolation; forkd/vmm/fake.py says what it does not model)")
     qemu: str = _env("qemu-system-x86_64", "QEMU system emulator binary (name on PATH or a path)")
     qemu_img: str = _env("qemu-img", "qemu-img binary for disk-backed snapshots")
     vmm_runas: VmmRunas = _env("per-child", "who the VMMs run as: per-child (default: each VMM, children and build "

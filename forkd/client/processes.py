@@ -157,11 +157,10 @@ class LocalProcesses:
 
     def logs(self, child: str, offset: int = 0) -> dict:
         """The child's console log from byte `offset` (its last CONSOLE_RING bytes are kept: an offset past the
-        end, after the log was cut, starts again from its beginning); the ring inside QEMU is drained first."""
+        end, after the log was cut, starts again from its beginning); the ring inside the VMM is drained first."""
         from pathlib import Path
 
         from forkd.vmm.driver import RunFiles
-        from forkd.vmm.qemu import save_console
 
         rec = self.rt.child(child)
         files = RunFiles(Path(rec.dir))
@@ -170,7 +169,7 @@ class LocalProcesses:
             vm = driver.attach(files, rec.pid, rec.started)
             try:
                 driver.connect(vm, timeout=5)
-                save_console(vm.qmp, files.console)
+                driver.save_console(vm)
             except Exception:  # noqa: BLE001 - best effort: the file holds what was drained before
                 pass
             finally:

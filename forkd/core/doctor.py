@@ -29,9 +29,6 @@ from forkd.base.errors import ForkdError
 from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
 from forkd.store.snapshot import CorruptManifest, Snapshot
-from forkd.vmm import private_pages
-from forkd.vmm.libc import LIBC
-from forkd.vmm.qemu import find_qemu
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -49,6 +46,7 @@ KVM_DEVICE = "/dev/kvm"
 # userfaultfd(2) and UFFDIO_API (linux/userfaultfd.h)
 USERFAULTFD_SYSCALL = {"x86_64": 323, "aarch64": 282}
 UFFD_USER_MODE_ONLY = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # userfaultfd(2) has no libc wrapper
 UFFD_API = 0xAA
 UFFDIO_API = 0xC018AA3F  # _IOWR(0xAA, 0x3F, struct uffdio_api {u64 api; u64 features; u64 ioctls;})
 UFFD_FEATURE_PAGEFAULT_FLAG_WP = 1 << 0
@@ -94,11 +92,11 @@ def _guard(name: str, fn: Callable[[], Check]) -> Check:
 
 # -- qemu ------------------------------------------------------------------------------------------------------
 def check_qemu(rt: Runtime) -> Check:
-    path = find_qemu()
-    if not path:
-        return Check("qemu", FAIL, "qemu-system-x86_64 not found on PATH", "apt-get install qemu-system-x86")
-    driver = rt.driver
-    binary = getattr(driver, "binary", path)
+    try:
+        driver = rt.driver
+    except ForkdError as exc:  # the driver cannot start without its VMM program
+        return Check("qemu", FAIL, _line(exc.message), _line(exc.hint or "apt-get install qemu-system-x86"))
+    binary = driver.binary
     version = driver.version()
     found = f"QEMU {version} at {binary}"
     major = version.split(".")[0]
@@ -178,12 +176,12 @@ def _sysctl(path: Path) -> str:
 def _open_userfaultfd(nr: int) -> tuple[int, str]:
     """(fd, mode) from userfaultfd(2), retrying with UFFD_USER_MODE_ONLY; raises OSError when both fail."""
     flags = os.O_CLOEXEC | os.O_NONBLOCK
-    fd = LIBC.syscall(ctypes.c_long(nr), ctypes.c_int(flags))
+    fd = _LIBC.syscall(ctypes.c_long(nr), ctypes.c_int(flags))
     if fd >= 0:
         return fd, "full"
     err = ctypes.get_errno()
     if err in (errno.EPERM, errno.EINVAL):
-        fd = LIBC.syscall(ctypes.c_long(nr), ctypes.c_int(flags | UFFD_USER_MODE_ONLY))
+        fd = _LIBC.syscall(ctypes.c_long(nr), ctypes.c_int(flags | UFFD_USER_MODE_ONLY))
         if fd >= 0:
             return fd, "user-mode-only"
         err = ctypes.get_errno()
@@ -237,8 +235,8 @@ def check_vmm_uids() -> Check:
     return Check("vmm-uids", PASS, detail + "; no overlap with /etc/subuid or /etc/subgid", None)
 
 
-def check_pagemap_scan() -> Check:
-    ok, what = private_pages.probe()
+def check_pagemap_scan(rt: Runtime) -> Check:
+    ok, what = rt.driver.diff_capture_probe()
     if ok:
         return Check("pagemap-scan", PASS, what, None)
     return Check("pagemap-scan", WARN, what, "diff branches need Linux 6.7+ (PAGEMAP_SCAN); on this kernel branch "
@@ -408,7 +406,7 @@ def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s
         ("kernel", lambda: check_kernel(image)),
         ("accelerator", lambda: check_accelerator(rt, image, progress, reprobe)),
         ("userfaultfd-wp", check_userfaultfd),
-        ("pagemap-scan", check_pagemap_scan),
+        ("pagemap-scan", lambda: check_pagemap_scan(rt)),
         ("vmm-uids", check_vmm_uids),
         ("store-space", lambda: check_store_space(rt)),
         ("shm-space", check_shm_space),

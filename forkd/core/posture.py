@@ -9,14 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forkd.base.errors import ForkdError
 from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
 from forkd.core.doctor import PASS, UNPRIVILEGED_UFFD_SYSCTL, WARN, Check, _line, _sysctl
 from forkd.sandbox import firewall
-from forkd.vmm import ksm
 from forkd.vmm.pageout import not_in_ram, swap_devices
-from forkd.vmm.qemu import find_qemu
-from forkd.vmm.qemu_cmdline import SANDBOX
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
@@ -67,11 +65,14 @@ def check_seccomp(rt: Runtime) -> Check:
     """QEMU installs forkd's -sandbox filter (probed: a QEMU with -M none and the filter, quit over QMP), and every
     running VMM is in seccomp filter mode (2)."""
     name = SEC + "seccomp"
-    binary = getattr(rt.driver, "binary", None) or find_qemu()
-    if not binary:
-        return Check(name, WARN, "qemu-system-x86_64 not found: cannot probe -sandbox",
-                     "apt-get install qemu-system-x86")
-    res = run([binary, "-M", "none", "-display", "none", "-nodefaults", "-no-user-config", "-sandbox", SANDBOX,
+    try:
+        binary, policy = rt.driver.binary, rt.driver.seccomp_policy
+    except ForkdError as exc:  # the driver cannot start without its VMM program
+        return Check(name, WARN, f"{_line(exc.message)}: cannot probe -sandbox", "apt-get install qemu-system-x86")
+    if not binary or not policy:
+        return Check(name, WARN, f"the {rt.driver.name} driver runs no VMM with a syscall filter",
+                     "FORKD_VMM_DRIVER=qemu (the fake driver is for tests)")
+    res = run([binary, "-M", "none", "-display", "none", "-nodefaults", "-no-user-config", "-sandbox", policy,
                "-qmp", "stdio"], "qemu -sandbox probe", ok=None, timeout=20,
               input='{"execute":"qmp_capabilities"}\n{"execute":"quit"}\n')
     if res.returncode != 0:
@@ -79,7 +80,7 @@ def check_seccomp(rt: Runtime) -> Check:
                      "install a QEMU built with seccomp (Debian's qemu-system-x86 is)")
     vmms = _running_vmms(rt)
     loose = [cid for cid, st in vmms if st.get("Seccomp", "").strip() != "2"]
-    found = f"QEMU applies -sandbox {SANDBOX.split(',', 1)[1]}; {len(vmms)} running VMMs, {len(loose)} not in " \
+    found = f"QEMU applies -sandbox {policy.split(',', 1)[1]}; {len(vmms)} running VMMs, {len(loose)} not in " \
             "seccomp mode 2"
     if loose:
         return Check(name, WARN, f"{found} ({', '.join(loose[:5])})", "replace them (forkd kill ID, then fork again)")
@@ -161,9 +162,9 @@ def check_unprivileged_uffd() -> Check:
     return Check(SEC + "unprivileged-uffd", PASS, f"{found}: {why}", None)
 
 
-def check_ksm() -> Check:
-    """Page merging between children (SECURITY.md section 9): off unless FORKD_VMM_KSM=1 (forkd.vmm.ksm)."""
-    state = ksm.scanner_state()
+def check_ksm(rt: Runtime) -> Check:
+    """Page merging between children (SECURITY.md section 9): off unless FORKD_VMM_KSM=1."""
+    state = rt.driver.page_merging()
     on = state is not None and state.get("run") == 1
     scanner = "no KSM in this kernel" if state is None else f"the kernel's scanner is {'on' if on else 'off'}"
     if not settings().vmm_ksm:
@@ -207,7 +208,7 @@ def security_steps(rt: Runtime) -> list[tuple[str, Callable[[], Check]]]:
             (SEC + "daemon-socket", lambda: check_daemon_socket(rt)),
             (SEC + "store-perms", lambda: check_store_permissions(rt)), (SEC + "egress", check_egress),
             (SEC + "protected-links", check_protected_links), (SEC + "unprivileged-uffd", check_unprivileged_uffd),
-            (SEC + "ksm", check_ksm), (SEC + "swap", check_swap)]
+            (SEC + "ksm", lambda: check_ksm(rt)), (SEC + "swap", check_swap)]
 
 
 # -- all of them -----------------------------------------------------------------------------------------------

@@ -22,18 +22,16 @@ from forkd.core.pipeline.compaction import CompactJob
 from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
-from forkd.image.build import Image, build, default_image
+from forkd.image.build import Image, build, default_image, stub_image
 from forkd.sandbox import cgroups
 from forkd.sandbox.registry import ChildRecord, Claim, Registry, this_process
 from forkd.sandbox.sleep import asleep, awake, set_clock
 from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
-from forkd.vmm.accel import Decision, probe
 from forkd.vmm.agent_client import AgentClient, AgentTimeout
-from forkd.vmm.disk import prune_templates
-from forkd.vmm.driver import Machine, VmmDriver
-from forkd.vmm.qemu import QemuDriver
+from forkd.vmm.driver import Decision, Machine, VmmDriver
+from forkd.vmm.drivers import make_driver
 
 Progress = Callable[[str], None]
 
@@ -51,13 +49,13 @@ class Runtime:
 
     @property
     def overlay_templates(self) -> Path:
-        """Fresh child overlays of disk-backed snapshots, made once per snapshot disk (forkd.vmm.disk)."""
+        """Fresh child overlays of disk-backed snapshots, made once per snapshot disk (the driver's `disks`)."""
         return self.layout.cache / "overlays"
 
     @property
     def driver(self) -> VmmDriver:
         if self._driver is None:
-            self._driver = QemuDriver(overlay_templates=self.overlay_templates)
+            self._driver = make_driver(self.overlay_templates)
         return self._driver
 
     @property
@@ -66,6 +64,8 @@ class Runtime:
 
     # -- images and accelerator ------------------------------------------------------------------
     def build_image(self, progress: Progress = _quiet, force: bool = False) -> tuple[Image, bool]:
+        if not self.driver.boots_kernel:
+            return stub_image(self.layout, self.driver.name)
         return build(self.layout, progress, force=force)
 
     def image(self, image_id: str | None = None) -> Image:
@@ -85,13 +85,14 @@ class Runtime:
             cache = json.loads(cache_path.read_text())
         except (OSError, ValueError):
             cache = {}
-        hit = cache.get(image.kernel_sha256)
+        key = image.kernel_sha256 if self.driver.name == "qemu" else f"{image.kernel_sha256}:{self.driver.name}"
+        hit = cache.get(key)
         if hit and not reprobe:
             return Decision(hit["accel"], hit["reason"], hit.get("probe_seconds", 0.0)), True
         progress("probing KVM with a real guest boot (cached afterwards)")
-        decision = probe(self.driver.binary, image.kernel, image.initrd)
-        cache[image.kernel_sha256] = {"accel": decision.accel, "reason": decision.reason,
-                                      "probe_seconds": decision.probe_seconds, "probed_at": time.time()}
+        decision = self.driver.probe_accel(image.kernel, image.initrd)
+        cache[key] = {"accel": decision.accel, "reason": decision.reason,
+                      "probe_seconds": decision.probe_seconds, "probed_at": time.time()}
         write_json(cache_path, cache)
         return decision, False
 
@@ -175,7 +176,7 @@ class Runtime:
                                     "(running children keep their memory mapping)")
             for t in doomed:
                 self.store.remove(t)
-            prune_templates(self.overlay_templates)
+            self.driver.disks.prune_templates(self.overlay_templates)
             return doomed
 
     # -- children ----------------------------------------------------------------------------------
@@ -390,7 +391,8 @@ class Runtime:
         kw = {} if grace is None else {"grace": grace}
         with self.registry.locked():
             report = gc_.collect(self.layout, dry_run=dry_run, **kw).to_json()
-            report["overlay_templates"] = [str(p) for p in prune_templates(self.overlay_templates, dry_run)]
+            pruned = self.driver.disks.prune_templates(self.overlay_templates, dry_run)
+            report["overlay_templates"] = [str(p) for p in pruned]
             return report
 
     def memory(self, child_id: str) -> dict[str, int]:

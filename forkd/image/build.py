@@ -228,3 +228,23 @@ def build(layout: Layout, progress: Progress = lambda s: None, force: bool = Fal
         shutil.rmtree(work, ignore_errors=True)
     write_bytes(layout.images / "default", (image_id + "\n").encode())
     return Image.load(final), True
+
+
+def stub_image(layout: Layout, driver: str) -> tuple[Image, bool]:
+    """The default image under a driver that boots no guest kernel (VmmDriver.boots_kernel false: the fake driver):
+    an empty kernel and initramfs, so nothing is downloaded or built. Returns (image, built_now)."""
+    image_id = f"stub-{driver}"
+    final = layout.images / image_id
+    built = not final.exists()
+    if built:
+        layout.tmp.mkdir(parents=True, exist_ok=True)
+        out = make_private_dir(layout.tmp / owned_name(f"image-{image_id}"))
+        for name in ("vmlinuz", "initrd.img"):
+            write_bytes(out / name, b"")
+        write_json(out / "image.json", {"id": image_id, "builder_version": f"stub for the {driver} driver",
+                                        "kernel_sha256": sha256_file(out / "vmlinuz"),
+                                        "initrd_sha256": sha256_file(out / "initrd.img"), "initrd_bytes": 0,
+                                        "built_at": time.time(), "build_seconds": 0.0})
+        rename_into_place(out, final)
+    write_bytes(layout.images / "default", (image_id + "\n").encode())
+    return Image.load(final), built

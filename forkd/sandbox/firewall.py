@@ -23,7 +23,7 @@ from pathlib import Path
 
 from forkd.base.procs import run
 from forkd.sandbox.netlayout import BRIDGE, BRIDGE_NET, INNER_VETH, NetworkError, leases_dir
-from forkd.vmm.qemu_cmdline import TAP_NAME
+from forkd.vmm.driver import TAP_NAME
 
 HOST_TABLE = "forkd_host"
 

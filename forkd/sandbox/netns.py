@@ -45,7 +45,7 @@ from forkd.base.locks import file_lock
 from forkd.base.settings import settings
 from forkd.sandbox.firewall import Egress, ensure_host_table, grant, load_rules, netns_rules, revoke
 from forkd.sandbox.netlayout import BRIDGE, BRIDGE_ADDR, BRIDGE_NET, BRIDGE_PREFIX, INNER_VETH, NetworkError, leases_dir
-from forkd.vmm.qemu_cmdline import TAP_NAME
+from forkd.vmm.driver import TAP_NAME
 
 GUEST_GW = "10.42.0.1"
 GUEST_ADDR = "10.42.0.2"

@@ -10,20 +10,13 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.base import idrange
+from forkd.vmm.driver import Decision
 from forkd.vmm.qemu_cmdline import SANDBOX_RUNAS, UNSHARE
 
 PROBE_MARKER = "FORKD-PROBE-OK"
-
-
-@dataclass(frozen=True)
-class Decision:
-    accel: str  # "kvm" | "tcg"
-    reason: str
-    probe_seconds: float
 
 
 def probe_argv(qemu: str, kernel: Path, initrd: Path, console: Path) -> list[str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from forkd.base.atomic import temp_name
 from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
+from forkd.vmm.driver import Disks
 from forkd.vmm.qcow2_header import check_overlay
 
 QCOW2 = "qcow2"
@@ -152,3 +153,26 @@ def prune_templates(template_dir: Path, dry_run: bool = False) -> list[Path]:
             if not dry_run:
                 t.unlink(missing_ok=True)
     return stale
+
+
+class Qcow2Disks(Disks):
+    """The `Disks` of a driver whose root disks are qcow2 files (qemu-img): QEMU's, and the fake's."""
+
+    def check_written(self, path: Path, backing: Path) -> None:
+        check_written(path, backing)
+
+    def create_overlay(self, dest: Path, backing: Path, relative: bool = True) -> None:
+        create_overlay(dest, backing, relative)
+
+    def set_backing(self, path: Path, backing: Path, relative: bool = True) -> None:
+        set_backing(path, backing, relative)
+
+    def rebase(self, path: Path, backing: Path) -> None:
+        rebase(path, backing)
+
+    def flatten(self, src: Path, dest: Path, base: Path) -> None:
+        flatten(src, dest, base)
+
+    def prune_templates(self, template_dir: Path, dry_run: bool = False) -> list[Path]:
+        return prune_templates(template_dir, dry_run)
+

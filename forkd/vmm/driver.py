@@ -14,7 +14,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forkd.base.errors import ForkdError
+
 AGENT_PORT = "forkd.agent"
+# the host side of an `isolated` machine's one NIC: every driver attaches it to the tap device of this name in the
+# network namespace it is given (forkd.sandbox.netns makes it, forkd.sandbox.firewall filters it)
+TAP_NAME = "tap0"
+
+
+class VmmLost(ForkdError):
+    """The VMM a handle names is gone (killed, crashed, or its control channel closed mid-operation)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The accelerator a driver chose for a kernel (VmmDriver.probe_accel): kvm or tcg, and why."""
+
+    accel: str
+    reason: str
+    probe_seconds: float
 
 
 @dataclass(frozen=True)
@@ -89,8 +107,57 @@ class DiffTaken(ABC):
         """Drop what the capture still holds (its buffer, its open data file); a no-op once written."""
 
 
+class Disks(ABC):
+    """A driver's root-disk files (disk-backed images): copy-on-write overlays over a read-only base."""
+
+    @abstractmethod
+    def check_written(self, path: Path, backing: Path) -> None:
+        """Refuse (ForkdError) an overlay a VMM wrote unless it is one the driver made over `backing` and opens no
+        other file: called before anything running as root opens it."""
+
+    @abstractmethod
+    def create_overlay(self, dest: Path, backing: Path, relative: bool = True) -> None:
+        """Make `dest` an empty overlay over `backing` (named relative to `dest`'s directory unless not `relative`)."""
+
+    @abstractmethod
+    def set_backing(self, path: Path, backing: Path, relative: bool = True) -> None:
+        """Point the overlay `path` at `backing` without copying data (the same content lives there)."""
+
+    @abstractmethod
+    def rebase(self, path: Path, backing: Path) -> None:
+        """Make the overlay `path` hold its difference to `backing` (data copied as needed), backed by it."""
+
+    @abstractmethod
+    def flatten(self, src: Path, dest: Path, base: Path) -> None:
+        """Write `src`'s whole chain down to `base` as one overlay `dest` over `base`."""
+
+    @abstractmethod
+    def prune_templates(self, template_dir: Path, dry_run: bool = False) -> list[Path]:
+        """Remove fresh-overlay templates whose base is gone; the paths removed (or that would be)."""
+
+
 class VmmDriver(ABC):
     name: str
+    binary: str | None = None  # the VMM program, for host checks (forkd doctor); None when there is none
+    seccomp_policy: str | None = None  # the syscall filter the VMM applies to itself, for host checks
+    boots_kernel: bool = True  # False: VMs never run the image's kernel and initramfs (a stub image will do)
+    disks: Disks
+
+    @abstractmethod
+    def save_console(self, vm: Vm) -> str:
+        """Drain what the VMM holds of `vm`'s console into `vm.files.console`; the text drained (best effort)."""
+
+    @abstractmethod
+    def probe_accel(self, kernel: Path, initrd: Path) -> Decision:
+        """The accelerator VMs of this kernel run on here (a real boot probe where the VMM has a choice)."""
+
+    @abstractmethod
+    def diff_capture_probe(self) -> tuple[bool, str]:
+        """Whether this host lets `capture_diff` work at all, and what was seen (forkd doctor). No VMM."""
+
+    def page_merging(self) -> dict | None:
+        """The host's page-merging scanner state (Linux KSM's counters), None when the kernel has none."""
+        return None
 
     @abstractmethod
     def version(self) -> str: ...
@@ -201,6 +268,7 @@ class Capture(ABC):
     info: dict  # the VMM's report once done (e.g. "downtime" in ms)
     timings: dict[str, float]
     stop_resume_ms: float | None  # live: from the VM's stop to its resume, by the VMM's own clock
+    resumed_at: float | None  # live: time.perf_counter() when the VM was seen running again (`wait_resumed`)
 
     @abstractmethod
     def pause(self) -> None:

@@ -24,16 +24,17 @@ from forkd.base.errors import ForkdError
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.base.settings import settings
 from forkd.base.steps import run_steps
-from forkd.vmm import capture, diff_capture, ksm
+from forkd.vmm import accel, capture, diff_capture, ksm, private_pages
 from forkd.vmm.agent_client import AgentClient, AgentTimeout
 from forkd.vmm.agent_replies import AgentError
 from forkd.vmm.diff_capture import state_format_args
-from forkd.vmm.disk import new_overlay
+from forkd.vmm.disk import Qcow2Disks, new_overlay
 from forkd.vmm.disk_fds import DiskFds, open_chain
-from forkd.vmm.driver import Capture, DiffTaken, Machine, RunFiles, Vm, VmmDriver
+from forkd.vmm.driver import Capture, Decision, DiffTaken, Machine, RunFiles, Vm, VmmDriver
 from forkd.vmm.qemu_cmdline import (
     CONSOLE_DEV,
     CONSOLE_RING,
+    SANDBOX,
     build_identity,
     kernel_stub,
     may_drop,
@@ -119,6 +120,20 @@ class QemuDriver(VmmDriver):
         self.binary = found
         self.overlay_templates = overlay_templates  # where fresh child overlays are kept (forkd.vmm.disk)
         self._version: str | None = None
+        self.seccomp_policy = SANDBOX
+        self.disks = Qcow2Disks()
+
+    def save_console(self, vm: Vm) -> str:
+        return save_console(vm.qmp, vm.files.console)
+
+    def probe_accel(self, kernel: Path, initrd: Path) -> Decision:
+        return accel.probe(self.binary, kernel, initrd)
+
+    def diff_capture_probe(self) -> tuple[bool, str]:
+        return private_pages.probe()
+
+    def page_merging(self) -> dict | None:
+        return ksm.scanner_state()
 
     def version(self) -> str:
         if self._version is None:

@@ -16,11 +16,10 @@ from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
 from forkd.vmm.disk_fds import TOP as disk_fds_top
 from forkd.vmm.disk_fds import DiskFds
-from forkd.vmm.driver import AGENT_PORT, Machine, RunFiles
+from forkd.vmm.driver import AGENT_PORT, TAP_NAME, Machine, RunFiles
 
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 SANDBOX_RUNAS = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
-TAP_NAME = "tap0"
 GUEST_MAC = "52:54:00:12:34:56"
 # The guest's serial console goes to a ring inside QEMU (oldest bytes dropped), never to a file QEMU writes: a guest
 # could fill the disk. The driver copies the ring out (bounded) into RunFiles.console when it reports a failure.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from forkd.core.pipeline.branch_disk import copy_disk
-from forkd.vmm.disk import check_written, set_backing
+from forkd.vmm.disk import Qcow2Disks, check_written, set_backing
 from forkd.vmm.qcow2_header import HeaderRefused, check_overlay
 
 pytestmark = pytest.mark.skipif(not shutil.which("qemu-img"), reason="needs qemu-img (apt-get install qemu-utils)")
@@ -121,4 +121,4 @@ def test_a_branch_copy_of_a_rewritten_overlay_is_refused(tmp_path, raw_base):
     o = overlay(tmp_path, raw_base)
     qemu_img("rebase", "-u", "-f", "qcow2", "-F", "raw", "-b", "/etc/shadow", str(o))
     with pytest.raises(HeaderRefused):
-        copy_disk(o, tmp_path / "copy.qcow2", raw_base, {})
+        copy_disk(o, tmp_path / "copy.qcow2", raw_base, {}, Qcow2Disks())

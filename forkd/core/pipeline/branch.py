@@ -75,7 +75,6 @@ from forkd.core.pipeline.branch_disk import copy_disk, freeze_fs, thaw_fs
 from forkd.core.pipeline.job import Job
 from forkd.core.requests import Branch
 from forkd.store.snapshot import DISK, Snapshot
-from forkd.vmm.disk import rebase
 from forkd.vmm.driver import Capture, RunFiles
 
 if TYPE_CHECKING:
@@ -335,7 +334,8 @@ class BranchJob(Job):
                 frozen = freeze_fs(self.child_files.agent, self.timings) if self.was_running else None
                 if frozen is None:
                     cap.pause()
-                copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings)
+                copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings,
+                          self.rt.driver.disks)
             cap.start()
             if self.returns_at_stop:
                 cap.wait_stopped(timeout=60)
@@ -380,7 +380,8 @@ class BranchJob(Job):
         try:
             cap.pause()
             if self.machine.disk is not None:
-                copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings)
+                copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings,
+                          self.rt.driver.disks)
             cap.start()
             cap.wait_done(timeout=self.req.timeout)
         except BaseException as exc:
@@ -443,7 +444,7 @@ class BranchJob(Job):
     def rebase_disk(self) -> None:
         """The source's overlay as it was, cut loose from its snapshot's chain."""
         w = self.writer
-        rebase(w.take(self.work / DISK, w.disk), self.rt.image(self.source.image_id).disk)
+        self.rt.driver.disks.rebase(w.take(self.work / DISK, w.disk), self.rt.image(self.source.image_id).disk)
 
     def seal(self) -> None:
         w = self.writer

@@ -28,7 +28,6 @@ from forkd.store import chain
 from forkd.store.snapshot import DISK, Snapshot
 from forkd.store.writer import Diff
 from forkd.vmm.agent_client import AgentBusy, AgentClient
-from forkd.vmm.disk import set_backing
 
 MIN_SWAPPED_KIB = 64  # a source with less than this in swap is branched as it is
 MAX_DEPTH = 32  # layers under a diff branch at most: each one more makes a new head's first flat image dearer
@@ -94,7 +93,7 @@ class DiffBranchJob(BranchJob):
 
     def capture_pages(self) -> None:
         def disk() -> None:  # the VMM flushed its block layer when it stopped: nothing writes the overlay
-            copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings)
+            copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings, self.rt.driver.disks)
 
         try:
             with self.agent.quiet():  # no host byte reaches guest RAM between its device state and its pages
@@ -134,6 +133,6 @@ class DiffBranchJob(BranchJob):
     def seal(self) -> None:
         w, has_disk = self.writer, self.machine.disk is not None
         if has_disk:  # the source's overlay as it was, still backed by its snapshot's disk (a layer's overlay)
-            set_backing(w.take(self.work / DISK, w.disk), self.rt.store.disk_path(self.source.tag))
+            self.rt.driver.disks.set_backing(w.take(self.work / DISK, w.disk), self.rt.store.disk_path(self.source.tag))
         w.seal(memory=Diff(base=self.source_flat, image=self.image, candidates=self.work), vmstate=w.vmstate,
                disk=w.disk if has_disk else None)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.vmm.agent_client import AgentClient
-from forkd.vmm.disk import check_written
+from forkd.vmm.driver import Disks
 
 FREEZE_MAX_SECONDS = 10.0  # a frozen source filesystem thaws itself after this, whatever becomes of us
 
@@ -57,11 +57,11 @@ def thaw_fs(frozen: tuple[AgentClient, float], timings: dict[str, float]) -> Non
         agent.close()
 
 
-def copy_disk(disk: Path, dest: Path, backing: Path, timings: dict[str, float]) -> None:
+def copy_disk(disk: Path, dest: Path, backing: Path, timings: dict[str, float], disks: Disks) -> None:
     """Copy a child's overlay while nothing writes it (VM paused: the VMM flushed it when it stopped; or guest
     filesystem frozen: the guest flushed it): the branch's disk as of now. Its VMM wrote the header, so the copy is
-    refused unless it still names `backing` and nothing else (check_written)."""
+    refused unless it still names `backing` and nothing else (`disks.check_written`)."""
     t = time.perf_counter()
     shutil.copyfile(disk, dest)
-    check_written(dest, backing)
+    disks.check_written(dest, backing)
     timings["disk_copy"] = (time.perf_counter() - t) * 1000.0

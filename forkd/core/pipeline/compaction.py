@@ -12,7 +12,6 @@ from forkd.base.steps import Step
 from forkd.core.pipeline.job import Job, quiet
 from forkd.core.requests import Compaction
 from forkd.store.snapshot import Snapshot
-from forkd.vmm.disk import flatten
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Progress, Runtime
@@ -42,7 +41,7 @@ class CompactJob(Job):
         req, rt, w = self.req, self.rt, self.writer
         self.progress(f"writing {req.from_tag}'s flat image as a base")
         if self.head.has_disk:  # the chain's overlays as one, on the image's ext4
-            flatten(rt.store.disk_path(req.from_tag), w.disk, rt.image(self.head.image_id).disk)
+            rt.driver.disks.flatten(rt.store.disk_path(req.from_tag), w.disk, rt.image(self.head.image_id).disk)
         w.seal(memory=self.flat, memory_sha256=self.head.memory_sha256, vmstate=rt.store.vmstate_path(req.from_tag),
                disk=w.disk if self.head.has_disk else None)
 

@@ -23,7 +23,6 @@ from forkd.core.warmup import warm_up
 from forkd.store import chain
 from forkd.store.snapshot import Snapshot
 from forkd.store.writer import Diff
-from forkd.vmm.disk import set_backing
 from forkd.vmm.driver import RunFiles
 
 if TYPE_CHECKING:
@@ -76,7 +75,7 @@ class LayerJob(Job):
     def seal(self) -> None:
         w, store = self.writer, self.rt.store
         if self.parent.has_disk:  # what the steps wrote to disk: the restore's own overlay, kept as the layer's
-            set_backing(w.take(self.files.disk, w.disk), store.disk_path(self.req.parent_tag))
+            self.rt.driver.disks.set_backing(w.take(self.files.disk, w.disk), store.disk_path(self.req.parent_tag))
         self.progress("storing the pages that differ")
         w.seal(memory=Diff(base=self.parent_flat, image=self.memory), vmstate=w.vmstate,
                disk=w.disk if self.parent.has_disk else None)

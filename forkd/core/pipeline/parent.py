@@ -18,7 +18,6 @@ from forkd.core.pipeline.logs import keep_logs
 from forkd.core.requests import ParentBuild
 from forkd.core.warmup import warm_up
 from forkd.store.snapshot import Snapshot
-from forkd.vmm.disk import check_written, create_overlay
 from forkd.vmm.driver import Machine, RunFiles
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ class ParentJob(Job):
         req, w = self.req, self.writer
         if self.image.disk is not None:  # the parent writes its own overlay, frozen with the snapshot
             self.machine = replace(self.machine, disk=w.disk)
-            create_overlay(w.disk, self.image.disk)
+            self.rt.driver.disks.create_overlay(w.disk, self.image.disk)
         self.progress(f"booting the parent ({req.memory_mib} MiB, {req.vcpus} vCPU, {self.accel}"
                       f"{', disk-backed' if self.image.disk else ''})")
         self.memory = self.scratch_memory(req.tag, req.memory_mib)
@@ -76,6 +75,6 @@ class ParentJob(Job):
         self.progress("writing and hashing the memory file")
         w = self.writer
         if self.machine.disk:  # the boot VMM wrote it: its header must still be the one create_overlay made
-            check_written(w.disk, self.image.disk)
+            self.rt.driver.disks.check_written(w.disk, self.image.disk)
         w.seal(memory=self.memory, vmstate=w.vmstate, disk=w.disk if self.machine.disk else None)
 
