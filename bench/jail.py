@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Jail benchmark: what jailing each VMM (its own empty network namespace and root) costs, side by side.
+"""Jail benchmark: what jailing each VMM (its own network, mount and pid namespaces, an empty root) costs, side by
+side.
 
     FORKD_HOME=/dev/shm/fkj python3 bench/jail.py [--reps 10] [--fanout 6] [-o json] [--report FILE]
 
-Children without a network device get an empty network namespace of their own (FORKD_VMM_JAIL=1, the
-default) or share the host's (=0, as before). The two settings alternate rep by rep against one warm 512 MiB parent
-(`bench-jail`, made if missing), so load on the host falls on both alike:
+Children without a network device get an empty network namespace of their own, every VMM a mount and a pid
+namespace of its own and an empty root (FORKD_VMM_JAIL=1, the default), or none of these (=0). The two settings
+alternate rep by rep against one warm 512 MiB parent (`bench-jail`, made if missing), so load on the host falls on
+both alike:
 * fork: one child, from the call to its agent answering a ping (p50/p90);
 * fan-out: `--fanout` children in one fork call, until all answered (p50/p90 of the call);
 * live branch: the source's pause (QEMU's STOP..RESUME) of a live branch of a child of each setting (p50/p90).
@@ -89,7 +91,8 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def table(r: dict) -> str:
-    lines = [f"jail benchmark {r['date']}: {r['reps']} reps, fan-out {r['fanout']} (ms; jailed: own netns, empty root)"]
+    lines = [f"jail benchmark {r['date']}: {r['reps']} reps, fan-out {r['fanout']} "
+             "(ms; jailed: own net, mount and pid namespaces, empty root)"]
     for k in ("fork", "fanout", "branch_pause"):
         if k not in r["ratio_p50_jailed_over_shared"]:
             continue
