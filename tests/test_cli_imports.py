@@ -26,6 +26,8 @@ NO_TREE = (*NO_BACKEND, "typer", "pydantic", "rich")
 # what a verb that reads or streams through the daemon must not load: the settings model, httpx, the SDK's client
 NO_HEAVY_CLIENT = (*IN_PROCESS, "forkd.base.settings", "httpx", "forkd_client.http", "forkd_client.api",
                    "forkd_client.models", "forkd.client.http", "forkd.client.remote")
+# exec and logs print no table: not even rich, also when they fail
+NO_PRINTER = (*NO_HEAVY_CLIENT, "rich")
 
 PROBE = ("import json, os, sys\n"
          "sys.argv = ['forkd', *json.loads(os.environ['PROBE_ARGV'])]\n"
@@ -78,8 +80,23 @@ def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer,
     assert Answering.seen.get((method, path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
     allowed = {"forkd.spec.models", "forkd.core", "forkd.core.requests"} if argv[0] == "get" else set()  # models
-    banned = (*IN_PROCESS, "forkd_client.api", "forkd_client.models") if argv[0] == "get" else NO_HEAVY_CLIENT
+    banned = {"get": (*IN_PROCESS, "forkd_client.api", "forkd_client.models"), "exec": NO_PRINTER,
+              "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT)
     assert [m for m in heavy(modules, banned) if m not in allowed] == []
+
+
+@pytest.mark.parametrize("argv,code", [(["exec", "c1", "true"], 125), (["logs", "c1"], 6)])
+def test_a_failing_stream_verb_loads_no_printer(argv, code, tmp_path):
+    """A daemon named by FORKD_URL that nothing answers: the error (exit 125 for exec, as docker's) is printed
+    without rich or the heavy client."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    got, modules = loaded(argv, tmp_path, FORKD_URL=dead)
+    assert got == code
+    assert heavy(modules, NO_PRINTER) == []
 
 
 def test_without_a_daemon_the_in_process_runtime_is_loaded(tmp_path):

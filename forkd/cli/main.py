@@ -443,13 +443,13 @@ def main() -> None:
         exc.show()
         sys.exit(streams.EXEC_FAILED if argv[:1] == ["exec"] else exc.exit_code)
     except typer.Abort:
-        err.print("interrupted")
+        sys.stderr.write("interrupted\n")
         sys.exit(130)
     except ForkdError as exc:
         _fail(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        sys.stderr.write("interrupted\n")
         sys.exit(130)
     except OSError as exc:  # an environment problem forkd did not anticipate: say what, without a traceback
         _fail(str(exc), None)
@@ -458,11 +458,8 @@ def main() -> None:
 
 
 def _fail(message: str, hint: str | None) -> None:
-    from rich.markup import escape
-
-    err.print(f"[red]error:[/] {escape(message)}")
-    if hint:
-        err.print(f"[dim]hint:[/] {escape(hint)}")
+    """The error on stderr, plain (no rich to load on a failing verb; scripts read these lines too)."""
+    sys.stderr.write(f"error: {message}\n" + (f"hint: {hint}\n" if hint else ""))
 
 
 if __name__ == "__main__":
