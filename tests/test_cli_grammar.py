@@ -83,7 +83,7 @@ def test_exec_options_go_anywhere_before_the_command(argv, child, timeout, cmd):
     """Parsed by the one command tree (click), after docker_argv placed the `--` the user may leave out."""
     exec_cmd = command_tree(app).commands["exec"]
     params = exec_cmd.make_context("exec", streams.docker_argv(argv)).params
-    assert (params["child"], params["timeout"], params["cmd"]) == (child, timeout, cmd)
+    assert (params["child"], params["timeout"], list(params["cmd"])) == (child, timeout, cmd)
 
 
 def test_completion_never_fails_and_finds_nothing_in_an_empty_home(tmp_path, monkeypatch):

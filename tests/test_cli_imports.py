@@ -19,13 +19,13 @@ IN_PROCESS = ("forkd.core", "forkd.reconciler", "forkd.vmm", "forkd.store", "for
               "forkd.operator", "forkd.client.local", "forkd.spec.models", "forkd.spec.loader", "jinja2")
 # what a verb's --help must not load either: no HTTP client, no API models
 NO_CLIENT = (*IN_PROCESS, "httpx", "forkd_client.api", "forkd.client.http", "yaml")
-# and `forkd --help`: not even the settings; `forkd --version`: not even the command tree (typer, and the pydantic
-# typer's own parameter coercion loads)
-NO_BACKEND = (*NO_CLIENT, "forkd.base.settings")
-NO_TREE = (*NO_BACKEND, "typer", "pydantic", "rich")
-# what a verb that reads or streams through the daemon must not load: the settings model, httpx, the SDK's client
-NO_HEAVY_CLIENT = (*IN_PROCESS, "forkd.base.settings", "httpx", "forkd_client.http", "forkd_client.api",
-                   "forkd_client.models", "forkd.client.http", "forkd.client.remote")
+# and `forkd --help`: not even the settings (pydantic); `forkd --version`: not even the command tree (typer)
+NO_BACKEND = (*NO_CLIENT, "forkd.base.settings", "pydantic")
+NO_TREE = (*NO_BACKEND, "typer", "click", "rich")
+# what a verb that reads or streams through the daemon must not load: the settings model (pydantic), httpx, the
+# SDK's client
+NO_HEAVY_CLIENT = (*IN_PROCESS, "forkd.base.settings", "pydantic", "httpx", "forkd_client.http",
+                   "forkd_client.api", "forkd_client.models", "forkd.client.http", "forkd.client.remote")
 # exec and logs print no table: not even rich, also when they fail
 NO_PRINTER = (*NO_HEAVY_CLIENT, "rich")
 

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import typer
-from typer import _click as click
 
 from forkd import __version__
 from forkd.base.durations import EXAMPLES
