@@ -3,7 +3,7 @@
 
     python3 bench/agent.py [--home DIR] [--runs 20] [--quick] [-o json]
 
-1. CLI start-up: `forkd exec ID -- true` end to end through the daemon (the light path, forkd/cli/fast.py),
+1. CLI start-up: `forkd exec ID -- true` end to end through the daemon (the light client, forkd/cli/daemon.py),
    side by side with `python -c pass` and with the full CLI's import (`import forkd.cli.main`, what every
    `forkd exec` paid before); p50/p90 and the ratio;
 2. time to the first streamed byte of `python3 -c 'print(1)'` in a warm child (POST .../processes until the
@@ -69,7 +69,7 @@ def cli_startup(home: str, child: str, runs: int) -> dict:
     py = sys.executable
     cases = {"python_pass": [py, "-c", "pass"],
              "full_cli_import": [py, "-c", "import forkd.cli.main"],
-             "forkd_exec": [py, "-m", "forkd.cli.fast", "exec", child, "--", "true"]}
+             "forkd_exec": [py, "-m", "forkd.cli.main", "exec", child, "--", "true"]}
     times: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(runs):  # interleaved, so load changes hit every case alike
         for k, argv in cases.items():

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """CLI start-up per verb: wall time of `forkd VERB` end to end, against the daemon answering on $FORKD_HOME.
 
-    python3 bench/cli_start.py [--runs 20] [--verbs version,ls,...] [-o json]
+    python3 bench/cli_start.py [--runs 20] [--verbs version,ls,...] [--before OTHER/bin/python] [-o json]
 
 Each verb runs `--runs` times in turn (verbs interleaved, so a burst of load on a shared host hits them all alike);
 prints wall p50/p90 and CPU (user + system) p50 per verb beside `python -c pass` (the interpreter's own floor).
+`--before`: the same verbs with another install's interpreter (e.g. a worktree of the previous commit with its own
+venv), each run right after this one's (A B A B), and the ratios this / before.
 Start a daemon first (`forkd serve`), else the verbs that need one run in-process and measure that instead.
 """
 
@@ -33,13 +35,13 @@ VERBS = {
 }
 
 
-def argv_for(name: str) -> list[str]:
-    """The installed `forkd` entry point beside this interpreter (what a user runs), else `-m forkd.cli.main`."""
+def argv_for(name: str, python: str = sys.executable) -> list[str]:
+    """The installed `forkd` entry point beside `python` (what a user runs), else `-m forkd.cli`."""
     cmd = VERBS[name]
     if name.startswith("python"):
-        return cmd
-    script = Path(sys.executable).parent / "forkd"
-    return [str(script), *cmd] if script.exists() else [sys.executable, "-m", "forkd.cli.main", *cmd]
+        return [python, *cmd[1:]]
+    script = Path(python).parent / "forkd"
+    return [str(script), *cmd] if script.exists() else [python, "-m", "forkd.cli", *cmd]
 
 
 def _cpu() -> float:
@@ -47,15 +49,19 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def measure(names: list[str], runs: int) -> dict[str, tuple[list[float], list[float]]]:
-    """Per verb: wall ms and CPU ms (user + system, the child's own: less sensitive to a loaded host)."""
-    took: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
+def measure(names: list[str], runs: int, pythons: tuple[str, ...] = (sys.executable,)
+            ) -> list[dict[str, tuple[list[float], list[float]]]]:
+    """Per interpreter, per verb: wall ms and CPU ms (user + system, the child's own: less sensitive to a loaded
+    host). The interpreters take turns on each verb."""
+    took = [{n: ([], []) for n in names} for _ in pythons]
     for _ in range(runs):
         for n in names:
-            t0, c0 = time.perf_counter(), _cpu()
-            subprocess.run(argv_for(n), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-            took[n][0].append((time.perf_counter() - t0) * 1000.0)
-            took[n][1].append((_cpu() - c0) * 1000.0)
+            for i, py in enumerate(pythons):
+                t0, c0 = time.perf_counter(), _cpu()
+                subprocess.run(argv_for(n, py), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=dict(os.environ))
+                took[i][n][0].append((time.perf_counter() - t0) * 1000.0)
+                took[i][n][1].append((_cpu() - c0) * 1000.0)
     return took
 
 
@@ -70,20 +76,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--verbs", default=",".join(VERBS), help="comma-separated names from: " + ", ".join(VERBS))
+    ap.add_argument("--before", metavar="PYTHON", help="also run another install's interpreter, interleaved")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
     names = [n.strip() for n in args.verbs.split(",") if n.strip()]
     unknown = [n for n in names if n not in VERBS]
     if unknown:
         ap.error(f"unknown verb name(s) {unknown}; choose from {list(VERBS)}")
-    res = {"load_1m": os.getloadavg()[0], "cpus": os.cpu_count(), "verbs": summary(measure(names, args.runs))}
+    load0 = os.getloadavg()[0]
+    took = measure(names, args.runs, (sys.executable, args.before) if args.before else (sys.executable,))
+    res = {"load_1m": [load0, os.getloadavg()[0]], "cpus": os.cpu_count(), "verbs": summary(took[0])}
+    if args.before:
+        res["before"] = summary(took[1])
     if args.output == "json":
         print(json.dumps(res, indent=2))
         return
-    print(f"load average {res['load_1m']:.2f} on {res['cpus']} CPUs; {args.runs} runs each")
+    print(f"load average {load0:.2f} -> {res['load_1m'][1]:.2f} on {res['cpus']} CPUs; {args.runs} runs each")
     for n, s in res["verbs"].items():
-        print(f"  {n:<16} wall p50 {s['p50_ms']:7.1f} ms  p90 {s['p90_ms']:7.1f} ms"
-              f"   CPU p50 {s['cpu_p50_ms']:7.1f} ms")
+        line = (f"  {n:<16} wall p50 {s['p50_ms']:7.1f} ms  p90 {s['p90_ms']:7.1f} ms"
+                f"   CPU p50 {s['cpu_p50_ms']:7.1f} ms")
+        if args.before:
+            b = res["before"][n]
+            line += (f"   | before: wall p50 {b['p50_ms']:7.1f}  CPU p50 {b['cpu_p50_ms']:7.1f}"
+                     f"   ratio wall {s['p50_ms'] / b['p50_ms']:.2f} CPU {s['cpu_p50_ms'] / b['cpu_p50_ms']:.2f}")
+        print(line)
 
 
 if __name__ == "__main__":

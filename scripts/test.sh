@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check CI runs, in tiers; a failing tier stops the run (later tiers would only take longer to say so):
-#   1. lint:  import-linter (layer order), ruff
+#   1. lint:  import-linter (layer order), ruff, the docs site (mkdocs build --strict)
 #   2. fast:  every test that boots no VM (pytest -m "not vm and not bench and not long")
 #   3. vm:    the tests that boot QEMU, then the benchmark scripts' short modes last (-m "(vm or bench) and not long")
 # Markers (what a test boots) are declared in pyproject.toml and checked in tests/markers.py.
@@ -17,6 +17,8 @@ echo "== tier 1: import-linter (layer order)"
 lint-imports
 echo "== tier 1: ruff"
 ruff check forkd tests bench
+echo "== tier 1: docs site (mkdocs build --strict)"
+NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict -q -d "$(mktemp -d)"
 
 long=0
 if [[ "${1:-}" == "--long" ]]; then

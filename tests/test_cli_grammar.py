@@ -11,8 +11,10 @@ import sys
 import pytest
 
 from forkd.base.durations import parse_duration
-from forkd.cli import fast
+from forkd.cli import streams
+from forkd.cli.main import app
 from forkd.cli.options import complete_children, complete_pools, complete_snapshots
+from forkd.cli.tree import command_tree
 
 
 def _forkd(home, *args: str) -> subprocess.CompletedProcess:
@@ -74,11 +76,14 @@ def test_output_is_a_format_everywhere_and_old_paths_still_work(tmp_path):
     (["ID", "--timeout", "5", "--", "echo"], "ID", 5.0, ["echo"]),  # options after the id, before --
     (["--timeout", "1m", "-e", "A=1", "ID", "--", "sh", "-c", "x --y"], "ID", 60.0, ["sh", "-c", "x --y"]),
     (["-w", "/tmp", "ID", "ls", "-l"], "ID", None, ["ls", "-l"]),  # docker's rule without --
+    (["-it", "--timeout=2", "ID", "sh", "-e"], "ID", 2.0, ["sh", "-e"]),
+    (["-ie", "A=1", "ID", "env", "-u", "X"], "ID", None, ["env", "-u", "X"]),  # a cluster ending in a valued flag
 ])
 def test_exec_options_go_anywhere_before_the_command(argv, child, timeout, cmd):
-    args = fast.parse_exec(argv)
-    assert (args.child, args.timeout) == (child, timeout)
-    assert (args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd) == cmd
+    """Parsed by the one command tree (click), after docker_argv placed the `--` the user may leave out."""
+    exec_cmd = command_tree(app).commands["exec"]
+    params = exec_cmd.make_context("exec", streams.docker_argv(argv)).params
+    assert (params["child"], params["timeout"], list(params["cmd"])) == (child, timeout, cmd)
 
 
 def test_completion_never_fails_and_finds_nothing_in_an_empty_home(tmp_path, monkeypatch):

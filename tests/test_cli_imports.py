@@ -19,12 +19,19 @@ IN_PROCESS = ("forkd.core", "forkd.reconciler", "forkd.vmm", "forkd.store", "for
               "forkd.operator", "forkd.client.local", "forkd.spec.models", "forkd.spec.loader", "jinja2")
 # what a verb's --help must not load either: no HTTP client, no API models
 NO_CLIENT = (*IN_PROCESS, "httpx", "forkd_client.api", "forkd.client.http", "yaml")
-# and `forkd --version` / `forkd --help`: not even the settings (pydantic); a verb's --help does set up logging
-NO_BACKEND = (*NO_CLIENT, "pydantic", "forkd.base.settings")
+# and `forkd --help`: not even the settings (pydantic); `forkd --version`: not even the command tree (typer)
+NO_BACKEND = (*NO_CLIENT, "forkd.base.settings", "pydantic")
+NO_TREE = (*NO_BACKEND, "typer", "click", "rich")
+# what a verb that reads or streams through the daemon must not load: the settings model (pydantic), httpx, the
+# SDK's client
+NO_HEAVY_CLIENT = (*IN_PROCESS, "forkd.base.settings", "pydantic", "httpx", "forkd_client.http",
+                   "forkd_client.api", "forkd_client.models", "forkd.client.http", "forkd.client.remote")
+# exec and logs print no table: not even rich, also when they fail
+NO_PRINTER = (*NO_HEAVY_CLIENT, "rich")
 
 PROBE = ("import json, os, sys\n"
          "sys.argv = ['forkd', *json.loads(os.environ['PROBE_ARGV'])]\n"
-         "from forkd.cli.fast import main\n"
+         "from forkd.cli import main\n"
          "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
          "with open(os.environ['PROBE_OUT'], 'w') as f:\n"
          "    json.dump({'code': code, 'modules': sorted(sys.modules)}, f)\n")
@@ -48,7 +55,8 @@ class Answering(Draining):
     busy = 0  # answers at once
 
 
-@pytest.mark.parametrize("argv,banned", [(["--version"], (*NO_BACKEND, "rich")), (["--help"], NO_BACKEND),
+@pytest.mark.parametrize("argv,banned", [(["--version"], NO_TREE), (["version"], (*NO_BACKEND, "rich")),
+                                         (["--help"], NO_BACKEND), (["exec", "--help"], NO_HEAVY_CLIENT),
                                          (["fork", "--help"], NO_CLIENT), (["apply", "--help"], NO_CLIENT)])
 def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     code, modules = loaded(argv, tmp_path)
@@ -59,17 +67,36 @@ def test_version_and_help_load_no_backend(argv, banned, tmp_path):
 @pytest.mark.parametrize("argv,path,answer", [
     (["ls"], "/v1/children", b"[]"),
     (["snapshots"], "/v1/manifests", b"[]"),
+    (["ls", "-o", "json"], "/v1/children", b"[]"),
+    (["logs", "cnosuch"], "/v1/sandboxes/cnosuch/logs", b'{"data": "", "offset": 0}'),
+    (["exec", "cnosuch", "true"], "/v1/sandboxes/cnosuch/processes", b'{"type": "exit", "exit_code": 0}'),
     (["get", "pools"], "/v1/objects/ForkPool", b'{"items": []}'),  # its answers are spec models: those it loads
 ])
 def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer, tmp_path):
     with serving(Answering) as url:
         Answering.answers = {path: ("application/json", answer)}
         code, modules = loaded(argv, tmp_path, FORKD_URL=url)
-    assert Answering.seen.get(("GET", path)) == 1, Answering.seen  # it did ask the daemon
+    method = "POST" if argv[0] == "exec" else "GET"
+    assert Answering.seen.get((method, path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
     allowed = {"forkd.spec.models", "forkd.core", "forkd.core.requests"} if argv[0] == "get" else set()  # models
-    banned = (*IN_PROCESS, "forkd_client.api", "forkd_client.models")
+    banned = {"get": (*IN_PROCESS, "forkd_client.api", "forkd_client.models"), "exec": NO_PRINTER,
+              "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT)
     assert [m for m in heavy(modules, banned) if m not in allowed] == []
+
+
+@pytest.mark.parametrize("argv,code", [(["exec", "c1", "true"], 125), (["logs", "c1"], 6)])
+def test_a_failing_stream_verb_loads_no_printer(argv, code, tmp_path):
+    """A daemon named by FORKD_URL that nothing answers: the error (exit 125 for exec, as docker's) is printed
+    without rich or the heavy client."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    got, modules = loaded(argv, tmp_path, FORKD_URL=dead)
+    assert got == code
+    assert heavy(modules, NO_PRINTER) == []
 
 
 def test_without_a_daemon_the_in_process_runtime_is_loaded(tmp_path):

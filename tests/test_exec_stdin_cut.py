@@ -11,13 +11,15 @@ import sys
 
 PUMP = """
 import sys
-from forkd.cli.fast import Daemon, Failure, RemoteProcs, StdinPump
+from forkd.base.errors import Conflict
+from forkd.cli.daemon import Daemon
+from forkd.cli.streams import RemoteProcs, StdinPump
 procs = RemoteProcs(Daemon(sys.argv[1], None, "t" * 32, None))
 pump = StdinPump(procs, "c0123456789", 42)
 pump.thread.join(30)
 print(repr(pump.cut_short(exited=True)))
 gone = StdinPump.__new__(StdinPump)
-gone.sent, gone.done, gone.error = 10, False, Failure("process 42 has no open stdin", None, 4)
+gone.sent, gone.done, gone.error = 10, False, Conflict("process 42 has no open stdin")
 print(repr(gone.cut_short(exited=True)))
 """
 

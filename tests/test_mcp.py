@@ -26,7 +26,8 @@ def rt(fake_rt):
     return fake_rt
 
 TOOLS = {"spawn_sandboxes", "claim", "exec_command", "eval_code", "branch_sandbox", "kill_sandbox", "list_sandboxes",
-         "list_snapshots", "snapshot_info", "ping_sandbox", "get_sandbox"}
+         "list_snapshots", "snapshot_info", "ping_sandbox", "get_sandbox", "read_file", "write_file", "list_files",
+         "read_output", "fork_sandbox", "set_timeout"}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,7 @@ def test_mcp_tools_over_stdio(daemon):
                 assert _data(await s.call_tool("ping_sandbox", {"sandbox_id": sb["id"]}))["pong"] is True
                 listed = _data(await s.call_tool("list_sandboxes", {}))["sandboxes"]
                 assert sb["id"] in [x["id"] for x in listed]
+                await _files_output_fork_timeout(s, sb["id"])
                 bad = await s.call_tool("get_sandbox", {"sandbox_id": "cnope"})
                 assert _is_error(bad) and "404" in bad.content[0].text
                 bad = await s.call_tool("claim", {"pool": "no-such-pool"})
@@ -78,3 +80,36 @@ def test_mcp_tools_over_stdio(daemon):
                 res = _data(await s.call_tool("kill_sandbox", {"sandbox_id": sb["id"]}))
             assert res == {"killed": sb["id"]}
     asyncio.run(go())
+
+
+async def _files_output_fork_timeout(s, sid: str) -> None:
+    """Files (write, read back, list; bytes as base64), paged output, set_timeout, fork_sandbox(n)."""
+    w = _data(await s.call_tool("write_file", {"sandbox_id": sid, "path": "/tmp/mcp/a.txt", "content": "héllo"}))
+    assert w["bytes"] == len("héllo".encode())
+    assert _data(await s.call_tool("read_file", {"sandbox_id": sid, "path": "/tmp/mcp/a.txt"}))["content"] == "héllo"
+    await s.call_tool("write_file", {"sandbox_id": sid, "path": "/tmp/mcp/b.bin", "content": "/w==",
+                                     "encoding": "base64"})
+    b = _data(await s.call_tool("read_file", {"sandbox_id": sid, "path": "/tmp/mcp/b.bin"}))
+    assert (b["encoding"], b["content"]) == ("base64", "/w==")
+    names = [e["name"] for e in _data(await s.call_tool("list_files", {"sandbox_id": sid, "path": "/tmp/mcp"}))
+             ["entries"]]
+    assert sorted(names) == ["a.txt", "b.bin"]
+    res = _data(await s.call_tool("exec_command", {"sandbox_id": sid, "args": ["sh", "-c", "seq 1 3000"],
+                                                   "max_bytes": 1000}))
+    text, nxt = res["stdout"], res["stdout_next_offset"]
+    while nxt is not None:
+        pg = _data(await s.call_tool("read_output", {"output_id": res["output_id"], "offset": nxt,
+                                                     "max_bytes": 4000}))
+        text, nxt = text + pg["data"], pg["next_offset"]
+    assert text.split() == [str(i) for i in range(1, 3001)]
+    before = _data(await s.call_tool("get_sandbox", {"sandbox_id": sid}))["expires_at_unix"]
+    after = _data(await s.call_tool("set_timeout", {"sandbox_id": sid, "timeout_secs": 3600}))["expires_at_unix"]
+    assert after and (before is None or after > before)
+    forks = _data(await s.call_tool("fork_sandbox", {"sandbox_id": sid, "n": 2}))["sandboxes"]
+    try:
+        assert len(forks) == 2
+        got = _data(await s.call_tool("read_file", {"sandbox_id": forks[0]["id"], "path": "/tmp/mcp/a.txt"}))
+        assert got["content"] == "héllo"  # the fork continues from the source's state
+    finally:
+        for f in forks:
+            await s.call_tool("kill_sandbox", {"sandbox_id": f["id"]})

@@ -200,7 +200,7 @@ def _cli(daemon, tmp_path, *args: str, input: str | None = None):
     import sys
 
     env = dict(os.environ, FORKD_HOME=str(tmp_path), FORKD_URL=daemon.url, FORKD_TOKEN=daemon.token)
-    return subprocess.run([sys.executable, "-m", "forkd.cli.fast", *args], capture_output=True, env=env,
+    return subprocess.run([sys.executable, "-m", "forkd.cli.main", *args], capture_output=True, env=env,
                           input=input.encode() if input else None, timeout=300)
 
 
@@ -230,8 +230,8 @@ def test_cli_logs_prints_the_console(daemon, sandbox, tmp_path):
 
 
 def test_the_light_cli_reads_the_daemons_location_as_settings_does(monkeypatch, tmp_path):
-    """forkd/cli/fast.py reads the five variables that locate the daemon without pydantic: the same values."""
-    from forkd.cli import fast
+    """forkd/cli/daemon.py reads the variables that locate the daemon without pydantic: the same values."""
+    from forkd.cli import daemon as fast
 
     cases = [{}, {"FORKD_HOME": str(tmp_path)}, {"FORKD_URL": "http://h:1/", "FORKD_TOKEN": "t"},
              {"FORKD_NO_DAEMON": "1"}, {"FORKD_NO_DAEMON": "off", "FORKD_URL": " "},
@@ -241,9 +241,9 @@ def test_the_light_cli_reads_the_daemons_location_as_settings_does(monkeypatch, 
             monkeypatch.delenv(name, raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        assert fast._light_settings() == fast._full_settings(), env
+        assert fast.light_settings() == fast.full_settings(), env
     monkeypatch.setenv("FORKD_NO_DAEMON", "maybe")
-    assert fast._light_settings() is None  # not taken as is: settings() parses (and refuses) it
+    assert fast.light_settings() is None  # not taken as is: settings() parses (and refuses) it
 
 
 def test_many_concurrent_streams_on_one_child(rt, fork):

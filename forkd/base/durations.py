@@ -1,6 +1,6 @@
 """Durations, one format everywhere (CLI flags, spec fields, settings): a number of seconds (`90`, `1.5`) or
-numbers with units, largest first (`500ms`, `90s`, `5m`, `1h30m`, `2d`). Standard library only (the light CLI
-path, forkd/cli/fast.py, uses it)."""
+numbers with units, largest first (`500ms`, `90s`, `5m`, `1h30m`, `2d`). Standard library only (the CLI's
+hot path uses it)."""
 
 from __future__ import annotations
 

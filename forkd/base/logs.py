@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from forkd.base.errors import InvalidInput
-from forkd.base.settings import read_one
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS = ("text", "json")
@@ -66,8 +65,12 @@ class _Handler(logging.StreamHandler):
 
 
 def setup(level: str | None = None, fmt: str | None = None, default_level: str = "INFO") -> None:
-    level = (level or read_one("log_level") or default_level).upper()
-    fmt = (fmt or read_one("log_format")).lower()
+    """Log to stderr at `level` in `fmt`; a value not given is read from the settings (FORKD_LOG_*)."""
+    if level is None or fmt is None:
+        from forkd.base.settings import read_one  # pydantic: only when a value comes from the environment
+
+        level, fmt = level or read_one("log_level") or default_level, fmt or read_one("log_format")
+    level, fmt = level.upper(), fmt.lower()
     if level not in LEVELS:
         raise InvalidInput(f"log level {level!r} is not one of {', '.join(LEVELS)}")
     if fmt not in FORMATS:

@@ -47,16 +47,17 @@ def global_options(
                                                                           "$FORKD_LOG_FORMAT")) -> None:
     """Set up logging for this command, and hand the choice on to the processes it starts (serve, operator)."""
     from forkd.base.logs import FORMATS, LEVELS, setup
-    from forkd.base.settings import env_name
 
     if log_level is not None and log_level.upper() not in LEVELS:
         raise typer.BadParameter(f"use one of {', '.join(LEVELS)}", param_hint="--log-level")
     if log_format is not None and log_format not in FORMATS:
         raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--log-format")
-    for field, value in (("log_level", log_level), ("log_format", log_format)):
+    for name, value in (("FORKD_LOG_LEVEL", log_level), ("FORKD_LOG_FORMAT", log_format)):
         if value is not None:
-            os.environ[env_name(field)] = value
-    setup(log_level, log_format, default_level="WARNING")
+            os.environ[name] = value  # declared in forkd.base.settings; read by the processes this one starts
+    unset = not os.environ.get("FORKD_LOG_LEVEL", "").strip(), not os.environ.get("FORKD_LOG_FORMAT", "").strip()
+    setup(log_level or ("WARNING" if unset[0] else None), log_format or ("text" if unset[1] else None),
+          default_level="WARNING")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,7 @@ daemon named by FORKD_URL/FORKD_TOKEN or answering on $FORKD_HOME/forkd.sock, el
 
 Exit codes: 0 ok; 1 runtime failure; 2 bad input; 3 not found; 4 conflict / not ready; 5 timed out;
 6 daemon unavailable (every verb but exec).
-`exec` (forkd/cli/fast.py) exits with the guest command's own code, and forkd's own failures move out of its way,
+`exec` (forkd/cli/streams.py) exits with the guest command's own code, and forkd's own failures move out of its way,
 as docker's: 124 timed out, 125 forkd failed, 126 cannot run, 127 not found, 128+N killed by signal N.
 """
 
@@ -14,15 +14,17 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import typer
 
 from forkd import __version__
 from forkd.base.durations import EXAMPLES
 from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
-from forkd.cli import config, cp, declarative, k8s
+from forkd.cli import config, cp, declarative, k8s, streams
 from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
+from forkd.cli.daemon import reads
 from forkd.cli.options import (
     CHILD,
     OLD_COUNT,
@@ -66,7 +68,7 @@ SPAWN_FLAGS = {"tag": "--tag", "n": "--count", "timeout": "--timeout", "network"
 @app.command()
 def version() -> None:
     """Print forkd's version."""
-    out.print(__version__)
+    typer.echo(__version__)
 
 
 # -- doctor ---------------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ def snapshot_create(
 @app.command()
 def snapshots(output: Fmt = OUTPUT) -> None:
     """List snapshots."""
-    data = backend().snapshots()
+    data = reads().snapshots()
     rows = []
     for s in data:
         if "tag" not in s:
@@ -311,31 +313,8 @@ def ls(label: list[str] | None = typer.Option(None, "--label", "-l", help="only 
                                               "key k); repeat to AND them"),
        output: Fmt = OUTPUT) -> None:
     """List children (running, dead = its VMM is gone, failed)."""
-    recs = backend().children(label) if label else backend().children()
+    recs = reads().children(label) if label else reads().children()
     emit(recs, output, CHILD_COLUMNS, _child_rows(recs))
-
-
-RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False,
-            "help_option_names": []}
-
-
-@app.command("exec", context_settings=RAW_ARGS, add_help_option=False)
-def exec_(ctx: typer.Context) -> None:
-    """Run a command in a child, streaming its output: forkd exec [-i] [-t] [-e K=V] [-w DIR] [-u USER]
-    [--timeout S] ID -- CMD [ARGS...]. -i passes stdin, -t runs it on a PTY (`forkd exec -h` for all options).
-    Exits with the command's code; 124 timed out, 125 forkd failed (no such child, no daemon...), 126 cannot
-    run, 127 not found, 128+N killed by signal N."""
-    from forkd.cli import fast
-
-    raise typer.Exit(fast.run(["exec", *ctx.args]))
-
-
-@app.command("logs", context_settings=RAW_ARGS, add_help_option=False)
-def logs(ctx: typer.Context) -> None:
-    """Print a child's console log: forkd logs [-f] ID (-f: keep following it)."""
-    from forkd.cli import fast
-
-    raise typer.Exit(fast.run(["logs", *ctx.args]))
 
 
 @app.command("eval")
@@ -445,30 +424,42 @@ branch_cli.register(app, snapshot_app)
 k8s.register(app)
 config.register(app)
 cp.register(app)
+streams.register(app)
 
 
 def main() -> None:
-    if sys.argv[1:2] in (["exec"], ["logs"]):  # the light path (forkd/cli/fast.py): no typer parse
-        from forkd.cli import fast
+    """The `forkd` entry point: one command tree, each command converted when it is asked for."""
+    argv = sys.argv[1:]
+    if argv == ["--version"]:  # answered before the tree is built (the tree's eager --version says the same)
+        sys.stdout.write(f"forkd {__version__}\n")
+        return
+    if argv[:1] == ["exec"]:
+        argv = ["exec", *streams.docker_argv(argv[1:])]
+    from forkd.cli.tree import command_tree
 
-        sys.exit(fast.run(sys.argv[1:]))
     try:
-        app()
+        code = command_tree(app).main(args=argv, prog_name="forkd", standalone_mode=False)
+    except click.ClickException as exc:  # bad usage: the flag and why
+        exc.show()
+        sys.exit(streams.EXEC_FAILED if argv[:1] == ["exec"] else exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
     except ForkdError as exc:
-        from rich.markup import escape
-
-        err.print(f"[red]error:[/] {escape(exc.message)}")
-        if exc.hint:
-            err.print(f"[dim]hint:[/] {escape(exc.hint)}")
+        _fail(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        sys.stderr.write("interrupted\n")
         sys.exit(130)
     except OSError as exc:  # an environment problem forkd did not anticipate: say what, without a traceback
-        from rich.markup import escape
-
-        err.print(f"[red]error:[/] {escape(str(exc))}")
+        _fail(str(exc), None)
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, hint: str | None) -> None:
+    """The error on stderr, plain (no rich to load on a failing verb; scripts read these lines too)."""
+    sys.stderr.write(f"error: {message}\n" + (f"hint: {hint}\n" if hint else ""))
 
 
 if __name__ == "__main__":
