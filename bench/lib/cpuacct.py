@@ -42,6 +42,10 @@ class CpuGroup:
         """Move `pid` (default: this process) into the group; its children started later inherit it."""
         (self.path / "cgroup.procs").write_text(str(pid or os.getpid()))
 
+    def wrap(self, argv: list[str]) -> list[str]:
+        """`argv` run by a shell that first moves itself into the group (safe from threads, unlike preexec_fn)."""
+        return ["/bin/sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "cpuacct-join", *argv]
+
     def remove(self, timeout: float = 5.0) -> bool:
         """rmdir the group and the groups podman made under it, deepest first, once their processes are gone."""
         deadline = time.monotonic() + timeout

@@ -26,7 +26,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def host_facts() -> dict:
     """CPUs, the 1-minute load average, and how many QEMU and Python processes other sessions run right now."""
     try:
-        ps = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True, timeout=10).stdout.split()
+        out = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, timeout=10).stdout
+        ps = [Path(line.split()[0]).name for line in out.splitlines() if line.split()]
     except (OSError, subprocess.TimeoutExpired):
         ps = []
     return {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2),
