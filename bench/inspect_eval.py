@@ -19,6 +19,9 @@ other in one invocation, each in its own Inspect process:
 Per provider: the eval's wall time, the host CPU of everything it ran (Inspect's process, and the daemon and VMMs,
 or podman, conmon and the containers: one cpuacct group each, bench/lib/cpuacct.py), per-sample times p50/p90
 (Inspect's total time per sample, and the setup-and-test command alone), and ratios to `local` and forkd/podman.
+Each provider runs in a cgroup of its own weighted as --max-samples ordinary processes, forkd's children included
+(they run unconstrained, out of forkd's own cgroups), so each gets the same share of a shared host
+(bench/lib/cpuacct.py says why).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def eval_once(provider: str, n: int, args: argparse.Namespace, env: dict[str, st
     argv = [sys.executable, str(BENCH / "inspect_eval.py"), "--run-variant", provider, "--n", str(n),
             "--root", env["BENCH_ROOT"], "--template", env.get("BENCH_TEMPLATE", ""), "--log-dir", str(logs),
             "--max-samples", str(args.max_samples)]
-    child_env = dict(env, BENCH_CPUACCT=str(group.path) if group else "")
+    child_env = dict(env, BENCH_CPUACCT=group.rel if group else "")
     log(f"{provider}: eval of {n} samples")
     t0 = time.monotonic()
     res = subprocess.run(argv, capture_output=True, text=True, env=child_env, timeout=args.timeout)
@@ -129,6 +132,8 @@ def prepare(args: argparse.Namespace, staged: Path, groups: dict, skipped: dict)
     if "forkd" in args.providers:
         from bench.lib import forkd_side
 
+        cpuacct.no_forkd_cgroups(os.environ, str(staged / "no-cgroups"))  # the daemon's env comes from ours
+        (staged / "no-cgroups").mkdir()
         rig = forkd_side.start(args.image_from, groups.get("forkd"), args.memory_mib, log)
         env["BENCH_TEMPLATE"] = forkd_side.template(rig, files, f"bench-eval-{cid}", log)
         env.update(FORKD_HOME=str(rig.home))
@@ -147,7 +152,7 @@ def _initrd(home: Path) -> Path:
 
 
 def compare(args: argparse.Namespace) -> dict:
-    groups = {p: cpuacct.CpuGroup.make(p) for p in args.providers}
+    groups = {p: cpuacct.CpuGroup.make(p, weight=args.max_samples) for p in args.providers}
     skipped: dict[str, str] = {}
     rig = None
     host_before = host_facts()
