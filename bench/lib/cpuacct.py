@@ -68,9 +68,10 @@ class CpuGroup:
         return ["/bin/sh", "-c", f'{moves} && exec "$@"', "cpu-join", *argv]
 
     def remove(self, timeout: float = 5.0) -> bool:
-        """rmdir the group and the groups podman made under it, deepest first, once their processes are gone."""
+        """rmdir the group and the groups podman made under it, deepest first, once their processes are gone (in
+        every hierarchy: podman's --cgroup-parent makes the group in each one)."""
         deadline = time.monotonic() + timeout
-        for top in self.dirs():
+        for top in sorted(ROOT.glob(f"*/{self.rel.lstrip('/')}")):
             while top.exists():
                 dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
                 try:
