@@ -233,7 +233,7 @@ def main() -> int:
     ap.add_argument("--image-from", type=Path, default=None,
                     help="the forkd home whose guest image to use (default: $FORKD_HOME's)")
     ap.add_argument("--wheel-cache", type=Path, default=Path("/var/tmp/forkd-bench-wheels"))
-    ap.add_argument("--report-dir", type=Path, default=None, help="write <date>-inspect-eval.{json,md} here")
+    ap.add_argument("--report-dir", type=Path, default=None, help="write <date>-inspect-eval-n<N>.{json,md} here")
     ap.add_argument("--timeout", type=float, default=7200, help="seconds one provider's eval may take")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     for hidden in ("--run-variant", "--root", "--template", "--log-dir"):
@@ -253,7 +253,8 @@ def main() -> int:
     res = compare(args)
     text = table(res)
     if args.report_dir:
-        j, m = write_report(args.report_dir, "inspect-eval", res, "# Inspect eval: forkd vs local vs podman\n\n"
+        name = f"inspect-eval-n{'-'.join(map(str, args.samples))}"
+        j, m = write_report(args.report_dir, name, res, "# Inspect eval: forkd vs local vs podman\n\n"
                             f"`python3 bench/inspect_eval.py {' '.join(sys.argv[1:])}`\n\n" + text)
         log(f"report: {j} and {m}")
     print(json.dumps(res, indent=2) if args.output == "json" else text)

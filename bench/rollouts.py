@@ -311,7 +311,7 @@ def main() -> int:
     ap.add_argument("--memory-mib", type=int, default=512)
     ap.add_argument("--image-from", type=Path, default=None, help="forkd home with the guest image ($FORKD_HOME)")
     ap.add_argument("--wheel-cache", type=Path, default=Path("/var/tmp/forkd-bench-wheels"))
-    ap.add_argument("--report-dir", type=Path, default=None, help="write <date>-rollouts.{json,md} here")
+    ap.add_argument("--report-dir", type=Path, default=None, help="write <date>-rollouts-n<N>.{json,md} here")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
     args.n = [int(x) for x in args.n.split(",") if x.strip()]
@@ -331,7 +331,8 @@ def main() -> int:
         os.rmdir(empty)
     text = table(res)
     if args.report_dir:
-        j, m = write_report(args.report_dir, "rollouts", res, "# Test rollouts: fork vs cold boot vs podman\n\n"
+        name = f"rollouts-n{'-'.join(map(str, args.n))}"
+        j, m = write_report(args.report_dir, name, res, "# Test rollouts: fork vs cold boot vs podman\n\n"
                             f"`python3 bench/rollouts.py {' '.join(sys.argv[1:])}`\n\n" + text)
         log(f"report: {j} and {m}")
     print(json.dumps(res, indent=2) if args.output == "json" else text)

@@ -131,7 +131,8 @@ def test_inspect_eval_tiny_run_on_every_provider(rt, tmp_path):
         assert r["sample_total_s"]["p90"] >= r["sample_total_s"]["p50"] > 0
     assert {q["of"] for q in out["ratios"]} >= {"forkd/local"}
     assert out["leaked_qemu"] == []
-    assert len(list(tmp_path.glob("*-inspect-eval.json"))) == 1 and len(list(tmp_path.glob("*-inspect-eval.md"))) == 1
+    assert len(list(tmp_path.glob("*-inspect-eval-n2.json"))) == 1
+    assert len(list(tmp_path.glob("*-inspect-eval-n2.md"))) == 1
 
 
 @pytest.mark.vm  # through the script, in a subprocess
@@ -149,4 +150,4 @@ def test_rollouts_tiny_run_on_every_side(rt, tmp_path):
     assert set(ran) | set(out["skipped"]) == {"fork", "cold", "podman"} and {"fork", "cold"} <= set(ran)
     assert all(r["as_expected"] == 3 and r["wall_s"] > 0 for r in ran.values()), ran
     assert {q["of"] for q in out["ratios"]} >= {"cold/fork"}
-    assert len(list(tmp_path.glob("*-rollouts.json"))) == 1
+    assert len(list(tmp_path.glob("*-rollouts-n3.json"))) == 1
