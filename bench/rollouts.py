@@ -82,9 +82,16 @@ def summarise(side: str, n: int, wall: float, each: list[float], outs: list[str]
 
 
 def measure(side: str, n: int, runner, group) -> dict:
+    """One side's N rollouts; a side that fails (e.g. a guest that panics while booting on a starved host) is
+    recorded with its error, and the other sides still run."""
     patches = project.patches(n)
     cpu0 = group.usage_s() if group else None
-    wall, each, outs = runner(patches)
+    try:
+        wall, each, outs = runner(patches)
+    except Exception as exc:  # noqa: BLE001 - reported in the result, the run goes on
+        log(f"{side} x{n} failed: {str(exc).splitlines()[0][:300]}")
+        return {"side": side, "n": n, "wall_s": None, "cpu_s": None, "as_expected": 0,
+                "each_s": {"p50": None, "p90": None}, "error": str(exc)[:2000]}
     cpu = group.usage_s() - cpu0 if group else None
     return summarise(side, n, wall, each, outs, expected(patches), cpu)
 
@@ -299,6 +306,9 @@ def table(res: dict) -> str:
         lines.append(f"| {q['n']} | {q['of']} | {fmt(q['wall'], '.2f', 'x')} | {fmt(q['cpu'], '.2f', 'x')} |")
     for s, why in res["skipped"].items():
         lines.append(f"\n{s} not run: {why}")
+    for r in res["runs"]:
+        if r.get("error"):
+            lines.append(f"\n{r['side']} x{r['n']} failed: {r['error'].splitlines()[0][:300]}")
     return "\n".join(lines) + "\n"
 
 
