@@ -95,19 +95,20 @@ def sample_times(log_path: str) -> dict:
 
 
 def eval_once(provider: str, n: int, args: argparse.Namespace, env: dict[str, str], group) -> dict:
-    logs = Path(tempfile.mkdtemp(prefix=f"forkd-bench-{provider}-"))
-    argv = [sys.executable, str(BENCH / "inspect_eval.py"), "--run-variant", provider, "--n", str(n),
-            "--root", env["BENCH_ROOT"], "--template", env.get("BENCH_TEMPLATE", ""), "--log-dir", str(logs),
-            "--max-samples", str(args.max_samples)]
-    child_env = dict(env, BENCH_CPUACCT=group.rel if group else "")
-    log(f"{provider}: eval of {n} samples")
-    t0 = time.monotonic()
-    res = subprocess.run(argv, capture_output=True, text=True, env=child_env, timeout=args.timeout)
-    outer = time.monotonic() - t0
-    if res.returncode != 0:
-        raise RuntimeError(f"the {provider} eval exited {res.returncode}: {res.stderr[-3000:]}")
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    out.update(sample_times(out.pop("log").removeprefix("file://")), provider=provider, n=n, process_wall_s=outer)
+    with tempfile.TemporaryDirectory(prefix=f"forkd-bench-{provider}-") as logs:
+        argv = [sys.executable, str(BENCH / "inspect_eval.py"), "--run-variant", provider, "--n", str(n),
+                "--root", env["BENCH_ROOT"], "--template", env.get("BENCH_TEMPLATE", ""), "--log-dir", logs,
+                "--max-samples", str(args.max_samples)]
+        child_env = dict(env, BENCH_CPUACCT=group.rel if group else "")
+        log(f"{provider}: eval of {n} samples")
+        t0 = time.monotonic()
+        res = subprocess.run(argv, capture_output=True, text=True, env=child_env, timeout=args.timeout)
+        outer = time.monotonic() - t0
+        if res.returncode != 0:
+            raise RuntimeError(f"the {provider} eval exited {res.returncode}: {res.stderr[-3000:]}")
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+        out.update(sample_times(out.pop("log").removeprefix("file://")), provider=provider, n=n,
+                   process_wall_s=outer)
     log(f"{provider}: {out['wall_s']:.1f} s wall, CPU {out['cpu_s'] or 0:.1f} s, "
         f"{out['correct']}/{out['samples']} scored correct")
     return out
