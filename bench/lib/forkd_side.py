@@ -46,5 +46,8 @@ def template(rig: Rig, files: dict[str, bytes], tag: str, log) -> str:
 
 
 def stop(rig: Rig) -> list[int]:
-    """Kill every child, stop the daemon, remove the home; returns QEMU pids that had to be killed."""
-    return rig.destroy()
+    """Kill every child, stop the daemon, remove the home and the daemon's log; returns QEMU pids that had to be
+    killed."""
+    leaked = rig.destroy()
+    rig.log_path.unlink(missing_ok=True)
+    return leaked
