@@ -111,3 +111,43 @@ def test_wake_short_mode(home, swap):
     assert as_is["p50_ms"] > 0 and squeezed["p99_ms"] >= squeezed["p50_ms"]
     assert Path("/proc/sys/vm/nr_hugepages").read_text() == before
     assert not [c for c in Runtime(Layout(home)).children() if c.snapshot.startswith("bench-density")]
+
+
+@pytest.mark.vm  # through the script, in a subprocess
+@pytest.mark.bench
+def test_inspect_eval_tiny_run_on_every_provider(rt, tmp_path):
+    """bench/inspect_eval.py --samples 2: the same eval on local, podman (when installed) and forkd, every sample
+    scored correct on each, ratios and a dated report pair written; its forkd home leaves no QEMU behind."""
+    rt.build_image()  # copied into the bench's private home
+    res = subprocess.run([sys.executable, str(BENCH / "inspect_eval.py"), "--samples", "2", "--max-samples", "2",
+                          "--image-from", str(rt.layout.home), "--report-dir", str(tmp_path), "-o", "json"],
+                         capture_output=True, text=True, timeout=3600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    ran = {r["provider"]: r for r in out["runs"]}
+    assert set(ran) | set(out["skipped"]) == {"local", "podman", "forkd"} and {"local", "forkd"} <= set(ran)
+    for r in ran.values():
+        assert (r["n"], r["samples"], r["correct"]) == (2, 2, 2), r
+        assert r["sample_total_s"]["p90"] >= r["sample_total_s"]["p50"] > 0
+    assert {q["of"] for q in out["ratios"]} >= {"forkd/local"}
+    assert out["leaked_qemu"] == []
+    assert len(list(tmp_path.glob("*-inspect-eval-n2.json"))) == 1
+    assert len(list(tmp_path.glob("*-inspect-eval-n2.md"))) == 1
+
+
+@pytest.mark.vm  # through the script, in a subprocess
+@pytest.mark.bench
+def test_rollouts_tiny_run_on_every_side(rt, tmp_path):
+    """bench/rollouts.py --n 3: forks of the warm parent, cold boots and podman (when installed) each run 3
+    differently patched copies of the project's tests; the patch that keeps SCALE = 1 passes, the others fail."""
+    rt.build_image()
+    res = subprocess.run([sys.executable, str(BENCH / "rollouts.py"), "--n", "3", "--image-from",
+                          str(rt.layout.home), "--report-dir", str(tmp_path), "-o", "json"],
+                         capture_output=True, text=True, timeout=3600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    ran = {r["side"]: r for r in out["runs"]}
+    assert set(ran) | set(out["skipped"]) == {"fork", "cold", "podman"} and {"fork", "cold"} <= set(ran)
+    assert all(r["as_expected"] == 3 and r["wall_s"] > 0 for r in ran.values()), ran
+    assert {q["of"] for q in out["ratios"]} >= {"cold/fork"}
+    assert len(list(tmp_path.glob("*-rollouts-n3.json"))) == 1

@@ -42,6 +42,15 @@ class ForkdSandboxConfig(BaseModel):
     token: str | None = Field(None, description="bearer token for url (default FORKD_TOKEN)")
     socket: str | None = Field(None, description="the daemon's unix socket")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_sandbox(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "services" in data:
+            raise ValueError("'services': several named sandboxes per sample are not supported by the forkd sandbox "
+                             "(a sample is one VM, forked from 'template'); drop 'services' and give that one "
+                             "sandbox's template/setup, or try continuations inside a sample with env.fork(n)")
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> ForkdSandboxConfig:
         if self.template and self.pool:
