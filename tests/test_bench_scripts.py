@@ -115,6 +115,7 @@ def test_wake_short_mode(home, swap):
 
 @pytest.mark.vm  # through the script, in a subprocess
 @pytest.mark.bench
+@pytest.mark.long  # minutes: podman and an Inspect eval on three providers
 def test_inspect_eval_tiny_run_on_every_provider(rt, tmp_path):
     """bench/inspect_eval.py --samples 2: the same eval on local, podman (when installed) and forkd, every sample
     scored correct on each, ratios and a dated report pair written; its forkd home leaves no QEMU behind."""
@@ -137,6 +138,7 @@ def test_inspect_eval_tiny_run_on_every_provider(rt, tmp_path):
 
 @pytest.mark.vm  # through the script, in a subprocess
 @pytest.mark.bench
+@pytest.mark.long  # minutes: podman and an Inspect eval on three providers
 def test_rollouts_tiny_run_on_every_side(rt, tmp_path):
     """bench/rollouts.py --n 3: forks of the warm parent, cold boots and podman (when installed) each run 3
     differently patched copies of the project's tests; the patch that keeps SCALE = 1 passes, the others fail."""
