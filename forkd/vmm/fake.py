@@ -15,9 +15,10 @@ its memory costs are a host process's), entropy (a child reseeds its `random` mo
 is the host's: `clock` and `forked` set nothing), a network device (`isolated` machines get none; `netns` is only
 where the process is born), root disks (`Machine.disk` is refused), dropping root (`may_drop` is False), diff
 captures (no guest pages: `diff_capture_problem` says so), page-out, the guest kernel and its console (the console
-log is the agent's output), and live capture downtime (a live capture stops the guest while its root is archived;
-nothing streams after the resume). Interpreter state that is not the result of the journaled code (threads,
-open files, state built by `exec` commands) is not in a snapshot.
+log is the agent's output), live capture downtime (a live capture stops the guest while its root is archived;
+nothing streams after the resume) and the one-control-channel rule (it has no control channel: `connect` only
+checks the process is alive, `VmmLost` when it is gone). Interpreter state that is not the result of the journaled
+code (threads, open files, state built by `exec` commands) is not in a snapshot.
 """
 
 from __future__ import annotations
