@@ -65,7 +65,8 @@ class _Handler(logging.StreamHandler):
 
 
 def setup(level: str | None = None, fmt: str | None = None, default_level: str = "INFO") -> None:
-    """Log to stderr at `level` in `fmt`; a value not given is read from the settings (FORKD_LOG_*)."""
+    """Log to stderr at `level` in `fmt`; a value not given is read from the settings (FORKD_LOG_LEVEL,
+    FORKD_LOG_FORMAT)."""
     if level is None or fmt is None:
         from forkd.base.settings import read_one  # pydantic: only when a value comes from the environment
 

@@ -47,6 +47,7 @@ def global_options(
                                                                           "$FORKD_LOG_FORMAT")) -> None:
     """Set up logging for this command, and hand the choice on to the processes it starts (serve, operator)."""
     from forkd.base.logs import FORMATS, LEVELS, setup
+    from forkd.cli.daemon import raw_env
 
     if log_level is not None and log_level.upper() not in LEVELS:
         raise typer.BadParameter(f"use one of {', '.join(LEVELS)}", param_hint="--log-level")
@@ -55,7 +56,7 @@ def global_options(
     for name, value in (("FORKD_LOG_LEVEL", log_level), ("FORKD_LOG_FORMAT", log_format)):
         if value is not None:
             os.environ[name] = value  # declared in forkd.base.settings; read by the processes this one starts
-    unset = not os.environ.get("FORKD_LOG_LEVEL", "").strip(), not os.environ.get("FORKD_LOG_FORMAT", "").strip()
+    unset = raw_env("FORKD_LOG_LEVEL") is None, raw_env("FORKD_LOG_FORMAT") is None
     setup(log_level or ("WARNING" if unset[0] else None), log_format or ("text" if unset[1] else None),
           default_level="WARNING")
 

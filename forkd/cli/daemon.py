@@ -29,9 +29,15 @@ _KINDS = {400: InvalidInput, 401: InvalidInput, 403: InvalidInput, 404: NotFound
           422: InvalidInput, 503: Unavailable, 504: Timeout}
 
 
+def raw_env(name: str) -> str | None:
+    """A FORKD_* variable as written (declared in forkd.base.settings), None when unset or blank."""
+    value = os.environ.get(name, "")
+    return value if value.strip() else None
+
+
 def light_settings() -> dict | None:
     """The locating variables as written, or None when one needs settings() to parse it."""
-    vals = {k: v if (v := os.environ.get(name, "")).strip() else None for k, name in RAW.items()}
+    vals = {k: raw_env(name) for k, name in RAW.items()}
     flag = (vals["no_daemon"] or "0").strip().lower()
     if flag not in _BOOLS or (vals["url"] and not vals["url"].startswith(("http://", "https://"))):
         return None
