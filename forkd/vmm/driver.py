@@ -207,7 +207,7 @@ class VmmDriver(ABC):
     @abstractmethod
     def pause(self, vm: Vm) -> None:
         """Stop `vm`'s vCPUs (the guest's time stands still too) until `ensure_running` resumes it: a sleeping
-        child (forkd.sandbox.sleep)."""
+        child (forkd.sandbox.child)."""
 
     @abstractmethod
     def ensure_running(self, vm: Vm) -> bool:

@@ -36,7 +36,7 @@ Memory: a branch charges nothing to its source's memory group: the guest RAM it 
 flat image, populated and charged to forkd's `shared` group when it was materialized, and the stream is written
 by a process forkd starts, not by the VMM (forkd.vmm.stream_pump). A diff branch reads the source's pages from
 forkd's process and writes them to forkd's files; a source with memory in swap (idle page-out) has it read back
-before the pause (forkd.sandbox.wake.page_in_now, as a request to it would), charged to its own group as before
+before the pause (ChildHandle.page_in, as a request to it would), charged to its own group as before
 its page-out. A memory-limited source is never pushed over its limit by being branched.
 
 Safety:
@@ -67,20 +67,18 @@ from typing import TYPE_CHECKING
 
 from forkd.base.errors import Conflict, ForkdError, NotFound, first_line
 from forkd.base.locks import try_lock
-from forkd.base.private import ensure_private_dir
 from forkd.base.procs import is_alive
 from forkd.base.settings import settings
 from forkd.base.steps import Step
 from forkd.core.pipeline.branch_disk import copy_disk, freeze_fs, thaw_fs
 from forkd.core.pipeline.job import Job
 from forkd.core.requests import Branch
+from forkd.sandbox import lockpaths
 from forkd.store.snapshot import DISK, Snapshot
 from forkd.vmm.driver import Capture, RunFiles
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
-
-LOCK_DIR = "locks"
 
 _threads: list[threading.Thread] = []
 _threads_lock = threading.Lock()
@@ -121,12 +119,6 @@ class BranchResult:
                 "timings_ms": self.timings_ms}
 
 
-def child_lock_path(home: Path, child_id: str) -> Path:
-    """The lock a branch of `child_id` holds while it involves the source (the idle sweeper's sleep needs it too),
-    in the home's private lock directory (made here, 0700, if missing)."""
-    return ensure_private_dir(home / LOCK_DIR) / f"branch-child-{child_id}.lock"
-
-
 def wait_background(timeout: float | None = None) -> None:
     """Wait for this process's background conversions (wait=False branches) to end."""
     with _threads_lock:
@@ -160,7 +152,7 @@ class BranchJob(Job):
     # -- before anything is written: refusals leave no snapshot behind --------------------------------
     def prepare(self) -> None:
         req, rt = self.req, self.rt
-        rec = rt.registry.get(req.child_id)
+        rec = self.rec = rt.registry.get(req.child_id)
         if rec.status != "running":
             raise Conflict(f"child {req.child_id} is {rec.status}, not running",
                            hint="only running children can be branched")
@@ -176,16 +168,15 @@ class BranchJob(Job):
         self._take_locks()
 
     def _take_locks(self) -> None:
-        path = child_lock_path(self.rt.layout.home, self.req.child_id)
-        d = path.parent  # the branch slots live beside it
-        lock = try_lock(path)
+        home = self.rt.layout.home
+        lock = try_lock(lockpaths.branch_lock(home, self.req.child_id))
         if lock is None:
             raise Conflict(f"child {self.req.child_id} is already being branched",
                            hint="branches of one source run one at a time; retry when the other one returned")
         self.child_lock = self.stack.enter_context(lock)
         limit = settings().max_branches
         for i in range(limit):
-            slot = try_lock(d / f"branch-slot-{i}.lock")
+            slot = try_lock(lockpaths.branch_slot(home, i))
             if slot is not None:
                 self.stack.enter_context(slot)
                 return

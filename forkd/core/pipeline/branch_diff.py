@@ -23,7 +23,6 @@ from forkd.base.errors import Conflict
 from forkd.base.steps import Step
 from forkd.core.pipeline.branch import BranchJob
 from forkd.core.pipeline.branch_disk import copy_disk
-from forkd.sandbox.wake import page_in_now
 from forkd.store import chain
 from forkd.store.snapshot import DISK, Snapshot
 from forkd.store.writer import Diff
@@ -84,7 +83,7 @@ class DiffBranchJob(BranchJob):
     def page_in_source(self) -> None:
         """A source with memory in swap (idle page-out) has it read back now, before the pause: the pause reads
         the guest pages it wrote, and one in swap would be read back from zram while the source is stopped."""
-        read = page_in_now(self.source_vm.pid, self.source_vm.started, min_kib=MIN_SWAPPED_KIB)
+        read = self.rt.handles.of(self.rec).page_in(min_kib=MIN_SWAPPED_KIB)
         if read:
             self.timings["page_in_kib"] = read
 
