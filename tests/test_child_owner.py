@@ -140,3 +140,24 @@ def test_residency_is_shown_by_ls_the_api_view_and_metrics(local):
     by_res, wakes = list(_residency(rt.children()))
     assert {s.labels["residency"]: s.value for s in by_res.samples} == {"awake": 1, "paged": 1, "asleep": 1}
     assert wakes.samples[0].value == 1
+
+
+def test_a_branch_holds_its_source_alone_and_within_the_home_cap(local):
+    """hold_for_capture: one branch of a source at a time (its branch lock), at most `max_branches` per home (the
+    slots), the VMM attached (the real driver's attach: no VMM I/O); everything let go when the branch unwinds."""
+    from contextlib import ExitStack
+
+    from forkd.base.errors import Conflict
+
+    rt, child = local
+    a, b = child(), child()
+    with ExitStack() as first:
+        vm, lock = rt.handles.of(a).hold_for_capture(first, max_branches=2)
+        assert (vm.pid, vm.started) == (a.pid, a.started) and lock.fd is not None
+        with ExitStack() as again, pytest.raises(Conflict, match=f"child {a.id} is already being branched"):
+            rt.handles.of(a).hold_for_capture(again, max_branches=2)
+        with ExitStack() as other, pytest.raises(Conflict, match="1 branches are already in flight"):
+            rt.handles.of(b).hold_for_capture(other, max_branches=1)
+        assert rt.handles.of(a).sleep() is False  # the idle loop never stops a source under a branch
+    with ExitStack() as later:
+        rt.handles.of(a).hold_for_capture(later, max_branches=1)  # all of it was let go

@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from forkd.base.errors import ForkdError, ProtocolViolation
+from forkd.base.errors import Conflict, ForkdError, ProtocolViolation
 from forkd.base.locks import Flock, try_lock
 from forkd.sandbox import lockpaths, wake
 from forkd.sandbox.registry import RESIDENCY, ChildRecord, Claim, Registry, this_process
 from forkd.sandbox.supervisor import Supervisor, attached
 from forkd.vmm.agent_client import AgentClient, AgentTimeout
-from forkd.vmm.driver import VmmDriver
+from forkd.vmm.driver import RunFiles, Vm, VmmDriver
 from forkd.vmm.pageout import PagedOut, page_out
 
 __all__ = ["RESIDENCY", "ChildHandle", "ChildRecord", "Children", "Claim", "Registry", "no_answer", "set_clock",
@@ -187,6 +187,30 @@ class ChildHandle:
         if kib > 0:
             self._woke()
         return kib
+
+    # -- a branch's hold on it ---------------------------------------------------------------------------
+    def hold_for_capture(self, stack: contextlib.ExitStack, max_branches: int) -> tuple[Vm, Flock]:
+        """Take what a branch of this child holds, on `stack` (released when it unwinds): its branch lock (one
+        branch of a source at a time; the idle loop's sleep waits for it too), a branch slot (at most
+        `max_branches` per home, across processes) and its VMM, attached. Returns (the VMM, the branch lock, which
+        the branch releases early once the source is free); Conflict naming what is in the way."""
+        home, driver = self.owner.home, self.owner.driver
+        lock = try_lock(lockpaths.branch_lock(home, self.id))
+        if lock is None:
+            raise Conflict(f"child {self.id} is already being branched",
+                           hint="branches of one source run one at a time; retry when the other one returned")
+        stack.enter_context(lock)
+        for i in range(max_branches):
+            slot = try_lock(lockpaths.branch_slot(home, i))
+            if slot is not None:
+                stack.enter_context(slot)
+                break
+        else:
+            raise Conflict(f"{max_branches} branches are already in flight (background conversions included)",
+                           hint="retry when one finished (FORKD_MAX_BRANCHES raises the cap)")
+        vm = driver.attach(RunFiles(Path(self.rec.dir)), self.rec.pid, self.rec.started)
+        stack.callback(driver.release, vm)  # the source keeps running, whatever happens
+        return vm, lock
 
     @property
     def asleep(self) -> bool:
