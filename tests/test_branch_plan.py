@@ -121,3 +121,19 @@ def test_a_closed_agent_connection_is_a_lost_vmm(tmp_path):
     except RuntimeError as wrapped:
         assert vmm_lost(wrapped)
     assert vmm_lost(BrokenPipeError()) and not vmm_lost(RuntimeError("QMPDisconnected (VMM exited?)"))
+
+
+def test_background_conversions_belong_to_their_runtime():
+    """A runtime waits for its own background conversions (wait=False branches), not another's."""
+    from forkd.core.pipeline.branch import Conversions
+
+    mine, other, release = Conversions(), Conversions(), threading.Event()
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (release.wait(10), done.set()))
+    t.start()
+    mine.add(t)
+    other.wait(0)  # nothing of its own: returns at once, the conversion still runs
+    assert not done.is_set()
+    release.set()
+    mine.wait(10)
+    assert done.is_set()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from forkd.base.errors import Conflict
 from forkd.base.settings import settings
-from forkd.core.pipeline.branch import BranchJob, BranchResult, Streamed, Way, wait_background
+from forkd.core.pipeline.branch import BranchJob, BranchResult, Streamed, Way
 from forkd.core.pipeline.branch_diff import ByPages
 from forkd.core.pipeline.branch_paged import probe_source
 from forkd.core.pipeline.branch_plan import Probe, needs_probe, plan_branch
@@ -33,6 +33,11 @@ WAYS: dict[str, Callable[[Probe | None], Way]] = {
     "write-protect": lambda probe: Streamed(),
     "stop": lambda probe: Streamed(),
 }
+
+
+def wait_background(rt: Runtime, timeout: float | None = None) -> None:
+    """Wait for the background conversions (wait=False branches) `rt` started in this process to end."""
+    rt.conversions.wait(timeout)
 
 
 def branch(rt: Runtime, req: Branch) -> BranchResult:

@@ -20,6 +20,7 @@ from forkd.base.paths import Layout
 from forkd.base.settings import settings
 from forkd.base.telemetry import spawned, timed
 from forkd.core.branch import BranchResult, branch
+from forkd.core.pipeline.branch import Conversions
 from forkd.core.pipeline.compaction import CompactJob
 from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
@@ -47,6 +48,7 @@ class Runtime:
         self.store = SnapshotStore(self.layout, populate=partial(cgroups.populate_shared, str(self.layout.home)))
         self.registry = Registry(self.layout)
         self._driver = driver
+        self.conversions = Conversions()  # background conversions of its wait=False branches (this process's)
         self.handles = Children(self.registry, lambda: self.driver, self.layout.home)  # each running child's owner
 
     @property

@@ -79,8 +79,6 @@ from forkd.vmm.driver import Capture
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
-_threads: list[threading.Thread] = []
-_threads_lock = threading.Lock()
 
 
 class BranchError(ForkdError):
@@ -107,12 +105,24 @@ class BranchResult:
                 "timings_ms": self.timings_ms}
 
 
-def wait_background(timeout: float | None = None) -> None:
-    """Wait for this process's background conversions (wait=False branches) to end."""
-    with _threads_lock:
-        threads = list(_threads)
-    for t in threads:
-        t.join(timeout)
+class Conversions:
+    """A runtime's background conversions (`wait=False` branches): daemon threads of this process, which must live
+    until they end (the daemon does; a CLI `--no-wait` waits for them: `wait`)."""
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def add(self, t: threading.Thread) -> None:
+        with self._lock:
+            self._threads[:] = [x for x in self._threads if x.is_alive()] + [t]
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for every conversion started so far to end (each for at most `timeout`)."""
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout)
 
 
 class Way(Protocol):
@@ -239,8 +249,7 @@ class BranchJob(Job):
 
         t = threading.Thread(target=_guarded(background), name=f"forkd-branch-{self.req.tag}", daemon=True)
         self.result.thread = t
-        with _threads_lock:
-            _threads[:] = [x for x in _threads if x.is_alive()] + [t]
+        self.rt.conversions.add(t)
         t.start()
 
     # -- when the source dies under us -----------------------------------------------------------------
