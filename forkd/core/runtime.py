@@ -27,7 +27,7 @@ from forkd.core.pipeline.parent import ParentJob
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
 from forkd.image.build import Image, build, default_image, stub_image
 from forkd.sandbox import cgroups
-from forkd.sandbox.child import ChildRecord, Children, Claim, Registry, this_process
+from forkd.sandbox.child import ChildRecord, Children, Claim, Registry
 from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
@@ -261,37 +261,11 @@ class Runtime:
         registry lock against its current record, so a child claimed since the decision is not retired, and a
         child another operation is creating or stopping (`busy`) is left alone. It is marked `stopping` before
         the lock is released (no claim can take it), then stopped. True if it was retired."""
-        rec, owned = self._take(child_id, still)
+        rec, owned = self.handles.take(child_id, still)
         if rec is None or not owned:
             return False
         self.supervisor.kill(rec)
         return True
-
-    def _take(self, child_id: str, still: Callable[[ChildRecord], bool] | None = None,
-              wait_until: float | None = None) -> tuple[ChildRecord | None, bool]:
-        """Become the operation that stops `child_id`: under the registry lock, once no other operation owns it
-        (waiting until `wait_until`, if given), mark it `stopping` by this process. Returns (that record, True);
-        (the record as it is, False) if it is still busy at the deadline or `still(record)` says no; (None, False)
-        if it went meanwhile (someone else stopped it). NotFound if it was not there at all."""
-        first = True
-        while True:
-            with self.registry.locked():
-                try:
-                    rec = self.registry.get(child_id)
-                except NotFound:
-                    if first:
-                        raise
-                    return None, False
-                if not rec.busy:
-                    if still is not None and not still(rec):
-                        return rec, False
-                    pid, started = this_process()
-                    rec = rec.with_(state="stopping", stopper_pid=pid, stopper_started=started)
-                    return self.registry.save(rec), True
-            if wait_until is None or time.monotonic() >= wait_until:
-                return rec, False
-            first = False
-            time.sleep(0.05)
 
     def start_sweeper(self, stop: threading.Event, audit: Any = None) -> threading.Thread:
         """Start this node's idle loop (forkd.core.sweeper: lifetimes, branch snapshots, idle page-out and sleep)
@@ -360,7 +334,7 @@ class Runtime:
         out, busy = [], []
         for r in recs:
             try:
-                rec, owned = self._take(r.id, wait_until=deadline)
+                rec, owned = self.handles.take(r.id, wait_until=deadline)
             except NotFound:
                 rec, owned = None, False
             if owned:

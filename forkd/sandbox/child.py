@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from forkd.base.errors import Conflict, ForkdError, ProtocolViolation
+from forkd.base.errors import Conflict, ForkdError, NotFound, ProtocolViolation
 from forkd.base.locks import Flock, try_lock
 from forkd.sandbox import lockpaths, wake
 from forkd.sandbox.registry import RESIDENCY, ChildRecord, Claim, Registry, this_process
@@ -63,6 +63,32 @@ class Children:
     def running(self) -> list[ChildHandle]:
         """A handle per recorded child whose state is running and whose VMM has a pid."""
         return [ChildHandle(self, r) for r in self.registry.list() if r.state == "running" and r.pid is not None]
+
+    def take(self, child_id: str, still: Callable[[ChildRecord], bool] | None = None,
+              wait_until: float | None = None) -> tuple[ChildRecord | None, bool]:
+        """Become the operation that stops `child_id`: under the registry lock, once no other operation owns it
+        (waiting until `wait_until`, if given), mark it `stopping` by this process. Returns (that record, True);
+        (the record as it is, False) if it is still busy at the deadline or `still(record)` says no; (None, False)
+        if it went meanwhile (someone else stopped it). NotFound if it was not there at all."""
+        first = True
+        while True:
+            with self.registry.locked():
+                try:
+                    rec = self.registry.get(child_id)
+                except NotFound:
+                    if first:
+                        raise
+                    return None, False
+                if not rec.busy:
+                    if still is not None and not still(rec):
+                        return rec, False
+                    pid, started = this_process()
+                    rec = rec.with_(state="stopping", stopper_pid=pid, stopper_started=started)
+                    return self.registry.save(rec), True
+            if wait_until is None or time.monotonic() >= wait_until:
+                return rec, False
+            first = False
+            time.sleep(0.05)
 
     def mark_claimed(self, ids: list[str], at: float, ends: float | None) -> list[ChildRecord]:
         """Record a claim on each child's own record (at, unless already claimed; its end), from its current
