@@ -174,7 +174,7 @@ def bench_size(rt: Runtime, mib: int, reps: int, modes: tuple[str, ...] = MODES)
         return {"memory_mib": mib, "modes": pauses(rt, srcs, mib, reps, modes),
                 "nowait_return_ms": nowait_returns(rt, srcs, mib, reps, modes)}
     finally:
-        wait_background(600)
+        wait_background(rt, 600)
         rt.kill(list(srcs.values()))
 
 

@@ -89,7 +89,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "pageout-anon": {"FORKD_IDLE_PAGEOUT_SECS": "3", "scope": "anon"},  # the same, anonymous mappings only
     "primed": {"prime": "true"},  # each child runs `true` once at fork (Spawn.prime): its first exec is translated
     "pageout-primed": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true"},  # both
-    # paged-out children are also stopped until their next request (FORKD_IDLE_SLEEP, forkd.sandbox.sleep)
+    # paged-out children are also stopped until their next request (FORKD_IDLE_SLEEP, forkd.sandbox.child)
     "pageout-primed-sleep": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_IDLE_SLEEP": "1"},
     # the same on a host whose anonymous 64 KiB mTHP is on for MADV_HUGEPAGE mappings (TCG's code buffer is one): a
     # page-in swaps it back 64 KiB at a time instead of 4 KiB (host-wide sysfs, put back after; HostMthp)
@@ -97,7 +97,7 @@ VARIANTS: dict[str, dict[str, str]] = {
                                     "mthp_kib": "64"},
     # a request's page-in reads every swapped page back, not TCG's code only (FORKD_PAGE_IN_SCOPE)
     "pageout-primed-wakeall": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_PAGE_IN_SCOPE": "all"},
-    # before the page-in on request (forkd.sandbox.wake): a request faults the child's pages back one by one
+    # before the page-in on request (forkd.sandbox.child): a request faults the child's pages back one by one
     "pageout-nowake": {"FORKD_IDLE_PAGEOUT_SECS": "3", "FORKD_PAGE_IN_ON_REQUEST": "0"},
     "pageout-primed-nowake": {"FORKD_IDLE_PAGEOUT_SECS": "3", "prime": "true", "FORKD_PAGE_IN_ON_REQUEST": "0"},
 }
@@ -406,7 +406,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="page out children idle SECS (as the daemon does with FORKD_IDLE_PAGEOUT_SECS) after each "
                          "batch and before the final window; needs swap (zram)")
     ap.add_argument("--sleep", action="store_true", help="with --pageout: paged-out children are also stopped "
-                    "until their next request (FORKD_IDLE_SLEEP=1; forkd.sandbox.sleep)")
+                    "until their next request (FORKD_IDLE_SLEEP=1; forkd.sandbox.child)")
     ap.add_argument("--prime", action="append", default=[], metavar="CMD",
                     help="each child runs CMD once when forked (Spawn.prime; e.g. true: its first exec is then "
                          "translated at fork time); repeat for more")

@@ -56,7 +56,7 @@ def one_rep(rt: Runtime, fanout: int, out: dict[str, dict[str, list[float]]], mo
     out[mode]["fanout"].append((time.perf_counter() - t0) * 1000.0)
     rt.kill([r.id for r in many])
     res = branch(rt, Branch.of(child_id=rec.id, tag=f"bench-jail-b-{mode}", mode="live"))
-    wait_background()
+    wait_background(rt)
     if res.pause_ms is not None:
         out[mode]["branch_pause"].append(res.pause_ms)
     rt.kill([rec.id])

@@ -43,7 +43,7 @@ from forkd.client.remote import RemoteBackend  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from forkd.reconciler.control import Control  # noqa: E402
 from forkd.reconciler.plan import plan  # noqa: E402
-from forkd.sandbox.registry import ChildRecord  # noqa: E402
+from forkd.sandbox.child import ChildRecord  # noqa: E402
 from forkd.spec.loader import load_text  # noqa: E402
 
 SPEC = """\

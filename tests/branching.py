@@ -47,7 +47,7 @@ def tmpfs_runtime(rt: Runtime, prefix: str, parent: ParentBuild) -> Iterator[Run
     r = Runtime(layout)
     r.create_snapshot(parent)
     yield r
-    wait_background(60)
+    wait_background(r, 60)
     r.kill(all_=True)
     leaked = qemu_pids(home)
     for pid in leaked:

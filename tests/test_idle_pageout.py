@@ -17,9 +17,7 @@ import pytest
 
 from forkd.base.settings import settings
 from forkd.core.idle import CLK_TCK, IdleReclaimer, Watch
-from forkd.core.pipeline.branch import child_lock_path
 from forkd.core.posture import check_swap
-from forkd.sandbox.sleep import asleep, put_to_sleep
 from forkd.sandbox.supervisor import attached
 from forkd.sandbox.wake import wake
 from forkd.sdk import Controller, Sandbox
@@ -77,8 +75,8 @@ def test_a_page_in_on_request_starts_a_new_idle_stretch(wakes_now, expect_paged_
     assert w.observe(7, 100, 3.5, 1.0, wakes_now) is (not expect_paged_after)  # idle 1.5 s since: paged out again
 
 
-def test_one_page_in_per_vmm_at_a_time_and_each_counted():
-    """forkd.sandbox.wake: while one thread pages a VMM in, another is refused (and not counted as a wake)."""
+def test_one_page_in_per_vmm_at_a_time():
+    """forkd.sandbox.wake: while one thread pages a VMM in, another is refused."""
     from forkd.sandbox import wake as wake_mod
 
     pid = 2**22 + 12345  # no such process: only the bookkeeping runs
@@ -86,12 +84,10 @@ def test_one_page_in_per_vmm_at_a_time_and_each_counted():
     assert wake_mod._claim(pid, 1, first) is True
     try:
         assert wake_mod._claim(pid, 1, threading.current_thread()) is False
-        assert wake_mod.wakes(pid, 1) == 1 and wake_mod.wakes(pid, 2) == 0
     finally:
         wake_mod._running.pop(pid, None)
-    assert wake_mod._claim(pid, 1, first) is True  # free again: a later page-in is counted too
+    assert wake_mod._claim(pid, 1, first) is True  # free again
     wake_mod._running.pop(pid, None)
-    assert wake_mod.wakes(pid, 1) == 2
 
 
 def test_another_process_under_the_same_child_starts_over():
@@ -128,7 +124,7 @@ def test_by_default_idle_children_are_paged_out_to_zram_only(swap):
     assert settings().idle_pageout_secs == 60 and settings().idle_pageout_disk is False
     assert not_in_ram(swap_devices()) == []
     idle = IdleReclaimer(settings().idle_pageout_secs)
-    assert idle._swap() is True and idle.why_not is None
+    assert idle.swap_allowed() is True and idle.why_not is None
     check = check_swap()
     assert check.status == "PASS" and "after 60 s to compressed RAM" in check.detail, check
 
@@ -206,6 +202,7 @@ def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
     reclaimer.budget_s = 0.5  # ... and the idle child is still due on the next one
     paged = reclaimer.tick(rt)
     assert list(paged) == [idle_rec.id], paged  # the busy one ran all along
+    assert rt.child(idle_rec.id).residency == "paged" and rt.child(busy_rec.id).residency == "awake"
     assert paged[idle_rec.id].moved_kib >= 4 * MIB, paged
     assert _status_kib(idle_rec.pid, "VmSwap") >= 4 * MIB
     assert _status_kib(idle_rec.pid, "RssAnon") <= before - 4 * MIB
@@ -215,6 +212,8 @@ def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
     run = rt.exec(idle_rec.id, ["cat", "/root/kept.txt"])
     assert (run["exit_code"], run["stdout"].strip()) == (0, "on-disk")
     assert reclaimer.tick(rt) == {}  # it ran: a new idle stretch starts, not paged again at once
+    woke = rt.child(idle_rec.id)
+    assert woke.residency == "awake" and woke.wakes >= 1, woke  # its first request paged it back in
 
 
 @pytest.mark.vm
@@ -332,6 +331,10 @@ def test_a_request_to_a_paged_out_child_pages_it_in_through_the_runtime(rt, fork
         time.sleep(0.2)
 
 
+def _asleep(rt, rec) -> bool:
+    return rt.child(rec.id).residency == "asleep"
+
+
 def _run_state(rt, rec) -> str:
     with attached(rt.driver, rec) as vm:
         return rt.driver.run_state(vm)
@@ -339,14 +342,14 @@ def _run_state(rt, rec) -> str:
 
 @pytest.mark.vm
 def test_idle_child_sleeps_and_its_next_request_wakes_it_with_the_right_clock(rt, fork, swap, monkeypatch):
-    """FORKD_IDLE_SLEEP=1 (forkd.sandbox.sleep): the sweeper stops an idle child's vCPUs before its page-out; the
+    """FORKD_IDLE_SLEEP=1 (forkd.sandbox.child): the sweeper stops an idle child's vCPUs before its page-out; the
     stopped VMM uses no CPU; the next request through the one door resumes it and sets the guest's clock, which
     stood still while it slept."""
     monkeypatch.setenv("FORKD_IDLE_SLEEP", "1")
     (rec,) = fork(1)
     _settle(rec)
     reclaimer, deadline = IdleReclaimer(1.0), time.monotonic() + 60
-    while not asleep(rec):
+    while not _asleep(rt, rec):
         assert time.monotonic() < deadline, "the sweeper never put the idle child to sleep"
         reclaimer.tick(rt)
         time.sleep(0.5)
@@ -356,7 +359,8 @@ def test_idle_child_sleeps_and_its_next_request_wakes_it_with_the_right_clock(rt
     assert _ticks(rec.pid) - t0 <= 1, "a sleeping child's VMM used CPU"
     res = rt.eval(rec.id, "__import__('time').time()")
     assert abs(float(res["value"]) - time.time()) < 1.0, res  # set on wake, not 3 s behind
-    assert not asleep(rec) and _run_state(rt, rec) == "running"
+    assert not _asleep(rt, rec) and _run_state(rt, rec) == "running"
+    assert rt.child(rec.id).wakes >= 1
     assert rt.exec(rec.id, ["true"])["exit_code"] == 0
 
 
@@ -365,12 +369,11 @@ def test_a_child_is_not_put_to_sleep_while_a_request_holds_it(rt, fork, monkeypa
     """The sweeper gets a child's wake lock only when no request holds it (shared, for the request's length): a
     request in flight is never frozen under it."""
     (rec,) = fork(1)
-    lock = child_lock_path(rt.layout.home, rec.id)
     with rt.agent(rec.id) as agent:
-        assert put_to_sleep(rt.driver, rec, lock) is False
+        assert rt.handles.of(rec).sleep() is False
         assert agent.ping()["child_id"] == rec.id
-    assert not asleep(rec) and _run_state(rt, rec) == "running"
-    assert put_to_sleep(rt.driver, rec, lock) is True  # nothing in flight now
-    assert asleep(rec) and _run_state(rt, rec) == "paused"
+    assert not _asleep(rt, rec) and _run_state(rt, rec) == "running"
+    assert rt.handles.of(rec).sleep() is True  # nothing in flight now
+    assert _asleep(rt, rec) and _run_state(rt, rec) == "paused"
     assert rt.eval(rec.id, "6 * 7")["value"] == "42"  # and the next request wakes it
-    assert not asleep(rec)
+    assert not _asleep(rt, rec) and rt.child(rec.id).wakes == 1

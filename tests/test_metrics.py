@@ -27,7 +27,7 @@ def rt(fake_rt):
 
 ALIASES = {"forkd_snapshots_total", "forkd_sandboxes_active"}  # upstream names kept as gauge aliases
 BOUNDED_LABELS = {"pool", "status", "reason", "kind", "action", "mode", "method", "route", "le", "version",
-                  "python", "api"}
+                  "python", "api", "residency"}
 
 
 def families(text: str) -> dict:
@@ -126,3 +126,5 @@ def test_metrics_after_refill_claim_exec(home, fake_base, tmp_path):
     assert value(fams, "forkd_snapshot_chain_depth_max") >= 0
     assert value(fams, "forkd_snapshots_total") == sum(s.value for s in fams["forkd_snapshots"].samples)
     assert value(fams, "forkd_sandboxes_active") == value(fams, "forkd_sandboxes", status="running")
+    assert sum(value(fams, "forkd_sandboxes_residency", residency=r) for r in ("awake", "paged", "asleep")) == \
+        value(fams, "forkd_sandboxes", status="running")  # every running child has one residency

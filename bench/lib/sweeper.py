@@ -37,7 +37,7 @@ class Sweeper:
 
     def __init__(self, rt: Runtime, idle_s: float, scope: str = "private"):
         self.rt, self.reclaimer, self.stop = rt, IdleReclaimer(idle_s, scope), threading.Event()
-        if swap_total_kib() == 0 or not self.reclaimer._swap():  # the daemon's own test: zram only by default
+        if swap_total_kib() == 0 or not self.reclaimer.swap_allowed():  # the daemon's own test: zram only by default
             raise ForkdError(f"paging out here needs a zram swap: {self.reclaimer.why_not or 'the host has none'}",
                              hint=ZRAM_FIX)
         self.moved: dict[str, float] = {}  # MiB each child's latest page-out moved

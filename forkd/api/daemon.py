@@ -31,7 +31,6 @@ from uvicorn.importer import import_from_string
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from forkd.api import sweeper
 from forkd.api.auth import TagTransport, allowed_hosts, check_bind, load_or_create_token, parse_bind, peer_checked
 from forkd.base.atomic import write_bytes
 from forkd.base.errors import Conflict, InvalidInput, Unavailable
@@ -276,7 +275,7 @@ def _serve(rt: Runtime, watch: Path | None, interval: float, tcp: Tcp | None) ->
     signal.signal(signal.SIGTERM, shutdown)
     write_bytes(layout.daemon_pid, f"{os.getpid()}\n".encode())
     loop.start()
-    sweeper.start(rt, stop, audit)  # sandbox lifetimes, throw-away branch snapshots
+    rt.start_sweeper(stop, audit)  # sandbox lifetimes, throw-away branch snapshots
     try:
         server.run(sockets=[usock])
     finally:

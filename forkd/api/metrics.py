@@ -26,6 +26,7 @@ from prometheus_client.utils import floatToGoString
 from forkd import __version__
 from forkd.base import telemetry
 from forkd.reconciler.objects import key
+from forkd.sandbox.child import RESIDENCY
 
 if TYPE_CHECKING:
     from forkd.reconciler.control import Control
@@ -59,6 +60,17 @@ def _depth_histogram(depths: list[int]) -> HistogramMetricFamily:
     buckets = [(floatToGoString(b), sum(1 for d in depths if d <= b)) for b in DEPTH_BUCKETS] + [("+Inf", len(depths))]
     return HistogramMetricFamily("forkd_snapshot_chain_depth", "layers between a snapshot and its base",
                                  buckets=buckets, sum_value=sum(depths))
+
+
+def _residency(running: list):
+    """Running children by residency (awake, paged out, asleep: forkd.sandbox.child) and their wakes so far."""
+    by_res = GaugeMetricFamily("forkd_sandboxes_residency", "running children by residency (awake: in RAM; paged: "
+                               "its VMM's memory in swap; asleep: vCPUs stopped)", labels=["residency"])
+    for res in RESIDENCY:
+        by_res.add_metric([res], sum(1 for c in running if c.residency == res))
+    yield by_res
+    yield GaugeMetricFamily("forkd_sandbox_wakes", "requests that resumed a running child or paged it back in, "
+                            "summed over the running children", value=sum(c.wakes for c in running))
 
 
 class _StateCollector:
@@ -113,6 +125,7 @@ class _StateCollector:
         for (pool, st), n in sorted(counts.items()):
             by_pool.add_metric([pool, st], n)
         yield by_pool
+        yield from _residency([c for c, st in zip(children, statuses, strict=True) if st == "running"])
 
     def _pools(self):
         warm = GaugeMetricFamily("forkd_pool_warm", "idle warm children per pool", labels=["pool"])

@@ -160,10 +160,10 @@ class Settings(BaseModel):
                                    "clock) when it is paged out, so it costs no CPU and faults nothing back until "
                                    "its next request, which resumes it and sets its clock first. Timers inside "
                                    "the guest fire late by the time it slept: for children that only answer "
-                                   "requests (forkd.sandbox.sleep)")
+                                   "requests (forkd.sandbox.child)")
     page_in_on_request: bool = _env(True, "a request to a child whose VMM has memory in swap (idle page-out) first "
                                           "starts reading it back (FORKD_PAGE_IN_SCOPE) on another thread while "
-                                          "the request runs (forkd.sandbox.wake)")
+                                          "the request runs (forkd.sandbox.child)")
     page_in_scope: Literal["code", "all"] = _env("code", "what a request's page-in reads back: code (TCG's "
                                                          "translation buffer, which a request runs again nearly "
                                                          "whole; the rest faults back as it is touched) or all "

@@ -207,13 +207,22 @@ def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head t
 
 # -- children -------------------------------------------------------------------------------------
 def _child_rows(recs: list[dict]) -> list[list[str]]:
-    return [[r["id"], r["status"] + (" (VMM stopped)" if r.get("vmm_stopped") else ""), r["snapshot"], r["pool"] or "-",
+    return [[r["id"], r["status"] + (" (VMM stopped)" if r.get("vmm_stopped") else ""), _residency(r), r["snapshot"],
+             r["pool"] or "-",
              "claimed" if r["claimed_at"] else "idle" if r["pool"] else "-", str(r["pid"] or "-"),
              ms(r["timings_ms"].get("restore")), ms(r["timings_ms"].get("ready"))] for r in recs]
 
 
-CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("SNAPSHOT", "left"), ("POOL", "left"), ("CLAIM", "left"),
-                 ("PID", "right"), ("RESTORE ms", "right"), ("READY ms", "right")]
+def _residency(r: dict) -> str:
+    """Where a running child's memory is (awake, paged, asleep), and how often a request woke it."""
+    if r["status"] != "running":
+        return "-"
+    wakes = r.get("wakes") or 0
+    return r.get("residency", "awake") + (f" (woke {wakes})" if wakes else "")
+
+
+CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("RESIDENCY", "left"), ("SNAPSHOT", "left"), ("POOL", "left"),
+                 ("CLAIM", "left"), ("PID", "right"), ("RESTORE ms", "right"), ("READY ms", "right")]
 
 
 @app.command()

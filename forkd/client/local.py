@@ -154,7 +154,7 @@ class LocalBackend:
         """After a `wait=False` branch: wait for this process's background conversion; the snapshot as it ended."""
         from forkd.core.branch import wait_background
 
-        wait_background()
+        wait_background(self.rt)
         return self.rt.store.get(tag).to_json()
 
     # -- this host -----------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ doctor` says whether there is any).
 
 Idle means: between two looks, the VMM used at most IDLE_CPU_PCT of a core (an idle TCG child uses ~0.05 %). A
 child is paged out once per idle stretch: when it runs again (a request, its own work), its pages fault back in and
-the clock starts over. The daemon's sweeper calls `IdleReclaimer.tick` every FORKD_SWEEP_INTERVAL seconds; the
-decision (`Watch.observe`) is pure and table-tested. With FORKD_IDLE_SLEEP the child is also stopped before its
-page-out, until its next request (forkd.sandbox.sleep)."""
+the clock starts over. The runtime's idle loop (forkd.core.sweeper) calls `IdleReclaimer.tick` every
+FORKD_SWEEP_INTERVAL seconds; the decision (`Watch.observe`) is pure and table-tested. With FORKD_IDLE_SLEEP the
+child is also stopped before its page-out, until its next request. What is done to a child (sleep, page-out) and
+what it is now (its residency and wakes, on its record) is its handle's (forkd.sandbox.child)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,7 @@ from typing import Any
 
 from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
-from forkd.core.pipeline.branch import child_lock_path
-from forkd.sandbox.sleep import asleep, put_to_sleep
-from forkd.sandbox.wake import wakes
-from forkd.vmm.pageout import PagedOut, not_in_ram, page_out, swap_devices
+from forkd.vmm.pageout import PagedOut, not_in_ram, swap_devices
 
 log = logging.getLogger(__name__)
 IDLE_CPU_PCT = 1.0  # at most this much of one core between two looks counts as idle
@@ -53,7 +51,7 @@ class Watch:
     at: float  # when `ticks` was read
     idle_since: float
     paged: bool = False
-    wakes: int = 0  # page-ins on request seen so far (forkd.sandbox.wake.wakes)
+    wakes: int = 0  # the child's wakes (ChildRecord.wakes) seen so far
 
     def observe(self, started: int | None, ticks: int, now: float, idle_secs: float, wakes: int = 0) -> bool:
         """Take a new look; True when the child should be paged out now. A request's page-in since the last look
@@ -83,42 +81,33 @@ class IdleReclaimer:
     def tick(self, rt: Any) -> dict[str, PagedOut]:
         """Look at every running child once; page out those idle long enough, for at most `budget_s` (the rest
         stay due and are paged out on the next ticks). Returns what was paged out."""
-        if self.idle_secs <= 0 or not self._swap():
+        if self.idle_secs <= 0 or not self.swap_allowed():
             return {}
         now, out, t0 = self.clock(), {}, time.monotonic()
-        running = {r.id: r for r in rt.registry.list() if r.state == "running" and r.pid is not None}
+        running = {h.id: h for h in rt.handles.running()}
         for gone in set(self.watches) - set(running):
             del self.watches[gone]
-        for cid, rec in running.items():
+        for cid, child in running.items():
+            rec = child.rec
             ticks = cpu_ticks(rec.pid)
             if ticks is None:
                 continue
             w = self.watches.get(cid)
             if w is None:
-                self.watches[cid] = Watch(rec.started, ticks, now, now, wakes=wakes(rec.pid, rec.started))
+                self.watches[cid] = Watch(rec.started, ticks, now, now, wakes=rec.wakes)
                 continue
-            due = w.observe(rec.started, ticks, now, self.idle_secs, wakes(rec.pid, rec.started))
+            due = w.observe(rec.started, ticks, now, self.idle_secs, rec.wakes)
             if due and time.monotonic() - t0 < self.budget_s:
                 w.paged = True
                 if settings().idle_sleep:  # stopped first: a stopped VM faults nothing back after its page-out
-                    self._sleep(rt, rec)
+                    _sleep(child)
                 try:
-                    out[cid] = page_out(rec.pid, rec.started, self.scope)
+                    out[cid] = child.page_out(self.scope)
                 except ForkdError as exc:
                     log.warning("idle page-out of %s: %s", cid, exc.message)
         return out
 
-    @staticmethod
-    def _sleep(rt: Any, rec: Any) -> None:
-        """FORKD_IDLE_SLEEP: stop the child's vCPUs until its next request (forkd.sandbox.sleep)."""
-        if asleep(rec):
-            return
-        try:
-            put_to_sleep(rt.driver, rec, child_lock_path(rt.layout.home, rec.id))
-        except (ForkdError, OSError) as exc:
-            log.warning("idle sleep of %s: %s", rec.id, exc)
-
-    def _swap(self) -> bool:
+    def swap_allowed(self) -> bool:
         """Whether paging out can go anywhere allowed: some swap, all of it zram unless FORKD_IDLE_PAGEOUT_DISK.
         Says why not once per change (at info: a host without swap is an ordinary host)."""
         devices = swap_devices()
@@ -130,3 +119,13 @@ class IdleReclaimer:
             log.info("idle children are not paged out: %s", why)
         self.why_not = why
         return why is None
+
+
+def _sleep(child: Any) -> None:
+    """FORKD_IDLE_SLEEP: stop the child's vCPUs until its next request (forkd.sandbox.child)."""
+    if child.asleep:
+        return
+    try:
+        child.sleep()
+    except (ForkdError, OSError) as exc:
+        log.warning("idle sleep of %s: %s", child.id, exc)

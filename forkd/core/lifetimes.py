@@ -2,7 +2,7 @@
 
 A sandbox made by `POST /v1/sandboxes`, `/fork` or `forkd fork` through the daemon carries `expires_at` in its child
 record (default FORKD_SANDBOX_TIMEOUT from its creation; `set_timeout` moves it to now + seconds). The daemon's
-sweeper (forkd.api.sweeper) calls `sweep` every FORKD_SWEEP_INTERVAL seconds: expired hand-made children are
+sweeper (forkd.core.sweeper) calls `sweep` every FORKD_SWEEP_INTERVAL seconds: expired hand-made children are
 killed (pool children are the reconciler's: idle ones have no expiry, claimed ones are retired by it), then
 snapshots forkd named itself are removed by policy:
 

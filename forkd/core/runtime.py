@@ -5,31 +5,33 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from forkd.base.atomic import write_json
-from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, ProtocolViolation
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
 from forkd.base.telemetry import spawned, timed
 from forkd.core.branch import BranchResult, branch
+from forkd.core.pipeline.branch import Conversions
 from forkd.core.pipeline.compaction import CompactJob
 from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
 from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
 from forkd.image.build import Image, build, default_image, stub_image
 from forkd.sandbox import cgroups
-from forkd.sandbox.registry import ChildRecord, Claim, Registry, this_process
-from forkd.sandbox.sleep import asleep, awake, set_clock
+from forkd.sandbox.child import ChildRecord, Children, Claim, Registry
 from forkd.sandbox.supervisor import Supervisor
 from forkd.store.snapshot import Snapshot
 from forkd.store.store import SnapshotStore
-from forkd.vmm.agent_client import AgentClient, AgentTimeout
+from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Decision, Machine, VmmDriver
 from forkd.vmm.drivers import make_driver
 
@@ -46,6 +48,8 @@ class Runtime:
         self.store = SnapshotStore(self.layout, populate=partial(cgroups.populate_shared, str(self.layout.home)))
         self.registry = Registry(self.layout)
         self._driver = driver
+        self.conversions = Conversions()  # background conversions of its wait=False branches (this process's)
+        self.handles = Children(self.registry, lambda: self.driver, self.layout.home)  # each running child's owner
 
     @property
     def overlay_templates(self) -> Path:
@@ -257,49 +261,27 @@ class Runtime:
         registry lock against its current record, so a child claimed since the decision is not retired, and a
         child another operation is creating or stopping (`busy`) is left alone. It is marked `stopping` before
         the lock is released (no claim can take it), then stopped. True if it was retired."""
-        rec, owned = self._take(child_id, still)
+        rec, owned = self.handles.take(child_id, still)
         if rec is None or not owned:
             return False
         self.supervisor.kill(rec)
         return True
 
-    def _take(self, child_id: str, still: Callable[[ChildRecord], bool] | None = None,
-              wait_until: float | None = None) -> tuple[ChildRecord | None, bool]:
-        """Become the operation that stops `child_id`: under the registry lock, once no other operation owns it
-        (waiting until `wait_until`, if given), mark it `stopping` by this process. Returns (that record, True);
-        (the record as it is, False) if it is still busy at the deadline or `still(record)` says no; (None, False)
-        if it went meanwhile (someone else stopped it). NotFound if it was not there at all."""
-        first = True
-        while True:
-            with self.registry.locked():
-                try:
-                    rec = self.registry.get(child_id)
-                except NotFound:
-                    if first:
-                        raise
-                    return None, False
-                if not rec.busy:
-                    if still is not None and not still(rec):
-                        return rec, False
-                    pid, started = this_process()
-                    rec = rec.with_(state="stopping", stopper_pid=pid, stopper_started=started)
-                    return self.registry.save(rec), True
-            if wait_until is None or time.monotonic() >= wait_until:
-                return rec, False
-            first = False
-            time.sleep(0.05)
+    def start_sweeper(self, stop: threading.Event, audit: Any = None) -> threading.Thread:
+        """Start this node's idle loop (forkd.core.sweeper: lifetimes, branch snapshots, idle page-out and sleep)
+        on a daemon thread, until `stop` is set."""
+        from forkd.core import sweeper
+
+        return sweeper.start(self, stop, audit)
 
     def recover(self) -> list[str]:
         """After a crash: mark snapshots whose writer died as failed, and resume children a dead process left
         paused (a branch interrupted between pause and resume; not those asleep, which their next request
-        resumes: forkd.sandbox.sleep). Returns the failed snapshot tags."""
+        resumes: forkd.sandbox.child). Returns the failed snapshot tags."""
         failed = self.store.recover()
-        sup = self.supervisor
         for rec in self.registry.list():
-            if asleep(rec):
-                continue
             try:
-                sup.ensure_running(rec)
+                self.handles.of(rec).ensure_running()
             except (ForkdError, OSError) as exc:  # e.g. its QMP too slow to greet: one child must not stop recovery
                 logging.getLogger("forkd.runtime").warning("child %s: could not check it is running after a crash "
                                                            "(%s: %s)", rec.id, type(exc).__name__, exc)
@@ -313,25 +295,10 @@ class Runtime:
 
     @contextmanager
     def agent(self, child_id: str, timeout: float = 10.0) -> Iterator[AgentClient]:
-        """The one door of every request to a child's agent: it holds the child awake (resumed first if the idle
-        sweeper put it to sleep, then its clock set: forkd.sandbox.sleep) while the block runs."""
-        rec = self.registry.get(child_id)
-        if rec.vmm_stopped:  # it would hold the call until its timeout (minutes for an exec): say so now
-            raise _no_answer(rec, None)
-        with awake(self.driver, rec) as woke:
-            client = self.supervisor.connect(rec, timeout=timeout)
-            try:
-                if woke:
-                    set_clock(client, time.time())
-                yield client
-            except ProtocolViolation as exc:  # the guest misbehaved: stop it, record why, tell the caller which
-                self.supervisor.quarantine(rec, exc)
-                raise ProtocolViolation(f"child {child_id} misbehaved and was stopped: {exc.message}",
-                                        hint=exc.hint) from exc
-            except AgentTimeout as exc:
-                raise _no_answer(rec, exc) from exc
-            finally:
-                client.close()
+        """The one door of every request to a child's agent (forkd.sandbox.child.ChildHandle.request): it holds
+        the child awake (resumed first if the idle loop put it to sleep, then its clock set) while the block runs."""
+        with self.handles.get(child_id).request(timeout) as client:
+            yield client
 
     def exec(self, child_id: str, argv: list[str], *, env: dict | None = None, cwd: str | None = None,
              stdin: str | None = None, timeout: float | None = None) -> dict:
@@ -367,7 +334,7 @@ class Runtime:
         out, busy = [], []
         for r in recs:
             try:
-                rec, owned = self._take(r.id, wait_until=deadline)
+                rec, owned = self.handles.take(r.id, wait_until=deadline)
             except NotFound:
                 rec, owned = None, False
             if owned:
@@ -399,12 +366,3 @@ class Runtime:
         rec = self.registry.get(child_id)
         return self.supervisor.private_memory_kib(rec, self.store.flat_path(self.store.get(rec.snapshot)))
 
-
-def _no_answer(rec: ChildRecord, exc: AgentTimeout | None) -> AgentTimeout:
-    """The error of a call on a child that does not answer, naming the child and, when its VMM is stopped
-    (SIGSTOP, a tracer), saying so and how out."""
-    if rec.vmm_stopped:
-        return AgentTimeout(f"child {rec.id} does not answer: its VMM (pid {rec.pid}) is stopped",
-                            hint=f"continue it (kill -CONT {rec.pid}) or remove the child ('forkd kill {rec.id}')")
-    return AgentTimeout(f"child {rec.id} did not answer in time: {exc.message if exc else 'no reply'}",
-                        hint=f"retry with a longer timeout, or remove the child ('forkd kill {rec.id}')")

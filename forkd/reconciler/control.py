@@ -24,14 +24,14 @@ from forkd.reconciler.objects import APPLYSET, MANAGED_BY, ObjectStore, key
 from forkd.reconciler.poollocks import pool_lock
 from forkd.reconciler.state import Actual
 from forkd.reconciler.world import parent_tag, pool_room, resolve
-from forkd.sandbox.registry import Claim
+from forkd.sandbox.child import Claim
 from forkd.spec.models import ForkObject, to_document
 from forkd.spec.namespaces import DEFAULT, check_references, qualify
 from forkd.spec.refs import parse_ref, resolve_kind  # noqa: F401 - named here too (forkd.api, forkd.client)
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
-    from forkd.sandbox.registry import ChildRecord
+    from forkd.sandbox.child import ChildRecord
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from forkd.spec.namespaces import qualify
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
-    from forkd.sandbox.registry import ChildRecord
+    from forkd.sandbox.child import ChildRecord
 
 R = TypeVar("R")
 SPAWN_SAMPLES = 50  # spawn-to-answer times kept per pool for its p50
@@ -152,7 +152,7 @@ def claim(ctx: Context, a: ClaimChildren) -> str:
         recs = ctx.rt.fork(_request(pool.to_request, a.from_tag, a.count).model_copy(update={"pool": None}))
     now = time.time()
     ends = a.shutdown_at if a.shutdown_at is not None else now + a.ttl if a.ttl is not None else None
-    recs = [ctx.rt.registry.save(r.with_(claimed_at=r.claimed_at or now, expires_at=ends)) for r in recs]
+    recs = ctx.rt.handles.mark_claimed([r.id for r in recs], now, ends)
     ctx.objects.put_claim(ClaimRecord(a.claim, tuple(r.id for r in recs), now, ends,
                                       obj.metadata.creationTimestamp or ""))
     return f"claimed {', '.join(r.id for r in recs)} from {a.from_tag or 'pool ' + a.pool}"

@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -29,12 +30,16 @@ from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.procs import is_alive, is_stopped, start_time
 from forkd.sandbox.claims import CLAIMS, Claim, ClaimsLog
+from forkd.sandbox.lockpaths import registry_lock
 
 CHILD_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}")  # forkd makes "c" + 10 hex digits
 
 __all__ = ["CLAIMS", "RECORD", "ChildRecord", "Claim", "Registry", "this_process"]
 
 RECORD = "child.json"
+RESIDENCY = ("awake", "paged", "asleep")  # written only by forkd.sandbox.child, under the registry lock
+
+
 def this_process() -> tuple[int, int | None]:
     """(pid, start time) of the calling process: who is acting on a child (spawner, stopper)."""
     pid = os.getpid()
@@ -74,6 +79,8 @@ class ChildRecord:
     stopper_pid: int | None = None  # the process stopping it (a 'stopping' child whose stopper died is dead)
     stopper_started: int | None = None
     labels: dict[str, str] = field(default_factory=dict)  # user metadata (set at create, filterable in list)
+    residency: str = "awake"  # awake | paged (its VMM's memory in swap) | asleep (vCPUs stopped): RESIDENCY
+    wakes: int = 0  # requests that resumed it or started paging its memory back in (forkd.sandbox.child)
 
     @property
     def alive(self) -> bool:
@@ -143,7 +150,21 @@ class Registry:
 
     def locked(self) -> AbstractContextManager[None]:
         """Inter-process lock for changes that must not interleave (e.g. rmi vs fork)."""
-        return file_lock(self.root / ".lock")
+        return file_lock(registry_lock(self.root))
+
+    def update(self, child_id: str, change: Callable[[ChildRecord], ChildRecord | None]) -> ChildRecord | None:
+        """Change a child's record from its current content, under `locked()`: `change(record)` returns the new
+        record (None: leave it). A change made this way is never lost to another writer's stale copy. The
+        record as it is now, or None if the child is gone."""
+        with self.locked():
+            try:
+                rec = self._read(child_id)
+            except NotFound:
+                return None
+            new = change(rec)
+            if new is None or new == rec:
+                return rec
+            return self.save(new)
 
     def new_id(self) -> str:
         while True:

@@ -17,8 +17,6 @@ from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.firewall import Egress
 from forkd.sandbox.registry import ChildRecord, Claim, Registry
-from forkd.sandbox.wake import wake
-from forkd.vmm.agent_client import AgentClient
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
 
 ENTROPY_BYTES = 64
@@ -165,13 +163,6 @@ class Supervisor:
         timings["forked"] = (t_ready - t_restored) * 1000.0
         timings["ready"] = (t_ready - t0) * 1000.0
         return self.registry.save(rec.with_(state="running", timings_ms=timings))
-
-    def connect(self, rec: ChildRecord, timeout: float = 10.0) -> AgentClient:
-        if rec.status != "running":
-            raise ForkdError(f"child {rec.id} is {rec.status}",
-                             hint=f"remove it with 'forkd kill {rec.id}' and fork a new one")
-        wake(rec.pid, rec.started)  # memory it had paged out starts coming back while the request runs
-        return AgentClient.shared(rec.agent_socket, connect_timeout=timeout)
 
     def ensure_running(self, rec: ChildRecord) -> bool:
         """Resume a child whose VMM was left paused (e.g. a branch whose process died between pause and resume).

@@ -1,5 +1,6 @@
-"""Waking a paged-out child: a request to a child whose VMM has memory in swap (forkd.core.idle paged it out, or
-the kernel did under pressure) first starts bringing that memory back on another thread, so the request does not
+"""Paging a child's VMM back in (used only by forkd.sandbox.child, which counts each page-in as a wake on the
+child's record): a request to a child whose VMM has memory in swap (the idle loop paged it out, or the kernel did
+under pressure) first starts bringing that memory back on another thread, so the request does not
 fault it in page by page on the vCPU's own thread (forkd.vmm.pageout.page_in: TCG's translation buffer first).
 
 The request does not wait for it: it runs at once, and each page it touches that the page-in already brought back
@@ -27,16 +28,8 @@ log = logging.getLogger(__name__)
 MIN_SWAPPED_KIB = 1024  # less than this in swap is not worth a thread
 
 _running: dict[int, threading.Thread] = {}  # VMM pid -> the thread paging it in now
-_wakes: dict[tuple[int, int | None], int] = {}  # (pid, start time) -> page-ins started (forkd.core.idle reads it)
 _lock = threading.Lock()
-MAX_TRACKED = 65536  # VMMs whose page-ins are counted; past this the oldest entries go
 WAIT_S = 30.0  # how long page_in_now waits for a page-in already running
-
-
-def wakes(pid: int, started: int | None) -> int:
-    """How many page-ins this process started for the VMM `pid` (started at `started`) so far."""
-    with _lock:
-        return _wakes.get((pid, started), 0)
 
 
 def wake(pid: int | None, started: int | None) -> threading.Thread | None:
@@ -53,7 +46,7 @@ def wake(pid: int | None, started: int | None) -> threading.Thread | None:
 
 def page_in_now(pid: int, started: int | None, min_kib: int = MIN_SWAPPED_KIB) -> int:
     """Page the VMM `pid` back in on this thread if it has at least `min_kib` in swap (a diff branch, before its
-    pause), counted as a wake like a request's; a page-in of it already running is waited for first. Returns the
+    pause); a page-in of it already running is waited for first. Returns the
     KiB this call read back."""
     with _lock:
         other = _running.get(pid)
@@ -76,14 +69,11 @@ def _swapped_kib(pid: int) -> int:
 
 
 def _claim(pid: int, started: int | None, thread: threading.Thread) -> bool:
-    """Record `thread` as the one paging `pid` in, and count the wake; False if another one is at it."""
+    """Record `thread` as the one paging `pid` in; False if another one is at it."""
     with _lock:
         if pid in _running:
             return False
         _running[pid] = thread
-        _wakes[(pid, started)] = _wakes.pop((pid, started), 0) + 1  # newest last
-        while len(_wakes) > MAX_TRACKED:
-            del _wakes[next(iter(_wakes))]
         return True
 
 

@@ -45,6 +45,7 @@ from forkd.vmm.agent_replies import (
     check_row,
     parse_reply,
 )
+from forkd.vmm.driver import VmmLost
 from forkd.vmm.qmp import connect_unix
 from forkd.vmm.unix_peer import accepted
 
@@ -217,7 +218,7 @@ class AgentClient:
         except OSError as exc:
             n, self._dead = 0, ForkdError(f"guest agent connection {self.path} failed: {exc}")
         if not n:
-            self._dead = self._dead or ForkdError(f"guest agent connection {self.path} closed (VMM exited?)")
+            self._dead = self._dead or VmmLost(f"guest agent connection {self.path} closed (VMM exited?)")
             raise self._dead
         self.served = True
         self._received += n

@@ -23,7 +23,9 @@ TAP_NAME = "tap0"
 
 
 class VmmLost(ForkdError):
-    """The VMM a handle names is gone (killed, crashed, or its control channel closed mid-operation)."""
+    """The VMM a handle names is gone (killed, crashed, or its control channel closed mid-operation). Drivers raise
+    it (or a subclass: QEMU's lost QMP connection, a closed agent connection) so a caller tells a lost VMM from a
+    failed operation by type, and reports the child's fate."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,7 @@ class VmmDriver(ABC):
     @abstractmethod
     def pause(self, vm: Vm) -> None:
         """Stop `vm`'s vCPUs (the guest's time stands still too) until `ensure_running` resumes it: a sleeping
-        child (forkd.sandbox.sleep)."""
+        child (forkd.sandbox.child)."""
 
     @abstractmethod
     def ensure_running(self, vm: Vm) -> bool:

@@ -8,7 +8,7 @@ data). Scope "anon": the anonymous mappings only (what bench/density.py compares
 reclaims only pages no other process maps: the snapshot pages this child shares with its siblings, and QEMU's code,
 stay where they are. It needs swap for anonymous pages (without swap the call moves nothing: `swap_total_kib()`).
 A paged-out child answers its next request once its pages fault back in from swap; `page_in` reads them back
-on another thread meanwhile (forkd.sandbox.wake starts it when a request comes).
+on another thread meanwhile (forkd.sandbox.child starts it when a request comes).
 
 Needs Linux 5.10+ (process_madvise), CAP_SYS_NICE and ptrace access to the VMM (root has both; a VMM that dropped to
 its own uid is still the daemon's to advise). Whether to page out, and when, is forkd.core.idle's decision.

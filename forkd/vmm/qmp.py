@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.base.errors import ForkdError
+from forkd.vmm.driver import VmmLost
 
 
 class QMPError(ForkdError):
@@ -17,7 +18,7 @@ class QMPError(ForkdError):
         self.error = error
 
 
-class QMPDisconnected(ForkdError):
+class QMPDisconnected(VmmLost):
     """The QMP socket broke (the VMM died or closed it): a typed error, never a bare OSError."""
 
 

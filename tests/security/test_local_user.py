@@ -394,7 +394,7 @@ def test_per_child_vmm_user_restores_from_private_files_and_branches_stay_privat
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_lock_file_that_is_a_symbolic_link_is_never_followed(tmp_path, shared):
     """Locks (forkd.base.locks: the branch lock, a child's wake lock that every request takes shared,
-    forkd.sandbox.sleep) open their file O_NOFOLLOW: a link planted where one belongs is refused, and the file it
+    forkd.sandbox.lockpaths) open their file O_NOFOLLOW: a link planted where one belongs is refused, and the file it
     points at is neither created nor touched."""
     from forkd.base.locks import Flock
 
@@ -411,9 +411,10 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_followed(tmp_path, shared)
 
 def test_the_branch_lock_directory_is_made_private_and_a_planted_link_refused(tmp_path):
     """The home's lock directory (branch locks; the idle sweeper's sleep takes them too) is made 0700 by
-    forkd.core.pipeline.branch.child_lock_path; one that is a symbolic link is refused, nothing made through it."""
+    forkd.sandbox.lockpaths.branch_lock; one that is a symbolic link is refused, nothing made through it."""
     from forkd.base.private import UnsafePath
-    from forkd.core.pipeline.branch import LOCK_DIR, child_lock_path
+    from forkd.sandbox.lockpaths import LOCK_DIR
+    from forkd.sandbox.lockpaths import branch_lock as child_lock_path
 
     home = tmp_path / "home"
     home.mkdir(mode=0o700)

@@ -188,7 +188,7 @@ def test_live_branch_of_a_child_whose_vmm_dropped_root(rt, fork, monkeypatch, ca
             rt.kill([g.id])
         assert rt.eval(c.id, "BRANCHED")["value"] == repr(capture)  # the source kept running
     finally:
-        wait_background(60)
+        wait_background(rt, 60)
         rt.rmi(tag)
 
 

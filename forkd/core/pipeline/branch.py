@@ -12,7 +12,7 @@ Modes:
     few ms later (awaited in the background, with the stream). A caller's next request to the source simply waits
     for that resume.
   * `full`: stop-the-world: pause, the whole RAM and device state to the stream, resume.
-  * `diff`: forkd.core.pipeline.branch_diff (DiffBranchJob, a subclass of this module's job): the source stops only
+  * `diff`: forkd.core.pipeline.branch_diff (`ByPages`, this module's job with that capture): the source stops only
     while its device state (without RAM) and the pages it wrote since its restore are taken, and the result is a
     chain layer over the source's snapshot. Its pause grows with the pages written, not with guest RAM.
 
@@ -36,7 +36,7 @@ Memory: a branch charges nothing to its source's memory group: the guest RAM it 
 flat image, populated and charged to forkd's `shared` group when it was materialized, and the stream is written
 by a process forkd starts, not by the VMM (forkd.vmm.stream_pump). A diff branch reads the source's pages from
 forkd's process and writes them to forkd's files; a source with memory in swap (idle page-out) has it read back
-before the pause (forkd.sandbox.wake.page_in_now, as a request to it would), charged to its own group as before
+before the pause (ChildHandle.page_in, as a request to it would), charged to its own group as before
 its page-out. A memory-limited source is never pushed over its limit by being branched.
 
 Safety:
@@ -62,43 +62,27 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from forkd.base.errors import Conflict, ForkdError, NotFound, first_line
-from forkd.base.locks import try_lock
-from forkd.base.private import ensure_private_dir
 from forkd.base.procs import is_alive
 from forkd.base.settings import settings
 from forkd.base.steps import Step
 from forkd.core.pipeline.branch_disk import copy_disk, freeze_fs, thaw_fs
+from forkd.core.pipeline.branch_plan import Strategy
+from forkd.core.pipeline.branch_source import EXIT_WAIT_SECONDS, Source, SourceLost, vmm_lost
 from forkd.core.pipeline.job import Job
 from forkd.core.requests import Branch
 from forkd.store.snapshot import DISK, Snapshot
-from forkd.vmm.driver import Capture, RunFiles
+from forkd.vmm.driver import Capture
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
-LOCK_DIR = "locks"
-
-_threads: list[threading.Thread] = []
-_threads_lock = threading.Lock()
-
-
-EXIT_WAIT_SECONDS = 5.0  # a VMM whose sockets broke is exiting: how long to wait for it to be gone
 
 
 class BranchError(ForkdError):
     pass
-
-
-class SourceLost(Conflict):
-    """The source child died (or was removed) while it was being branched; `fate` is what `ls` shows for it."""
-
-    def __init__(self, message: str, hint: str | None = None, *, fate: str = "dead", **kw):
-        super().__init__(message, hint, **kw)
-        self.fate = fate
 
 
 @dataclass
@@ -121,78 +105,96 @@ class BranchResult:
                 "timings_ms": self.timings_ms}
 
 
-def child_lock_path(home: Path, child_id: str) -> Path:
-    """The lock a branch of `child_id` holds while it involves the source (the idle sweeper's sleep needs it too),
-    in the home's private lock directory (made here, 0700, if missing)."""
-    return ensure_private_dir(home / LOCK_DIR) / f"branch-child-{child_id}.lock"
+class Conversions:
+    """A runtime's background conversions (`wait=False` branches): daemon threads of this process, which must live
+    until they end (the daemon does; a CLI `--no-wait` waits for them: `wait`)."""
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def add(self, t: threading.Thread) -> None:
+        with self._lock:
+            self._threads[:] = [x for x in self._threads if x.is_alive()] + [t]
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for every conversion started so far to end (each for at most `timeout`)."""
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout)
 
 
-def wait_background(timeout: float | None = None) -> None:
-    """Wait for this process's background conversions (wait=False branches) to end."""
-    with _threads_lock:
-        threads = list(_threads)
-    for t in threads:
-        t.join(timeout)
+class Way(Protocol):
+    """A capture's own part of a branch (chosen by its Strategy; every other step is the job's): checks and
+    resources before the snapshot is begun, the snapshot's record, the capture steps while the source is involved,
+    and the steps once it is free."""
+
+    def prepare(self, job: BranchJob) -> None: ...
+    def record(self, job: BranchJob, snap: Snapshot) -> Snapshot: ...
+    def steps(self, job: BranchJob) -> list[Step]: ...
+    def finish_steps(self, job: BranchJob) -> list[Step]: ...
+
+
+class Streamed:
+    """Captures `write-protect` (the VMM's live capture) and `stop` (paused for the whole copy): the VMM streams
+    device state and all of RAM to a file, converted to a snapshot once the source is free."""
+
+    def prepare(self, job: BranchJob) -> None:
+        problem = job.rt.driver.live_capture_problem(job.source_vm) if job.req.mode == "live" else None
+        if problem is not None:
+            nope = job.plan.not_paged
+            why = f" (and not by pages: {nope})" if nope else ""
+            raise Conflict(f"child {job.req.child_id} cannot be branched live: {problem[0]}{why}", hint=problem[1])
+
+    def record(self, job: BranchJob, snap: Snapshot) -> Snapshot:
+        return snap
+
+    def steps(self, job: BranchJob) -> list[Step]:
+        return [("capture", job.capture_live if job.plan.capture == "write-protect" else job.capture_stopped)]
+
+    def finish_steps(self, job: BranchJob) -> list[Step]:
+        disk = [("disk_rebase", job.rebase_disk)] if job.machine.disk is not None else []
+        resumed = [("resume_wait", job.await_resume)] if job.returns_at_stop else []
+        return [*resumed, ("stream", job.wait_stream), ("convert", job.convert), *disk, ("hash", job.seal)]
 
 
 class BranchJob(Job):
+    """One branch: the source looked up once (`Source`), its capture chosen before it starts (`Strategy`, from
+    forkd.core.pipeline.branch_plan.plan_branch) and carried out by `way`."""
+
     what = "branch"
 
-    def __init__(self, rt: Runtime, req: Branch):
+    def __init__(self, rt: Runtime, req: Branch, plan: Strategy, src: Source, way: Way | None = None):
         super().__init__(rt)
-        self.req = req
+        self.req, self.plan, self.src = req, plan, src
+        self.way: Way = way if way is not None else Streamed()
+        self.rec, self.source, self.machine, self.child_files = src.rec, src.snapshot, src.machine, src.files
         self.t_call = time.perf_counter()
         self.capture: Capture | None = None
-        self.not_paged: str | None = None  # a live branch that fell back from pages: why (its refusal says it)
         self.result = BranchResult(snapshot=None, mode=req.mode, source=req.child_id, returned_ms=0.0,  # type: ignore
-                                   pause_ms=None, timings_ms=self.timings, capture=self.capture_kind)
+                                   pause_ms=None, timings_ms=self.timings, capture=self.capture_kind,
+                                   capture_note=plan.note)
 
     @property
     def capture_kind(self) -> str:
-        """pages (the source's written pages, forkd.vmm.diff_capture), write-protect (the VMM's live capture of
-        all of RAM) or stop (the whole RAM streamed while the source is paused)."""
-        return "write-protect" if self.req.mode == "live" else "stop"
-
-    def capture_problem(self) -> tuple[str, str] | None:
-        """Why this host cannot capture the source this job's way, as (reason, hint), or None."""
-        return self.rt.driver.live_capture_problem(self.source_vm) if self.req.mode == "live" else None
+        """What the result says: pages (the source's written pages, forkd.vmm.diff_capture: live by pages and
+        diff), write-protect (the VMM's live capture of all of RAM) or stop (paused while RAM streams out)."""
+        return "pages" if self.plan.capture == "diff" else self.plan.capture
 
     # -- before anything is written: refusals leave no snapshot behind --------------------------------
     def prepare(self) -> None:
-        req, rt = self.req, self.rt
-        rec = rt.registry.get(req.child_id)
-        if rec.status != "running":
-            raise Conflict(f"child {req.child_id} is {rec.status}, not running",
-                           hint="only running children can be branched")
-        self.source = rt.store.get(rec.snapshot)  # the source child's snapshot: machine and image description
-        self.machine = rt.machine_for(self.source)
-        self.child_files = RunFiles(Path(rec.dir))
-        self.source_vm = rt.driver.attach(self.child_files, rec.pid, rec.started)
-        self.stack.callback(rt.driver.release, self.source_vm)  # the source keeps running, whatever happens
-        problem = self.capture_problem()
-        if problem is not None:
-            why = f" (and not by pages: {self.not_paged})" if self.not_paged else ""
-            raise Conflict(f"child {req.child_id} cannot be branched live: {problem[0]}{why}", hint=problem[1])
-        self._take_locks()
-
-    def _take_locks(self) -> None:
-        path = child_lock_path(self.rt.layout.home, self.req.child_id)
-        d = path.parent  # the branch slots live beside it
-        lock = try_lock(path)
-        if lock is None:
-            raise Conflict(f"child {self.req.child_id} is already being branched",
-                           hint="branches of one source run one at a time; retry when the other one returned")
-        self.child_lock = self.stack.enter_context(lock)
-        limit = settings().max_branches
-        for i in range(limit):
-            slot = try_lock(d / f"branch-slot-{i}.lock")
-            if slot is not None:
-                self.stack.enter_context(slot)
-                return
-        raise Conflict(f"{limit} branches are already in flight (background conversions included)",
-                       hint="retry when one finished (FORKD_MAX_BRANCHES raises the cap)")
+        """Hold the source for the capture (forkd.sandbox.child.ChildHandle.hold_for_capture: its branch lock, a
+        branch slot, its VMM attached), then the capture's own checks and resources."""
+        handle = self.rt.handles.of(self.rec)
+        self.source_vm, self.child_lock = handle.hold_for_capture(self.stack, settings().max_branches)
+        self.way.prepare(self)
 
     def record(self) -> Snapshot:
+        return self.way.record(self, self.base_record())
+
+    def base_record(self) -> Snapshot:
+        """The `writing` snapshot every capture starts from: the source's description, where it came from."""
         req, s = self.req, self.source
         labels = {**req.labels, "forkd.dev/branch-of": req.child_id,
                   "forkd.dev/branch-source-snapshot": s.tag, "forkd.dev/branch-mode": req.mode}
@@ -204,14 +206,10 @@ class BranchJob(Job):
     # -- the request ---------------------------------------------------------------------------------
     def steps(self) -> list[Step]:
         """The steps while the source is involved; `finish_steps` run after it is free (maybe in the background)."""
-        live = self.req.mode == "live"
-        return [("stage", self.stage), ("connect", self.connect),
-                ("capture", self.capture_live if live else self.capture_stopped)]
+        return [("stage", self.stage), ("connect", self.connect), *self.way.steps(self)]
 
     def finish_steps(self) -> list[Step]:
-        disk = [("disk_rebase", self.rebase_disk)] if self.machine.disk is not None else []
-        resumed = [("resume_wait", self.await_resume)] if self.returns_at_stop else []
-        return [*resumed, ("stream", self.wait_stream), ("convert", self.convert), *disk, ("hash", self.seal)]
+        return self.way.finish_steps(self)
 
     def start(self) -> BranchResult:
         with self.stack:
@@ -251,8 +249,7 @@ class BranchJob(Job):
 
         t = threading.Thread(target=_guarded(background), name=f"forkd-branch-{self.req.tag}", daemon=True)
         self.result.thread = t
-        with _threads_lock:
-            _threads[:] = [x for x in _threads if x.is_alive()] + [t]
+        self.rt.conversions.add(t)
         t.start()
 
     # -- when the source dies under us -----------------------------------------------------------------
@@ -283,7 +280,7 @@ class BranchJob(Job):
             rec = self.rt.registry.get(self.req.child_id)
         except NotFound:
             return "removed", None
-        if rec.pid and _vmm_lost(exc):  # its sockets broke: it is exiting, give it a moment to be gone
+        if rec.pid and vmm_lost(exc):  # its sockets broke: it is exiting, give it a moment to be gone
             deadline = time.monotonic() + EXIT_WAIT_SECONDS
             while is_alive(rec.pid, rec.started) and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -449,18 +446,6 @@ class BranchJob(Job):
     def seal(self) -> None:
         w = self.writer
         w.seal(memory=w.memory, vmstate=w.vmstate, disk=w.disk if self.machine.disk is not None else None)
-
-
-def _vmm_lost(exc: BaseException | None) -> bool:
-    """True if `exc` or anything in its chain says a VMM's socket broke (QMP or agent connection lost)."""
-    for _ in range(16):
-        if exc is None:
-            return False
-        if (isinstance(exc, (BrokenPipeError, ConnectionResetError)) or type(exc).__name__ == "QMPDisconnected"
-                or "(VMM exited?)" in str(exc)):  # the driver's QMP client; the agent client's message
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def _guarded(fn):

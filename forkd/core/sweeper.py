@@ -1,4 +1,5 @@
-"""The daemon's sweeper: a thread that enforces sandbox lifetimes and the branch-snapshot policy
+"""The node's idle loop (the sweeper), owned by its runtime (`Runtime.start_sweeper`; the daemon starts it): a
+thread that enforces sandbox lifetimes and the branch-snapshot policy
 (forkd.core.lifetimes.sweep) every FORKD_SWEEP_INTERVAL seconds, so a sandbox dies on time even if the caller that
 made it vanished. Each expiry is an audit event (`sweeper expire <id>`). The same pass pages out children idle
 FORKD_IDLE_PAGEOUT_SECS (60 s; 0 = never), to zram only by default (forkd.core.idle)."""

@@ -1,0 +1,278 @@
+"""One owner per running child: `Children` hands out a `ChildHandle`, the only code that touches a child's record
+after its spawn, its locks (forkd.sandbox.lockpaths), its VMM and its agent connection.
+
+Residency (`ChildRecord.residency`, shown by `forkd ls`, the API and metrics): `awake`; `paged` (the idle loop
+paged its VMM's memory out to swap: forkd.vmm.pageout); `asleep` (the idle loop stopped its vCPUs, with
+FORKD_IDLE_SLEEP, then paged it out). `wakes` counts the requests that resumed it or started paging it back in.
+Both are written under the registry lock from the record's current content, so no other writer's copy loses them.
+
+Sleep: the idle loop puts a child to sleep only if it gets the child's wake lock exclusively without waiting
+(never while a request, a process stream or a file transfer holds it shared) and its branch lock (never under a
+branch). The record says `asleep` before the VM stops; a sleep that fails puts it back. A branch of a sleeping
+child captures it as it is and leaves it asleep.
+
+A request (`ChildHandle.request`, the one door of every call to a child's agent) holds the wake lock shared while
+it runs, resumes a sleeping child first and sets its wall clock from the host's (QEMU stops the guest's time with
+its vCPUs; an agent of a snapshot older than the `clock` op is left as it is), and starts paging a paged-out VMM
+back in on another thread (forkd.sandbox.wake). Timers inside the guest fire late by the time it slept, and a
+process that works without CPU (waits on the network) is frozen with it: sleep is for children that only answer
+requests, and off by default. A guest that breaks the agent protocol is quarantined: its VMM stopped, its record
+kept `failed` with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from forkd.base.errors import Conflict, ForkdError, NotFound, ProtocolViolation
+from forkd.base.locks import Flock, try_lock
+from forkd.sandbox import lockpaths, wake
+from forkd.sandbox.registry import RESIDENCY, ChildRecord, Claim, Registry, this_process
+from forkd.sandbox.supervisor import Supervisor, attached
+from forkd.vmm.agent_client import AgentClient, AgentTimeout
+from forkd.vmm.driver import RunFiles, Vm, VmmDriver
+from forkd.vmm.pageout import PagedOut, page_out
+
+__all__ = ["RESIDENCY", "ChildHandle", "ChildRecord", "Children", "Claim", "Registry", "no_answer", "set_clock",
+           "this_process"]
+log = logging.getLogger(__name__)
+
+
+class Children:
+    """The node's children: their registry, and a handle per child for everything done to a running one."""
+
+    def __init__(self, registry: Registry, driver: Callable[[], VmmDriver], home: Path):
+        self.registry = registry
+        self._driver = driver  # the runtime's (made on first use)
+        self.home = Path(home)
+
+    @property
+    def driver(self) -> VmmDriver:
+        return self._driver()
+
+    def get(self, child_id: str) -> ChildHandle:
+        return ChildHandle(self, self.registry.get(child_id))
+
+    def of(self, rec: ChildRecord) -> ChildHandle:
+        return ChildHandle(self, rec)
+
+    def running(self) -> list[ChildHandle]:
+        """A handle per recorded child whose state is running and whose VMM has a pid."""
+        return [ChildHandle(self, r) for r in self.registry.list() if r.state == "running" and r.pid is not None]
+
+    def take(self, child_id: str, still: Callable[[ChildRecord], bool] | None = None,
+              wait_until: float | None = None) -> tuple[ChildRecord | None, bool]:
+        """Become the operation that stops `child_id`: under the registry lock, once no other operation owns it
+        (waiting until `wait_until`, if given), mark it `stopping` by this process. Returns (that record, True);
+        (the record as it is, False) if it is still busy at the deadline or `still(record)` says no; (None, False)
+        if it went meanwhile (someone else stopped it). NotFound if it was not there at all."""
+        first = True
+        while True:
+            with self.registry.locked():
+                try:
+                    rec = self.registry.get(child_id)
+                except NotFound:
+                    if first:
+                        raise
+                    return None, False
+                if not rec.busy:
+                    if still is not None and not still(rec):
+                        return rec, False
+                    pid, started = this_process()
+                    rec = rec.with_(state="stopping", stopper_pid=pid, stopper_started=started)
+                    return self.registry.save(rec), True
+            if wait_until is None or time.monotonic() >= wait_until:
+                return rec, False
+            first = False
+            time.sleep(0.05)
+
+    def mark_claimed(self, ids: list[str], at: float, ends: float | None) -> list[ChildRecord]:
+        """Record a claim on each child's own record (at, unless already claimed; its end), from its current
+        content; children gone meanwhile are left out."""
+        out = []
+        for cid in ids:
+            rec = self.registry.update(cid, lambda r: r.with_(claimed_at=r.claimed_at or at, expires_at=ends))
+            if rec is not None:
+                out.append(rec)
+        return out
+
+
+class ChildHandle:
+    """One running child as its owner sees it; `rec` is its record as last read or written through the handle."""
+
+    def __init__(self, owner: Children, rec: ChildRecord):
+        self.owner, self.rec = owner, rec
+
+    @property
+    def id(self) -> str:
+        return self.rec.id
+
+    def _supervisor(self) -> Supervisor:
+        return Supervisor(self.owner.registry, self.owner.driver)
+
+    # -- requests -------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def request(self, timeout: float = 10.0) -> Iterator[AgentClient]:
+        """The child's agent for one request: held awake (resumed and its clock set if it slept), its memory
+        paged back in if it was paged out, quarantined if its guest breaks the protocol."""
+        rec = self.rec
+        if rec.vmm_stopped:  # it would hold the call until its timeout (minutes for an exec): say so now
+            raise no_answer(rec, None)
+        with self._awake() as woke:
+            if rec.status != "running":
+                raise ForkdError(f"child {rec.id} is {rec.status}",
+                                 hint=f"remove it with 'forkd kill {rec.id}' and fork a new one")
+            paging = wake.wake(rec.pid, rec.started) is not None  # memory comes back while the request runs
+            if woke or paging:
+                self._woke()
+            client = AgentClient.shared(rec.agent_socket, connect_timeout=timeout)
+            try:
+                if woke:
+                    set_clock(client, time.time())
+                yield client
+            except ProtocolViolation as exc:  # the guest misbehaved: stop it, record why, tell the caller which
+                self.quarantine(exc)
+                raise ProtocolViolation(f"child {rec.id} misbehaved and was stopped: {exc.message}",
+                                        hint=exc.hint) from exc
+            except AgentTimeout as exc:
+                raise no_answer(rec, exc) from exc
+            finally:
+                client.close()
+
+    @contextlib.contextmanager
+    def _awake(self) -> Iterator[bool]:
+        """Hold the wake lock shared for the block; resume the child first if it sleeps. Yields True if it did."""
+        d = Path(self.rec.dir)
+        try:
+            lock = Flock(lockpaths.wake_lock(d), shared=True)
+        except FileNotFoundError:  # its directory is gone: the child was removed; the request says so
+            yield False
+            return
+        with lock:
+            legacy = os.path.lexists(d / lockpaths.ASLEEP_MARKER)
+            if not (self.rec.residency == "asleep" or legacy):
+                yield False
+                return
+            with attached(self.owner.driver, self.rec, timeout=10) as vm:
+                self.owner.driver.ensure_running(vm)
+            if legacy:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(d / lockpaths.ASLEEP_MARKER)
+            yield True
+
+    def _woke(self) -> None:
+        new = self.owner.registry.update(self.id, lambda r: r.with_(residency="awake", wakes=r.wakes + 1))
+        if new is not None:
+            self.rec = new
+
+    def _residency(self, value: str) -> None:
+        new = self.owner.registry.update(self.id, lambda r: r.with_(residency=value))
+        if new is not None:
+            self.rec = new
+
+    # -- the idle loop's side -----------------------------------------------------------------------------
+    def sleep(self) -> bool:
+        """Stop the child's vCPUs and record it asleep, unless a request or a branch is in flight (then False;
+        the idle loop tries again in the child's next idle stretch)."""
+        try:
+            wake_lock = Flock(lockpaths.wake_lock(Path(self.rec.dir)), blocking=False)
+        except BlockingIOError:
+            return False
+        with wake_lock:
+            branch = try_lock(lockpaths.branch_lock(self.owner.home, self.id))
+            if branch is None:
+                return False
+            with branch:
+                was = self.rec.residency
+                self._residency("asleep")
+                try:
+                    with attached(self.owner.driver, self.rec) as vm:
+                        self.owner.driver.pause(vm)
+                except BaseException:
+                    self._residency(was)
+                    raise
+        return True
+
+    def page_out(self, scope: str = "private") -> PagedOut:
+        """Page the VMM's private memory out to swap (forkd.vmm.pageout); an awake child is then `paged`."""
+        out = page_out(self.rec.pid, self.rec.started, scope)
+        if self.rec.residency == "awake":
+            self._residency("paged")
+        return out
+
+    def page_in(self, min_kib: int = wake.MIN_SWAPPED_KIB) -> int:
+        """Page the VMM back in on this thread if it has at least `min_kib` in swap (a diff branch, before its
+        pause), counted as a wake; a page-in already running is waited for first. The KiB read back."""
+        if self.rec.pid is None:
+            return 0
+        kib = wake.page_in_now(self.rec.pid, self.rec.started, min_kib)
+        if kib > 0:
+            self._woke()
+        return kib
+
+    # -- a branch's hold on it ---------------------------------------------------------------------------
+    def hold_for_capture(self, stack: contextlib.ExitStack, max_branches: int) -> tuple[Vm, Flock]:
+        """Take what a branch of this child holds, on `stack` (released when it unwinds): its branch lock (one
+        branch of a source at a time; the idle loop's sleep waits for it too), a branch slot (at most
+        `max_branches` per home, across processes) and its VMM, attached. Returns (the VMM, the branch lock, which
+        the branch releases early once the source is free); Conflict naming what is in the way."""
+        home, driver = self.owner.home, self.owner.driver
+        lock = try_lock(lockpaths.branch_lock(home, self.id))
+        if lock is None:
+            raise Conflict(f"child {self.id} is already being branched",
+                           hint="branches of one source run one at a time; retry when the other one returned")
+        stack.enter_context(lock)
+        for i in range(max_branches):
+            slot = try_lock(lockpaths.branch_slot(home, i))
+            if slot is not None:
+                stack.enter_context(slot)
+                break
+        else:
+            raise Conflict(f"{max_branches} branches are already in flight (background conversions included)",
+                           hint="retry when one finished (FORKD_MAX_BRANCHES raises the cap)")
+        vm = driver.attach(RunFiles(Path(self.rec.dir)), self.rec.pid, self.rec.started)
+        stack.callback(driver.release, vm)  # the source keeps running, whatever happens
+        return vm, lock
+
+    @property
+    def asleep(self) -> bool:
+        return self.rec.residency == "asleep" or os.path.lexists(Path(self.rec.dir) / lockpaths.ASLEEP_MARKER)
+
+    # -- its VMM --------------------------------------------------------------------------------------
+    def ensure_running(self) -> bool:
+        """Resume a VMM left paused (a branch whose process died between pause and resume); never a sleeping
+        child, which its next request resumes. True if it had to be resumed."""
+        if self.asleep:
+            return False
+        return self._supervisor().ensure_running(self.rec)
+
+    def quarantine(self, exc: BaseException) -> None:
+        self._supervisor().quarantine(self.rec, exc)
+
+    def refresh(self) -> ChildHandle:
+        """The handle with the child's record as it is now (NotFound once it is gone)."""
+        self.rec = self.owner.registry.get(self.id)
+        return self
+
+
+def set_clock(agent: AgentClient, now: float) -> None:
+    """The guest's wall clock to `now` after a sleep; an agent without the `clock` op is left as it is."""
+    try:
+        agent.call("clock", {"time": now}, timeout=5)
+    except ForkdError as exc:
+        log.debug("child's clock not set after its sleep: %s", exc.message)
+
+
+def no_answer(rec: ChildRecord, exc: AgentTimeout | None) -> AgentTimeout:
+    """The error of a call on a child that does not answer, naming the child and, when its VMM is stopped
+    (SIGSTOP, a tracer), saying so and how out."""
+    if rec.vmm_stopped:
+        return AgentTimeout(f"child {rec.id} does not answer: its VMM (pid {rec.pid}) is stopped",
+                            hint=f"continue it (kill -CONT {rec.pid}) or remove the child ('forkd kill {rec.id}')")
+    return AgentTimeout(f"child {rec.id} did not answer in time: {exc.message if exc else 'no reply'}",
+                        hint=f"retry with a longer timeout, or remove the child ('forkd kill {rec.id}')")
+
