@@ -1,6 +1,7 @@
 """RemoteBackend: every verb through a running daemon (`forkd serve`), over its unix socket or over TCP with a
 bearer token. It is the SDK's HTTP client (forkd.client.api.Client) plus the forkd-native routes of
-forkd/api/routes_forkd.py, whose answers are LocalBackend's JSON; failures are forkd.base.errors types.
+forkd/api/routes_children.py and routes_snapshots.py, whose answers are LocalBackend's JSON; failures are
+forkd.base.errors types.
 
 Long verbs report one progress line (the daemon does the work and answers when it is done)."""
 
