@@ -66,17 +66,10 @@ class LocalBackend:
     def build_image(self, force: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
         return self.service.build_image(force=force, progress=progress)
 
-    def build_debian(self, packages: list[str], suite: str | None = None, force: bool = False,
-                     rootfs: str = "auto", progress: Progress = _quiet) -> dict[str, Any]:
-        req = wire.DebianBuildRequest(packages=packages, suite=suite, force=force, rootfs=rootfs)
+    def build_debian(self, req: wire.DebianBuildRequest, progress: Progress = _quiet) -> dict[str, Any]:
         return self.service.build_debian(req, progress=progress)
 
-    def from_image(self, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
-                   warm_run: list[str] = (), pip: list[str] = (), apt: list[str] = (), rootfs: str = "auto",
-                   progress: Progress = _quiet) -> dict[str, Any]:
-        req = wire.FromImageRequest(ref=ref, tag=tag, memory_mib=memory_mib, vcpus=vcpus,
-                                    warm_imports=list(warm_imports), warm_run=list(warm_run), pip=list(pip),
-                                    apt=list(apt), rootfs=rootfs)
+    def from_image(self, req: wire.FromImageRequest, progress: Progress = _quiet) -> dict[str, Any]:
         return self.service.from_image(req, progress=progress)
 
     # -- snapshots -----------------------------------------------------------------------------------
@@ -123,11 +116,12 @@ class LocalBackend:
         return [child_view(r) for r in self.service.spawn(req, progress=progress)]
 
     def exec(self, child: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
-             env: dict[str, str] | None = None, stdin: str | None = None) -> dict[str, Any]:
-        return self.service.exec(child, argv, cwd=cwd, timeout=timeout, env=env, stdin=stdin)
+             env: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
+        return wire.ExecResult(**self.service.exec(child, argv, cwd=cwd, timeout=timeout, env=env, stdin=stdin))
 
-    def eval(self, child: str, code: str, timeout: float = 60.0) -> dict[str, Any]:
-        return self.service.eval(child, code, timeout=timeout)
+    def eval(self, child: str, code: str, timeout: float = 60.0) -> wire.EvalAnswer:
+        res = self.service.eval(child, code, timeout=timeout)
+        return wire.EvalAnswer(value=res.get("value"), error=res.get("error"), stdout=res.get("stdout", ""))
 
     def files(self, child: str):
         """The files of a child (forkd.client.files.LocalFiles: list, stat, read/write streams, tar, watch)."""
@@ -135,19 +129,22 @@ class LocalBackend:
 
         return LocalFiles(self.rt, child)
 
-    def ping(self, child: str) -> dict[str, Any]:
-        return self.service.ping(child)
+    def ping(self, child: str) -> wire.PingResult:
+        return wire.PingResult(**{**self.service.ping(child), "pong": True})
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[list]:
         """Stop children; the snapshot of a fork(n) goes with the last of its children."""
         return [[cid, was_running] for cid, was_running in self.service.kill(ids, all_=all_, tag=tag)]
 
-    def branch(self, req: Branch) -> dict[str, Any]:
-        return self.service.branch_request(req).to_json()
+    def branch(self, req: Branch) -> wire.BranchAnswer:
+        res = self.service.branch_request(req)
+        return wire.BranchAnswer(snapshot=self.service.info(res.snapshot), source=res.source, mode=res.mode,
+                                 pause_ms=res.pause_ms, returned_ms=res.returned_ms, capture=res.capture,
+                                 capture_note=res.capture_note)
 
-    def settle(self, tag: str) -> dict[str, Any] | None:
+    def settle(self, tag: str) -> wire.SnapshotInfo | None:
         """After a `wait=False` branch: wait for this process's background conversion; the snapshot as it ended."""
-        return self.service.settle(tag).to_json()
+        return self.service.info(self.service.settle(tag))
 
     # -- this host -----------------------------------------------------------------------------------
     def gc(self, dry_run: bool = False, grace: float | None = None) -> dict[str, Any]:

@@ -266,3 +266,31 @@ def branch_result(info: SnapshotInfo, res: Any, mode: str) -> BranchResult:
     """A branch's snapshot and how it was taken (forkd.core.branch.BranchResult) as upstream's BranchResult."""
     return BranchResult(**info.model_dump(), mode=mode, pause_ms=res.pause_ms, returned_ms=res.returned_ms,
                         capture=res.capture, capture_note=res.capture_note)
+
+
+# -- the front door's answers (forkd.client.backends.Backend: LocalBackend and RemoteBackend alike) -----------
+class EvalAnswer(Wire):
+    """`forkd eval`: the expression's repr (`value`), or the guest's `error` ({type, message, traceback})."""
+
+    value: str | None = None
+    error: dict[str, Any] | None = None
+    stdout: str = ""
+
+
+class BranchAnswer(Wire):
+    """`forkd branch`: the snapshot as `/v1/snapshots` lists it, the child it came from and how it was taken."""
+
+    snapshot: SnapshotInfo
+    source: str | None = None
+    mode: BranchMode = "live"
+    pause_ms: float | None = None
+    returned_ms: float | None = None
+    capture: str | None = None
+    capture_note: str | None = None
+
+
+def branch_answer(res: BranchResult) -> BranchAnswer:
+    """Upstream's flat BranchResult (what the daemon answers) as the front door's BranchAnswer."""
+    keys = set(BranchAnswer.model_fields) - {"snapshot", "source"}
+    snap = SnapshotInfo(**{k: v for k, v in res.model_dump().items() if k not in keys})
+    return BranchAnswer(snapshot=snap, source=res.branched_from, **{k: getattr(res, k, None) for k in keys})
