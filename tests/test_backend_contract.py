@@ -5,6 +5,8 @@ snapshot goes with its last child either way."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from forkd.base.errors import ForkdError
@@ -23,7 +25,13 @@ MISSING = "c-no-such-child"
 
 @pytest.fixture(scope="module")
 def doors(home, tmp_path_factory):
-    d = start_api_daemon(home, tmp_path_factory.mktemp("contract"))
+    """The daemon's sweeper waits an hour between passes here: what these tests see removed, the verb removed."""
+    old = os.environ.get("FORKD_SWEEP_INTERVAL")
+    os.environ["FORKD_SWEEP_INTERVAL"] = "3600"
+    try:
+        d = start_api_daemon(home, tmp_path_factory.mktemp("contract"))
+    finally:
+        os.environ.pop("FORKD_SWEEP_INTERVAL") if old is None else os.environ.__setitem__("FORKD_SWEEP_INTERVAL", old)
     yield {"local": LocalBackend(Control(Runtime(Layout(home)))), "remote": RemoteBackend(url=d.url, token=d.token)}
     stop_api_daemon(d)
 
