@@ -1,7 +1,8 @@
 """One front door, two implementations: LocalBackend (in-process) and RemoteBackend (a real daemon process, over
 TCP with its token, on the same home) answer each verb with the same wire model and fail with the same error kind.
 Both go through the one service (forkd.service), so a child made either way has the same lifetime and a fork's
-snapshot goes with its last child either way."""
+snapshot goes with its last child either way. The home runs the fake VMM driver (tests/fake_vmm.py): what is
+compared here is the logic above the driver."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ from tests.conftest import BASE_TAG
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 MISSING = "c-no-such-child"
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +78,7 @@ def test_listings_agree(doors):
     assert kids["local"] == kids["remote"]
 
 
-@pytest.mark.vm
-def test_a_child_answers_alike_through_both_doors(doors, base):
+def test_a_child_answers_alike_through_both_doors(doors, fake_base):
     """fork, exec, eval, ping and branch: the same model, the same fields, the same values; each child has the
     service's lifetime whichever door made it (in-process `forkd fork` used to give none)."""
     seen = {}
@@ -99,8 +104,7 @@ def _answers(b, cid: str, tag: str) -> dict:
             "branch": (sorted(br.model_dump()), sorted(br.snapshot.model_dump()), br.snapshot.status, br.mode)}
 
 
-@pytest.mark.vm
-def test_a_fork_snapshot_goes_with_its_last_child_through_both_doors(doors, base):
+def test_a_fork_snapshot_goes_with_its_last_child_through_both_doors(doors, fake_base):
     """fork --from-sandbox without a tag names its snapshot; killing its last child removes it, in-process too."""
     for name, b in doors.items():
         (src,) = b.fork(Spawn.of(tag=BASE_TAG, n=1))
