@@ -1,21 +1,21 @@
 """The daemon's HTTP API (FastAPI), served on a 0600 unix socket by `forkd serve` (and on TCP with a bearer token,
-see forkd.api.auth; every request passes forkd.api.audit.Gate first). It parses requests, calls
-forkd.reconciler.control and the core and returns JSON; errors are problem details (application/problem+json)
-with the status code of their kind.
+see forkd.api.auth; every request passes forkd.api.audit.Gate first). Its routes parse requests, call the
+one service (forkd.service.Service: the verbs LocalBackend calls in-process) and return JSON; errors are problem
+details (application/problem+json) with the status code of their kind.
 
-Routes: the upstream-compatible `/v1/snapshots`, `/v1/sandboxes` and ours (`/v1/pools`..., files) are in
-routes_v1.py; the routes of forkd's other CLI verbs (snapshots, children, gc, doctor, packs) in routes_forkd.py;
-the declarative routes the CLI uses (apply, diff, objects, claim, wait) are here."""
+One route table per resource: routes_snapshots (upstream's `/v1/snapshots`, forkd's `/v1/manifests` and
+`/v1/build/*`), routes_sandboxes (upstream's `/v1/sandboxes`, an adapter over the service's child verbs),
+routes_children (forkd's `/v1/children` and host verbs), routes_kinds (`/v1/pools`... and claim), routes_objects
+(apply, diff, objects, wait), routes_process, routes_files, routes_ports."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -23,18 +23,19 @@ from forkd import __version__
 from forkd.api.audit import Denials, Gate
 from forkd.api.guestio import RETRY_AFTER, GuestIO
 from forkd.api.metrics import Metrics
+from forkd.api.routes_children import build_children_router
 from forkd.api.routes_files import build_files_router
-from forkd.api.routes_forkd import build_forkd_router
+from forkd.api.routes_kinds import build_kinds_router
+from forkd.api.routes_objects import build_objects_router
 from forkd.api.routes_ports import build_ports_router
 from forkd.api.routes_process import build_process_router
-from forkd.api.routes_v1 import build_router
-from forkd.base.errors import Busy, ForkdError, InvalidInput, NotFound
+from forkd.api.routes_sandboxes import build_sandbox_router
+from forkd.api.routes_snapshots import build_snapshot_router
+from forkd.base.errors import Busy, ForkdError
 from forkd.base.settings import settings
-from forkd.client.local import LocalBackend
 from forkd.core.audit import AuditLog
-from forkd.core.ports import PortGrants
 from forkd.reconciler.control import Control
-from forkd.spec.models import MODELS, to_document
+from forkd.service import Service
 
 PROBLEM = "application/problem+json"
 
@@ -79,64 +80,41 @@ def document_problems(app: FastAPI) -> None:
     app.openapi = openapi
 
 
-class Item(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # unknown fields: 422 naming them
-
-    document: dict[str, Any]
-    source: str | None = None
-
-
-class ApplyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # unknown fields: 422 naming them
-
-    items: list[Item]
-    applyset: str
-    prune: bool = False
-    dry_run: bool = False
-    manager: str = Field("cli", pattern=r"^[a-z][a-z0-9-]{0,30}$")  # recorded as forkd.dev/managed-by
-    force: bool = False  # take over objects another manager applied
-
-
-class DiffRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # unknown fields: 422 naming them
-
-    items: list[Item]
-
-
-class WaitRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # unknown fields: 422 naming them
-
-    targets: list[tuple[str, str]]
-    timeout: float = Field(300, gt=0, le=3600)
-
-
-def _objs(items: list[Item]):
-    out = []
-    for it in items:
-        kind = it.document.get("kind")
-        if kind not in MODELS:
-            raise InvalidInput(f"unknown kind {kind!r}")
-        out.append((MODELS[kind].model_validate(it.document), it.source or "api"))
-    return out
-
-
-def create_app(control: Control, token: str | None = None, audit: AuditLog | None = None,
+def create_app(service: Service | Control, token: str | None = None, audit: AuditLog | None = None,
                metrics: Metrics | None = None, hosts: frozenset[str] | None = None,
                denials: Denials | None = None) -> FastAPI:
-    """`token`: required on requests that came through the TCP listener (see auth.TagTransport; without one, TCP
-    requests are refused); `hosts`: the Host names TCP requests may carry (auth.allowed_hosts); `audit`: where
-    mutating calls are recorded (default $FORKD_HOME/audit.log); `denials`: counts refused unauthenticated
-    requests (app.state.denials; flush it at shutdown)."""
+    """The daemon's app over `service` (a Control is wrapped in a Service of its own). `token`: required on
+    requests that came through the TCP listener (see auth.TagTransport; without one, TCP requests are refused);
+    `hosts`: the Host names TCP requests may carry (auth.allowed_hosts); `audit`: where mutating calls are
+    recorded (default $FORKD_HOME/audit.log); `denials`: counts refused unauthenticated requests
+    (app.state.denials; flush it at shutdown)."""
+    s = service if isinstance(service, Service) else Service(service)
     app = FastAPI(title="forkd", version=__version__,
                   description="forkd daemon API: upstream-compatible /v1 snapshots and sandboxes, plus pools, "
                               "claim, files and the declarative objects.")
-    metrics = metrics or Metrics(control)
-    audit = audit or AuditLog(control.rt.layout.home)
+    metrics = metrics or Metrics(s.control)
+    audit = audit or AuditLog(s.rt.layout.home)
     denials = denials or Denials(audit, settings().audit_denied_interval)
-    app.state.metrics, app.state.audit, app.state.control, app.state.denials = metrics, audit, control, denials
+    app.state.metrics, app.state.audit, app.state.control, app.state.denials = metrics, audit, s.control, denials
+    app.state.service = s
     gate = app.state.guestio = GuestIO()  # calls into guests: a pool of their own, bounded per child and client
     app.add_middleware(Gate, token=token, audit=audit, metrics=metrics, hosts=hosts, denials=denials)
+    _error_handlers(app, metrics)
+    _status_routes(app, metrics)
+    app.include_router(build_snapshot_router(s))
+    app.include_router(build_sandbox_router(s, metrics, gate))
+    app.include_router(build_kinds_router(s))
+    app.include_router(build_children_router(s))
+    app.include_router(build_process_router(s.rt, gate))
+    app.include_router(build_files_router(s, gate))
+    app.include_router(build_ports_router(s))
+    app.include_router(build_objects_router(s))
+    document_problems(app)
+    return app
 
+
+def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    """Every failure as application/problem+json with the status code of its kind, counted in the metrics."""
     @app.exception_handler(ForkdError)
     async def forkd_error(_: Request, exc: ForkdError) -> JSONResponse:
         code = exc.http_status
@@ -183,6 +161,8 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
         metrics.errors.labels(type(exc).__name__, "500").inc()
         return problem(500, "InternalError", f"{type(exc).__name__}: {exc}")
 
+
+def _status_routes(app: FastAPI, metrics: Metrics) -> None:
     @app.get("/healthz", tags=["status"])
     def healthz() -> dict:
         return {"ok": True}
@@ -195,57 +175,3 @@ def create_app(control: Control, token: str | None = None, audit: AuditLog | Non
              responses={200: {"content": {"text/plain": {}}}})
     def metrics_() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    app.include_router(build_router(control, metrics, gate))
-    app.include_router(build_forkd_router(LocalBackend(control)))
-    app.include_router(build_process_router(control.rt, gate))
-    app.include_router(build_files_router(control, gate))
-    app.include_router(build_ports_router(control, PortGrants()))
-
-    @app.post("/v1/apply")
-    def apply(req: ApplyRequest) -> dict:
-        changes = control.apply(_objs(req.items), req.applyset, prune=req.prune, dry_run=req.dry_run,
-                                manager=req.manager, force=req.force)
-        return {"changes": [c.__dict__ for c in changes]}
-
-    @app.post("/v1/diff")
-    def diff(req: DiffRequest) -> dict:
-        return {"diffs": control.diff(_objs(req.items))}
-
-    @app.get("/v1/objects/{kind}")
-    def list_objects(kind: str) -> dict:
-        return {"items": [to_document(o) for o in control.get(_kind(kind))]}
-
-    @app.get("/v1/objects/{kind}/{name}")
-    def get_object(kind: str, name: str) -> dict:
-        return {"items": [to_document(o) for o in control.get(_kind(kind), name)]}
-
-    @app.get("/v1/objects/{kind}/{name}/describe")
-    def describe(kind: str, name: str) -> dict:
-        return control.describe(_kind(kind), name)
-
-    @app.delete("/v1/objects/{kind}/{name}")
-    def delete(kind: str, name: str) -> dict:
-        control.delete(_kind(kind), name)
-        return {"deleted": f"{kind}/{name}"}
-
-    @app.post("/v1/wait")
-    def wait(req: WaitRequest) -> dict:
-        deadline = time.monotonic() + req.timeout
-        targets = [tuple(t) for t in req.targets]
-        while True:  # the daemon's own loop does the work; this only watches statuses
-            ok, problems = control.reconciler.converged(targets)
-            if ok or problems or time.monotonic() > deadline:
-                if not ok and not problems:
-                    problems = [f"timed out after {req.timeout:.0f}s"]
-                return {"ok": ok, "problems": problems}
-            time.sleep(0.2)
-
-    document_problems(app)
-    return app
-
-
-def _kind(kind: str) -> str:
-    if kind not in MODELS:
-        raise NotFound(f"unknown kind {kind!r}", hint=f"one of {', '.join(MODELS)}")
-    return kind

@@ -39,10 +39,9 @@ from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.private import make_private_dir
 from forkd.core.audit import AuditError, AuditLog
-from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
-from forkd.reconciler.engine import Reconciler
 from forkd.reconciler.gitops import sync_directory
+from forkd.service import Service
 
 log = logging.getLogger("forkd.daemon")
 
@@ -80,22 +79,6 @@ def _lock_home(layout: Layout) -> Flock:
                             f"(kill {pid}) first, or serve another FORKD_HOME")
     lock.note(f"{os.getpid()}\n")
     return lock
-
-
-def _recover(rt: Runtime) -> None:
-    failed = rt.recover()
-    if failed:
-        log.warning("marked snapshots left writing by a crash as failed: %s", ", ".join(failed))
-    try:  # dead makers' temporaries; live recorded children adopted; dead ones and orphaned namespaces, veths,
-        # cgroups, VMMs reaped
-        rep = rt.gc()
-        if rep["leftovers"]:
-            log.warning("gc at start-up removed %d leftovers: %s", rep["leftovers"],
-                        {k: len(v) for k, v in rep.items() if isinstance(v, list) and v and k != "adopted"})
-    except Exception:  # noqa: BLE001 - a failed sweep must not keep the daemon down; doctor reports leftovers
-        log.exception("gc at start-up failed")
-    adopted = [c.id for c in rt.children() if c.status == "running"]
-    log.info("adopted %d running children", len(adopted))
 
 
 def bind_unix(path: Path, private_dir: Path) -> socket.socket:
@@ -245,28 +228,28 @@ def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind
           token_file: Path | None = None, tls_cert: Path | None = None, tls_key: Path | None = None,
           allow_hosts: tuple[str, ...] = ()) -> None:
     """Run the daemon until SIGTERM/SIGINT (logging is set up by the caller: forkd.base.logs.setup)."""
-    rt = Runtime(layout)
+    service = Service.on(layout)
     home_lock = _lock_home(layout)  # before the socket, the port or any recovery: Conflict if a daemon runs
     try:
-        _serve(rt, watch, interval, _tcp(bind, token_file, tls_cert, tls_key, tuple(allow_hosts)))
+        _serve(service, watch, interval, _tcp(bind, token_file, tls_cert, tls_key, tuple(allow_hosts)))
     finally:
         home_lock.release()
 
 
-def _serve(rt: Runtime, watch: Path | None, interval: float, tcp: Tcp | None) -> None:
-    layout = rt.layout
-    _recover(rt)
+def _serve(service: Service, watch: Path | None, interval: float, tcp: Tcp | None) -> None:
+    rt, layout = service.rt, service.rt.layout
+    service.recover()
     sock = layout.daemon_socket
     usock = bind_unix(sock, layout.tmp)  # before any thread starts (umask)
     audit = _open_audit(layout.home)
-    control = Control(rt, reconciler=Reconciler(rt, on_action=_audit_hook(audit)))
+    control = service.reconcile_with(on_action=_audit_hook(audit))
     stop = threading.Event()
     loop = threading.Thread(target=control.reconciler.run_forever, args=(stop, interval), name="forkd-loop",
                             daemon=True)
     observer = _watch(control, watch) if watch is not None else None
     from forkd.api.app import create_app
 
-    app = create_app(control, token=tcp.token if tcp else None, audit=audit, hosts=tcp.hosts if tcp else None)
+    app = create_app(service, token=tcp.token if tcp else None, audit=audit, hosts=tcp.hosts if tcp else None)
     server, tcp_server = _servers(app, usock, tcp, app.state.denials)
 
     def shutdown(*_: object) -> None:

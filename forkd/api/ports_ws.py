@@ -1,11 +1,13 @@
 """A WebSocket to a sandbox's port, relayed message by message: the daemon accepts the client's WebSocket only once
 the guest's server accepted the daemon's own handshake (wsproto, over a connection made in the child's namespace:
-forkd.core.ports.connect), then copies text and binary messages both ways until either side closes. A message
+forkd.service.guest's connect), then copies text and binary messages both ways until either side closes. A message
 over MAX_MESSAGE bytes closes both (1009)."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Callable
 
 from fastapi import WebSocket
 from starlette.concurrency import run_in_threadpool
@@ -23,14 +25,15 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError
 
 from forkd.base.errors import ForkdError
-from forkd.core import ports
 
 MAX_MESSAGE = 16 << 20
 
 
-async def relay_websocket(ws: WebSocket, netns: str, port: int, target: str) -> None:
+async def relay_websocket(ws: WebSocket, connect: Callable[[str, int], socket.socket], netns: str, port: int,
+                          target: str) -> None:
+    """`connect(netns, port)`: a TCP connection to the guest's port made inside its namespace."""
     try:
-        sock = await run_in_threadpool(ports.connect, netns, port)
+        sock = await run_in_threadpool(connect, netns, port)
     except ForkdError:
         await ws.close(code=1011)
         return

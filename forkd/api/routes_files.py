@@ -3,7 +3,8 @@ any size (chunked response; the request body goes to the guest chunk by chunk, n
 of files and directories (`forkd cp`); and a watch of a directory streamed as NDJSON.
 
 Every path is a path in the guest: these routes never read or write a path of the daemon's host. The work is done
-by forkd.core.files over the child's agent (forkd.vmm.agent_files checks what the guest answers)."""
+by the service (forkd.service.Service, forkd.core.files)
+over the child's agent (forkd.vmm.agent_files checks what the guest answers)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from fastapi.responses import StreamingResponse
 
 from forkd.api.guestio import GuestIO
 from forkd.client import files_wire as fw
-from forkd.core import files as core_files
-from forkd.reconciler.control import Control
+from forkd.service import Service
+from forkd.service import guest as bounds
 
 TAGS = ["files"]
 SandboxId = Annotated[str, PathParam(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
@@ -32,12 +33,12 @@ NDJSON = {"application/x-ndjson": {"schema": fw.WatchEvent.model_json_schema()}}
 RAW_BODY = {"requestBody": {"required": True, "content": BINARY}}
 
 
-def build_files_router(control: Control, gate: GuestIO) -> APIRouter:
+def build_files_router(s: Service, gate: GuestIO) -> APIRouter:
     """Every route calls into the guest on `gate`'s pool, within its per-child and per-client limits."""
     r = APIRouter()
-    _metadata_routes(r, control.rt, gate)
-    _content_routes(r, control.rt, gate)
-    _watch_route(r, control.rt, gate)
+    _metadata_routes(r, s, gate)
+    _content_routes(r, s, gate)
+    _watch_route(r, s, gate)
     return r
 
 
@@ -45,24 +46,24 @@ def _entry(e) -> fw.EntryInfo:
     return fw.EntryInfo(**e.to_dict())
 
 
-def _metadata_routes(r: APIRouter, rt, gate: GuestIO) -> None:
+def _metadata_routes(r: APIRouter, s: Service, gate: GuestIO) -> None:
     def files(id: str, path: str, op):
         def run():
-            with core_files.open_files(rt, id, path) as f:
+            with s.open_files(id, path) as f:
                 return op(f)
         return run
 
     @r.get("/v1/sandboxes/{id}/files/list", tags=TAGS)
     async def list_files(request: Request, id: SandboxId, path: str = PATH, depth: int = Query(1, ge=1, le=32),
-                   limit: int = Query(core_files.PAGE_ENTRIES, ge=1, le=core_files.PAGE_ENTRIES,
+                   limit: int = Query(bounds.PAGE_ENTRIES, ge=1, le=bounds.PAGE_ENTRIES,
                                       description="entries of this page at most"),
-                   cursor: str | None = Query(None, min_length=1, max_length=core_files.MAX_CURSOR,
+                   cursor: str | None = Query(None, min_length=1, max_length=bounds.MAX_CURSOR,
                                               description="the next_cursor of the page before")) -> fw.EntryList:
         """One page of the entries under a directory, `depth` levels down, depth first in name order (symlinks are
         listed, not followed): at most `limit` entries and a bounded number of bytes, whatever the guest's tree.
         `next_cursor` (passed back as `cursor`) resumes after it; null: the listing is complete."""
         page = await gate.run(id, request, files(id, path, lambda f: f.list_page(path, depth, limit,
-                                                                                  core_files.PAGE_BYTES, cursor)))
+                                                                                  bounds.PAGE_BYTES, cursor)))
         return fw.EntryList(entries=[_entry(e) for e in page.entries], next_cursor=page.next_cursor,
                             skipped=page.skipped)
 
@@ -108,12 +109,12 @@ def _body_chunks(request: Request) -> Iterator[bytes]:
             yield chunk
 
 
-def _content_routes(r: APIRouter, rt, gate: GuestIO) -> None:
+def _content_routes(r: APIRouter, s: Service, gate: GuestIO) -> None:
     @r.get("/v1/sandboxes/{id}/files/content", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": BINARY, "description": "the file's bytes, streamed"}})
     async def download(request: Request, id: SandboxId, path: str = PATH) -> StreamingResponse:
         """A guest file of any size, streamed (chunked) as the guest reads it."""
-        return await gate.respond(id, request, lambda: core_files.stream(rt, id, path, lambda f: f.read(path)),
+        return await gate.respond(id, request, lambda: s.stream_files(id, path, lambda f: f.read(path)),
                                   "application/octet-stream")
 
     @r.put("/v1/sandboxes/{id}/files/content", tags=TAGS, openapi_extra=RAW_BODY)
@@ -122,7 +123,7 @@ def _content_routes(r: APIRouter, rt, gate: GuestIO) -> None:
         """The body (application/octet-stream, any size) becomes the guest file `path`, streamed to the guest
         chunk by chunk; it appears whole (renamed over `path`) once the last chunk is written."""
         def write() -> int:
-            with core_files.open_files(rt, id, path) as f:
+            with s.open_files(id, path) as f:
                 return f.write(path, _body_chunks(request), mode, mkdir)
         return fw.Written(path=path, bytes=await gate.run(id, request, write))
 
@@ -131,19 +132,19 @@ def _content_routes(r: APIRouter, rt, gate: GuestIO) -> None:
     async def archive(request: Request, id: SandboxId, path: str = PATH) -> StreamingResponse:
         """A tar stream of a guest file or directory (its top entry named by the path's last component). It is
         made by the guest: extract it as untrusted input (`forkd cp` does)."""
-        return await gate.respond(id, request, lambda: core_files.stream(rt, id, path, lambda f: f.tar_read(path)),
+        return await gate.respond(id, request, lambda: s.stream_files(id, path, lambda f: f.tar_read(path)),
                                   "application/x-tar")
 
     @r.put("/v1/sandboxes/{id}/files/archive", tags=TAGS, openapi_extra=RAW_BODY)
     async def extract(id: SandboxId, request: Request, path: str = PATH) -> fw.Written:
         """Extract the body (a tar stream) into the guest directory `path` (created if missing)."""
         def write() -> int:
-            with core_files.open_files(rt, id, path) as f:
+            with s.open_files(id, path) as f:
                 return f.tar_write(path, _body_chunks(request))
         return fw.Written(path=path, bytes=await gate.run(id, request, write))
 
 
-def _watch_route(r: APIRouter, rt, gate: GuestIO) -> None:
+def _watch_route(r: APIRouter, s: Service, gate: GuestIO) -> None:
     @r.get("/v1/sandboxes/{id}/files/watch", tags=TAGS, response_class=StreamingResponse,
            responses={200: {"content": NDJSON, "description": "one WatchEvent per line"}})
     async def watch(request: Request, id: SandboxId, path: str = PATH, recursive: bool = False,
@@ -152,7 +153,7 @@ def _watch_route(r: APIRouter, rt, gate: GuestIO) -> None:
         """Events under a guest directory as NDJSON lines (WatchEvent), until `timeout` or the client leaves.
         The first line is {"type": "started", "kind": "inotify"|"poll"}."""
         # the first line is pulled before the response starts: a missing directory is a 404, not a broken stream
-        return await gate.respond(id, request, lambda: _ndjson(core_files.watch(rt, id, path, recursive,
+        return await gate.respond(id, request, lambda: _ndjson(s.watch(id, path, recursive,
                                                                                 duration=timeout)),
                                   "application/x-ndjson")
 

@@ -1,4 +1,5 @@
-"""Ports of a sandbox over HTTP through the daemon (forkd.core.ports holds the grants and the connection):
+"""Ports of a sandbox over HTTP through the daemon (the service holds the
+grants and makes the connection: forkd.service.guest):
 
   POST   /v1/sandboxes/{id}/ports {port}      open one: 201 {sandbox_id, port, token, path}
   GET    /v1/sandboxes/{id}/ports             the open ones
@@ -26,10 +27,9 @@ from starlette.concurrency import run_in_threadpool
 
 from forkd.api.auth import PORT_PREFIX
 from forkd.api.ports_ws import relay_websocket
-from forkd.base.errors import ForkdError, InvalidInput, NotFound, Unavailable
+from forkd.base.errors import ForkdError, InvalidInput, Unavailable
 from forkd.client.wire import Strict
-from forkd.core import ports
-from forkd.reconciler.control import Control
+from forkd.service import Service
 
 MAX_BODY = 64 << 20
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -41,49 +41,35 @@ class PortRequest(Strict):
     port: int = Field(ge=1, le=65535, description="a TCP port the sandbox's guest listens on")
 
 
-def _view(g: ports.Grant) -> PortGrant:
+def _view(g) -> PortGrant:
     return PortGrant(sandbox_id=g.sandbox_id, port=g.port, token=g.token,
                      path=f"{PORT_PREFIX}{g.sandbox_id}/{g.port}/{g.token}/")
 
 
-def build_ports_router(control: Control, grants: ports.PortGrants) -> APIRouter:
-    rt = control.rt
+def build_ports_router(s: Service) -> APIRouter:
     r = APIRouter()
 
     @r.post("/v1/sandboxes/{id}/ports", status_code=201, tags=["sandboxes"])
     def open_port(id: str, req: PortRequest) -> PortGrant:
         """An authenticated path through the daemon to `port` in the sandbox (E2B's get_host)."""
-        rec = rt.child(id)
-        ports.reachable(rec)
-        return _view(grants.grant(id, req.port, rec.created_at))
+        return _view(s.open_port(id, req.port))
 
     @r.get("/v1/sandboxes/{id}/ports", tags=["sandboxes"])
     def list_ports(id: str) -> list[PortGrant]:
-        rt.child(id)
-        return [_view(g) for g in grants.list(id)]
+        return [_view(g) for g in s.open_ports(id)]
 
     @r.delete("/v1/sandboxes/{id}/ports/{port}", status_code=204, tags=["sandboxes"])
     def close_port(id: str, port: int) -> Response:
-        if not grants.revoke(id, port):
-            raise NotFound(f"port {port} of sandbox {id} is not open", hint="GET /v1/sandboxes/{id}/ports")
+        s.close_port(id, port)
         return Response(status_code=204)
 
     async def granted(id: str, port: int, token: str) -> str:
         """The child's namespace when `token` opens its `port`; NotFound (one answer for every refusal) else."""
-        try:
-            rec = await run_in_threadpool(rt.child, id)
-        except ForkdError:
-            rec = None
-        if rec is None or rec.status != "running":
-            grants.drop(id)  # the child is gone: so are its grants
-        if rec is None or not grants.check(id, port, token, rec.created_at):
-            raise NotFound(f"no open port {port} of sandbox {id} for this token",
-                           hint="open it with POST /v1/sandboxes/{id}/ports (sb.get_url(port))")
-        return ports.reachable(rec)
+        return await run_in_threadpool(s.granted, id, port, token)
 
     @r.api_route(PORT_PREFIX + "{id}/{port}/{token}/{path:path}", methods=METHODS, include_in_schema=False)
     async def proxy(id: str, port: int, token: str, path: str, request: Request) -> Response:
-        return await _forward(await granted(id, port, token), port, path, request)
+        return await _forward(s, await granted(id, port, token), port, path, request)
 
     @r.websocket(PORT_PREFIX + "{id}/{port}/{token}/{path:path}")
     async def proxy_ws(ws: WebSocket, id: str, port: int, token: str, path: str) -> None:
@@ -92,7 +78,7 @@ def build_ports_router(control: Control, grants: ports.PortGrants) -> APIRouter:
         except ForkdError:
             await ws.close(code=1008)  # policy violation: the handshake is answered 403
             return
-        await relay_websocket(ws, netns, port, "/" + path + (f"?{ws.url.query}" if ws.url.query else ""))
+        await relay_websocket(ws, s.connect, netns, port, "/" + path + (f"?{ws.url.query}" if ws.url.query else ""))
 
     return r
 
@@ -113,13 +99,13 @@ async def _body(request: Request) -> bytes:
     return bytes(body)
 
 
-async def _forward(netns: str, port: int, path: str, request: Request) -> Response:
+async def _forward(s: Service, netns: str, port: int, path: str, request: Request) -> Response:
     if (request.headers.get("upgrade") or "").lower() == "websocket":
         raise InvalidInput("WebSocket through a sandbox port is not served", hint="use plain HTTP requests")
     body = await _body(request)
     target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
     headers = upstream_headers(request.headers.items(), port, len(body))
-    sock = await run_in_threadpool(ports.connect, netns, port)
+    sock = await run_in_threadpool(s.connect, netns, port)
     reader, writer = await asyncio.open_connection(sock=sock)
     conn = h11.Connection(h11.CLIENT)
     try:

@@ -117,9 +117,10 @@ class Settings(BaseModel):
     # -- children's lifetimes and ownership
     kill_wait_seconds: float = _env(120.0, "seconds `forkd kill` waits for a child another operation is still "
                                            "starting (or stopping) before it gives up with a conflict", gt=0)
-    sandbox_timeout: float = _env(300.0, "seconds a sandbox made through the daemon (POST /v1/sandboxes, /fork, "
-                                         "forkd fork) or claimed from a pool without child.ttlSeconds (forkd "
-                                         "claim, POST /v1/pools/{name}/claim) lives unless the call says "
+    sandbox_timeout: float = _env(300.0, "seconds a sandbox made by POST /v1/sandboxes, /fork or forkd fork "
+                                         "(in-process or through the daemon; a daemon's sweeper enforces it) or "
+                                         "claimed from a pool without child.ttlSeconds (forkd claim, POST "
+                                         "/v1/pools/{name}/claim) lives unless the call says "
                                          "otherwise or set_timeout extends it; 0 = no timeout (idle pool children "
                                          "never expire until claimed)", ge=0)
     sweep_interval: float = _env(1.0, "seconds between the daemon's sweeps of expired sandboxes and of "

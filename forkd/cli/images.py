@@ -41,8 +41,11 @@ def from_image_cmd(
         output: Fmt = OUTPUT) -> None:
     """Build a guest image from a container image (no Docker engine), then boot, warm and snapshot it."""
     ref = str(Path(ref).resolve()) if Path(ref).exists() else ref  # a daemon reads it from its own cwd
-    data = backend().from_image(ref, tag, memory_mib, vcpus, warm_import, warm_run, pip=pip, apt=apt,
-                                rootfs=rootfs.value, progress=Progress(output != Fmt.table))
+    from forkd.client.wire import FromImageRequest
+
+    req = FromImageRequest(ref=ref, tag=tag, memory_mib=memory_mib, vcpus=vcpus, warm_imports=warm_import,
+                           warm_run=warm_run, pip=pip, apt=apt, rootfs=rootfs.value)
+    data = backend().from_image(req, progress=Progress(output != Fmt.table))
     t, image = data["timings_ms"], data["image"]
     emit(data, output, [("TAG", "left"), ("IMAGE", "left"), ("STATE", "left"), ("ROOTFS", "right"),
                         ("AS", "left"), ("BOOT ms", "right"), ("WARM ms", "right")],
@@ -53,7 +56,10 @@ def from_image_cmd(
 def debian_build(packages: list[str], suite: str | None, force: bool, output: Fmt, rootfs: str = "auto") -> None:
     """`forkd image build --debian-packages ...`: a Debian rootfs image (cached by content)."""
     pkgs = [p.strip() for item in packages for p in item.split(",") if p.strip()]
-    data = backend().build_debian(pkgs, suite, force=force, rootfs=rootfs, progress=Progress(output != Fmt.table))
+    from forkd.client.wire import DebianBuildRequest
+
+    req = DebianBuildRequest(packages=pkgs, suite=suite, force=force, rootfs=rootfs)
+    data = backend().build_debian(req, progress=Progress(output != Fmt.table))
     emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("ROOTFS", "right"), ("AS", "left"),
                         ("INITRD", "right"), ("MIN MiB", "right"), ("PATH", "left")],
          [[data["id"], "built" if data["built_now"] else "cached", size(data.get("rootfs_bytes")),

@@ -38,7 +38,8 @@ class Fmt(StrEnum):
 
 def emit(data: Any, fmt: Fmt, columns: list[tuple[str, str]] | None = None, rows: list[list[str]] | None = None,
          title: str | None = None) -> None:
-    """Print `data` as json/yaml, or `rows` as a table with `columns` (header, justify)."""
+    """Print `data` (plain data or wire models) as json/yaml, or `rows` as a table with `columns` (header, justify)."""
+    data = _plain(data)
     if fmt == Fmt.json:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     elif fmt == Fmt.yaml:
@@ -80,3 +81,12 @@ def size(n: int | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _plain(data: Any) -> Any:
+    """Wire models (pydantic) as the JSON data they stand for, inside lists too."""
+    if hasattr(data, "model_dump"):
+        return data.model_dump(mode="json")
+    if isinstance(data, list):
+        return [_plain(x) for x in data]
+    return data

@@ -1,21 +1,24 @@
-"""LocalBackend: every verb in this process, on the caller's own Runtime and Control (forkd.core, the reconciler).
+"""LocalBackend: every verb in this process, through the service the daemon's routes call (forkd.service.Service,
+on the caller's own Runtime and Control), so a verb means the same in-process and through a daemon (a fork's
+lifetime, an unnamed branch's label, the release of a fork's snapshot).
 
 Results are plain JSON data (the shapes `forkd ... -o json` prints), the same the daemon's forkd-native routes
-return, because those routes call this class: a verb answers alike in-process and through a daemon.
+return: both convert the service's answers with forkd.service.wire.
 The snapshot and child producers take the core's typed requests (forkd.core.requests), validated once there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from forkd.base.errors import Unavailable
-from forkd.client.wire import child_view, snapshot_view
 from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
+from forkd.service import wire
+from forkd.service.service import Service
+from forkd.service.wire import child_view, snapshot_view
 
 Progress = Callable[[str], None]
 
@@ -30,7 +33,8 @@ class LocalBackend:
     is_local = True  # paths it returns (agent sockets, files) are on this host
 
     def __init__(self, control: Control | None = None):
-        self.control = control or Control(Runtime())
+        self.service = Service(control)
+        self.control = self.service.control
 
     @property
     def rt(self) -> Runtime:
@@ -53,63 +57,47 @@ class LocalBackend:
         self.control.delete(kind, name)
 
     def claim(self, pool, n=1, lifetime=None):
-        return [child_view(r) for r in self.control.claim(pool, n, lifetime=lifetime)]
+        return [child_view(r) for r in self.service.claim(pool, n, lifetime=lifetime)]
 
     def wait(self, targets, timeout, progress=_quiet):
         return self.control.reconciler.run_until_converged(timeout, targets, progress)
 
     # -- images --------------------------------------------------------------------------------------
     def build_image(self, force: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
-        image, built = self.rt.build_image(progress, force=force)
-        return dict(image.meta, built_now=built, path=str(image.dir))
+        return self.service.build_image(force=force, progress=progress)
 
-    def build_debian(self, packages: list[str], suite: str | None = None, force: bool = False,
-                     rootfs: str = "auto", progress: Progress = _quiet) -> dict[str, Any]:
-        from forkd.core.images import build_debian
+    def build_debian(self, req: wire.DebianBuildRequest, progress: Progress = _quiet) -> dict[str, Any]:
+        return self.service.build_debian(req, progress=progress)
 
-        image, built = build_debian(self.rt, packages, suite, progress=progress, force=force, rootfs=rootfs)
-        return dict(image.meta, built_now=built, path=str(image.dir))
-
-    def from_image(self, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
-                   warm_run: list[str] = (), pip: list[str] = (), apt: list[str] = (), rootfs: str = "auto",
-                   progress: Progress = _quiet) -> dict[str, Any]:
-        from forkd.core.images import from_image
-
-        snap, image, built = from_image(self.rt, ref, tag, memory_mib, vcpus, tuple(warm_imports), tuple(warm_run),
-                                        pip=tuple(pip), apt=tuple(apt), progress=progress, rootfs=rootfs)
-        return dict(snap.to_json(), image=dict(image.meta, built_now=built))
+    def from_image(self, req: wire.FromImageRequest, progress: Progress = _quiet) -> dict[str, Any]:
+        return self.service.from_image(req, progress=progress)
 
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshots(self) -> list[dict[str, Any]]:
-        return [snapshot_view(s) for s in self.rt.snapshots()]
+        return [snapshot_view(s) for s in self.service.snapshots()]
 
     def snapshot_info(self, tag: str) -> dict[str, Any]:
-        return self.rt.snapshot_info(tag)
+        return self.service.snapshot_info(tag)
 
     def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> dict[str, Any]:
-        return self.rt.create_snapshot(req, progress=progress).to_json()
+        return self.service.create_snapshot(req, progress=progress).to_json()
 
     def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> dict[str, Any]:
-        return self.rt.snapshot_diff(req, progress=progress).to_json()
+        return self.service.snapshot_diff(req, progress=progress).to_json()
 
     def compact(self, req: Compaction, progress: Progress = _quiet) -> dict[str, Any]:
-        return self.rt.compact(req, progress=progress).to_json()
+        return self.service.compact(req, progress=progress).to_json()
 
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
-        return self.rt.rmi(tag, force=force, cascade=cascade)
+        return self.service.rmi(tag, force=force, cascade=cascade)
 
     # -- children ------------------------------------------------------------------------------------
     def children(self, labels: list[str] | None = None) -> list[dict[str, Any]]:
-        from forkd.core.lifetimes import matches, parse_selector
-
-        sel = parse_selector(labels)
-        return [child_view(r) for r in self.rt.children() if matches(r.labels, sel)]
+        return [child_view(r) for r in self.service.children(labels)]
 
     def set_timeout(self, child: str, seconds: float) -> dict[str, Any]:
         """Keepalive: `child` now expires `seconds` from now (enforced by a running daemon's sweeper)."""
-        from forkd.core.lifetimes import set_timeout
-
-        return child_view(set_timeout(self.rt, child, seconds))
+        return child_view(self.service.set_timeout(child, seconds))
 
     def port(self, child: str, port: int, close: bool = False) -> dict[str, Any]:
         """Ports are served by a running daemon (its grants live in its memory): refused here."""
@@ -119,21 +107,21 @@ class LocalBackend:
 
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
                   lifetime: float | None = None, egress: Egress | None = None) -> list[dict[str, Any]]:
-        """`n` children continuing from this instant of `child` (forkd.core.forking); egress None: the source's."""
-        from forkd.core.forking import fork
-
-        return [child_view(r) for r in fork(self.rt, child, n, tag=tag, keep=keep, lifetime=lifetime,
-                                            egress=egress)[1]]
+        """`n` children continuing from this instant of `child`; egress None: the source's."""
+        _, recs = self.service.fork_from(child, n, tag=tag, keep=keep, lifetime=lifetime, egress=egress)
+        return [child_view(r) for r in recs]
 
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
-        return [child_view(r) for r in self.rt.fork(req, progress=progress)]
+        """Hand-made children live FORKD_SANDBOX_TIMEOUT (enforced by a daemon's sweeper); pool children: none."""
+        return [child_view(r) for r in self.service.spawn(req, progress=progress)]
 
     def exec(self, child: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
-             env: dict[str, str] | None = None, stdin: str | None = None) -> dict[str, Any]:
-        return self.rt.exec(child, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+             env: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
+        return wire.ExecResult(**self.service.exec(child, argv, cwd=cwd, timeout=timeout, env=env, stdin=stdin))
 
-    def eval(self, child: str, code: str, timeout: float = 60.0) -> dict[str, Any]:
-        return self.rt.eval(child, code, timeout=timeout)
+    def eval(self, child: str, code: str, timeout: float = 60.0) -> wire.EvalAnswer:
+        res = self.service.eval(child, code, timeout=timeout)
+        return wire.EvalAnswer(value=res.get("value"), error=res.get("error"), stdout=res.get("stdout", ""))
 
     def files(self, child: str):
         """The files of a child (forkd.client.files.LocalFiles: list, stat, read/write streams, tar, watch)."""
@@ -141,56 +129,44 @@ class LocalBackend:
 
         return LocalFiles(self.rt, child)
 
-    def ping(self, child: str) -> dict[str, Any]:
-        return self.rt.ping(child)
+    def ping(self, child: str) -> wire.PingResult:
+        return wire.PingResult(**{**self.service.ping(child), "pong": True})
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[list]:
-        return [[cid, was_running] for cid, was_running in self.rt.kill(ids, all_=all_, tag=tag)]
+        """Stop children; the snapshot of a fork(n) goes with the last of its children."""
+        return [[cid, was_running] for cid, was_running in self.service.kill(ids, all_=all_, tag=tag)]
 
-    def branch(self, req: Branch) -> dict[str, Any]:
-        return self.rt.branch(req).to_json()
+    def branch(self, req: Branch) -> wire.BranchAnswer:
+        res = self.service.branch_request(req)
+        return wire.BranchAnswer(snapshot=self.service.info(res.snapshot), source=res.source, mode=res.mode,
+                                 pause_ms=res.pause_ms, returned_ms=res.returned_ms, capture=res.capture,
+                                 capture_note=res.capture_note)
 
-    def settle(self, tag: str) -> dict[str, Any] | None:
+    def settle(self, tag: str) -> wire.SnapshotInfo | None:
         """After a `wait=False` branch: wait for this process's background conversion; the snapshot as it ended."""
-        from forkd.core.branch import wait_background
-
-        wait_background(self.rt)
-        return self.rt.store.get(tag).to_json()
+        return self.service.info(self.service.settle(tag))
 
     # -- this host -----------------------------------------------------------------------------------
     def gc(self, dry_run: bool = False, grace: float | None = None) -> dict[str, Any]:
-        return self.rt.gc(dry_run=dry_run, grace=grace)
+        return self.service.gc(dry_run=dry_run, grace=grace)
 
     def doctor(self, reprobe: bool = False, progress: Progress = _quiet) -> list[dict[str, Any]]:
-        from forkd.core.doctor import run_checks
-
-        return [c.__dict__ for c in run_checks(self.rt, reprobe=reprobe, progress=progress)]
+        return self.service.doctor(reprobe=reprobe, progress=progress)
 
     def audit_verify(self) -> dict[str, Any]:
-        from forkd.core.audit import verify
-
-        verdict = verify(self.rt.layout.home)
-        return {"ok": verdict.ok, "text": str(verdict), "lines": verdict.lines, "bad_line": verdict.bad_line}
+        return self.service.audit_verify()
 
     # -- moving snapshot chains (paths are on the host this backend runs on) --------------------------
     def pack(self, tag: str, path: str, level: int = 3, progress: Progress = _quiet) -> dict[str, Any]:
-        from forkd.core.pack import pack
-
-        return pack(self.rt, tag, Path(path), progress, level=level)
+        return self.service.pack(tag, path, level=level, progress=progress)
 
     def unpack(self, path: str, progress: Progress = _quiet) -> dict[str, Any]:
-        from forkd.core.pack import unpack
-
-        return unpack(self.rt, Path(path), progress)
+        return self.service.unpack(path, progress=progress)
 
     def pull(self, ref: str, hub: str | None = None, progress: Progress = _quiet,
              on_bytes: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-        from forkd.core.hub import pull
-
-        return pull(self.rt, ref, hub, progress, on_bytes=on_bytes or (lambda *_: None))
+        return self.service.pull(ref, hub, progress=progress, on_bytes=on_bytes)
 
     def push(self, tag: str, ref: str, hub: str | None = None, force: bool = False,
              progress: Progress = _quiet) -> dict[str, Any]:
-        from forkd.core.hub import push
-
-        return push(self.rt, tag, ref, hub, progress, force=force)
+        return self.service.push(tag, ref, hub, force=force, progress=progress)

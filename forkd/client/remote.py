@@ -1,6 +1,7 @@
 """RemoteBackend: every verb through a running daemon (`forkd serve`), over its unix socket or over TCP with a
 bearer token. It is the SDK's HTTP client (forkd.client.api.Client) plus the forkd-native routes of
-forkd/api/routes_forkd.py, whose answers are LocalBackend's JSON; failures are forkd.base.errors types.
+forkd/api/routes_children.py and routes_snapshots.py, whose answers are LocalBackend's JSON; failures are
+forkd.base.errors types.
 
 Long verbs report one progress line (the daemon does the work and answers when it is done)."""
 
@@ -13,6 +14,15 @@ from forkd.client.http import UNREACHABLE, Call, Endpoint, SyncHttp, quote
 
 if TYPE_CHECKING:  # loaded by the verbs that take or return them (declarative objects), not by every verb
     from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBuild, Spawn
+    from forkd.service.wire import (
+        BranchAnswer,
+        DebianBuildRequest,
+        EvalAnswer,
+        ExecResult,
+        FromImageRequest,
+        PingResult,
+        SnapshotInfo,
+    )
     from forkd.spec.models import ForkObject
 
 ObjList = list[tuple["ForkObject", str]]
@@ -109,17 +119,11 @@ class RemoteBackend:
     def build_image(self, force: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
         return self._long(progress, "POST", "/v1/build/image", {"force": force})
 
-    def build_debian(self, packages: list[str], suite: str | None = None, force: bool = False,
-                     rootfs: str = "auto", progress: Progress = _quiet) -> dict[str, Any]:
-        body = {"packages": packages, "suite": suite, "force": force, "rootfs": rootfs}
-        return self._long(progress, "POST", "/v1/build/debian", body)
+    def build_debian(self, req: DebianBuildRequest, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/build/debian", req.model_dump(mode="json"))
 
-    def from_image(self, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
-                   warm_run: list[str] = (), pip: list[str] = (), apt: list[str] = (), rootfs: str = "auto",
-                   progress: Progress = _quiet) -> dict[str, Any]:
-        body = {"ref": ref, "tag": tag, "memory_mib": memory_mib, "vcpus": vcpus, "warm_imports": list(warm_imports),
-                "warm_run": list(warm_run), "pip": list(pip), "apt": list(apt), "rootfs": rootfs}
-        return self._long(progress, "POST", "/v1/build/from-image", body)
+    def from_image(self, req: FromImageRequest, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/build/from-image", req.model_dump(mode="json"))
 
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshots(self) -> list[dict[str, Any]]:
@@ -169,14 +173,15 @@ class RemoteBackend:
         return self._here(res["children"])
 
     def exec(self, child: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
-             env: dict[str, str] | None = None, stdin: str | None = None) -> dict[str, Any]:
+             env: dict[str, str] | None = None, stdin: str | None = None) -> ExecResult:
         # no timeout in-process means the agent's call limit (300 s): the same here
-        res = self.api.exec_command(child, argv, timeout or 300, cwd=cwd, env=env, stdin=stdin)
-        return res.model_dump(mode="json")
+        return self.api.exec_command(child, argv, timeout or 300, cwd=cwd, env=env, stdin=stdin)
 
-    def eval(self, child: str, code: str, timeout: float = 60.0) -> dict[str, Any]:
+    def eval(self, child: str, code: str, timeout: float = 60.0) -> EvalAnswer:
+        from forkd.service.wire import EvalAnswer
+
         res = self.api.eval_code(child, code, timeout)
-        return {"value": res.result, "error": res.error, "stdout": res.stdout}
+        return EvalAnswer(value=res.result, error=res.error, stdout=res.stdout)
 
     def files(self, child: str):
         """The files of a child through the daemon (forkd.client.files_remote.RemoteFiles)."""
@@ -184,19 +189,18 @@ class RemoteBackend:
 
         return RemoteFiles(self.api, child)
 
-    def ping(self, child: str) -> dict[str, Any]:
-        return self.api.ping_sandbox(child).model_dump(mode="json")
+    def ping(self, child: str) -> PingResult:
+        return self.api.ping_sandbox(child)
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[list]:
         return self._call("POST", "/v1/children/kill", json={"ids": ids or [], "all": all_, "tag": tag})["killed"]
 
-    def branch(self, req: Branch) -> dict[str, Any]:
-        res = self.api.branch_sandbox(req.child_id, req.tag, req.mode, req.wait).model_dump(mode="json")
-        keys = ("mode", "pause_ms", "returned_ms", "capture", "capture_note")
-        return {"snapshot": {k: v for k, v in res.items() if k not in keys}, "source": res.get("branched_from"),
-                **{k: res.get(k) for k in keys}}
+    def branch(self, req: Branch) -> BranchAnswer:
+        from forkd.service.wire import branch_answer
 
-    def settle(self, tag: str) -> dict[str, Any] | None:
+        return branch_answer(self.api.branch_sandbox(req.child_id, req.tag, req.mode, req.wait))
+
+    def settle(self, tag: str) -> SnapshotInfo | None:
         """The daemon converts a `wait=False` branch itself: nothing to wait for here."""
         return None
 

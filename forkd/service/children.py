@@ -1,0 +1,100 @@
+"""Children (sandboxes) through the service: spawn, fork from a running one, kill, lifetimes and labels, branch,
+and the calls into a guest. Every one of these is what both `/v1/sandboxes` and `/v1/children`, and LocalBackend,
+call: the policy (forkd.service.policy) is applied here once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from forkd.base import clock
+from forkd.base.settings import settings
+from forkd.core import forking, lifetimes
+from forkd.core.requests import Branch, Egress, Spawn
+from forkd.service import policy
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+class Children:
+    """The child verbs of forkd.service.service.Service (`self.rt`: the node's Runtime)."""
+
+    rt: Any
+
+    def children(self, labels: list[str] | None = None) -> list:
+        """Child records whose labels match every `k=v` (or bare `k`) in `labels`."""
+        sel = lifetimes.parse_selector(labels)
+        return [r for r in self.rt.children() if lifetimes.matches(r.labels, sel)]
+
+    def child(self, child_id: str) -> Any:
+        return self.rt.child(child_id)
+
+    def spawn(self, req: Spawn, lifetime: float | None = None, labels: dict[str, str] | None = None,
+              progress: Progress = _quiet) -> list:
+        """`req.n` children of `req.tag`, each living `lifetime` (default FORKD_SANDBOX_TIMEOUT; a pool's: none)
+        with `labels`; their records."""
+        recs = self.rt.fork(req, progress=progress)
+        seconds = policy.lifetime(lifetime, settings().sandbox_timeout, req.pool)
+        if seconds is None and not labels:
+            return recs
+        return lifetimes.stamp(self.rt, [r.id for r in recs], seconds, labels)
+
+    def fork_from(self, child_id: str, n: int = 1, tag: str | None = None, keep: bool = False,
+                  lifetime: float | None = None, labels: dict[str, str] | None = None, timeout: float = 60.0,
+                  egress: Egress | None = None) -> tuple[Any, list]:
+        """`n` children continuing from this instant of `child_id` (forkd.core.forking): (the branch, records).
+        Without `keep` or `tag` the branch snapshot goes with the last of them (`kill`, else the sweeper)."""
+        seconds = policy.lifetime(lifetime, settings().sandbox_timeout)
+        return forking.fork(self.rt, child_id, n, tag=tag, keep=keep, lifetime=seconds, labels=labels,
+                            timeout=timeout, egress=egress)
+
+    def set_timeout(self, child_id: str, seconds: float) -> Any:
+        """Keepalive: `child_id` now expires `seconds` from now (a running daemon's sweeper enforces it)."""
+        return lifetimes.set_timeout(self.rt, child_id, seconds)
+
+    def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[tuple[str, bool]]:
+        """Stop children: `ids`, all, or those of snapshot `tag`; a fork(n) snapshot goes with its last child."""
+        tags = {c.snapshot for c in self.rt.children() if all_ or c.id in (ids or ()) or c.snapshot == tag}
+        killed = self.rt.kill(ids, all_=all_, tag=tag)
+        for t in tags:
+            lifetimes.release_fork_of(self.rt, t)
+        return killed
+
+    def branch(self, child_id: str, tag: str | None = None, mode: str = "live", wait: bool = True) -> Any:
+        """Snapshot a running child as `tag`; unnamed, forkd names it and removes it after FORKD_BRANCH_TTL."""
+        name = policy.branch_tag(tag, child_id, clock.wall())
+        return self.rt.branch(Branch.of(child_id=child_id, tag=name, mode=mode, wait=wait,
+                                        labels=policy.branch_labels(tag)))
+
+    def branch_request(self, req: Branch) -> Any:
+        """A branch the caller named in full (the CLI's request)."""
+        return self.rt.branch(req)
+
+    def settle(self, tag: str) -> Any:
+        """After a `wait=False` branch: wait for this process's background conversion; the snapshot as it ended."""
+        from forkd.core.branch import wait_background
+
+        wait_background(self.rt)
+        return self.rt.store.get(tag)
+
+    # -- calls into a guest ------------------------------------------------------------------------
+    def exec(self, child_id: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
+             env: dict[str, str] | None = None, stdin: str | None = None) -> dict[str, Any]:
+        return self.rt.exec(child_id, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+
+    def eval(self, child_id: str, code: str, timeout: float = 60.0, mode: str = "eval") -> dict[str, Any]:
+        """`mode` eval: an expression's value; exec: statements run (their stdout)."""
+        call = self.rt.eval if mode == "eval" else self.rt.exec_code
+        return call(child_id, code, timeout=timeout)
+
+    def ping(self, child_id: str) -> dict[str, Any]:
+        return self.rt.ping(child_id)
+
+    def agent(self, child_id: str) -> AbstractContextManager:
+        """The child's agent, held awake while the block runs (forkd.core.runtime.Runtime.agent)."""
+        return self.rt.agent(child_id)

@@ -1,0 +1,97 @@
+"""A sandbox's files and ports through the service: the guest file streams (forkd.core.files over the child's
+agent) and the daemon's port grants with the connection through the child's namespace (forkd.core.ports)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from forkd.base.errors import ForkdError, InvalidInput, NotFound
+from forkd.core import files, ports
+from forkd.core.files import MAX_CURSOR, PAGE_BYTES, PAGE_ENTRIES  # noqa: F401 - the routes' bounds
+
+FILE_NOT_FOUND = {"FileNotFoundError", "IsADirectoryError", "NotADirectoryError"}
+
+
+class Guest:
+    """The file and port verbs of forkd.service.service.Service (`self.rt`: the node's Runtime; `self.grants`:
+    the node's port grants, which live as long as the service)."""
+
+    rt: Any
+    grants: ports.PortGrants
+
+    # -- files -------------------------------------------------------------------------------------
+    def open_files(self, child_id: str, what: str = "") -> AbstractContextManager:
+        """The child's file client (forkd.vmm.agent_files.AgentFiles) while the block runs."""
+        return files.open_files(self.rt, child_id, what)
+
+    def stream_files(self, child_id: str, what: str, make: Callable[[Any], Iterator[bytes]]) -> Iterator[bytes]:
+        return files.stream(self.rt, child_id, what, make)
+
+    def watch(self, child_id: str, path: str, recursive: bool = False, **kw: Any) -> Iterator[dict]:
+        return files.watch(self.rt, child_id, path, recursive, **kw)
+
+    def read_file(self, child_id: str, path: str) -> bytes:
+        """A whole guest file (upstream's GET /files); a missing one is NotFound, a refused one InvalidInput."""
+        with _agent_errors(path), self.rt.agent(child_id) as a:
+            return a.read_file(path)
+
+    def write_file(self, child_id: str, path: str, data: bytes, mode: int = 0o644) -> None:
+        with _agent_errors(path), self.rt.agent(child_id) as a:
+            a.write_file(path, data, mode=mode)
+
+    # -- ports -------------------------------------------------------------------------------------
+    def open_port(self, child_id: str, port: int) -> Any:
+        """A grant for `port` of a running, networked child (the existing one, or a new token)."""
+        rec = self.rt.child(child_id)
+        ports.reachable(rec)
+        return self.grants.grant(child_id, port, rec.created_at)
+
+    def open_ports(self, child_id: str) -> list:
+        self.rt.child(child_id)
+        return self.grants.list(child_id)
+
+    def close_port(self, child_id: str, port: int) -> None:
+        if not self.grants.revoke(child_id, port):
+            raise NotFound(f"port {port} of sandbox {child_id} is not open", hint="GET /v1/sandboxes/{id}/ports")
+
+    def granted(self, child_id: str, port: int, token: str) -> str:
+        """The child's namespace when `token` opens its `port`; NotFound (one answer for every refusal) else."""
+        try:
+            rec = self.rt.child(child_id)
+        except ForkdError:
+            rec = None
+        if rec is None or rec.status != "running":
+            self.grants.drop(child_id)  # the child is gone: so are its grants
+        if rec is None or not self.grants.check(child_id, port, token, rec.created_at):
+            raise NotFound(f"no open port {port} of sandbox {child_id} for this token",
+                           hint="open it with POST /v1/sandboxes/{id}/ports (sb.get_url(port))")
+        return ports.reachable(rec)
+
+    @staticmethod
+    def connect(netns: str, port: int) -> socket.socket:
+        """A TCP connection to the guest's `port` made inside its namespace `netns`."""
+        return ports.connect(netns, port)
+
+
+class _agent_errors:
+    """Guest file errors become NotFound / InvalidInput (404 / 400) instead of a crash (500)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, exc, tb):
+        from forkd.vmm.agent_replies import AgentError
+
+        if isinstance(exc, AgentError):
+            typ = exc.error.get("type")
+            if typ in FILE_NOT_FOUND:
+                raise NotFound(f"{self.path}: {exc.error.get('message')}") from exc
+            if typ in ("RequestError", "PermissionError"):
+                raise InvalidInput(f"{self.path}: {exc.error.get('message')}") from exc
+        return False

@@ -1,0 +1,117 @@
+"""One front door, two implementations: LocalBackend (in-process) and RemoteBackend (a real daemon process, over
+TCP with its token, on the same home) answer each verb with the same wire model and fail with the same error kind.
+Both go through the one service (forkd.service), so a child made either way has the same lifetime and a fork's
+snapshot goes with its last child either way. The home runs the fake VMM driver (tests/fake_vmm.py): what is
+compared here is the logic above the driver."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from forkd.base.errors import ForkdError
+from forkd.base.paths import Layout
+from forkd.client.local import LocalBackend
+from forkd.client.remote import RemoteBackend
+from forkd.core.requests import Branch, Spawn
+from forkd.core.runtime import Runtime
+from forkd.reconciler.control import Control
+from forkd.service import wire
+from tests.conftest import BASE_TAG
+from tests.test_api import start_api_daemon, stop_api_daemon
+
+MISSING = "c-no-such-child"
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def doors(home, tmp_path_factory):
+    """The daemon's sweeper waits an hour between passes here: what these tests see removed, the verb removed."""
+    old = os.environ.get("FORKD_SWEEP_INTERVAL")
+    os.environ["FORKD_SWEEP_INTERVAL"] = "3600"
+    try:
+        d = start_api_daemon(home, tmp_path_factory.mktemp("contract"))
+    finally:
+        os.environ.pop("FORKD_SWEEP_INTERVAL") if old is None else os.environ.__setitem__("FORKD_SWEEP_INTERVAL", old)
+    yield {"local": LocalBackend(Control(Runtime(Layout(home)))), "remote": RemoteBackend(url=d.url, token=d.token)}
+    stop_api_daemon(d)
+
+
+def _kind(call) -> str:
+    """The error kind a call fails with (its class name), or 'ok'."""
+    try:
+        call()
+    except ForkdError as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+VERBS_ON_NOTHING = {
+    "snapshot_info": lambda b: b.snapshot_info("no-such-snapshot"),
+    "rmi": lambda b: b.rmi("no-such-snapshot"),
+    "set_timeout": lambda b: b.set_timeout(MISSING, 10),
+    "eval": lambda b: b.eval(MISSING, "1"),
+    "exec": lambda b: b.exec(MISSING, ["true"]),
+    "ping": lambda b: b.ping(MISSING),
+    "branch": lambda b: b.branch(Branch.of(child_id=MISSING, tag="contract-none")),
+    "fork_from": lambda b: b.fork_from(MISSING, 1),
+    "fork": lambda b: b.fork(Spawn.of(tag="no-such-snapshot", n=1)),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS_ON_NOTHING))
+def test_a_verb_on_nothing_fails_alike(doors, verb):
+    call = VERBS_ON_NOTHING[verb]
+    kinds = {name: _kind(lambda b=b: call(b)) for name, b in doors.items()}
+    assert kinds["local"] == kinds["remote"] != "ok", kinds
+
+
+def test_listings_agree(doors):
+    snaps = {name: sorted(s.get("tag", "?") for s in b.snapshots()) for name, b in doors.items()}
+    assert snaps["local"] == snaps["remote"]
+    kids = {name: sorted(c["id"] for c in b.children()) for name, b in doors.items()}
+    assert kids["local"] == kids["remote"]
+
+
+def test_a_child_answers_alike_through_both_doors(doors, fake_base):
+    """fork, exec, eval, ping and branch: the same model, the same fields, the same values; each child has the
+    service's lifetime whichever door made it (in-process `forkd fork` used to give none)."""
+    seen = {}
+    for name, b in doors.items():
+        (kid,) = b.fork(Spawn.of(tag=BASE_TAG, n=1))
+        try:
+            seen[name] = _answers(b, kid["id"], f"contract-{name}")
+            assert kid["expires_at"] is not None, f"{name}: a hand-made child without a lifetime"
+        finally:
+            b.kill([kid["id"]])
+            b.rmi(f"contract-{name}", force=True)
+    assert seen["local"] == seen["remote"]
+
+
+def _answers(b, cid: str, tag: str) -> dict:
+    ev, bad = b.eval(cid, "6 * 7"), b.eval(cid, "1 / 0")
+    ex, pong = b.exec(cid, ["sh", "-c", "echo out; echo err >&2; exit 3"]), b.ping(cid)
+    br = b.branch(Branch.of(child_id=cid, tag=tag, mode="live"))
+    assert type(ev) is type(bad) is wire.EvalAnswer and type(br) is wire.BranchAnswer
+    assert isinstance(ex, wire.ExecResult) and isinstance(pong, wire.PingResult)
+    assert br.source == cid and br.snapshot.tag == tag and br.snapshot.branched_from == cid
+    return {"eval": ev.model_dump(), "error": bad.error["type"], "exec": (ex.stdout, ex.stderr, ex.exit_code),
+            "branch": (sorted(br.model_dump()), sorted(br.snapshot.model_dump()), br.snapshot.status, br.mode)}
+
+
+def test_a_fork_snapshot_goes_with_its_last_child_through_both_doors(doors, fake_base):
+    """fork --from-sandbox without a tag names its snapshot; killing its last child removes it, in-process too."""
+    for name, b in doors.items():
+        (src,) = b.fork(Spawn.of(tag=BASE_TAG, n=1))
+        try:
+            (kid,) = b.fork_from(src["id"], 1)
+            assert kid["expires_at"] is not None, name
+            b.kill([kid["id"]])
+            assert kid["snapshot"] not in {s.get("tag") for s in b.snapshots()}, f"{name}: fork snapshot left"
+        finally:
+            b.kill([src["id"]])
