@@ -1,5 +1,5 @@
-"""`forkd from-image REF --tag T` (guest images from OCI layouts / docker save tarballs) and the Debian options
-of `forkd image build`. Parsing and printing only: the work is the backend's (forkd.client)."""
+"""`forkd from-image REF --tag T` (guest images from OCI layouts, docker save tarballs, registries) and the Debian
+options of `forkd image build`. Parsing and printing only: the work is the backend's (forkd.client)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def register(app: typer.Typer) -> None:
 
 
 def from_image_cmd(
-        ref: str = typer.Argument(..., help="an OCI image layout directory or a 'docker save' tarball"),
+        ref: str = typer.Argument(..., help="an OCI image layout directory, a 'docker save' tarball, or "
+                                  "docker://HOST/NAME[:TAG][@sha256:DIGEST] (pulled with skopeo, pinned to its "
+                                  "digest)"),
         tag: str = typer.Option(..., "--tag", "-t", help="snapshot name (lowercase letters, digits, . _ -)"),
         apt: list[str] = typer.Option([], "--apt", help="NOT supported for OCI images (use the Debian path)"),
         pip: list[str] = typer.Option([], "--pip", help="wheel to install into the rootfs (resolved on the host "
@@ -38,11 +40,21 @@ def from_image_cmd(
         vcpus: int = typer.Option(1, "--vcpus"),
         warm_import: list[str] = typer.Option([], "--warm-import", help="module to import in the agent (repeat)"),
         warm_run: list[str] = typer.Option([], "--warm-run", help="shell command to run before pausing (repeat)"),
+        authfile: Path | None = typer.Option(None, "--authfile", help="docker://: registry credentials (default: "
+                                             "$REGISTRY_AUTH_FILE, containers' auth.json, ~/.docker/config.json)"),
+        cert_dir: Path | None = typer.Option(None, "--cert-dir", help="docker://: directory of the registry's CA "
+                                             "certificates (*.crt) to trust"),
+        insecure_registry: bool = typer.Option(False, "--insecure-registry", help="docker://: allow plain HTTP "
+                                               "and unverified TLS (a test registry); default: verified TLS only"),
         output: Fmt = OUTPUT) -> None:
     """Build a guest image from a container image (no Docker engine), then boot, warm and snapshot it."""
     ref = str(Path(ref).resolve()) if Path(ref).exists() else ref  # a daemon reads it from its own cwd
+    registry = None
+    if authfile or cert_dir or insecure_registry:  # paths as the daemon sees them
+        registry = {"authfile": str(authfile.resolve()) if authfile else None,
+                    "cert_dir": str(cert_dir.resolve()) if cert_dir else None, "tls_verify": not insecure_registry}
     data = backend().from_image(ref, tag, memory_mib, vcpus, warm_import, warm_run, pip=pip, apt=apt,
-                                rootfs=rootfs.value, progress=Progress(output != Fmt.table))
+                                rootfs=rootfs.value, progress=Progress(output != Fmt.table), registry=registry)
     t, image = data["timings_ms"], data["image"]
     emit(data, output, [("TAG", "left"), ("IMAGE", "left"), ("STATE", "left"), ("ROOTFS", "right"),
                         ("AS", "left"), ("BOOT ms", "right"), ("WARM ms", "right")],

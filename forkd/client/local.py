@@ -72,11 +72,12 @@ class LocalBackend:
 
     def from_image(self, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
                    warm_run: list[str] = (), pip: list[str] = (), apt: list[str] = (), rootfs: str = "auto",
-                   progress: Progress = _quiet) -> dict[str, Any]:
+                   progress: Progress = _quiet, registry: dict[str, Any] | None = None) -> dict[str, Any]:
         from forkd.core.images import from_image
 
         snap, image, built = from_image(self.rt, ref, tag, memory_mib, vcpus, tuple(warm_imports), tuple(warm_run),
-                                        pip=tuple(pip), apt=tuple(apt), progress=progress, rootfs=rootfs)
+                                        pip=tuple(pip), apt=tuple(apt), progress=progress, rootfs=rootfs,
+                                        registry=registry)
         return dict(snap.to_json(), image=dict(image.meta, built_now=built))
 
     # -- snapshots -----------------------------------------------------------------------------------

@@ -116,9 +116,11 @@ class RemoteBackend:
 
     def from_image(self, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
                    warm_run: list[str] = (), pip: list[str] = (), apt: list[str] = (), rootfs: str = "auto",
-                   progress: Progress = _quiet) -> dict[str, Any]:
+                   progress: Progress = _quiet, registry: dict[str, Any] | None = None) -> dict[str, Any]:
         body = {"ref": ref, "tag": tag, "memory_mib": memory_mib, "vcpus": vcpus, "warm_imports": list(warm_imports),
                 "warm_run": list(warm_run), "pip": list(pip), "apt": list(apt), "rootfs": rootfs}
+        if registry is not None:  # only when asked for: a daemon without registry pulls refuses the field
+            body["registry"] = registry
         return self._long(progress, "POST", "/v1/build/from-image", body)
 
     # -- snapshots -----------------------------------------------------------------------------------

@@ -100,7 +100,8 @@ class _DropNone(Strict):
 
 class OciImage(_DropNone):
     ref: str = Field(..., min_length=1, description="an OCI image layout directory or a `docker save` tarball, on "
-                                                    "the node")
+                                                    "the node, or docker://HOST/NAME[:TAG][@sha256:DIGEST] from a "
+                                                    "registry the node allows (FORKD_IMAGE_REGISTRIES)")
     rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
 
 
@@ -117,7 +118,8 @@ class ImageRef(Strict):
 
     builtin: Literal["python"] | None = Field(None, description="forkd's default image: busybox and Python "
                                                                 "(what an empty image means)")
-    oci: OciImage | None = Field(None, description="an OCI image (layout directory or docker save tarball)")
+    oci: OciImage | None = Field(None, description="an OCI image (layout directory, docker save tarball or registry "
+                                                   "reference)")
     debian: DebianImage | None = Field(None, description="a Debian rootfs with python3 and these packages")
 
     @model_validator(mode="before")
