@@ -62,9 +62,15 @@ def from_image_cmd(
            image.get("rootfs", "initramfs"), ms(t.get("boot")), ms(t.get("warmup"))]])
 
 
-def debian_build(packages: list[str], suite: str | None, force: bool, output: Fmt, rootfs: str = "auto") -> None:
-    """`forkd image build --debian-packages ...`: a Debian rootfs image (cached by content)."""
-    pkgs = [p.strip() for item in packages for p in item.split(",") if p.strip()]
+def debian_build(packages: list[str], suite: str | None, force: bool, output: Fmt, rootfs: str = "auto",
+                 preset: str | None = None) -> None:
+    """`forkd image build --debian-packages ... | --preset NAME`: a Debian rootfs image (cached by content)."""
+    from forkd.spec.models import preset_packages
+
+    try:
+        pkgs = preset_packages(preset, [p.strip() for item in packages for p in item.split(",") if p.strip()])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--preset") from None
     data = backend().build_debian(pkgs, suite, force=force, rootfs=rootfs, progress=Progress(output != Fmt.table))
     emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("ROOTFS", "right"), ("AS", "left"),
                         ("INITRD", "right"), ("MIN MiB", "right"), ("PATH", "left")],

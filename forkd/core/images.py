@@ -4,6 +4,7 @@
     {oci: {ref: PATH}}                        an OCI image layout directory or a `docker save` tarball
     {oci: {ref: docker://HOST/NAME:TAG}}      a registry image, pulled pinned to its digest (forkd.image.registry)
     {debian: {suite: bookworm, packages: []}} a Debian rootfs from packages (mmdebstrap), cached by content
+    {debian: {preset: full}}                  a named package set first (forkd.base.presets)
 
 oci and debian take `rootfs: auto|initramfs|disk` (see forkd.image.rootfs).
 
@@ -110,10 +111,15 @@ def ensure_image(rt: Runtime, image_ref: dict[str, Any] | None, memory_mib: int 
                               progress=progress, rootfs=rootfs)
         return image.id
     if kind == "debian":
+        from forkd.base.presets import preset_packages
         from forkd.image.debian import DEFAULT_SUITE, build_debian
 
         value = value or {}
-        image, _ = build_debian(rt.layout, list(value.get("packages") or []), value.get("suite") or DEFAULT_SUITE,
+        try:
+            packages = preset_packages(value.get("preset"), list(value.get("packages") or []))
+        except ValueError as exc:
+            raise InvalidInput(f"image: debian: {exc}") from None
+        image, _ = build_debian(rt.layout, packages, value.get("suite") or DEFAULT_SUITE,
                                 memory_mib=memory_mib, progress=progress, rootfs=value.get("rootfs") or "auto")
         return image.id
     raise InvalidInput(f"image: unknown kind {kind!r} (use builtin, oci or debian)")

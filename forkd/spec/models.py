@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSc
 from forkd.base.durations import PATTERN as DURATION_PATTERN
 from forkd.base.durations import parse_duration
 from forkd.base.names import NAME_PATTERN
+from forkd.base.presets import PRESETS, preset_packages  # noqa: F401 - PRESETS: for the CLI (forkd image build)
 from forkd.core import requests as rq
 from forkd.core.requests import (
     EGRESS_DOC,
@@ -105,12 +106,23 @@ class OciImage(_DropNone):
     rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
 
 
+PresetName = Literal["full", "full-build"]  # the names of forkd.base.presets.PRESETS (a test keeps them equal)
+
+
 class DebianImage(_DropNone):
+    preset: PresetName | None = Field(
+        None, description="a named package set installed before `packages`: full (bash, git, curl, "
+                          "ca-certificates, python3-pip, python3-venv; commands then run under bash -l -c) or "
+                          "full-build (full + build-essential)")
     suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{1,30}$")] = Field(
         "bookworm", description="the Debian suite mmdebstrap installs (bookworm, trixie, ...)")
     packages: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]] = Field(
         default_factory=list, description="Debian packages installed next to python3 (mmdebstrap)")
     rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
+
+    def all_packages(self) -> list[str]:
+        """The preset's packages, then `packages`."""
+        return preset_packages(self.preset, self.packages)
 
 
 class ImageRef(Strict):
