@@ -14,6 +14,7 @@ from forkd.base.errors import InvalidInput, NotFound
 from forkd.core import images as core_images
 from forkd.image import oci, registry
 from forkd.image.registry import RegistryOptions, dir_source, parse, pull, resolve
+from tests.conftest import forkd_cli
 
 INSECURE = {"tls_verify": False}
 
@@ -74,6 +75,16 @@ def test_plain_http_registry_refused_unless_allowed(rt, registry_http, registry_
     with pytest.raises(InvalidInput, match="HTTP") as exc:
         core_images.build_oci(rt, f"docker://{registry_http.host}/forkd/tiny:http", any_path=True)
     assert "--insecure-registry" in exc.value.hint
+
+
+def test_cli_refuses_a_plain_http_registry_and_options_for_a_path(registry_http, registry_layout, layout_dir):
+    """`forkd from-image` (the real CLI, in-process backend): exit 2 (InvalidInput) and the flag to use, before any
+    VM boots."""
+    registry_http.push(registry_layout, "forkd/tiny:cli")
+    res = forkd_cli("from-image", f"docker://{registry_http.host}/forkd/tiny:cli", "--tag", "cli-reg")
+    assert res.returncode == 2 and "--insecure-registry" in res.stderr, res.stderr
+    res = forkd_cli("from-image", str(layout_dir), "--tag", "cli-path", "--insecure-registry")
+    assert res.returncode == 2 and "docker://... references only" in res.stderr, res.stderr
 
 
 def test_wrong_digest_refused(rt, registry_http, registry_layout):
