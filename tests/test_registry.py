@@ -95,11 +95,12 @@ def test_wrong_digest_refused(rt, registry_http, registry_layout):
                               registry=INSECURE)
 
 
-def test_pulled_copy_is_verified_against_the_pin(rt, registry_http, registry_layout, tmp_path):
-    """What skopeo wrote is checked again before it is unpacked: the manifest against the pinned digest, the config
-    and each layer against theirs."""
+def test_pulled_copy_is_verified_against_the_pin(rt, registry_http, registry_layout, layout_dir, tmp_path):
+    """The pull takes the digest resolved, even when the tag moved since; what skopeo wrote is checked again before
+    it is unpacked: the manifest against the pinned digest, the config and each layer against theirs."""
     digest = registry_http.push(registry_layout, "forkd/tiny:verify")
     pinned = resolve(f"docker://{registry_http.host}/forkd/tiny:verify", RegistryOptions(tls_verify=False))
+    assert registry_http.push(layout_dir, "forkd/tiny:verify") != digest  # the tag now names another image
     src = pull(pinned, tmp_path / "pull")
     served = json.loads(registry_http.manifest("forkd/tiny", digest))
     assert pinned.manifest == digest and [la.digest for la in src.layers] == [d["digest"] for d in served["layers"]]
