@@ -11,8 +11,10 @@ if [ "${1:-}" = "--dev" ]; then extra="[dev]"; fi
 if [ "$(id -u)" != 0 ]; then echo "setup.sh: run as root (it installs Debian packages)" >&2; exit 1; fi
 
 pkgs="qemu-system-x86 qemu-utils busybox-static cpio python3 python3-venv python3.11-minimal libpython3.11-stdlib \
-iproute2 util-linux ca-certificates nftables mmdebstrap"
-if [ -n "$extra" ]; then pkgs="$pkgs nodejs"; fi  # the TypeScript SDK's tests run under node --test
+iproute2 util-linux ca-certificates nftables mmdebstrap skopeo"
+# the TypeScript SDK's tests run under node --test; registry pulls are tested against docker-registry on loopback
+# (htpasswd from apache2-utils, a self-signed certificate from openssl)
+if [ -n "$extra" ]; then pkgs="$pkgs nodejs docker-registry apache2-utils openssl"; fi
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -23,6 +25,10 @@ if [ -n "$missing" ]; then
   apt-get update -qq
   # shellcheck disable=SC2086
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+if [ -n "$extra" ] && command -v systemctl >/dev/null; then
+  # Debian starts the packaged registry on every address, port 5000: the tests run their own on loopback
+  systemctl disable --now docker-registry >/dev/null 2>&1 || true
 fi
 
 # Kernel settings forkd's security posture relies on (forkd doctor checks them; SECURITY.md, "VMM privileges"):

@@ -111,4 +111,5 @@ from tests.markers import (  # noqa: E402,F401 - hooks: the vm marker checked bo
     pytest_terminal_summary,
 )
 from tests.oci_images import layers, layout_dir  # noqa: E402,F401 - session fixtures: OCI test images
+from tests.registries import registry_http, registry_layout, registry_tls  # noqa: E402,F401 - loopback registries
 from tests.swap import swap  # noqa: E402,F401 - a module's swap device, for the tests that page children out

@@ -26,7 +26,7 @@ from prometheus_client.utils import floatToGoString
 from forkd import __version__
 from forkd.base import telemetry
 from forkd.reconciler.objects import key
-from forkd.sandbox.child import RESIDENCY
+from forkd.service.children import RESIDENCY
 
 if TYPE_CHECKING:
     from forkd.reconciler.control import Control

@@ -75,6 +75,11 @@ class Settings(BaseModel):
     image_roots: str = _env("", "':'-separated directories a spec's image.oci.ref may name an image under, besides "
                                 "$FORKD_HOME/image-sources (the path is resolved, symlinks included, and must stay "
                                 "beneath one); `forkd from-image PATH` from the CLI takes any path")
+    image_registries: str = _env("", "','-separated registries (HOST or HOST:PORT; docker.io for Docker Hub) a spec's "
+                                     "image.oci.ref may pull docker://... images from (default: none); `forkd "
+                                     "from-image docker://...` from the CLI may pull from any")
+    insecure_registries: str = _env("", "','-separated registries of FORKD_IMAGE_REGISTRIES that specs pull from "
+                                        "over plain HTTP or unverified TLS (default: none: TLS is verified)")
     debian_mirror: str = _env("http://deb.debian.org/debian", "Debian mirror for Debian-based images")
     # -- reaching a daemon
     url: str | None = _env(None, "daemon API over TCP, e.g. http://node:8889 (default: the local unix socket)")

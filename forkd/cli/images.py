@@ -1,5 +1,5 @@
-"""`forkd from-image REF --tag T` (guest images from OCI layouts / docker save tarballs) and the Debian options
-of `forkd image build`. Parsing and printing only: the work is the backend's (forkd.client)."""
+"""`forkd from-image REF --tag T` (guest images from OCI layouts, docker save tarballs, registries) and the Debian
+options of `forkd image build`. Parsing and printing only: the work is the backend's (forkd.client)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def register(app: typer.Typer) -> None:
 
 
 def from_image_cmd(
-        ref: str = typer.Argument(..., help="an OCI image layout directory or a 'docker save' tarball"),
+        ref: str = typer.Argument(..., help="an OCI image layout directory, a 'docker save' tarball, or "
+                                  "docker://HOST/NAME[:TAG][@sha256:DIGEST] (pulled with skopeo, pinned to its "
+                                  "digest)"),
         tag: str = typer.Option(..., "--tag", "-t", help="snapshot name (lowercase letters, digits, . _ -)"),
         apt: list[str] = typer.Option([], "--apt", help="NOT supported for OCI images (use the Debian path)"),
         pip: list[str] = typer.Option([], "--pip", help="wheel to install into the rootfs (resolved on the host "
@@ -38,13 +40,24 @@ def from_image_cmd(
         vcpus: int = typer.Option(1, "--vcpus"),
         warm_import: list[str] = typer.Option([], "--warm-import", help="module to import in the agent (repeat)"),
         warm_run: list[str] = typer.Option([], "--warm-run", help="shell command to run before pausing (repeat)"),
+        authfile: Path | None = typer.Option(None, "--authfile", help="docker://: registry credentials (default: "
+                                             "$REGISTRY_AUTH_FILE, containers' auth.json, ~/.docker/config.json)"),
+        cert_dir: Path | None = typer.Option(None, "--cert-dir", help="docker://: directory of the registry's CA "
+                                             "certificates (*.crt) to trust"),
+        insecure_registry: bool = typer.Option(False, "--insecure-registry", help="docker://: allow plain HTTP "
+                                               "and unverified TLS (a test registry); default: verified TLS only"),
         output: Fmt = OUTPUT) -> None:
     """Build a guest image from a container image (no Docker engine), then boot, warm and snapshot it."""
     ref = str(Path(ref).resolve()) if Path(ref).exists() else ref  # a daemon reads it from its own cwd
-    from forkd.client.wire import FromImageRequest
+    from forkd.client.wire import FromImageRequest, RegistryPull
 
+    registry = None
+    if authfile or cert_dir or insecure_registry:  # paths as the daemon sees them
+        registry = RegistryPull(authfile=str(authfile.resolve()) if authfile else None,
+                                cert_dir=str(cert_dir.resolve()) if cert_dir else None,
+                                tls_verify=not insecure_registry)
     req = FromImageRequest(ref=ref, tag=tag, memory_mib=memory_mib, vcpus=vcpus, warm_imports=warm_import,
-                           warm_run=warm_run, pip=pip, apt=apt, rootfs=rootfs.value)
+                           warm_run=warm_run, pip=pip, apt=apt, rootfs=rootfs.value, registry=registry)
     data = backend().from_image(req, progress=Progress(output != Fmt.table))
     t, image = data["timings_ms"], data["image"]
     emit(data, output, [("TAG", "left"), ("IMAGE", "left"), ("STATE", "left"), ("ROOTFS", "right"),
@@ -53,11 +66,16 @@ def from_image_cmd(
            image.get("rootfs", "initramfs"), ms(t.get("boot")), ms(t.get("warmup"))]])
 
 
-def debian_build(packages: list[str], suite: str | None, force: bool, output: Fmt, rootfs: str = "auto") -> None:
-    """`forkd image build --debian-packages ...`: a Debian rootfs image (cached by content)."""
-    pkgs = [p.strip() for item in packages for p in item.split(",") if p.strip()]
+def debian_build(packages: list[str], suite: str | None, force: bool, output: Fmt, rootfs: str = "auto",
+                 preset: str | None = None) -> None:
+    """`forkd image build --debian-packages ... | --preset NAME`: a Debian rootfs image (cached by content)."""
     from forkd.client.wire import DebianBuildRequest
+    from forkd.spec.models import preset_packages
 
+    try:
+        pkgs = preset_packages(preset, [p.strip() for item in packages for p in item.split(",") if p.strip()])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--preset") from None
     req = DebianBuildRequest(packages=pkgs, suite=suite, force=force, rootfs=rootfs)
     data = backend().build_debian(req, progress=Progress(output != Fmt.table))
     emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("ROOTFS", "right"), ("AS", "left"),

@@ -92,13 +92,17 @@ def image_build(force: bool = typer.Option(False, help="rebuild even if the cach
                 debian_packages: list[str] = typer.Option([], "--debian-packages", help="instead of the default "
                                                           "image: a Debian rootfs with python3 + these packages "
                                                           "(mmdebstrap; repeat or comma-separate)"),
+                preset: str | None = typer.Option(None, "--preset", help="a Debian image with a named package set "
+                                                  "(plus any --debian-packages): full = bash, git, curl, "
+                                                  "ca-certificates, python3-pip, python3-venv (commands then run "
+                                                  "under bash -l -c); full-build = full + build-essential"),
                 suite: str = typer.Option("bookworm", "--suite", help="Debian suite for --debian-packages"),
                 rootfs: images_cli.RootfsKind = typer.Option(images_cli.RootfsKind.auto, "--rootfs",
                                                              help="with --debian-packages: " + images_cli.ROOTFS_HELP),
                 output: Fmt = OUTPUT) -> None:
     """Build the default guest image from Debian packages (cached by content; rebuilt only on change)."""
-    if debian_packages:
-        return images_cli.debian_build(debian_packages, suite, force, output, rootfs.value)
+    if debian_packages or preset:
+        return images_cli.debian_build(debian_packages, suite, force, output, rootfs.value, preset)
     data = backend().build_image(force=force, progress=Progress(quiet=output != Fmt.table))
     emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("INITRD", "right"), ("PATH", "left")],
          [[data["id"], "built" if data["built_now"] else "cached", size(data.get("initrd_bytes")), data["path"]]])

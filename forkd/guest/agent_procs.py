@@ -145,12 +145,23 @@ def _strings(value, what):
     return value
 
 
+LOGIN_SHELL = "/bin/bash"
+
+
+def shell_argv(cmd):
+    """A shell command's argv: `bash -l -c` as E2B runs commands, where this guest has bash (a `full` image), else
+    `/bin/sh -c` (the default image is busybox). Decided per command: bash may be installed after the boot."""
+    if os.access(LOGIN_SHELL, os.X_OK):
+        return [LOGIN_SHELL, "-l", "-c", cmd]
+    return ["/bin/sh", "-c", cmd]
+
+
 def _proc_argv(args):
     argv, cmd = args.get("argv"), args.get("cmd")
     if cmd is not None:
         if not isinstance(cmd, str) or not cmd:
-            raise RequestError("proc_start: 'cmd' must be a non-empty string (run by /bin/sh -c)")
-        return ["/bin/sh", "-c", cmd]
+            raise RequestError("proc_start: 'cmd' must be a non-empty string (run by bash -l -c, or /bin/sh -c)")
+        return shell_argv(cmd)
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise RequestError("proc_start: give 'argv' (a non-empty list of strings) or 'cmd' (a shell command)")
     return argv

@@ -25,7 +25,6 @@ import re
 import shutil
 import stat
 import tarfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,23 +32,11 @@ from pathlib import Path
 from typing import IO
 
 from forkd.base.errors import InvalidInput, NotFound
-from forkd.base.paths import Layout
-from forkd.image import debs
 from forkd.image.beneath import SETID, Escape, Tree
-from forkd.image.build import BUSYBOX_PACKAGE, Image
 from forkd.image.rootfs import (
     Progress,
-    TooSmall,
     UnsafeImage,
-    cached_image,
-    check_rootfs_kind,
-    find_python,
-    finish,
-    guest_sources_hash,
-    inject,
-    pip_install,
     resolve_in,
-    workspace,
 )
 
 OCI_BUILDER_VERSION = "1"
@@ -85,12 +72,17 @@ class Source:
 
 
 def _blob_path(root: Path, digest: str, what: str) -> Path:
+    return sha256_blob_path(root, root / "blobs" / "sha256" / digest.partition(":")[2], digest, what)
+
+
+def sha256_blob_path(root: Path, p: Path, digest: str, what: str) -> Path:
+    """`p`, the file of blob `digest` inside the layout `root`, checked: a sha256 digest, inside `root`, present."""
     algo, _, hexd = digest.partition(":")
     if algo != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", hexd):
         raise InvalidInput(f"{what} has an unsupported or malformed digest {digest!r} (only sha256 is supported)")
-    p = _inside(root, root / "blobs" / "sha256" / hexd, what)
+    p = _inside(root, p, what)
     if not p.is_file():
-        raise NotFound(f"{what} blob {digest} not found: {p} is missing (the OCI layout is incomplete)",
+        raise NotFound(f"{what} blob {digest} not found: {p} is missing (the image copy is incomplete)",
                        hint="re-export the image with all its layers (e.g. skopeo copy ... oci:DIR)")
     return p
 
@@ -111,7 +103,7 @@ def _read_json(p: Path, what: str) -> dict:
         raise InvalidInput(f"{what} ({p}) is missing or not JSON: {exc}") from exc
 
 
-def _pick_manifest(entries: list[dict], where: str) -> dict:
+def pick_manifest(entries: list[dict], where: str) -> dict:
     if not entries:
         raise InvalidInput(f"{where} lists no manifests")
     for e in entries:
@@ -125,14 +117,14 @@ def _pick_manifest(entries: list[dict], where: str) -> dict:
 
 def _oci_layout(root: Path) -> Source:
     index = _read_json(_inside(root, root / "index.json", "index.json"), "the OCI layout's index.json")
-    desc = _pick_manifest(index.get("manifests") or [], f"{root}/index.json")
+    desc = pick_manifest(index.get("manifests") or [], f"{root}/index.json")
     for _ in range(4):  # an index may point at a nested index (e.g. buildx output)
         mt = desc.get("mediaType", "")
         blob = _blob_path(root, desc.get("digest", ""), "manifest")
         doc = _read_json(blob, f"manifest {desc.get('digest')}")
         mt = mt or doc.get("mediaType", "")
         if mt in INDEX_TYPES or ("manifests" in doc and "layers" not in doc):
-            desc = _pick_manifest(doc.get("manifests") or [], f"index {desc.get('digest')}")
+            desc = pick_manifest(doc.get("manifests") or [], f"index {desc.get('digest')}")
             continue
         if mt and mt not in MANIFEST_TYPES:
             raise InvalidInput(f"manifest {desc.get('digest')} has unsupported media type {mt!r}",
@@ -140,20 +132,30 @@ def _oci_layout(root: Path) -> Source:
         break
     else:
         raise InvalidInput(f"{root}: indexes nest too deeply")
+    return manifest_source("oci-layout", str(root), desc["digest"], doc, lambda d, what: _blob_path(root, d, what))
+
+
+def manifest_source(kind: str, ref: str, digest: str, doc: dict, blob: Callable[[str, str], Path]) -> Source:
+    """The Source an image manifest `doc` describes, its config and layers found by `blob(digest, what)`; a layer
+    is verified against its digest when read, the config here."""
     config = {}
-    if doc.get("config", {}).get("digest"):
-        config = _read_json(_blob_path(root, doc["config"]["digest"], "config"), "image config")
-    src = Source("oci-layout", str(root), desc["digest"], config=config)
+    if (doc.get("config") or {}).get("digest"):
+        cdigest = doc["config"]["digest"]
+        cpath = blob(cdigest, "config")
+        if "sha256:" + hashlib.sha256(cpath.read_bytes()).hexdigest() != cdigest:
+            raise InvalidInput(f"{ref}: the image config does not hash to its digest {cdigest}; refused")
+        config = _read_json(cpath, "image config")
+    src = Source(kind, ref, digest, config=config)
     for i, layer in enumerate(doc.get("layers") or []):
         mt = layer.get("mediaType", "")
         if mt not in LAYER_TYPES:
             hint = ("zstd layers are not supported yet: re-export with gzip layers" if "zstd" in mt else
                     f"supported layer types: {', '.join(sorted(LAYER_TYPES))}")
             raise InvalidInput(f"layer {i} ({layer.get('digest')}) has unsupported media type {mt!r}", hint=hint)
-        p = _blob_path(root, layer.get("digest", ""), f"layer {i}")
+        p = blob(layer.get("digest", ""), f"layer {i}")
         src.layers.append(Layer(layer["digest"], LAYER_TYPES[mt], lambda p=p: open(p, "rb"), layer["digest"]))
     if not src.layers:
-        raise InvalidInput(f"manifest {desc['digest']} has no layers")
+        raise InvalidInput(f"manifest {digest} has no layers")
     return src
 
 
@@ -214,7 +216,7 @@ def open_source(ref: str | Path) -> Source:
     if p.is_file():
         return _docker_save(p)
     raise NotFound(f"image {ref} not found: pass an OCI layout directory or a 'docker save' tarball",
-                   hint="registry references (docker.io/...) are not pulled: this host has no registry access")
+                   hint=f"to pull from a registry, say so: docker://{str(ref).removeprefix('/')}")
 
 
 # ---------------------------------------------------------------- safe paths in the rootfs
@@ -417,51 +419,6 @@ def unpack(src: Source, root: Path, progress: Progress = lambda s: None) -> Unpa
             _apply_layer(tree, layer, stats, as_root)
         stats.setid_stripped = sorted(tree.setid)
     return stats
-
-
-# ---------------------------------------------------------------- guest parts
-
-
-def from_image(layout: Layout, ref: str | Path, memory_mib: int | None = None, pip: tuple[str, ...] = (),
-               progress: Progress = lambda s: None, force: bool = False, rootfs: str = "auto") -> tuple[Image, bool]:
-    """Build (or find in the cache) the guest image for an OCI layout / docker save tarball.
-    Returns (image, built_now)."""
-    layout.ensure()
-    src = open_source(ref)
-    kdeb = debs.kernel_package(layout.debs)
-    bdeb = debs.download(layout.debs, BUSYBOX_PACKAGE)
-    h = hashlib.sha256(f"forkd-oci-image {OCI_BUILDER_VERSION}\n{src.digest}\n{kdeb.name}\n{bdeb.name}\n"
-                       f"{guest_sources_hash()}\npip={json.dumps(sorted(pip))}\nrootfs={check_rootfs_kind(rootfs)}\n"
-                       .encode())
-    image_id = "oci-" + h.hexdigest()[:16]
-    try:
-        hit = None if force else cached_image(layout, image_id, memory_mib)
-    except TooSmall:  # built as an initramfs for a larger guest: `auto` now means the disk shape
-        if rootfs != "auto":
-            raise
-        return from_image(layout, ref, memory_mib, pip, progress, force, rootfs="disk")
-    if hit is not None:
-        return hit, False
-    t0 = time.monotonic()
-    with workspace(layout, image_id) as (root, out, stage):
-        stats = unpack(src, root, progress)
-        python = find_python(root)
-        progress(f"found Python {python.version[0]}.{python.version[1]} at {python.path}; injecting forkd's "
-                 "init, agent, busybox and virtio modules")
-        kname = inject(layout, root, python, stage, out / "vmlinuz")
-        installed = pip_install(root, python, list(pip), progress)
-        meta = {"kind": "oci", "builder_version": OCI_BUILDER_VERSION,
-                "source": {"kind": src.kind, "ref": str(Path(ref).absolute()), "digest": src.digest,
-                           "layers": [la.name for la in src.layers]},
-                "python": {"path": python.path, "version": f"{python.version[0]}.{python.version[1]}"},
-                "pip": {"requested": sorted(pip), "installed": installed},
-                "packages": {"kernel": kname, "busybox": bdeb.name},
-                "unpack": {"members": stats.members, "whiteouts": stats.whiteouts, "opaque": stats.opaque,
-                           "skipped_devices": len(stats.skipped_devices),
-                           "setid_stripped": stats.setid_stripped[:100]},
-                "build_seconds": round(time.monotonic() - t0, 2)}
-        img = finish(layout, image_id, root, out, meta, memory_mib, progress, rootfs)
-    return img, True
 
 
 def layer_tar(entries: list[tuple[str, bytes | str | None, int]]) -> bytes:

@@ -69,7 +69,7 @@ def _image_id(rt: Runtime, image: ImageRef, memory_mib: int) -> str | None:
         return built.id
     if image.debian is not None:
         deb = image.debian
-        built, _ = images.build_debian(rt, list(deb.packages), deb.suite, memory_mib=memory_mib,
+        built, _ = images.build_debian(rt, deb.all_packages(), deb.suite, memory_mib=memory_mib,
                                        rootfs=deb.rootfs or "auto")
         return built.id
     return None

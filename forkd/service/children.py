@@ -12,6 +12,7 @@ from forkd.base import clock
 from forkd.base.settings import settings
 from forkd.core import forking, lifetimes
 from forkd.core.requests import Branch, Egress, Spawn
+from forkd.sandbox.child import RESIDENCY  # noqa: F401 - the residency names, for the daemon's metrics
 from forkd.service import policy
 
 Progress = Callable[[str], None]

@@ -79,5 +79,6 @@ class Snapshots:
 
         snap, image, built = from_image(self.rt, req.ref, req.tag, req.memory_mib, req.vcpus,
                                         tuple(req.warm_imports), tuple(req.warm_run), pip=tuple(req.pip),
-                                        apt=tuple(req.apt), progress=progress, rootfs=req.rootfs)
+                                        apt=tuple(req.apt), progress=progress, rootfs=req.rootfs,
+                                        registry=req.registry.model_dump() if req.registry else None)
         return dict(snap.to_json(), image=dict(image.meta, built_now=built))

@@ -178,8 +178,17 @@ class DebianBuildRequest(Strict):
     rootfs: Literal["auto", "initramfs", "disk"] = "auto"
 
 
+class RegistryPull(Strict):
+    authfile: str | None = Field(None, description="registry credentials file on the daemon's host (default: where "
+                                                   "skopeo looks: $REGISTRY_AUTH_FILE, auth.json, docker config)")
+    cert_dir: str | None = Field(None, description="directory of the registry's CA certificates (*.crt) on the "
+                                                   "daemon's host")
+    tls_verify: bool = Field(True, description="false: allow plain HTTP and unverified TLS (a test registry)")
+
+
 class FromImageRequest(Strict):
-    ref: str = Field(min_length=1, description="an OCI layout directory or 'docker save' tarball on the daemon's host")
+    ref: str = Field(min_length=1, description="an OCI layout directory or 'docker save' tarball on the daemon's "
+                                               "host, or docker://HOST/NAME[:TAG][@sha256:DIGEST]")
     tag: str = Field(min_length=1, max_length=63)
     memory_mib: int = Field(512, ge=128, le=65536)
     vcpus: int = Field(1, ge=1, le=64)
@@ -188,6 +197,7 @@ class FromImageRequest(Strict):
     pip: list[str] = Field(default_factory=list)
     apt: list[str] = Field(default_factory=list)
     rootfs: Literal["auto", "initramfs", "disk"] = "auto"
+    registry: RegistryPull | None = Field(None, description="how to reach the registry of a docker:// ref")
 
 
 class PackRequest(Strict):

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSc
 from forkd.base.durations import PATTERN as DURATION_PATTERN
 from forkd.base.durations import parse_duration
 from forkd.base.names import NAME_PATTERN
+from forkd.base.presets import PRESETS, preset_packages  # noqa: F401 - PRESETS: for the CLI (forkd image build)
 from forkd.core import requests as rq
 from forkd.core.requests import (
     EGRESS_DOC,
@@ -100,16 +101,28 @@ class _DropNone(Strict):
 
 class OciImage(_DropNone):
     ref: str = Field(..., min_length=1, description="an OCI image layout directory or a `docker save` tarball, on "
-                                                    "the node")
+                                                    "the node, or docker://HOST/NAME[:TAG][@sha256:DIGEST] from a "
+                                                    "registry the node allows (FORKD_IMAGE_REGISTRIES)")
     rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
 
 
+PresetName = Literal["full", "full-build"]  # the names of forkd.base.presets.PRESETS (a test keeps them equal)
+
+
 class DebianImage(_DropNone):
+    preset: PresetName | None = Field(
+        None, description="a named package set installed before `packages`: full (bash, git, curl, "
+                          "ca-certificates, python3-pip, python3-venv; commands then run under bash -l -c) or "
+                          "full-build (full + build-essential)")
     suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{1,30}$")] = Field(
         "bookworm", description="the Debian suite mmdebstrap installs (bookworm, trixie, ...)")
     packages: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9+.-]+$")]] = Field(
         default_factory=list, description="Debian packages installed next to python3 (mmdebstrap)")
     rootfs: RootfsKind | None = Field(None, description=ROOTFS_DOC)
+
+    def all_packages(self) -> list[str]:
+        """The preset's packages, then `packages`."""
+        return preset_packages(self.preset, self.packages)
 
 
 class ImageRef(Strict):
@@ -117,7 +130,8 @@ class ImageRef(Strict):
 
     builtin: Literal["python"] | None = Field(None, description="forkd's default image: busybox and Python "
                                                                 "(what an empty image means)")
-    oci: OciImage | None = Field(None, description="an OCI image (layout directory or docker save tarball)")
+    oci: OciImage | None = Field(None, description="an OCI image (layout directory, docker save tarball or registry "
+                                                   "reference)")
     debian: DebianImage | None = Field(None, description="a Debian rootfs with python3 and these packages")
 
     @model_validator(mode="before")

@@ -20,7 +20,7 @@ import pytest
 from forkd.base.errors import InvalidInput
 from forkd.base.paths import Layout
 from forkd.core import images as core_images
-from forkd.image import debs, oci, pycheck, rootfs
+from forkd.image import container, debs, oci, pycheck, rootfs
 from forkd.image.build import BUSYBOX_PACKAGE
 from tests.oci_images import LAYER_TAR, _write_layout
 
@@ -253,7 +253,7 @@ def test_from_image_hostile_image(rt, tmp_path, kind):
         probes.append((msg, trees, _nobody_finds_setuid_root(layout.home)))
 
     try:
-        image, built = oci.from_image(layout, _hostile_image(tmp_path, victims), pip=("six",), progress=progress,
+        image, built = container.from_image(layout, _hostile_image(tmp_path, victims), pip=("six",), progress=progress,
                                       rootfs=kind)
         assert len(probes) > 3, "the build was never probed"
         for msg, _, found in probes:

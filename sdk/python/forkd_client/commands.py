@@ -187,10 +187,11 @@ class ProcessCommands:
             cwd: str | None = None, user: str | None = None, on_stdout: OnOutput | None = None,
             on_stderr: OnOutput | None = None, timeout: float | None = 60, stdin: str | bytes | bool | None = None,
             pty: dict | None = None, max_output: int = KEEP, check: bool = True) -> CommandResult | CommandHandle:
-        """Run `cmd` (a string goes through /bin/sh -c; a list is the argv). `stdin`: data sent then closed, or
-        True to keep it open for send_stdin. `timeout` (seconds, None: none) kills it. `background=True`
-        returns a CommandHandle as soon as it started. A non-zero exit raises CommandExitException and a kill by
-        `timeout` TimeoutException (here, or from the handle's wait()), unless `check=False`."""
+        """Run `cmd` (a string goes through `bash -l -c` where the guest has bash, else /bin/sh -c; a list is the
+        argv). `stdin`: data sent then closed, or True to keep it open for send_stdin. `timeout` (seconds, None:
+        none) kills it. `background=True` returns a CommandHandle as soon as it started. A non-zero exit raises
+        CommandExitException and a kill by `timeout` TimeoutException (here, or from the handle's wait()), unless
+        `check=False`."""
         argv = list(cmd) if isinstance(cmd, list | tuple) else None
         env = {**getattr(self._sb, "envs", {}), **(envs or {})} or None  # the sandbox's envs, then the call's
         events = self._procs.stream(self._sb.id, argv, cmd=cmd if argv is None else None, env=env, cwd=cwd,

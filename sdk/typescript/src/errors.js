@@ -19,6 +19,41 @@ export class Unavailable extends ForkdError {}
 export class ProtocolViolation extends ForkdError {}
 export const ControllerError = ForkdError; // the older name of the base class
 
+/** A command exited with a code other than 0 (E2B's name and getters): `exitCode`, `stdout`, `stderr`, `error`,
+ * and the whole `result`. Thrown by `commands.run` and `CommandHandle.wait` unless `check: false`. */
+export class CommandExitError extends ForkdError {
+  constructor(result, what = "command") {
+    const tail = (result.stderr ?? "").slice(-500).trimEnd() || result.error || "";
+    super(`${what} exited with code ${result.exitCode}${tail ? `: ${tail}` : ""}`,
+      { hint: "pass check: false to get the result of a non-zero exit instead of this error" });
+    this.result = result;
+  }
+  get exitCode() { return this.result.exitCode; }
+  get error() { return this.result.error; }
+  get stdout() { return this.result.stdout; }
+  get stderr() { return this.result.stderr; }
+}
+
+/** A command outlived its `timeoutSecs` and was killed (E2B's TimeoutError); `result` holds its output until then.
+ * A Timeout too, so `instanceof Timeout` catches it as every other timeout. */
+export class TimeoutError extends Timeout {
+  constructor(result, timeoutSecs, what = "command") {
+    super(`${what} was killed after its timeout of ${timeoutSecs} s`,
+      { hint: "pass a longer timeoutSecs (null: none), or check: false to get the partial result" });
+    this.result = result;
+  }
+  get exitCode() { return this.result.exitCode; }
+  get stdout() { return this.result.stdout; }
+  get stderr() { return this.result.stderr; }
+}
+
+/** `result`, or its error when `check` and the command timed out or exited non-zero (as E2B, by default). */
+export function checked(result, check, timeoutSecs, what) {
+  if (check && result.timedOut) throw new TimeoutError(result, timeoutSecs, what);
+  if (check && result.exitCode !== 0) throw new CommandExitError(result, what);
+  return result;
+}
+
 const KINDS = { 400: InvalidInput, 401: InvalidInput, 403: InvalidInput, 404: NotFound, 408: Timeout, 409: Conflict,
   415: InvalidInput, 421: InvalidInput, 422: InvalidInput, 502: ProtocolViolation, 503: Unavailable, 504: Timeout };
 const WHERE = new Set(["body", "query", "path", "header"]); // the first part of a validation error's loc

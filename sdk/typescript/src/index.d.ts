@@ -34,6 +34,22 @@ export class Timeout extends ForkdError {}
 export class Unavailable extends ForkdError {}
 export class ProtocolViolation extends ForkdError {}
 export const ControllerError: typeof ForkdError;
+/** A command exited non-zero (E2B's name and getters); thrown by commands.run / CommandHandle.wait unless
+ * `check: false`. */
+export class CommandExitError extends ForkdError {
+  readonly result: CommandResult;
+  readonly exitCode: number;
+  readonly stdout: string;
+  readonly stderr: string;
+  readonly error: string | null;
+}
+/** A command killed by its `timeoutSecs` (E2B's TimeoutError); `result` holds its output until then. */
+export class TimeoutError extends Timeout {
+  readonly result: CommandResult;
+  readonly exitCode: number;
+  readonly stdout: string;
+  readonly stderr: string;
+}
 
 export interface ControllerOptions {
   /** TCP, e.g. http://127.0.0.1:8889 (default: $FORKD_URL, else the local unix socket, else that URL). */
@@ -163,10 +179,14 @@ export interface RunOptions {
   timeoutSecs?: number | null;
   /** Data sent then closed, or true to keep stdin open for sendStdin. */
   stdin?: string | Uint8Array | boolean;
+  /** false: resolve with the result of a non-zero exit or a timeout instead of throwing CommandExitError /
+   * TimeoutError. Default true, as in E2B. */
+  check?: boolean;
 }
 export class CommandHandle {
   readonly pid: number | null;
-  wait(): Promise<CommandResult>;
+  /** Throws CommandExitError / TimeoutError unless `check` is false. */
+  wait(opts?: { check?: boolean }): Promise<CommandResult>;
   kill(): Promise<boolean>;
   signal(sig?: string | number): Promise<boolean>;
   sendStdin(data: string | Uint8Array, opts?: { eof?: boolean }): Promise<void>;

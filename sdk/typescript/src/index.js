@@ -8,11 +8,11 @@ import https from "node:https";
 import path from "node:path";
 import { createInterface } from "node:readline";
 
-import { ForkdError, NotFound, Timeout, Unavailable, apiError } from "./errors.js";
+import { ForkdError, NotFound, Timeout, Unavailable, apiError, checked } from "./errors.js";
 import { Filesystem, isChunkStream } from "./files.js";
 
-export { Conflict, ControllerError, ForkdError, InvalidInput, NotFound, ProtocolViolation, Timeout, Unavailable }
-  from "./errors.js";
+export { CommandExitError, Conflict, ControllerError, ForkdError, InvalidInput, NotFound, ProtocolViolation, Timeout,
+  TimeoutError, Unavailable } from "./errors.js";
 export { Filesystem, WatchHandle } from "./files.js";
 
 const IDEMPOTENT = new Set(["GET", "HEAD", "PUT", "DELETE"]);
@@ -309,8 +309,8 @@ function parse(buf) {
 
 /** A started command: `pid`, `wait()` for its result, `kill()`, `sendStdin()`. */
 export class CommandHandle {
-  constructor(sb, events, first, { onStdout, onStderr } = {}) {
-    Object.assign(this, { sandbox: sb, pid: first.pid ?? null });
+  constructor(sb, events, first, { onStdout, onStderr, timeoutSecs } = {}) {
+    Object.assign(this, { sandbox: sb, pid: first.pid ?? null, timeoutSecs });
     const dec = { stdout: new TextDecoder(), stderr: new TextDecoder() };
     const out = { stdout: [], stderr: [] };
     this.done = (async () => {
@@ -327,7 +327,11 @@ export class CommandHandle {
       return result(out, { type: "error", detail: "the stream ended early" });
     })();
   }
-  wait() { return this.done; }
+  /** The result; a non-zero exit throws CommandExitError, a kill by its timeout TimeoutError (E2B's), unless
+   * `check` is false. */
+  async wait({ check = true } = {}) {
+    return checked(await this.done, check, this.timeoutSecs, `command ${this.pid} in sandbox ${this.sandbox.id}`);
+  }
   kill() { return this.sandbox.controller.killProcess(this.sandbox.id, this.pid); }
   signal(sig) { return this.sandbox.controller.signalProcess(this.sandbox.id, this.pid, sig); }
   sendStdin(data, opts) { return this.sandbox.controller.sendStdin(this.sandbox.id, this.pid, data, opts); }
@@ -362,8 +366,11 @@ export class Sandbox {
   get sandboxId() { return this.info.id; }
   get metadata() { return { ...(this.info.labels ?? {}) }; }
 
-  /** Run `cmd` (a string through /bin/sh -c, an array as argv), its output streamed to onStdout/onStderr. */
-  async #run(cmd, { background = false, envs, cwd, user, onStdout, onStderr, timeoutSecs = 60, stdin } = {}) {
+  /** Run `cmd` (a string through `bash -l -c` where the guest has bash, else /bin/sh -c; an array as argv), its
+   * output streamed to onStdout/onStderr. As in E2B, a non-zero exit throws CommandExitError and a kill by
+   * `timeoutSecs` TimeoutError (here, or from the handle's wait()), unless `check: false`. */
+  async #run(cmd, { background = false, envs, cwd, user, onStdout, onStderr, timeoutSecs = 60, stdin,
+    check = true } = {}) {
     const argv = Array.isArray(cmd) ? cmd : undefined;
     const env = { ...this.envs, ...(envs ?? {}) };
     const events = this.controller.startProcess(this.id, {
@@ -371,11 +378,11 @@ export class Sandbox {
       stdin: stdin !== undefined && stdin !== false, timeoutSecs: timeoutSecs ?? undefined,
     });
     const first = (await events.next()).value ?? {};
-    const handle = new CommandHandle(this, events, first, { onStdout, onStderr });
+    const handle = new CommandHandle(this, events, first, { onStdout, onStderr, timeoutSecs });
     if ((typeof stdin === "string" || stdin instanceof Uint8Array) && handle.pid !== null) {
       await handle.sendStdin(stdin, { eof: true });
     }
-    return background ? handle : handle.wait();
+    return background ? handle : handle.wait({ check });
   }
 
   /** `timeout`: seconds it lives (default: a pool's child.ttlSeconds, else the daemon's FORKD_SANDBOX_TIMEOUT).

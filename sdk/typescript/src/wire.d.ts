@@ -167,7 +167,7 @@ export interface ForkRequest {
 }
 
 export interface FromImageRequest {
-  /** an OCI layout directory or 'docker save' tarball on the daemon's host */
+  /** an OCI layout directory or 'docker save' tarball on the daemon's host, or docker://HOST/NAME[:TAG][@sha256:DIGEST] */
   ref: string;
   tag: string;
   memoryMib?: number;
@@ -177,6 +177,8 @@ export interface FromImageRequest {
   pip?: string[];
   apt?: string[];
   rootfs?: "auto" | "initramfs" | "disk";
+  /** how to reach the registry of a docker:// ref */
+  registry?: RegistryPull | null;
 }
 
 export interface GcRequest {
@@ -301,6 +303,15 @@ export interface PushRequest {
   ref: string;
   hub?: string | null;
   force?: boolean;
+}
+
+export interface RegistryPull {
+  /** registry credentials file on the daemon's host (default: where skopeo looks: $REGISTRY_AUTH_FILE, auth.json, docker config) */
+  authfile?: string | null;
+  /** directory of the registry's CA certificates (*.crt) on the daemon's host */
+  certDir?: string | null;
+  /** false: allow plain HTTP and unverified TLS (a test registry) */
+  tlsVerify?: boolean;
 }
 
 export interface RenameRequest {

@@ -5,8 +5,8 @@ import crypto from "node:crypto";
 import net from "node:net";
 import { Readable } from "node:stream";
 import { test } from "node:test";
-import { Conflict, Controller, ControllerError, InvalidInput, NotFound, Sandbox, Unavailable, fromWire, toWire }
-  from "../src/index.js";
+import { CommandExitError, CommandHandle, Conflict, Controller, ControllerError, ForkdError, InvalidInput, NotFound,
+  Sandbox, Timeout, TimeoutError, Unavailable, fromWire, toWire } from "../src/index.js";
 
 const TAG = process.env.FORKD_TEST_SNAPSHOT;
 const SOCK = process.env.FORKD_SOCKET;
@@ -18,6 +18,33 @@ test("one casing: camelCase here, snake_case on the wire, free-form maps untouch
   assert.deepEqual(fromWire({ exit_code: 0, timed_out: false, labels: { a_b: "c" } }),
     { exitCode: 0, timedOut: false, labels: { a_b: "c" } });
 });
+
+// The daemon's process stream as CommandHandle reads it (events of POST .../processes), for the E2B error mapping
+async function* events(...evs) { for (const ev of evs) yield ev; }
+const handle = (...evs) => new CommandHandle({ id: "sb-1" }, events(...evs), { pid: 7 }, { timeoutSecs: 2 });
+
+test("E2B semantics: a non-zero exit throws CommandExitError with the result; check: false returns it", async () => {
+  const exit3 = () => handle({ type: "stdout", data: Buffer.from("out\n") },
+    { type: "stderr", data: Buffer.from("boom\n") }, { type: "exit", exitCode: 3 });
+  await assert.rejects(exit3().wait(), (e) => e instanceof CommandExitError && e instanceof ForkdError &&
+    e.exitCode === 3 && e.stdout === "out\n" && e.stderr === "boom\n" && e.error === null &&
+    e.result.exitCode === 3 && /command 7 in sandbox sb-1 exited with code 3: boom/.test(e.message));
+  const r = await exit3().wait({ check: false });
+  assert.deepEqual([r.exitCode, r.stdout], [3, "out\n"]);
+  assert.equal((await handle({ type: "exit", exitCode: 0 }).wait()).exitCode, 0);
+  // a stream cut before the exit: not a success either
+  await assert.rejects(handle().wait(), (e) => e instanceof CommandExitError && e.exitCode === -1 &&
+    e.error === "the stream ended early");
+});
+
+test("E2B semantics: a kill by the command's timeout throws TimeoutError (a Timeout) with the partial output",
+  async () => {
+    const timedOut = () => handle({ type: "stdout", data: Buffer.from("partial") },
+      { type: "exit", exitCode: -9, timedOut: true });
+    await assert.rejects(timedOut().wait(), (e) => e instanceof TimeoutError && e instanceof Timeout &&
+      !(e instanceof CommandExitError) && e.stdout === "partial" && e.exitCode === -9 && /timeout of 2 s/.test(e.message));
+    assert.equal((await timedOut().wait({ check: false })).timedOut, true);
+  });
 
 test("an unreachable daemon is Unavailable after the retries", async () => {
   const srv = net.createServer().listen(0, "127.0.0.1");
@@ -72,12 +99,16 @@ test("Sandbox over the unix socket: streaming commands, envs, files, eval; conne
   try {
     assert.equal(sb.controller.socketPath, SOCK);
     const seen = [];
-    const r = await sb.commands.run("echo $WHO; echo err >&2; exit 3", { onStdout: (t) => seen.push(t) });
+    const r = await sb.commands.run("echo $WHO; echo err >&2; exit 3", { onStdout: (t) => seen.push(t),
+      check: false });
     assert.deepEqual([r.stdout, r.stderr, r.exitCode, seen.join("")], ["ts\n", "err\n", 3, "ts\n"]);
+    await assert.rejects(sb.commands.run("echo $WHO; exit 4"), (e) => e instanceof CommandExitError &&
+      e.exitCode === 4 && e.stdout === "ts\n");
+    await assert.rejects(sb.commands.run(["sleep", "30"], { timeoutSecs: 1 }), (e) => e instanceof TimeoutError);
     const h = await sb.commands.run(["sleep", "600"], { background: true });
     assert.ok(h.pid);
     assert.equal(await h.kill(), true);
-    assert.notEqual((await h.wait()).exitCode, 0);
+    await assert.rejects(h.wait(), (e) => e instanceof CommandExitError && e.exitCode !== 0);
     await sb.files.write("/root/hello.txt", "hello from ts");
     assert.equal(await sb.files.read("/root/hello.txt"), "hello from ts");
     assert.equal((await sb.eval("WARM_GLOBAL")).result, "'set at warm-up'");
