@@ -21,8 +21,8 @@ def test_an_unreachable_node_may_hold_the_pool_so_it_is_not_placed_again(tmp_pat
         pool = resource("ForkPool", "agents", {"from": "py", "warm": 1})
         down = f"http://127.0.0.1:{free_port()}"
         with pytest.raises(Unavailable, match="node a did not answer whether it holds ForkPool/agents") as info:
-            handlers._place_pool(pool, {"a": down, "b": d.url}, "default")
+            handlers.pool_shares(pool, {"a": down, "b": d.url}, "default")
         assert "FORKD_NODES" in info.value.hint
-        assert handlers._place_pool(pool, {"b": d.url}, "default") == "b"  # every node answered: placed
+        assert handlers.pool_shares(pool, {"b": d.url}, "default") == {"b": 1}  # every node answered: placed
     finally:
         stop_api_daemon(d)
