@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from forkd.base.paths import Layout
+from forkd.core.runtime import Runtime
 from tests.k8s.apiserver import ApiServer
 
 
@@ -97,6 +98,8 @@ class Node:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        Runtime(self.layout).kill(all_=True)  # the daemon leaves its children running on SIGTERM (for adoption)
+        shutil.rmtree(self.layout.flat_cache.parent, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
 
 
