@@ -201,5 +201,4 @@ def place(body: Mapping[str, Any]) -> list[str]:
         return [_pool_node(known, namespace, sandbox.split("/", 1)[1])]
     if kind == "ForkClaim":
         return [n for n in claim_shares(body, known, namespace) if n in known]
-    return [n for n, share in pool_shares(body, known, namespace).items() if share > 0] or \
-        list(pool_shares(body, known, namespace))[:1]
+    return sorted(pool_shares(body, known, namespace))

@@ -81,6 +81,7 @@ def pod_run(secret: dict, other: dict) -> dict:
     return json.loads(res.stdout)
 
 
+@pytest.mark.timeout(3000)  # two parents built at once under TCG on a shared machine
 def test_pool_across_nodes_claim_reached_from_a_pod(api, two, workdir):
     for n in two:
         api.create("pods", n.pod(SYSTEM))
@@ -89,7 +90,7 @@ def test_pool_across_nodes_claim_reached_from_a_pod(api, two, workdir):
         api.create("forkparents", doc("ForkParent", "sp-base", {"memoryMiB": 256}))
         api.create("forkpools", doc("ForkPool", "sp-pool", {"from": "sp-base", "warm": 2, "maxChildren": 4}))
         pool = wait_for("pool Ready, 2 warm split 1+1", lambda: (o := api.get("forkpools", NS, "sp-pool"))
-                        and ready(o) and o["status"].get("warm") == 2 and o, timeout=1500, log=op.log)
+                        and ready(o) and o["status"].get("warm") == 2 and o, timeout=2400, log=op.log)
         assert {(s["node"], s["target"], s["warm"]) for s in pool["status"]["nodes"]} == {("s1", 1, 1), ("s2", 1, 1)}
 
         api.create("forkclaims", doc("ForkClaim", "sp-claim", {"pool": "sp-pool", "count": 2, "ttl": "10m"}))
