@@ -122,8 +122,10 @@ def _room(known: Mapping[str, str], per: int, held: Mapping[str, Any]) -> dict[s
         warm_now = obj.status.warm if obj is not None and obj.status is not None else 0
         try:
             avail = int(daemon(endpoint).capacity().get("memoryAvailableMiB", 0))
-        except ForkdError as exc:
-            log.warning("placement: node %s unreachable: %s", node, exc)
+        except ForkdError as exc:  # a node that holds a share keeps it (room 0: no more), others get nothing
+            log.warning("placement: node %s did not report its capacity: %s", node, exc)
+            if obj is not None:
+                room[node] = 0
             continue
         room[node] = node_room(avail, per, assigned, warm_now)
     return room

@@ -238,7 +238,7 @@ class ApiServer:
 
     def request(self, method: str, path: str, body: dict | None = None, patch: bool = False) -> httpx.Response:
         headers = {"Content-Type": "application/merge-patch+json"} if patch else {}
-        return httpx.request(method, self.url + path, json=body, headers=headers, timeout=30)
+        return httpx.request(method, self.url + path, json=body, headers=headers, timeout=120)  # a loaded machine
 
     def create(self, plural: str, doc: dict) -> dict:
         r = self.request("POST", self.path(plural, doc["metadata"]["namespace"]), doc)
