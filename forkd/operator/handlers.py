@@ -42,7 +42,7 @@ import pydantic
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.settings import read_one
 from forkd.client.remote import RemoteBackend
-from forkd.operator import claims
+from forkd.operator import claims, placement  # noqa: F401 (placement: tests reach it here)
 from forkd.operator.combine import claim_status, cond, pool_status, shown
 from forkd.operator.crdgen import GROUP, VERSION, plural
 from forkd.operator.placement import (  # noqa: F401 (re-exported: the tests and callers name them here)

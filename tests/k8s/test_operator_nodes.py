@@ -106,3 +106,32 @@ def test_no_node_pod_no_placement(api, workdir):
         wait_for("deleted", lambda: api.get("forkpools", NS, "nowhere") is None, log=op.log)
     finally:
         op.stop()
+
+
+def test_children_on_a_node_that_left_are_reported_lost(api, three, workdir):
+    """A claim whose status (written by the operator before) places a child on a node that is gone: after a
+    restart the operator keeps that child in status.children as `lost`, says so (Degraded, NodeLost), and claims
+    nothing in its place on the nodes that are left."""
+    for n in three:
+        api.create("pods", n.pod(SYSTEM))
+    api.create("forkclaims", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ForkClaim",
+                              "metadata": {"name": "stranded", "namespace": NS}, "spec": {"pool": "wide", "count": 1}})
+    was = {"id": "c-0123abcd", "status": "running", "node": "vanished", "endpoint": "http://10.9.9.9:8889"}
+    api.patch("forkclaims", NS, "stranded", {"status": {"children": [was], "claimed": 1}}, sub="status")
+    op = Operator(api, None, workdir, FORKD_NODE_PODS=SELECTOR, FORKD_TOKEN=TOKEN).start()
+    try:
+        got = wait_for("NodeLost", lambda: (o := api.get("forkclaims", NS, "stranded")) and next(
+            (c for c in (o.get("status") or {}).get("conditions") or [] if c["type"] == "Degraded"
+             and c["reason"] == "NodeLost"), None) and o, log=op.log)
+        assert got["status"]["children"] == [{**was, "status": "lost"}]
+        assert "c-0123abcd" in next(c for c in got["status"]["conditions"] if c["type"] == "Ready")["message"]
+        assert "tokenSecret" not in got["status"]
+        for n in three:
+            with pytest.raises(NotFound):
+                RemoteBackend(url=n.url, token=TOKEN).get("ForkClaim", qname(NS, "stranded"))
+        api.delete("forkclaims", NS, "stranded")
+        wait_for("deleted", lambda: api.get("forkclaims", NS, "stranded") is None, log=op.log)
+    finally:
+        op.stop()
+        for n in three:
+            api.request("DELETE", api.path("pods", SYSTEM, n.pod()["metadata"]["name"]))
