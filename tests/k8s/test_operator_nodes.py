@@ -64,7 +64,7 @@ def test_discovered_nodes_split_and_a_lost_node_refilled(api, three, workdir):
         api.delete("pods", SYSTEM, gone.pod()["metadata"]["name"])
         st = wait_for(f"{gone.name}'s share refilled elsewhere", lambda: (o := api.get("forkpools", NS, "wide"))
                       and gone.name not in {s["node"] for s in (o.get("status") or {}).get("nodes") or []}
-                      and sum(s["target"] for s in o["status"]["nodes"]) == 4 and o["status"], log=op.log)
+                      and sum(s["target"] for s in o["status"]["nodes"]) == 4 and o["status"], timeout=300, log=op.log)
         after = {s["node"]: s["target"] for s in st["nodes"]}
         assert all(v <= 2 for v in after.values()) and sum(after.values()) == 4, after
         for n in three:
@@ -79,12 +79,12 @@ def test_discovered_nodes_split_and_a_lost_node_refilled(api, three, workdir):
             now = {s["node"]: s["target"] for s in st.get("nodes") or []}
             return gone.name in now and sum(now.values()) == 4 and all(
                 share(n, "wide") == now.get(n.name) for n in three) and now
-        now = wait_for(f"{gone.name} back in the split, 4 warm in all", back, log=op.log)
+        now = wait_for(f"{gone.name} back in the split, 4 warm in all", back, timeout=300, log=op.log)
         assert all(v <= 2 for v in now.values()), now
 
         api.delete("forkpools", NS, "wide")
         wait_for("the pool deleted on every node", lambda: api.get("forkpools", NS, "wide") is None
-                 and all(share(n, "wide") is None for n in three), log=op.log)
+                 and all(share(n, "wide") is None for n in three), timeout=300, log=op.log)
     finally:
         op.stop()
         for n in three:
@@ -100,10 +100,10 @@ def test_no_node_pod_no_placement(api, workdir):
                                  "spec": {"from": "never-built", "warm": 1}})
         got = wait_for("Degraded", lambda: (o := api.get("forkpools", NS, "nowhere")) and next(
             (c for c in (o.get("status") or {}).get("conditions") or [] if c["type"] == "Degraded"
-             and c["status"] == "True"), None), log=op.log)
+             and c["status"] == "True"), None), timeout=300, log=op.log)
         assert got["reason"] == "NoCapacity", got
         api.delete("forkpools", NS, "nowhere")
-        wait_for("deleted", lambda: api.get("forkpools", NS, "nowhere") is None, log=op.log)
+        wait_for("deleted", lambda: api.get("forkpools", NS, "nowhere") is None, timeout=300, log=op.log)
     finally:
         op.stop()
 
@@ -122,7 +122,7 @@ def test_children_on_a_node_that_left_are_reported_lost(api, three, workdir):
     try:
         got = wait_for("NodeLost", lambda: (o := api.get("forkclaims", NS, "stranded")) and next(
             (c for c in (o.get("status") or {}).get("conditions") or [] if c["type"] == "Degraded"
-             and c["reason"] == "NodeLost"), None) and o, log=op.log)
+             and c["reason"] == "NodeLost"), None) and o, timeout=300, log=op.log)
         assert got["status"]["children"] == [{**was, "status": "lost"}]
         assert "c-0123abcd" in next(c for c in got["status"]["conditions"] if c["type"] == "Ready")["message"]
         assert "tokenSecret" not in got["status"]
@@ -130,7 +130,7 @@ def test_children_on_a_node_that_left_are_reported_lost(api, three, workdir):
             with pytest.raises(NotFound):
                 RemoteBackend(url=n.url, token=TOKEN).get("ForkClaim", qname(NS, "stranded"))
         api.delete("forkclaims", NS, "stranded")
-        wait_for("deleted", lambda: api.get("forkclaims", NS, "stranded") is None, log=op.log)
+        wait_for("deleted", lambda: api.get("forkclaims", NS, "stranded") is None, timeout=300, log=op.log)
     finally:
         op.stop()
         for n in three:
