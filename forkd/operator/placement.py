@@ -29,6 +29,8 @@ from forkd.base.settings import settings
 from forkd.client.remote import RemoteBackend
 from forkd.operator import discovery
 from forkd.operator.split import NoRoom, node_room, split_claim, split_warm
+from forkd.spec.namespaces import DEFAULT as DEFAULT_NAMESPACE
+from forkd.spec.namespaces import qname
 
 NAMESPACE_KEY = "forkd.dev/k8s-namespace"
 NODE_KEY = "forkd.dev/node"
@@ -96,9 +98,10 @@ def holders(known: Mapping[str, str], kind: str, name: str, namespace: str) -> d
     """node -> the daemon's object, for every node whose daemon holds `kind/name` of `namespace`. A node that
     cannot be asked might hold it: Unavailable (retried), never "no"."""
     out: dict[str, Any] = {}
+    key = qname(namespace or DEFAULT_NAMESPACE, name)  # the daemon keys objects by namespace and name
     for node in sorted(known):
         try:
-            objs = daemon(known[node]).get(kind, name)
+            objs = daemon(known[node]).get(kind, key)
         except NotFound:
             continue
         except ForkdError as exc:
