@@ -19,6 +19,7 @@ CASES = [
     ("existing shares kept when growing", 6, {"a": 10, "b": 0}, {"b": 3}, {"a": 3, "b": 3}),
     ("existing shares kept while they fit", 4, {"a": 10, "b": 0}, {"a": 2, "b": 2}, {"a": 2, "b": 2}),
     ("shrinking takes from the fullest node first", 3, {"a": 0, "b": 5}, {"a": 2, "b": 2}, {"a": 1, "b": 2}),
+    ("on one node, growing while it fits there: stays", 6, {"a": 4, "b": 20}, {"a": 2}, {"a": 6}),
     ("a node that left keeps nothing: refilled elsewhere", 4, {"a": 10}, {"a": 2, "gone": 2}, {"a": 4}),
 ]
 

@@ -194,6 +194,8 @@ def reconcile(body: Mapping[str, Any], patch: Any, logger: logging.Logger | logg
     log = logger or logging.getLogger("forkd.operator")
     status = status if status is not None else body.get("status") or {}
     meta = _meta(body)
+    if meta.get("deletionTimestamp"):  # being deleted: the finalizer's release owns it now (no re-apply)
+        return
     try:
         obj = to_model(body)
         if backend is not None:

@@ -5,6 +5,7 @@ per-child need), `current[node]` how many of the pool's warm children it holds a
 available, so a node's capacity for the pool is room + current). The rules, in order:
   * a pool that fits on one node, and holds children nowhere yet, goes to one node (one parent build, one place
     to claim from): the one with the most capacity, rendezvous hashing of `key` breaking ties;
+  * a pool held on one node only that still fits there stays there;
   * otherwise existing shares are kept as far as capacity allows (no child is moved for balance);
   * growth goes one child at a time to the node with the most capacity left (so shares follow capacity), hashing
     breaking ties; shrinking takes from the node with the least capacity left first;
@@ -41,6 +42,9 @@ def split_warm(warm: int, room: Mapping[str, int], current: Mapping[str, int] | 
         fits = [n for n in sorted(cap) if cap[n] >= warm]
         if fits:
             return {max(fits, key=lambda n: (cap[n], _score(n, key))): warm}
+    holding = [n for n in sorted(current) if current[n] > 0]
+    if len(holding) == 1 and cap[holding[0]] >= warm:  # on one node and still fits there: it stays one node
+        return {holding[0]: warm}
     share = {n: min(current.get(n, 0), cap[n]) for n in cap}
     while sum(share.values()) > warm:
         n = min((n for n in sorted(share) if share[n] > 0), key=lambda n: (cap[n] - share[n], _score(n, key)))

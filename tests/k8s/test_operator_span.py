@@ -114,7 +114,7 @@ def test_pool_across_nodes_claim_reached_from_a_pod(api, two, workdir):
 
         api.delete("forkclaims", NS, "sp-claim")
         wait_for("claim and Secret gone", lambda: api.get("forkclaims", NS, "sp-claim") is None
-                 and api.get("secrets", NS, claim["status"]["tokenSecret"]) is None, log=op.log)
+                 and api.get("secrets", NS, claim["status"]["tokenSecret"]) is None, timeout=300, log=op.log)
         api.delete("forkpools", NS, "sp-pool")
         api.delete("forkparents", NS, "sp-base")
         wait_for("pool and parent gone", lambda: api.get("forkpools", NS, "sp-pool") is None
