@@ -357,7 +357,7 @@ def test_statuses_the_reconciler_writes_validate():
 
 def test_deploy_manifests():
     """deploy/kubernetes: the kustomization's files exist; the node daemon is privileged with /dev/kvm and the
-    hostPath store; the operator reaches the daemon's socket through that store."""
+    hostPath store; the operator reaches the daemons over TCP (found by their pods), with no host path."""
     deploy = ROOT / "deploy" / "kubernetes"
     kust = yaml.safe_load((deploy / "kustomization.yaml").read_text())
     for res in kust["resources"]:
@@ -374,9 +374,10 @@ def test_deploy_manifests():
     assert mounts["kvm"] == "/dev/kvm" and mounts["store"] == "/var/lib/forkd"
     op = by_kind[("Deployment", "forkd-operator")]["spec"]["template"]["spec"]
     [opc] = op["containers"]
-    env = {e["name"]: e["value"] for e in opc["env"]}
-    assert env["FORKD_DAEMON_SOCKET"] == "/var/lib/forkd/forkd.sock"
-    assert {m["mountPath"] for m in opc["volumeMounts"]} == {"/var/lib/forkd"}
+    env = {e["name"]: e for e in opc["env"]}
+    assert env["FORKD_NODE_PODS"]["value"].startswith("forkd-system/")  # finds the daemons by their pods
+    assert env["FORKD_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "forkd-api-token"
+    assert "volumeMounts" not in opc and "FORKD_DAEMON_SOCKET" not in env  # no socket, no host path
     assert opc["command"][:2] == ["forkd", "operator"] and op["serviceAccountName"] == "forkd-operator"
     role = by_kind[("ClusterRole", "forkd-operator")]
     resources = {r for rule in role["rules"] for r in rule["resources"]}

@@ -17,6 +17,8 @@ import pytest
 import yaml
 from lupa import LuaRuntime
 
+from forkd.operator.discovery import PORT_NAME, parse_selector
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUSTOMIZATIONS = [DEPLOY / "kubernetes", DEPLOY / "overlays" / "monitoring"]
@@ -60,6 +62,20 @@ def validate(doc: dict, where: str) -> None:
         raise AssertionError(f"{where}: {doc['kind']}/{doc['metadata']['name']}: {exc}") from None
 
 
+def operator_finds_the_daemons(docs: list[dict], ds: dict) -> None:
+    """The operator's FORKD_NODE_PODS selects the DaemonSet's pods in its namespace, and its FORKD_TOKEN is the
+    Secret the daemons take their bearer token from."""
+    [op] = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "forkd-operator"]
+    env = {e["name"]: e for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
+    namespace, selector = parse_selector(env["FORKD_NODE_PODS"]["value"])
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert namespace == ds["metadata"]["namespace"]
+    assert all(labels.get(k) == v for k, _, v in (t.partition("=") for t in selector.split(","))), selector
+    secret = env["FORKD_TOKEN"]["valueFrom"]["secretKeyRef"]
+    [vol] = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v.get("secret")]
+    assert vol["secret"]["secretName"] == secret["name"] and secret["key"] == "token"
+
+
 @pytest.mark.parametrize("path", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(DEPLOY)))
 def test_kustomizations_render_and_validate(path):
     docs = render(path)
@@ -67,12 +83,13 @@ def test_kustomizations_render_and_validate(path):
     assert {"CustomResourceDefinition", "DaemonSet", "Deployment", "ClusterRole", "Namespace"} <= kinds
     for doc in docs:
         validate(doc, str(path))
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
+    [c] = ds["spec"]["template"]["spec"]["containers"]
+    assert "--bind" in c["command"] and c["ports"][0]["name"] == PORT_NAME  # what the operator looks for
+    operator_finds_the_daemons(docs, ds)
     if path.name == "monitoring":
-        [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
-        [c] = ds["spec"]["template"]["spec"]["containers"]
-        assert "--bind" in c["command"] and c["ports"][0]["name"] == "http-api"
         [pm] = [d for d in docs if d["kind"] == "PodMonitor"]
-        assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "http-api"
+        assert pm["spec"]["podMetricsEndpoints"][0]["port"] == PORT_NAME
         assert pm["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
 
 

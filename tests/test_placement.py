@@ -135,7 +135,7 @@ def test_branch_of_a_child_id_needs_a_pin_with_several_nodes(two_nodes):
 
 def test_pools_go_where_they_fit(two_nodes):
     """Each node reports its capacity; a pool goes to the node with room even when hashing prefers the other, and
-    a pool that fits nowhere is Degraded with reason NoCapacity (and is applied to no node)."""
+    a pool larger than all the nodes together is Degraded with reason NoCapacity (and is applied to no node)."""
     endpoints = handlers.nodes()
     caps = {n: handlers.daemon(ep).capacity() for n, ep in endpoints.items()}
     for cap in caps.values():
@@ -148,7 +148,7 @@ def test_pools_go_where_they_fit(two_nodes):
     assert handlers.place(probe) == [preferred]
     big = resource("ForkPool", "pf-big", {"from": "pf-base", "warm": 3})  # 3 x 128 MiB counted on `preferred`
     big["metadata"]["annotations"][handlers.NODE_KEY] = preferred
-    huge = resource("ForkPool", "pf-huge", {"from": "pf-base", "warm": 100})  # 12800 MiB: more than any node
+    huge = resource("ForkPool", "pf-huge", {"from": "pf-base", "warm": 200})  # 25600 MiB: more than both nodes
     try:
         reconcile_until([parent, big], lambda: condition(big, "Ready").get("status") == "True", timeout=300,
                         what="pf-big Ready")
@@ -159,13 +159,13 @@ def test_pools_go_where_they_fit(two_nodes):
         reconcile_until([probe], lambda: condition(probe, "Ready").get("status") == "True", timeout=300,
                         what="pf-fit Ready")
         assert probe["status"]["node"] == other
-        with pytest.raises(handlers.NoCapacity, match="needs 12800 MiB"):
+        with pytest.raises(handlers.NoCapacity, match="needs 200 warm children of 128 MiB"):
             handlers.place(huge)
         with pytest.raises(kopf.TemporaryError):
             call(handlers.reconcile, huge)
         degraded = condition(huge, "Degraded")
         assert degraded["status"] == "True" and degraded["reason"] == "NoCapacity"
-        assert "no node has that much available" in degraded["message"]
+        assert "the nodes have room for fewer" in degraded["message"]
         for ep in endpoints.values():
             with pytest.raises(NotFound):
                 handlers.daemon(ep).get("ForkPool", "pf-huge")

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from forkd.operator.split import NoRoom, split_warm
+from forkd.operator.split import NoRoom, node_room, split_claim, split_warm
 
 CASES = [
     # (warm, room, current, expected)
@@ -19,6 +19,7 @@ CASES = [
     ("existing shares kept when growing", 6, {"a": 10, "b": 0}, {"b": 3}, {"a": 3, "b": 3}),
     ("existing shares kept while they fit", 4, {"a": 10, "b": 0}, {"a": 2, "b": 2}, {"a": 2, "b": 2}),
     ("shrinking takes from the fullest node first", 3, {"a": 0, "b": 5}, {"a": 2, "b": 2}, {"a": 1, "b": 2}),
+    ("on one node, growing while it fits there: stays", 6, {"a": 4, "b": 20}, {"a": 2}, {"a": 6}),
     ("a node that left keeps nothing: refilled elsewhere", 4, {"a": 10}, {"a": 2, "gone": 2}, {"a": 4}),
 ]
 
@@ -61,3 +62,43 @@ def test_exhaustive_small_tables():
         assert all(got.get(n, 0) <= cap[n] for n in cap), (warm, room, current, got)
         if warm >= ca + cb:  # growing or equal: nobody loses a child
             assert all(got.get(n, 0) >= current[n] for n in cap), (warm, room, current, got)
+
+
+ROOM = [
+    # (available MiB, per child, assigned, warm now, expected room)
+    ("empty node", 1024, 128, 0, 0, 8),
+    ("a share not restored yet takes its room", 1024, 128, 3, 1, 6),
+    ("restored children already left available memory", 768, 128, 2, 2, 6),
+    ("rounds down", 300, 128, 0, 0, 2),
+    ("never negative", 100, 128, 4, 0, 0),
+]
+
+
+@pytest.mark.parametrize("what,avail,per,assigned,warm,expected", ROOM, ids=[c[0] for c in ROOM])
+def test_node_room(what, avail, per, assigned, warm, expected):
+    assert node_room(avail, per, assigned, warm) == expected
+
+
+CLAIMS = [
+    # (count, warm children per node, expected)
+    ("one node has them all", 2, {"a": 3, "b": 1}, {"a": 2}),
+    ("spills to the next node", 4, {"a": 3, "b": 2}, {"a": 3, "b": 1}),
+    ("one each when one each is warm", 2, {"a": 1, "b": 1}, {"a": 1, "b": 1}),
+    ("more than warm: the rest forked where most were warm", 5, {"a": 2, "b": 1}, {"a": 4, "b": 1}),
+    ("nothing warm: one node forks them all", 2, {"a": 0, "b": 0}, "one node"),
+]
+
+
+@pytest.mark.parametrize("what,count,warm,expected", CLAIMS, ids=[c[0] for c in CLAIMS])
+def test_split_claim(what, count, warm, expected):
+    got = split_claim(count, warm, key="ns/claim")
+    assert sum(got.values()) == count
+    if expected == "one node":
+        assert len(got) == 1 and got == split_claim(count, warm, key="ns/claim")
+    else:
+        assert got == expected
+
+
+def test_split_claim_needs_a_node():
+    with pytest.raises(NoRoom, match="no node holds the pool"):
+        split_claim(1, {})

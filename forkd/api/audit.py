@@ -27,6 +27,7 @@ from collections import Counter
 from starlette.concurrency import run_in_threadpool
 
 from forkd.api.auth import OPEN_PATHS, PORT_PREFIX, TRANSPORT_KEY, actor_of, bearer_ok, host_ok
+from forkd.api.scoped import SCOPE_KEY, allows, is_scoped, scoped_children
 from forkd.core.audit import AuditError, AuditLog
 
 log = logging.getLogger("forkd.audit")
@@ -110,7 +111,8 @@ class Gate:
             await self._deny(f"{code} {title}", method, code)  # counted (and written when due) before answering
             await _problem(send, code, title, detail, hint)
             return
-        actor = actor_of(scope, self.token)
+        scoped = scope.get(SCOPE_KEY)
+        actor = actor_of(scope, self.token) if scoped is None else "scoped:" + ",".join(sorted(scoped))
         status = {"code": 500}
 
         async def send_(message):
@@ -137,7 +139,16 @@ class Gate:
                     "use the address the daemon is bound to, or start it with --allow-host NAME")
         if path in OPEN_PATHS or path.startswith(PORT_PREFIX):
             return None
-        if not self.token or not bearer_ok(_header(scope, b"authorization"), self.token):
+        header = _header(scope, b"authorization")
+        if is_scoped(header):  # a claim's token: only its children's routes (forkd.api.scoped)
+            children = scoped_children(header, self.token, time.time())
+            if children is not None and allows(scope["method"], path, children):
+                scope[SCOPE_KEY] = children
+                return None
+            if children is not None:
+                return (403, "Forbidden", f"this token is scoped to sandboxes {', '.join(sorted(children))}: "
+                        f"{scope['method']} {path} is outside it", "use the daemon's bearer token for other calls")
+        if not self.token or not bearer_ok(header, self.token):
             return (401, "Unauthorized", "missing or wrong bearer token",
                     "send 'Authorization: Bearer <token>' (FORKD_TOKEN for the CLI and SDKs)")
         return None

@@ -99,6 +99,9 @@ class Settings(BaseModel):
                                      "first 64 MiB (zero pages are left as holes and not counted)", ge=1)
     # -- the Kubernetes operator
     nodes: str = _env("", "operator placement: NAME=SOCKET|URL,... of the node daemons (default: one, local)")
+    node_pods: str = _env("", "operator: find the node daemons as the Ready pods NAMESPACE/LABEL-SELECTOR names (the "
+                              "DaemonSet's), each at http://POD-IP:<its container port named api> (https when the "
+                              "pod is annotated forkd.dev/api-scheme: https); FORKD_NODES wins over it")
     operator_interval: float = _env(10.0, "seconds between the operator's periodic reconciles of an object", gt=0)
     operator_retry: float = _env(10.0, "seconds before the operator retries a failed handler", gt=0)
     operator_delete_wait: float = _env(60.0, "seconds one attempt of the operator's delete handler waits", gt=0)

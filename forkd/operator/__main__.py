@@ -45,7 +45,10 @@ def run(namespaces: list[str], liveness: str | None, verbose: bool, log_level: s
     setup("DEBUG" if verbose else log_level, log_format, default_level="INFO")
     logging.getLogger("asyncio").setLevel(logging.WARNING)  # kopf keeps asyncio's chatter out too
     sock = handlers.daemon_socket()
-    if not os.path.exists(sock):
+    from forkd.base.settings import settings
+
+    listed = settings().nodes.strip() or settings().node_pods.strip()
+    if not listed and not os.path.exists(sock):
         logging.getLogger("forkd.operator").warning("no node daemon socket at %s yet (FORKD_DAEMON_SOCKET); "
                                                     "handlers retry until it answers", sock)
     handlers.register()

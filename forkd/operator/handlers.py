@@ -21,37 +21,46 @@ snapshots and keeps pools warm, and the status it computes is copied back into t
 - Errors: InvalidInput -> kopf.PermanentError (the spec will not become valid by waiting); every other ForkdError,
   including an unreachable daemon, -> kopf.TemporaryError(delay=FORKD_OPERATOR_RETRY, default 10 s).
 
-Which daemons (placement): FORKD_NODES="node-a=/path/a.sock,node-b=http://NODE-B-ADDRESS:8889" names the node
-daemons (one per node: the DaemonSet), each by its unix socket or its TCP URL (bearer token from FORKD_TOKEN);
-without it there is one node, the daemon on FORKD_DAEMON_SOCKET (default $FORKD_HOME/forkd.sock). ForkParents
-and ForkLayers go to every node (each node builds the snapshots its pools fork from); a ForkPool goes to one
-node where it fits: each daemon reports its available memory and running children (GET /v1/node), the pool needs
-warm x (spec.child.memoryLimitMiB or FORKD_PLACEMENT_CHILD_MIB), and among the nodes that fit the one with the most
-available memory (in steps of 256 MiB) wins, rendezvous hashing of namespace/name breaking ties (stable, spreads pools).
-A placed pool stays where it is (status.node, or the node whose daemon holds it). No node fits: Degraded, reason
-NoCapacity, retried. The annotation `forkd.dev/node` pins any resource to a node; a ForkBranch of `pool/<name>`
-goes where that pool is, a branch of a child id needs the annotation; a ForkClaim goes where its pool is (deleting
-it kills its children there). The chosen node is reported in `status.node`.
+Which daemons, and which of them each resource goes to: forkd.operator.discovery (FORKD_NODES, else the DaemonSet's
+Ready pods FORKD_NODE_PODS names, else the local daemon) and forkd.operator.placement (parents and layers to every
+node; a pool split across nodes by capacity; a claim where the pool has warm children). The status of a resource
+on several nodes is combined into one (forkd.operator.combine: a pool's `nodes` split, a claim's children with
+their node and endpoint); a claim's children get a Secret with a token scoped to them (forkd.operator.claims).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 import pydantic
 
-from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Unavailable, first_line
-from forkd.base.paths import Layout
-from forkd.base.settings import read_one, settings
+from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.base.settings import read_one
 from forkd.client.remote import RemoteBackend
+from forkd.operator import claims, placement  # noqa: F401 (placement: tests reach it here)
+from forkd.operator.combine import claim_status, cond, pool_status, shown
 from forkd.operator.crdgen import GROUP, VERSION, plural
+from forkd.operator.placement import (  # noqa: F401 (re-exported: the tests and callers name them here)
+    NAMESPACE_KEY,
+    NODE_KEY,
+    STEP_MIB,
+    NoCapacity,
+    _holder,
+    _pool_node,
+    _rendezvous,
+    claim_shares,
+    daemon,
+    daemon_socket,
+    nodes,
+    place,
+    pool_need_mib,
+    pool_shares,
+)
 from forkd.reconciler.control import managed_by
 from forkd.reconciler.objects import MANAGED_BY
 from forkd.reconciler.objects import key as daemon_key
@@ -60,150 +69,16 @@ from forkd.spec.namespaces import DEFAULT as DEFAULT_NAMESPACE
 from forkd.spec.namespaces import check_references, qname
 
 MANAGER = "operator"
-NAMESPACE_KEY = "forkd.dev/k8s-namespace"
 GENERATION_KEY = "forkd.dev/k8s-generation"
-NODE_KEY = "forkd.dev/node"
 FINALIZER = "forkd.dev/finalizer"
 # read once, at import (kopf registers its timers with them); read_one(): another variable's bad value must not stop it
 INTERVAL: float = read_one("operator_interval")
 RETRY: float = read_one("operator_retry")
 DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the delete handler
 
-_clients: dict[str, RemoteBackend] = {}
-_clients_lock = threading.Lock()
 _STARTED = time.time()
 _posted: dict[str, float] = {}  # "uid@node" -> time of the newest daemon event published as a Kubernetes Event
 _posted_lock = threading.Lock()
-
-
-def nodes() -> dict[str, str]:
-    """Node name -> its daemon's socket, from FORKD_NODES (default: one node, "local")."""
-    raw = settings().nodes.strip()
-    if not raw:
-        return {"local": daemon_socket()}
-    out: dict[str, str] = {}
-    for item in raw.split(","):
-        name, _, sock = item.strip().partition("=")
-        if not name or not sock:
-            raise InvalidInput(f"FORKD_NODES entry {item!r}: use NAME=SOCKET or NAME=http://HOST:PORT")
-        out[name] = sock
-    return out
-
-
-def _score(node: str, key: str) -> str:
-    return hashlib.sha256(f"{node}|{key}".encode()).hexdigest()
-
-
-def _rendezvous(candidates: list[str], key: str) -> str:
-    return max(sorted(candidates), key=lambda n: _score(n, key))
-
-
-STEP_MIB = 256  # available memory is compared in these steps: a few MiB of noise must not decide placement
-
-
-class NoCapacity(Conflict):
-    """No node has room for a pool: the resource is Degraded with reason NoCapacity, and retried."""
-
-
-def pool_need_mib(body: Mapping[str, Any]) -> int:
-    """Memory a pool asks of its node: warm children x (spec.child.memoryLimitMiB, or FORKD_PLACEMENT_CHILD_MIB)."""
-    spec = body.get("spec") or {}
-    per_child = (spec.get("child") or {}).get("memoryLimitMiB") or settings().placement_child_mib
-    return int(spec.get("warm") or 0) * int(per_child)
-
-
-def _holder(known: Mapping[str, str], kind: str, name: str, namespace: str) -> str | None:
-    """The node whose daemon already holds `kind/name` of `namespace` (an object placed before), or None when every
-    node answered that it does not. A node that cannot be asked might hold it: Unavailable (retried), never "no"
-    (that would place the object a second time)."""
-    for node in sorted(known):
-        try:
-            objs = daemon(known[node]).get(kind, name)
-        except NotFound:
-            continue
-        except ForkdError as exc:
-            raise Unavailable(f"node {node} did not answer whether it holds {kind}/{name} of namespace {namespace} "
-                              f"({first_line(exc)}): placing it now could place it twice",
-                              hint=f"retried; bring node {node} back, or remove it from FORKD_NODES") from exc
-        if objs and (objs[0].metadata.annotations or {}).get(NAMESPACE_KEY, namespace) == namespace:
-            return node
-    return None
-
-
-def _place_pool(body: Mapping[str, Any], known: Mapping[str, str], namespace: str) -> str:
-    """Where a pool stays (status.node, or the node already holding it) or goes: among the nodes whose available
-    memory fits its need, the one with the most (in steps of STEP_MIB); rendezvous hashing of namespace/name breaks
-    ties.
-    NoCapacity if none fits (unreachable nodes do not count)."""
-    name = str(_meta(body).get("name"))
-    current = (body.get("status") or {}).get("node")
-    if current in known:
-        return str(current)
-    held = _holder(known, "ForkPool", name, namespace)
-    if held is not None:
-        return held
-    need = pool_need_mib(body)
-    caps: dict[str, int] = {}
-    for node, endpoint in known.items():
-        try:
-            caps[node] = int(daemon(endpoint).capacity().get("memoryAvailableMiB", 0))
-        except ForkdError as exc:
-            logging.getLogger("forkd.operator").warning("placement: node %s unreachable: %s", node, exc)
-    fits = [n for n, avail in caps.items() if avail >= need]
-    if not fits:
-        seen = ", ".join(f"{n}: {caps[n]} MiB" for n in sorted(caps)) or "no node answered"
-        raise NoCapacity(f"ForkPool/{name} needs {need} MiB ({(body.get('spec') or {}).get('warm') or 0} warm "
-                         f"children) and no node has that much available ({seen})",
-                         hint="lower spec.warm or spec.child.memoryLimitMiB, or add a node (FORKD_NODES)")
-    key = f"{namespace}/{name}"
-    return max(sorted(fits), key=lambda n: (caps[n] // STEP_MIB, _score(n, key)))
-
-
-def _pool_node(known: Mapping[str, str], namespace: str, pool: str) -> str:
-    """Where a pool is (for its branches and claims): the node holding it, else where hashing would put it."""
-    return _holder(known, "ForkPool", pool, namespace) or _rendezvous(list(known), f"{namespace}/{pool}")
-
-
-def place(body: Mapping[str, Any]) -> list[str]:
-    """The nodes a resource is applied to (see the module docstring)."""
-    known = nodes()
-    kind, meta = str(body.get("kind")), _meta(body)
-    namespace = str(meta.get("namespace") or "")
-    pin = (meta.get("annotations") or {}).get(NODE_KEY)
-    if pin:
-        if pin not in known:
-            raise InvalidInput(f"annotation {NODE_KEY}: {pin!r} is not a known node ({', '.join(sorted(known))})")
-        return [pin]
-    if kind in ("ForkParent", "ForkLayer"):
-        return sorted(known)
-    if kind == "ForkBranch":
-        sandbox = str((body.get("spec") or {}).get("sandbox") or "")
-        if not sandbox.startswith("pool/"):
-            if len(known) == 1:
-                return list(known)
-            raise InvalidInput(f"ForkBranch/{meta.get('name')}: a branch of child {sandbox!r} needs the annotation "
-                               f"{NODE_KEY} naming the node that runs it")
-        return [_pool_node(known, namespace, sandbox.split("/", 1)[1])]
-    if kind == "ForkClaim":  # where its pool is
-        return [_pool_node(known, namespace, str((body.get("spec") or {}).get("pool")))]
-    return [_place_pool(body, known, namespace)]
-
-
-def daemon_socket() -> str:
-    return str(settings().daemon_socket or Layout.from_env().daemon_socket)
-
-
-def daemon(socket_path: str | None = None) -> RemoteBackend:
-    """The node daemon's API client (one per endpoint, shared by handler threads): a unix socket path, or an
-    http(s) URL of a daemon serving TCP (`forkd serve --bind`) with the bearer token in FORKD_TOKEN."""
-    path = socket_path or daemon_socket()
-    with _clients_lock:
-        if path not in _clients:
-            if path.startswith(("http://", "https://")):
-                _clients[path] = RemoteBackend(url=path, token=settings().token_value, timeout=60.0)
-            else:
-                _clients[path] = RemoteBackend(path, timeout=60.0)
-        return _clients[path]
 
 
 # -- translation ------------------------------------------------------------------------------------------
@@ -241,10 +116,6 @@ def _applyset(body: Mapping[str, Any]) -> str:
     return f"k8s-{_meta(body).get('namespace') or 'cluster'}"
 
 
-def _now() -> str:
-    return datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def k8s_status(obj: ForkObject, previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The resource's status from the daemon's object: its numbers and conditions; observedGeneration is the
     Kubernetes generation the daemon's status was computed from (absent while the daemon has not caught up)."""
@@ -252,10 +123,10 @@ def k8s_status(obj: ForkObject, previous: Mapping[str, Any] | None = None) -> di
     st = obj.status
     if st is None:  # applied, not reconciled yet
         out: dict[str, Any] = {"conditions": [
-            _cond("Ready", "Unknown", "Pending", "applied to the node daemon, waiting for its reconcile loop",
+            cond("Ready", "Unknown", "Pending", "applied to the node daemon, waiting for its reconcile loop",
                   previous),
-            _cond("Reconciling", "True", "Pending", "", previous),
-            _cond("Degraded", "False", "AsExpected", "", previous)]}
+            cond("Reconciling", "True", "Pending", "", previous),
+            cond("Degraded", "False", "AsExpected", "", previous)]}
     else:
         out = st.model_dump(mode="json", exclude_none=True)
         out.pop("observedGeneration", None)
@@ -266,23 +137,16 @@ def k8s_status(obj: ForkObject, previous: Mapping[str, Any] | None = None) -> di
     return out
 
 
-def _cond(type_: str, status: str, reason: str, message: str, previous: Mapping[str, Any]) -> dict[str, str]:
-    old = next((c for c in previous.get("conditions") or [] if c.get("type") == type_), None)
-    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
-    return {"type": type_, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": since or _now()}
-
-
 def error_status(exc: ForkdError, generation: int | None, previous: Mapping[str, Any]) -> dict[str, Any]:
     """Conditions saying why the resource cannot be reconciled right now."""
     reason = "InvalidSpec" if isinstance(exc, InvalidInput) else "NoCapacity" if isinstance(exc, NoCapacity) \
         else "Conflict" if isinstance(exc, Conflict) else "DaemonError"
     message = exc.message + (f" ({exc.hint})" if exc.hint else "")
     out: dict[str, Any] = {"conditions": [
-        _cond("Ready", "False", reason, message, previous),
-        _cond("Reconciling", "False" if reason == "InvalidSpec" else "True", reason, "" if reason == "InvalidSpec"
+        cond("Ready", "False", reason, message, previous),
+        cond("Reconciling", "False" if reason == "InvalidSpec" else "True", reason, "" if reason == "InvalidSpec"
               else f"retrying every {RETRY:.0f}s", previous),
-        _cond("Degraded", "True", reason, message, previous)]}
+        cond("Degraded", "True", reason, message, previous)]}
     if reason == "InvalidSpec" and generation is not None:
         out["observedGeneration"] = generation  # seen, and it is wrong: waiting will not help
     elif previous.get("observedGeneration") is not None:
@@ -323,32 +187,64 @@ def _owner_check(backend: RemoteBackend, obj: ForkObject, namespace: str) -> Non
 def reconcile(body: Mapping[str, Any], patch: Any, logger: logging.Logger | logging.LoggerAdapter | None = None,
               status: Mapping[str, Any] | None = None, backend: RemoteBackend | None = None,
               settle: float = 3.0, **_: Any) -> None:
-    """Create / update / resume / timer: apply the resource to its node daemon(s), copy the status back (from
-    the first node that is not Ready, else the first node)."""
+    """Create / update / resume / timer: apply the resource to its node daemon(s) (a pool with each node's share,
+    a claim with each node's count: forkd.operator.placement), and copy one status back (forkd.operator.combine);
+    a claim's children get a Secret with a token scoped to them (forkd.operator.claims). With `backend`, only
+    that daemon is used, and its status is copied as it is."""
     log = logger or logging.getLogger("forkd.operator")
     status = status if status is not None else body.get("status") or {}
     meta = _meta(body)
+    if meta.get("deletionTimestamp"):  # being deleted: the finalizer's release owns it now (no re-apply)
+        return
     try:
         obj = to_model(body)
-        targets = [(None, backend)] if backend is not None else [(n, daemon(nodes()[n])) for n in place(body)]
-        shown: dict[str, Any] | None = None
-        for node, b in targets:
-            new = _apply_on(b, obj, body, meta, status, settle, log)
-            publish_events(b, obj, body, node or "local", log)
-            if node is not None and obj.kind in ("ForkPool", "ForkBranch", "ForkClaim"):
-                new["node"] = node
-            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in new.get("conditions", []))
-            if shown is None or (not ready and _is_ready(shown)):
-                shown = new
-        patch_status(patch, status, shown or {})
+        if backend is not None:
+            new = _apply_on(backend, obj, body, meta, status, settle, log)
+            publish_events(backend, obj, body, "local", log)
+            patch_status(patch, status, new)
+            return
+        known = nodes()
+        targets = _targets(body, obj, known)
+        per_node: dict[str, dict[str, Any]] = {}
+        for node, o in targets.items():
+            b = daemon(known[node])
+            per_node[node] = _apply_on(b, o, body, meta, status, settle, log)
+            publish_events(b, o, body, node, log)
+        patch_status(patch, status, _combine(body, obj, per_node, targets, known, status))
     except ForkdError as exc:
         patch_status(patch, status, error_status(exc, meta.get("generation"), status))
         log.warning("%s/%s: %s", body.get("kind"), meta.get("name"), exc)
         _raise(exc)
 
 
-def _is_ready(st: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions", []))
+def _targets(body: Mapping[str, Any], obj: ForkObject, known: Mapping[str, str]) -> dict[str, ForkObject]:
+    """node -> the object applied there: a pool's with that node's share of spec.warm, a claim's with that node's
+    count (placement); every other kind, and a pinned resource, as it is."""
+    namespace = str(_meta(body).get("namespace") or "")
+    if (_meta(body).get("annotations") or {}).get(NODE_KEY):
+        return {n: obj for n in place(body)}
+    if obj.kind == "ForkPool":
+        return {n: obj.model_copy(update={"spec": obj.spec.model_copy(update={"warm": k})})
+                for n, k in pool_shares(body, known, namespace).items()}
+    if obj.kind == "ForkClaim":
+        return {n: obj.model_copy(update={"spec": obj.spec.model_copy(update={"count": k})})
+                for n, k in claim_shares(body, known, namespace).items() if n in known}
+    return {n: obj for n in place(body)}
+
+
+def _combine(body: Mapping[str, Any], obj: ForkObject, per_node: dict[str, dict[str, Any]],
+             targets: Mapping[str, ForkObject], known: Mapping[str, str], previous: Mapping[str, Any]) -> dict:
+    """The resource's status from its nodes' (forkd.operator.combine); a claim's token Secret on the way."""
+    if obj.kind == "ForkPool":
+        return pool_status(per_node, {n: getattr(o.spec, "warm", 0) for n, o in targets.items()}, obj.spec.warm)
+    if obj.kind == "ForkClaim":
+        out = claim_status(per_node, known, previous)
+        claims.publish_token(body, out)
+        return out
+    out = shown(per_node)
+    if obj.kind == "ForkBranch" and len(per_node) == 1:
+        out["node"] = next(iter(per_node))
+    return out
 
 
 def _apply_on(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], meta: Mapping[str, Any],
@@ -401,6 +297,11 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
     if backend is None:  # every node: placement may have changed since the object was applied
         for sock in nodes().values():
             release(body, logger=logger, backend=daemon(sock), wait=wait)
+        if body.get("kind") == "ForkClaim":
+            try:
+                claims.drop_token(body)
+            except ForkdError as exc:
+                _raise(exc)
         return
     log = logger or logging.getLogger("forkd.operator")
     kind, meta = str(body.get("kind")), _meta(body)

@@ -261,7 +261,16 @@ class ForkPoolSpec(Strict):
     compaction: Compaction | None = Field(None, description="compact when the snapshot chain gets deeper")
 
 
+class NodeShare(Strict):
+    node: str = Field(description="the node daemon")
+    target: int = Field(0, description="warm children the operator asks of this node")
+    warm: int = Field(0, description="idle children restored and answering there")
+    claimed: int = Field(0, description="children handed out there and not yet retired")
+
+
 class ForkPoolStatus(Status):
+    nodes: list[NodeShare] = Field(default_factory=list, description="Kubernetes: the pool's share on each node "
+                                                                     "daemon (the operator's split by capacity)")
     warm: int = Field(0, description="idle children restored and answering")
     claimed: int = Field(0, description="children handed out and not yet retired")
     target: int = Field(0, description="spec.warm the pool converges to")
@@ -361,6 +370,9 @@ class ClaimedChild(Strict):
     snapshot: str = Field("", description="the snapshot it was forked from")
     status: str = Field("", description="running, dead, ...")
     agentSocket: str | None = Field(None, description="its agent's unix socket on the node")
+    node: str | None = Field(None, description="Kubernetes: the node daemon that runs it")
+    endpoint: str | None = Field(None, description="Kubernetes: that daemon's API URL, for the SDKs with the token "
+                                                   "of status.tokenSecret")
 
 
 class ForkClaimStatus(Status):
@@ -369,6 +381,8 @@ class ForkClaimStatus(Status):
                                                                            "them")
     claimedAt: str | None = Field(None, description="when the children were claimed (RFC 3339)")
     expiresAt: str | None = Field(None, description="when the children are released (RFC 3339)")
+    tokenSecret: str | None = Field(None, description="Kubernetes: the Secret (key `token`) holding a token that "
+                                                      "opens these children, and only them, at their endpoint")
 
 
 class ForkClaim(Strict):

@@ -5,7 +5,9 @@ It is not a real API server. What the emulator lacks and the harness adds here (
   * bookkeeping: metadata.uid and creationTimestamp on create, metadata.generation (1, then +1 on every change of
     spec), metadata.resourceVersion on every write;
   * the /scale subresource of ForkPool (GET and PATCH of a Scale, mapped through the CRD's specReplicasPath);
-  * `kind`/`apiVersion` on list replies.
+  * `kind`/`apiVersion` on list replies, and equality-based `labelSelector` filtering of them;
+  * pods and secrets as plain stored objects (no kubelet: a test writes a node daemon's pod, Ready, as the
+    DaemonSet controller and the kubelet would; no garbage collector of owned objects).
 Merge patches are the emulator's own (dicts merged, lists replaced, null removes a key), as RFC 7386 says.
 """
 
@@ -92,6 +94,9 @@ class Emulator(kmock.KubernetesEmulator):
         plural, group = request.resource.plural, request.resource.group
         kind = self.kinds.get(plural) or ("Event" if plural == "events" else plural)
         body.update(kind=f"{kind}List", apiVersion=f"{group}/{request.resource.version}" if group else "v1")
+        selector = (request.params or {}).get("labelSelector")
+        if selector:
+            body["items"] = [o for o in body["items"] if _selects(selector, (o.get("metadata") or {}).get("labels"))]
         return body
 
     async def _patch(self, request: kmock.Request, spec_patch: dict) -> None:
@@ -129,6 +134,23 @@ class Emulator(kmock.KubernetesEmulator):
                        "selector": _dig(dict(obj), paths.get("labelSelectorPath", ".status.selector")) or ""}})
 
 
+def _selects(selector: str, labels: dict | None) -> bool:
+    """An equality-based label selector (`k=v`, `k==v`, `k!=v`, `k`, comma-separated) against labels."""
+    labels = labels or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
 def _changes(current: dict, patch: dict) -> bool:
     """Whether merging `patch` into `current` changes it."""
     for k, v in patch.items():
@@ -161,6 +183,9 @@ class ApiServer:
         await emu.__aenter__()
         emu.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True, verbs=VERBS)
         emu.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs=VERBS)
+        emu.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", namespaced=True, verbs=VERBS)
+        emu.resources["v1/secrets"] = kmock.ResourceInfo(kind="Secret", namespaced=True, verbs=VERBS)
+        emu.kinds.update(pods="Pod", secrets="Secret")
         for crd in crds():
             names, [ver] = crd["spec"]["names"], crd["spec"]["versions"]
             subs = ver.get("subresources") or {}
@@ -207,13 +232,13 @@ class ApiServer:
         return res
 
     def path(self, plural: str, namespace: str, name: str = "", sub: str = "") -> str:
-        base = f"/api/v1/namespaces/{namespace}/{plural}" if plural == "events" \
+        base = f"/api/v1/namespaces/{namespace}/{plural}" if plural in ("events", "pods", "secrets") \
             else f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
         return base + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
 
     def request(self, method: str, path: str, body: dict | None = None, patch: bool = False) -> httpx.Response:
         headers = {"Content-Type": "application/merge-patch+json"} if patch else {}
-        return httpx.request(method, self.url + path, json=body, headers=headers, timeout=30)
+        return httpx.request(method, self.url + path, json=body, headers=headers, timeout=120)  # a loaded machine
 
     def create(self, plural: str, doc: dict) -> dict:
         r = self.request("POST", self.path(plural, doc["metadata"]["namespace"]), doc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from forkd.base.paths import Layout
+from forkd.core.runtime import Runtime
 from tests.k8s.apiserver import ApiServer
 
 
@@ -34,27 +36,60 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 60.0, log: Pa
         time.sleep(0.2)
 
 
-class Node:
-    """A real `forkd serve` daemon on a store of its own, reached over its unix socket."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, name: str, images: Path | None = None) -> None:
-        self.name = name
+
+class Node:
+    """A real `forkd serve` daemon on a store of its own, reached over its unix socket, or (with `token`) over TCP
+    on loopback with that bearer token, as the DaemonSet's daemons share one; `memory_mib` is what it offers
+    (FORKD_NODE_MEMORY_MIB)."""
+
+    def __init__(self, name: str, images: Path | None = None, token: str | None = None,
+                 memory_mib: int | None = None) -> None:
+        self.name, self.token, self.port = name, token, None
         self.home = Path(tempfile.mkdtemp(prefix=f"fk8s{name}", dir="/tmp"))
         self.layout = Layout(self.home).ensure()
         if images is not None:
             shutil.rmtree(self.layout.images)
             shutil.copytree(images, self.layout.images, symlinks=True)
         self.log = self.home / "daemon.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "forkd.api", "serve", "--interval", "1"],
-                                     env=dict(os.environ, FORKD_HOME=str(self.home)),
-                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
-        wait_for(f"node {name}'s socket", lambda: self.proc.poll() is not None or self.layout.daemon_socket.exists(),
-                 timeout=30, log=self.log)
+        argv = [sys.executable, "-m", "forkd.api", "serve", "--interval", "1"]
+        if token is not None:
+            self.port = free_port()
+            tf = self.home / "api.token"
+            tf.write_text(token + "\n")
+            tf.chmod(0o600)
+            argv += ["--bind", f"127.0.0.1:{self.port}", "--token-file", str(tf)]
+        env = dict(os.environ, FORKD_HOME=str(self.home))
+        if memory_mib is not None:
+            env["FORKD_NODE_MEMORY_MIB"] = str(memory_mib)
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+        wait_for(f"node {name}'s socket", lambda: self.proc.poll() is not None or (
+            self.layout.daemon_socket.exists() and (self.port is None or _listening(self.port))),
+            timeout=30, log=self.log)
         assert self.proc.poll() is None, self.log.read_text()[-2000:]
 
     @property
     def socket(self) -> str:
         return str(self.layout.daemon_socket)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def pod(self, namespace: str = "forkd-system") -> dict:
+        """The DaemonSet's pod of this node as the API server would hold it once the kubelet reports it Ready."""
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"forkd-node-{self.name}", "namespace": namespace,
+                             "labels": {"app.kubernetes.io/name": "forkd",
+                                        "app.kubernetes.io/component": "node-daemon"}},
+                "spec": {"nodeName": self.name, "containers": [
+                    {"name": "forkd", "ports": [{"name": "api", "containerPort": self.port}]}]},
+                "status": {"phase": "Running", "podIP": "127.0.0.1",
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -63,18 +98,29 @@ class Node:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        Runtime(self.layout).kill(all_=True)  # the daemon leaves its children running on SIGTERM (for adoption)
+        shutil.rmtree(self.layout.flat_cache.parent, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Operator:
     """The operator as a process of its own (`python -m forkd.operator run`) against the stand-in's kubeconfig."""
 
-    def __init__(self, api: ApiServer, nodes: list[Node], workdir: Path, **env: str) -> None:
+    def __init__(self, api: ApiServer, nodes: list[Node] | None, workdir: Path, **env: str) -> None:
+        """`nodes`: listed in FORKD_NODES; None: found from their pods (give FORKD_NODE_PODS in `env`)."""
         self.env = dict(os.environ, KUBECONFIG=str(api.kubeconfig(workdir / "kubeconfig")),
-                        FORKD_NODES=",".join(f"{n.name}={n.socket}" for n in nodes),
                         FORKD_OPERATOR_INTERVAL="1", FORKD_OPERATOR_RETRY="1", FORKD_OPERATOR_DELETE_WAIT="30",
                         **env)
-        self.env.pop("FORKD_DAEMON_SOCKET", None)
+        for var in ("FORKD_DAEMON_SOCKET", "FORKD_NODES", "FORKD_NODE_PODS", "FORKD_URL"):
+            if var not in env:
+                self.env.pop(var, None)
+        if nodes is not None:
+            self.env["FORKD_NODES"] = ",".join(f"{n.name}={n.socket}" for n in nodes)
         self.log = workdir / "operator.log"
         self.proc: subprocess.Popen | None = None
 

@@ -95,7 +95,7 @@ def test_pool_lifecycle_through_the_api(api, nodes, operator):
 
     api.kubectl("delete", "-n", NS, "forkpools/api-pool", "--wait=false")
     wait_for("the resource gone (finalizer released)", lambda: api.get("forkpools", NS, "api-pool") is None,
-             log=operator.log)
+             timeout=300, log=operator.log)  # kopf may hold a finished deletion for its delayed handlers (60 s)
     assert daemon_obj(node, "ForkPool", "api-pool") is None
 
 
