@@ -19,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from forkd.api.daemon import _recover
 from forkd.base.owners import owned_name
 from forkd.base.paths import Layout
 from forkd.base.procs import start_time
 from forkd.core.runtime import Runtime
 from forkd.sandbox.registry import RECORD, ChildRecord, Registry
+from forkd.service.service import Service
 from tests.chaos.invariants import check_orphans
 from tests.chaos.test_gc_build_vmm import private_home  # noqa: F401 - a fixture
 
@@ -94,7 +94,7 @@ def test_recovery_removes_a_recordless_child_directory_and_spares_live_ones(priv
     spawning = layout.children / owned_name(".c00000000c3.new")  # this test's own: its maker is alive
     spawning.mkdir(mode=0o700)
     try:
-        _recover(Runtime(layout))  # what `forkd serve` runs at start-up (gc with its default grace)
+        Service.on(layout).recover()  # what `forkd serve` runs at start-up (gc with its default grace)
         assert not reg.path("c00000000a1").exists(), "recovery left a child directory that has no record"
         assert (reg.path(live.id) / RECORD).is_file() and (reg.path(live.id) / "qmp.sock").exists()
         assert spawning.is_dir(), "recovery removed a live process's directory in the making"
@@ -115,7 +115,7 @@ def test_a_remover_killed_after_the_record_went_leaves_no_recordless_directory(p
     _killed_at(private_home, "remove", "c00000000d4")
     assert not reg.path("c00000000d4").exists(), "the record was deleted before its directory"
     assert [n for n in _left(layout) if n.startswith(".c00000000d4.rm-")], _left(layout)  # the maker's, dead
-    _recover(Runtime(layout))
+    Service.on(layout).recover()
     assert _left(layout) == []
     assert check_orphans(Runtime(layout), set()) == []
 
@@ -125,6 +125,6 @@ def test_a_spawner_killed_before_its_first_record_leaves_no_recordless_directory
     layout = Layout(private_home)
     _killed_at(private_home, "create", "c00000000e5")
     assert not Registry(layout).path("c00000000e5").exists(), "a child directory was made before its record"
-    _recover(Runtime(layout))
+    Service.on(layout).recover()
     assert _left(layout) == []
     assert check_orphans(Runtime(layout), set()) == []
