@@ -23,6 +23,7 @@ from forkd.reconciler.actions import ClaimChildren
 from forkd.reconciler.handlers import Context, still_retirable
 from forkd.reconciler.objects import ObjectStore
 from forkd.reconciler.world import split_children
+from forkd.sandbox.claims import CLAIMS, Claim, ClaimsLog, line
 from forkd.sandbox.registry import ChildRecord
 from forkd.spec.loader import load_text
 from tests.faults.test_clock_step import DAY, _step
@@ -124,3 +125,14 @@ def test_a_forkclaims_shutdown_at_is_not_put_off_by_a_clock_step_back(pool, monk
     act = observe.actual(rt, objects=store)
     assert [r.expires_at <= act.now for r in act.claims] == [True]
     assert _expired(rt) == [cid] and _retirable(rt, cid)
+
+
+def test_the_claims_log_keeps_the_boottime_end_through_compaction_and_reads_older_lines(tmp_path):
+    log = ClaimsLog(tmp_path / CLAIMS)
+    log.append(line(["c0000000001"], Claim(100.0, 700.0, 5600.0)), live=lambda: [])
+    with log.path.open("a") as f:
+        f.write('{"c":["c0000000002"],"at":100.0,"exp":700.0}\n')  # a line of an older forkd
+    log.compact({"c0000000001", "c0000000002"})
+    table = ClaimsLog(tmp_path / CLAIMS).table()  # read afresh, as a restarted daemon does
+    assert table["c0000000001"] == Claim(100.0, 700.0, 5600.0)
+    assert table["c0000000002"] == Claim(100.0, 700.0, None)  # compared on the time of day, as it was written
