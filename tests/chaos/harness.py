@@ -36,6 +36,7 @@ class Config:
     workers: int = 2
     isolated: bool = True  # also a pool of isolated, memory-limited children (netns, veth, tap, cgroup)
     recover_timeout: float = 240.0
+    start_timeout: float = 240.0  # a restarted daemon must answer within this (a niced run on a loaded host is slow)
     home: Path | None = None
     image_from: Path | None = None
     rounds: tuple[int, ...] = ()  # run only these rounds (a replay: each round's schedule depends on seed and n)
@@ -136,7 +137,7 @@ class Chaos:
 
     def setup(self) -> None:
         log(f"home {self.rig.home}: starting the daemon, building the parents, filling the pools")
-        self.rig.start_daemon()
+        self.rig.start_daemon(self.cfg.start_timeout)
         res = self.rig.apply(spec_text(2, self.cfg.isolated))
         if res.returncode != 0:
             raise RuntimeError(f"forkd apply failed: {res.stderr[-2000:]}")
@@ -186,7 +187,7 @@ class Chaos:
             gap = threading.Thread(target=lambda: gap_res.append(self.load.layer(rng, "gap-layer")))
             gap.start()
             time.sleep(rng.uniform(0.5, 3.0))
-        r.daemon_up_s = self.rig.start_daemon()
+        r.daemon_up_s = self.rig.start_daemon(self.cfg.start_timeout)
         t_restart = time.monotonic() - r.daemon_up_s
         for t in workers + ([gap] if gap else []):
             t.join()
