@@ -47,10 +47,13 @@ def totals(reports: list[Report]) -> dict:
     kills = [r for rep in reports for r in rep.kills()]
     rec = sorted(r.recover_s for r in kills if r.recover_s is not None)
     pct = (statistics.median(rec), rec[min(len(rec) - 1, int(0.9 * len(rec)))]) if rec else None
+    ups = sorted(r.daemon_up_s for r in kills if r.daemon_up_s is not None)
     return {"seeds": [rep.seed for rep in reports], "kills": len(kills), "survived": sum(r.survived for r in kills),
             "cli_killed": sum(len(r.killed_cli) for r in kills),
             "never_recovered": sum(r.recover_s is None for r in kills),
             "recover_p50_s": pct and round(pct[0], 2), "recover_p90_s": pct and round(pct[1], 2),
+            "daemon_up_p50_s": round(statistics.median(ups), 2) if ups else None,
+            "daemon_up_max_s": round(ups[-1], 2) if ups else None,
             "leaked_qemu": sorted(p for rep in reports for p in rep.leaked_qemu)}
 
 
@@ -62,6 +65,7 @@ def markdown(day: str, t: dict, fails: list, replays: dict, cmdline: str, progre
              f"- CLI processes killed with them: {t['cli_killed']}",
              f"- time to recover (daemon restart -> every pool at target): p50 {t['recover_p50_s']} s, "
              f"p90 {t['recover_p90_s']} s; rounds that never recovered: {t['never_recovered']}",
+             f"- restarted daemon answering: p50 {t['daemon_up_p50_s']} s, max {t['daemon_up_max_s']} s",
              f"- QEMU processes left at the end (leaks): {t['leaked_qemu'] or 'none'}", "", "## Violations", ""]
     if not fails:
         lines.append("None.")

@@ -18,7 +18,7 @@ spec.loader.exec_module(bench)
 def _report(seed: int, recover: list[float | None], bad: dict[int, str]) -> Report:
     rep = Report(seed=seed, rounds=[Round(0)])
     for n, r in enumerate(recover, 1):
-        rep.rounds.append(Round(n, recover_s=r, killed_cli=["kill"] * n,
+        rep.rounds.append(Round(n, recover_s=r, killed_cli=["kill"] * n, daemon_up_s=float(n),
                                 violations={"orphans": [bad[n]]} if n in bad else {}))
     return rep
 
@@ -28,6 +28,7 @@ def test_the_report_counts_every_kill_and_names_every_violation_with_its_replay(
     t = bench.totals(reports)
     assert (t["kills"], t["survived"], t["cli_killed"], t["never_recovered"]) == (5, 4, 9, 1)
     assert (t["recover_p50_s"], t["recover_p90_s"]) == (2.5, 4.0)
+    assert (t["daemon_up_p50_s"], t["daemon_up_max_s"]) == (2.0, 3.0)
     fails = bench.failing(reports)
     assert fails == [(101, 2, ["orphans: child directory x has no record"])]
     text = bench.markdown("2000-01-01", t, fails, {"101:2": True}, "python3 bench/chaos.py")
