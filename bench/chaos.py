@@ -132,10 +132,12 @@ class Run:
             self.errors.append(f"stopped by {exc} during seed {seed}")
             raise
         except Exception as exc:  # noqa: BLE001 - one seed that cannot set up must not lose the others
-            self.errors.append(f"seed {seed} ended early: {str(exc)[:300]}")
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            self.errors.append(f"seed {seed} ended early after {len(chaos.report.kills())} kills: {first[:300]}")
         finally:
             chaos.close()
             log(chaos.report.summary())
+        self.write("in progress")
 
     def replay(self) -> None:
         for seed, n, _ in failing(self.reports)[:REPLAYS_KEPT]:
