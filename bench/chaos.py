@@ -77,8 +77,9 @@ def markdown(day: str, t: dict, fails: list, replays: dict, cmdline: str, progre
     return "\n".join(lines) + "\n"
 
 
-class Stopped(Exception):
-    """SIGTERM or SIGINT: the seed in progress is torn down (its home removed) and the report says so."""
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: the seed in progress is torn down (its home removed) and the report says so. Not an
+    Exception: the harness's and forkd's `except Exception` (a check that records what failed) must not swallow it."""
 
 
 def _stop(signum, _frame) -> None:
