@@ -2,22 +2,26 @@
 """The crash harness over many seeds: daemon kills (with CLI processes killed beside them), a dated report, and
 each failing round replayed from its seed.
 
-    python3 bench/chaos.py [--seeds 10] [--first-seed 100] [--kills 50] [--image-from HOME] [--out DIR]
-    nohup python3 bench/chaos.py --seeds 10 --kills 50 > chaos.log 2>&1 &     # >= 500 kills: hours under TCG
+    python3 bench/chaos.py [--seeds 10] [--first-seed 100] [--kills 50] [--image-from HOME] [--out DIR] [--label L]
+    nohup nice -n 19 python3 bench/chaos.py --seeds 10 --kills 50 --label long > chaos.log 2>&1 &   # hours (TCG)
 
 Each seed runs tests.chaos.harness on a fresh private $FORKD_HOME (`python -m tests.chaos --seed S --kills K`),
 one after another. Then every failing round is replayed once, alone, on a fresh home (`--round N`: a round's
 operations and kill point depend on its seed and number only; what the VMs do meanwhile is timing, so a replay
-may hold where the run did not: the report says which). The report, `<out>/chaos-<UTC date>.md` (and `.json`),
-gives the kills survived, the CLI processes killed with them, the time to recover (daemon restart -> every pool
-back at target) p50/p90 over every round, each violation with its seed, round and replay command, and the replays'
-outcome. Exits 1 if any round failed.
+may hold where the run did not: the report says which). The report, `<out>/chaos-<UTC date>[-LABEL].md` (and
+`.json`), gives the kills survived, the CLI processes killed with them, the time to recover (daemon restart ->
+every pool back at target) p50/p90 over every round, each violation with its seed, round and replay command, and
+the replays' outcome. It is rewritten after every round, with a status line (in progress, complete, stopped early)
+saying how many of the planned kills completed: SIGTERM or SIGINT tears the seed in progress down (its VMs and
+home removed), writes the report of every kill completed so far and exits 2. Exits 1 if any round failed or a
+seed ended early.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import time
@@ -25,8 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.chaos.harness import Config, Report, run  # noqa: E402
+from forkd.base.atomic import write_bytes  # noqa: E402
+from tests.chaos.harness import Chaos, Config, Report, run  # noqa: E402
 from tests.chaos.invariants import CATEGORIES  # noqa: E402
+from tests.chaos.rig import log  # noqa: E402
 
 REPLAYS_KEPT = 5  # failing rounds replayed at most (each needs a fresh home: minutes)
 
@@ -41,20 +47,25 @@ def totals(reports: list[Report]) -> dict:
     kills = [r for rep in reports for r in rep.kills()]
     rec = sorted(r.recover_s for r in kills if r.recover_s is not None)
     pct = (statistics.median(rec), rec[min(len(rec) - 1, int(0.9 * len(rec)))]) if rec else None
+    ups = sorted(r.daemon_up_s for r in kills if r.daemon_up_s is not None)
     return {"seeds": [rep.seed for rep in reports], "kills": len(kills), "survived": sum(r.survived for r in kills),
             "cli_killed": sum(len(r.killed_cli) for r in kills),
             "never_recovered": sum(r.recover_s is None for r in kills),
             "recover_p50_s": pct and round(pct[0], 2), "recover_p90_s": pct and round(pct[1], 2),
+            "daemon_up_p50_s": round(statistics.median(ups), 2) if ups else None,
+            "daemon_up_max_s": round(ups[-1], 2) if ups else None,
             "leaked_qemu": sorted(p for rep in reports for p in rep.leaked_qemu)}
 
 
-def markdown(day: str, t: dict, fails: list, replays: dict, cmdline: str) -> str:
+def markdown(day: str, t: dict, fails: list, replays: dict, cmdline: str, progress: str = "complete") -> str:
     lines = [f"# Crash harness over {len(t['seeds'])} seeds, {day}", "", f"Command: `{cmdline}`", "",
+             f"Status: {progress}", "",
              f"- seeds: {', '.join(map(str, t['seeds']))}",
              f"- daemon kills: {t['kills']}, survived with every invariant holding: {t['survived']}",
              f"- CLI processes killed with them: {t['cli_killed']}",
              f"- time to recover (daemon restart -> every pool at target): p50 {t['recover_p50_s']} s, "
              f"p90 {t['recover_p90_s']} s; rounds that never recovered: {t['never_recovered']}",
+             f"- restarted daemon answering: p50 {t['daemon_up_p50_s']} s, max {t['daemon_up_max_s']} s",
              f"- QEMU processes left at the end (leaks): {t['leaked_qemu'] or 'none'}", "", "## Violations", ""]
     if not fails:
         lines.append("None.")
@@ -64,6 +75,77 @@ def markdown(day: str, t: dict, fails: list, replays: dict, cmdline: str) -> str
         lines.append(f"- seed {seed} round {n} ({told}; replay: `python -m tests.chaos --seed {seed} --round {n}`)")
         lines += [f"    - {v[:400]}" for v in vs]
     return "\n".join(lines) + "\n"
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: the seed in progress is torn down (its home removed) and the report says so. Not an
+    Exception: the harness's and forkd's `except Exception` (a check that records what failed) must not swallow it."""
+
+
+def _stop(signum, _frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+class Run:
+    """The seeds run so far and the dated report, rewritten after every round: a run stopped at any point leaves
+    a report of every kill it completed."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.reports: list[Report] = []  # finished seeds, then the one in progress
+        self.errors: list[str] = []  # seeds that could not run to the end (setup failed, stopped)
+        self.replays: dict[str, bool] = {}
+        self.started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        self.day = time.strftime("%Y-%m-%d", time.gmtime())
+        self.cmdline = "python3 bench/chaos.py " + " ".join(sys.argv[1:])
+        self.name = f"chaos-{self.day}" + (f"-{args.label}" if args.label else "")
+
+    def progress(self, state: str) -> str:
+        done = sum(len(r.kills()) for r in self.reports)
+        planned = self.args.seeds * self.args.kills
+        now = time.strftime("%H:%M UTC", time.gmtime())
+        text = (f"{state}; started {self.started}, last written {now}; {done} of {planned} planned kills "
+                f"({self.args.seeds} seeds x {self.args.kills}) completed over {len(self.reports)} seeds")
+        return text + "".join(f"; {e}" for e in self.errors)
+
+    def write(self, state: str) -> str:
+        t = totals(self.reports)
+        fails = failing(self.reports)
+        text = markdown(self.day, t, fails, self.replays, self.cmdline, self.progress(state))
+        out = self.args.out
+        out.mkdir(parents=True, exist_ok=True)
+        write_bytes(out / f"{self.name}.md", text.encode(), durable=False)
+        write_bytes(out / f"{self.name}.json", (json.dumps(
+            {"date": self.day, "command": self.cmdline, "status": self.progress(state), **t,
+             "replays": self.replays,
+             "violations": [{"seed": s, "round": n, "violations": vs} for s, n, vs in fails]},
+            indent=2) + "\n").encode(), durable=False)
+        return text
+
+    def seed(self, seed: int) -> None:
+        cfg = Config(kills=self.args.kills, seed=seed, max_load=self.args.max_load, image_from=self.args.image_from,
+                     on_round=lambda _rep: self.write("in progress"))
+        chaos = Chaos(cfg)
+        self.reports.append(chaos.report)
+        try:
+            chaos.run()
+        except Stopped as exc:
+            self.errors.append(f"stopped by {exc} during seed {seed}")
+            raise
+        except Exception as exc:  # noqa: BLE001 - one seed that cannot set up must not lose the others
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            self.errors.append(f"seed {seed} ended early after {len(chaos.report.kills())} kills: {first[:300]}")
+        finally:
+            chaos.close()
+            log(chaos.report.summary())
+        self.write("in progress")
+
+    def replay(self) -> None:
+        for seed, n, _ in failing(self.reports)[:REPLAYS_KEPT]:
+            again = run(Config(kills=n, seed=seed, max_load=self.args.max_load, image_from=self.args.image_from,
+                               rounds=(n,)))
+            self.replays[f"{seed}:{n}"] = any(not r.survived for r in again.kills())
+            self.write("replaying failing rounds")
 
 
 def main() -> int:
@@ -76,26 +158,23 @@ def main() -> int:
                     help="copy the guest image from this home instead of building one")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "reports",
                     help="directory of the dated report")
+    ap.add_argument("--label", default="", help="report name suffix: <out>/chaos-<UTC date>[-LABEL].md")
     args = ap.parse_args()
-    reports = []
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
-        reports.append(run(Config(kills=args.kills, seed=seed, max_load=args.max_load, image_from=args.image_from)))
-    fails = failing(reports)
-    replays = {}
-    for seed, n, _ in fails[:REPLAYS_KEPT]:
-        again = run(Config(kills=n, seed=seed, max_load=args.max_load, image_from=args.image_from, rounds=(n,)))
-        replays[f"{seed}:{n}"] = any(not r.survived for r in again.kills())
-    t = totals(reports)
-    day = time.strftime("%Y-%m-%d", time.gmtime())
-    args.out.mkdir(parents=True, exist_ok=True)
-    cmdline = "python3 bench/chaos.py " + " ".join(sys.argv[1:])
-    text = markdown(day, t, fails, replays, cmdline)
-    (args.out / f"chaos-{day}.md").write_text(text)
-    (args.out / f"chaos-{day}.json").write_text(json.dumps(
-        {"date": day, "command": cmdline, **t, "replays": replays,
-         "violations": [{"seed": s, "round": n, "violations": vs} for s, n, vs in fails]}, indent=2) + "\n")
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    job = Run(args)
+    job.write("starting")
+    try:
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            job.seed(seed)
+        job.replay()
+    except Stopped:
+        print(job.write("stopped early"))
+        return 2
+    text = job.write("complete" if not job.errors else "complete, with seeds that ended early")
     print(text)
-    return 1 if fails or t["leaked_qemu"] else 0
+    t = totals(job.reports)
+    return 1 if failing(job.reports) or t["leaked_qemu"] or job.errors else 0
 
 
 if __name__ == "__main__":

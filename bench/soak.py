@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Soak benchmark: a pool under steady churn for N minutes, watched for leaks.
 
-    python3 bench/soak.py [--minutes 10] [--interval 60] [--image-from HOME] [-o json]
+    python3 bench/soak.py [--minutes 10] [--interval 60] [--image-from HOME] [--no-faults] [-o json]
+    python3 bench/soak.py --minutes 60 --label hour   # the one-hour soak, faults interleaved, dated report
     python3 bench/soak.py --short          # CI: 1 minute, a sample every 10 s
 
 A daemon (`forkd serve`) on a private $FORKD_HOME (the guest image copied from --image-from) runs a pool of 2 warm
@@ -13,6 +14,15 @@ processes of this home without a live record). Each series must stay flat: the s
 least-squares slope per minute over the whole run and over its second half (growth that saturates, such as a
 flat image's holes being filled once, is not a leak), and FLAT or GROWING.
 
+Faults (tests/faults/inject.py), one every --fault-every cycles in turn, each checked against its promise and
+counted held or broken in the report: a claimed child's VMM stopped (SIGSTOP) and then killed; the tmpfs of flat
+images (FORKD_SHM on a size-limited tmpfs this script mounts: root only, else that fault is left out) filled while
+a spawn needs it; and with --kill-daemon, the daemon kill -9'd and restarted (off by default: a new daemon's RSS
+and fds start afresh, which breaks those two series; tests/chaos and bench/chaos.py kill it hundreds of times).
+
+The report, `<out>/soak-<UTC date>[-LABEL].md` (and `.json`; none with --short), is rewritten at every sample,
+with a status line (in progress, complete, stopped early), so a run stopped early still leaves one.
+
 Left out: the first sample is taken after the pool is full and one warm-up cycle ran (start-up allocations are
 not a leak); the client's own memory; children other than the pool's.
 """
@@ -20,8 +30,10 @@ not a leak); the client's own memory; children other than the pool's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -36,6 +48,8 @@ from forkd.core.requests import Branch  # noqa: E402
 from forkd.core.runtime import Runtime  # noqa: E402
 from tests.chaos.invariants import home_qemu_pids  # noqa: E402
 from tests.chaos.rig import SPEC, Rig  # noqa: E402
+from tests.faults import inject  # noqa: E402
+from tests.faults.mounts import small_tmpfs  # noqa: E402
 
 SERIES = ("rss_mib", "fds", "tmpfs_mib", "leftovers")
 
@@ -120,30 +134,80 @@ def wait_warm(rig: Rig, timeout: float = 900.0) -> None:
     raise SystemExit(f"the pool never filled: {rig.daemon_log_tail()}")
 
 
-def soak(rig: Rig, minutes: float, interval: float) -> dict:
+class Faults:
+    """The fault injections, one every `every` cycles in turn; their outcomes."""
+
+    def __init__(self, rig: Rig, rt: Runtime, api: RemoteBackend, pool: str, every: int, shm: Path | None,
+                 kill_daemon: bool):
+        self.rig, self.rt, self.api, self.pool, self.every = rig, rt, api, pool, every
+        self.kinds = ["hung_vmm"] + (["tmpfs_full"] if shm is not None else []) + \
+            (["daemon_kill"] if kill_daemon else [])
+        self.shm = shm
+        self.outcomes: list[inject.Outcome] = []
+
+    def maybe(self, cycle: int) -> None:
+        if not self.every or cycle % self.every != self.every - 1:
+            return
+        kind = self.kinds[len(self.outcomes) % len(self.kinds)]
+        try:
+            if kind == "hung_vmm":
+                out = inject.hung_vmm(self.api, self.rt, self.pool)
+            elif kind == "tmpfs_full":
+                out = inject.tmpfs_full(self.api, self.rt, self.pool, self.shm, cycle)
+            else:
+                out = inject.daemon_kill(self.api, self.rig, self.pool, wait_warm)
+        except Exception as exc:  # noqa: BLE001 - a fault that could not even be set up is a broken promise too
+            out = inject.Outcome(kind, [f"{type(exc).__name__}: {exc}"])
+        self.outcomes.append(out)
+        log(f"fault {kind}: {'held' if out.held else 'BROKEN: ' + '; '.join(out.broken)} ({out.seconds:.1f} s)")
+        wait_warm(self.rig)  # the pool refills behind the children the fault claimed
+
+    def summary(self) -> dict:
+        out: dict = {}
+        for o in self.outcomes:
+            d = out.setdefault(o.fault, {"injected": 0, "held": 0, "broken": []})
+            d["injected"] += 1
+            d["held"] += o.held
+            d["broken"] += o.broken
+        return out
+
+
+def soak(rig: Rig, minutes: float, interval: float, faults_every: int, shm: Path | None, kill_daemon: bool,
+         report=None) -> dict:
+    """The churn (and faults) for `minutes`; `report(result)` is called at every sample with the result so far."""
     rig.start_daemon()
     res = rig.apply(SPEC.format(warm=2, max_children=6))
     if res.returncode != 0:
         raise SystemExit(f"forkd apply failed: {res.stderr}")
     wait_warm(rig)
     rt = Runtime(Layout(rig.home))
-    churn = Churn(RemoteBackend(str(rt.layout.daemon_socket)), "cx-a")
+    api = RemoteBackend(str(rt.layout.daemon_socket))
+    churn = Churn(api, "cx-a")
+    faults = Faults(rig, rt, api, "cx-a", faults_every, shm, kill_daemon)
     churn.cycle()  # warm-up, not sampled
     samples = [sample(rig, rt)]
     end = time.monotonic() + minutes * 60
     next_at = time.monotonic() + interval
     while time.monotonic() < end:
         churn.cycle()
+        faults.maybe(churn.cycles)
         if time.monotonic() >= next_at:
             samples.append(sample(rig, rt))
             log(f"sample {len(samples)}: " + ", ".join(f"{k} {samples[-1][k]:.1f}" for k in SERIES))
             next_at += interval
+            if report is not None:
+                report(result(churn, faults, samples, interval))
     samples.append(sample(rig, rt))
+    return result(churn, faults, samples, interval)
+
+
+def result(churn: Churn, faults: Faults, samples: list[dict], interval: float) -> dict:
     t0 = samples[0]["t_min"]
     xs = [s["t_min"] - t0 for s in samples]
     out = {"minutes": xs[-1], "interval_s": interval, "cycles": churn.cycles, "branches": churn.branches,
            "failures": churn.failures, "cycle_ms_p50": statistics.median(churn.latency_ms),
-           "samples": samples, "slopes_per_min": {k: slope(xs, [s[k] for s in samples]) for k in SERIES}}
+           "faults": faults.summary(), "samples": samples,
+           "slopes_per_min": {k: slope(xs, [s[k] for s in samples]) for k in SERIES}}
     half = len(samples) // 2  # the second half alone: growth that saturates (a cache filling) is not a leak
     out["late_slopes_per_min"] = {k: slope(xs[half:], [s[k] for s in samples[half:]]) for k in SERIES}
     out["change"] = {k: samples[-1][k] - samples[0][k] for k in SERIES}
@@ -160,6 +224,48 @@ def verdict(res: dict, key: str) -> str:
     return "FLAT" if grew <= max(0.05 * first, {"rss_mib": 8.0, "fds": 3, "tmpfs_mib": 4.0}[key]) else "GROWING"
 
 
+def text(res: dict) -> str:
+    lines = [f"forkd soak: {res['minutes']:.1f} min of churn on a pool of 2 warm 256 MiB children (TCG, 2 cores): "
+             f"{res['cycles']} claim/exec/release cycles ({res['branches']} with a live branch), "
+             f"{res['failures']} failed; cycle p50 {res['cycle_ms_p50']:.0f} ms; {len(res['samples'])} samples"]
+    for k in SERIES:
+        s = res["samples"]
+        lines.append(f"  {k:10s} first {s[0][k]:7.1f}  last {s[-1][k]:7.1f}  slope {res['slopes_per_min'][k]:+7.2f}/min"
+                     f"  second half {res['late_slopes_per_min'][k]:+7.2f}/min  {verdict(res, k)}")
+    for kind, f in sorted(res["faults"].items()):
+        lines.append(f"  fault {kind:11s} injected {f['injected']}, promise held {f['held']}")
+        lines += [f"      broken: {b[:300]}" for b in f["broken"]]
+    if res.get("leaked_qemu_at_end"):
+        lines.append(f"  QEMU processes left at the end (killed): {res['leaked_qemu_at_end']}")
+    return "\n".join(lines)
+
+
+class Report:
+    """The dated report, rewritten at every sample: `<out>/soak-<UTC date>[-LABEL].md` and `.json`."""
+
+    def __init__(self, out: Path, label: str):
+        self.day = time.strftime("%Y-%m-%d", time.gmtime())
+        self.started = time.strftime("%H:%M UTC", time.gmtime())
+        self.path = out / (f"soak-{self.day}" + (f"-{label}" if label else ""))
+        self.cmdline = "python3 bench/soak.py " + " ".join(sys.argv[1:])
+        out.mkdir(parents=True, exist_ok=True)
+
+    def write(self, res: dict, status: str) -> None:
+        from forkd.base.atomic import write_bytes
+
+        now = time.strftime("%H:%M UTC", time.gmtime())
+        head = (f"# Soak under churn with faults, {self.day}\n\nCommand: `{self.cmdline}`\n\nStatus: {status}; "
+                f"started {self.started}, last written {now}\n\n```\n")
+        write_bytes(self.path.with_suffix(".md"), (head + text(res) + "\n```\n").encode(), durable=False)
+        write_bytes(self.path.with_suffix(".json"), (json.dumps(
+            {"date": self.day, "command": self.cmdline, "status": status, **res}, indent=2) + "\n").encode(),
+            durable=False)
+
+
+def _stop(signum, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10.0)
@@ -167,29 +273,50 @@ def main() -> int:
     ap.add_argument("--short", action="store_true", help="1 minute, a sample every 10 s (CI)")
     ap.add_argument("--image-from", type=Path, default=settings().home,
                     help="copy the guest image from this home (default: $FORKD_HOME)")
+    ap.add_argument("--no-faults", action="store_true", help="churn only, no fault injected")
+    ap.add_argument("--fault-every", type=int, default=6, help="cycles between two faults")
+    ap.add_argument("--kill-daemon", action="store_true", help="kill -9 and restart the daemon among the faults")
+    ap.add_argument("--shm-mib", type=int, default=2048, help="size of the tmpfs of flat images (tmpfs fault)")
+    ap.add_argument("--out", type=Path, help="directory of the dated report (default: bench/reports; none with "
+                                             "--short unless given)")
+    ap.add_argument("--label", default="", help="report name suffix: <out>/soak-<UTC date>[-LABEL].md")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
     if args.short:
         args.minutes, args.interval = 1.0, 10.0
-    rig = Rig.create(image_from=args.image_from)
-    try:
-        res = soak(rig, args.minutes, args.interval)
-    finally:
-        leaked = rig.destroy()
+    signal.signal(signal.SIGTERM, _stop)
+    out = args.out or (None if args.short else Path(__file__).resolve().parent / "reports")
+    report = Report(out, args.label) if out is not None else None
+    every = 0 if args.no_faults else args.fault_every
+    with contextlib.ExitStack() as stack:
+        shm = None
+        if every and os.geteuid() == 0:
+            shm = stack.enter_context(small_tmpfs(args.shm_mib))
+            os.environ["FORKD_SHM"] = str(shm)  # the rig's daemon and CLI inherit it
+        rig = Rig.create(image_from=args.image_from)
+        last: dict = {}
+
+        def keep(res: dict) -> None:
+            last.update(res)
+            if report is not None:
+                report.write(res, "in progress")
+
+        status = "complete"
+        try:
+            res = soak(rig, args.minutes, args.interval, every, shm, args.kill_daemon, keep)
+        except KeyboardInterrupt:
+            res, status = last, "stopped early"
+        finally:
+            leaked = rig.destroy()
+    if not res:
+        print("stopped before the first sample: no report", file=sys.stderr)
+        return 2
     res["leaked_qemu_at_end"] = leaked
-    if args.output == "json":
-        print(json.dumps(res, indent=2))
-        return 0
-    print(f"forkd soak: {res['minutes']:.1f} min of churn on a pool of 2 warm 256 MiB children (TCG, 2 cores): "
-          f"{res['cycles']} claim/exec/release cycles ({res['branches']} with a live branch), "
-          f"{res['failures']} failed; cycle p50 {res['cycle_ms_p50']:.0f} ms; {len(res['samples'])} samples")
-    for k in SERIES:
-        s = res["samples"]
-        print(f"  {k:10s} first {s[0][k]:7.1f}  last {s[-1][k]:7.1f}  slope {res['slopes_per_min'][k]:+7.2f}/min"
-              f"  second half {res['late_slopes_per_min'][k]:+7.2f}/min  {verdict(res, k)}")
-    if leaked:
-        print(f"  QEMU processes left at the end (killed): {leaked}")
-    return 0
+    if report is not None:
+        report.write(res, status)
+    print(json.dumps(res, indent=2) if args.output == "json" else text(res))
+    broken = any(f["broken"] for f in res["faults"].values())
+    return 2 if status != "complete" else 1 if broken or leaked else 0
 
 
 if __name__ == "__main__":

@@ -36,13 +36,12 @@ def stamp(rt: Any, ids: list[str], seconds: float | None, labels: dict[str, str]
     """Give children their lifetime (`seconds` from now; None: no expiry) and labels; returns the new records.
     The end is kept twice: `expires_at` on the wall clock (shown), `expires_boot` on CLOCK_BOOTTIME (compared:
     forkd.base.clock), so a stepped clock neither shortens nor stretches a lifetime."""
-    now, boot = clock.wall(), clock.elapsed()
+    end, boot_end = clock.deadline(seconds or None)
     out = []
     with rt.registry.locked():
         for cid in ids:
             rec = rt.registry.get(cid)
-            changes: dict[str, Any] = {"expires_at": now + seconds if seconds else None,
-                                       "expires_boot": boot + seconds if seconds else None}
+            changes: dict[str, Any] = {"expires_at": end, "expires_boot": boot_end}
             if labels:
                 changes["labels"] = {**(rec.labels or {}), **labels}
             out.append(rt.registry.save(rec.with_(**changes)))
@@ -80,10 +79,8 @@ def matches(labels: dict[str, str] | None, selector: list[tuple[str, str | None]
 
 def expired(rec: Any, now: float, boot: float) -> bool:
     """Whether a child's lifetime is over: by its CLOCK_BOOTTIME end when it has one (`boot` is that clock now),
-    else (a record of an older forkd, or a claim's end) by the wall clock (`now`)."""
-    if rec.expires_boot is not None:
-        return rec.expires_boot <= boot
-    return rec.expires_at is not None and rec.expires_at <= now
+    else (a record of an older forkd) by the wall clock (`now`)."""
+    return clock.ended(rec.expires_at, rec.expires_boot, now, boot)
 
 
 def _expired(rt: Any, now: float, boot: float) -> list:

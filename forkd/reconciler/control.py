@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from forkd.base import clock
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.names import check_tag
 from forkd.base.settings import settings
@@ -244,7 +245,7 @@ class Control:
     def _check_room(self, pool: str, cap: int, n: int, warm_taken: int) -> None:
         """Refuse forking `n - warm_taken` on the spot when the pool's maxChildren has no room for them (the
         `warm_taken` just claimed already count)."""
-        room = pool_room(observe.child_states(self.rt, pool), cap, time.time())
+        room = pool_room(observe.child_states(self.rt, pool), cap, clock.wall())
         if n - warm_taken > room:
             raise Conflict(f"pool {pool!r}: a claim of {n} needs {n - warm_taken} more children than are warm, "
                            f"and its maxChildren ({cap}) leaves room for {room}",

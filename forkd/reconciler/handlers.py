@@ -7,12 +7,12 @@ TerminalError (the same spec would be refused again); any other failure is retri
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from forkd.base import clock
 from forkd.base.errors import InvalidInput, TerminalError
 from forkd.core.requests import Compaction
 from forkd.reconciler import observe
@@ -107,7 +107,7 @@ def spawn(ctx: Context, a: SpawnChildren) -> str:
     forking on the spot meanwhile is counted (forkd.reconciler.poollocks)."""
     pool = qualify(ctx.objects.get("ForkPool", a.pool).obj)  # its children's pool: the qualified name
     with pool_lock(pool.metadata.name):
-        room = pool_room(observe.child_states(ctx.rt, pool.metadata.name), pool.spec.maxChildren, time.time())
+        room = pool_room(observe.child_states(ctx.rt, pool.metadata.name), pool.spec.maxChildren, clock.wall())
         if min(a.count, room) <= 0:
             return ""
         recs = ctx.rt.fork(_request(pool.to_request, a.tag, min(a.count, room)))
@@ -116,21 +116,21 @@ def spawn(ctx: Context, a: SpawnChildren) -> str:
     return f"spawned {len(recs)} children of {a.tag}"
 
 
-def still_retirable(rec: ChildRecord, reason: str, now: float) -> bool:
+def still_retirable(rec: ChildRecord, reason: str, now: float, boot: float) -> bool:
     """Does the child, as its record is now, still qualify for the retirement plan() decided on an older view?
-    A dead one stays dead; an expired claim stays expired; an idle one (scale-down, rollout, orphaned) must not
-    have been claimed since."""
+    A dead one stays dead; an expired claim stays expired (by its CLOCK_BOOTTIME end: `boot` is that clock at
+    `now`); an idle one (scale-down, rollout, orphaned) must not have been claimed since."""
     if reason in ("dead", "oom-killed"):
         return rec.status in GONE
     if reason == "expired":
-        return rec.claimed and rec.expires_at is not None and rec.expires_at <= now
+        return rec.claimed and clock.ended(rec.expires_at, rec.expires_boot, now, boot)
     return not rec.claimed
 
 
 def retire(ctx: Context, a: RetireChild) -> str:
     """Retire the child if it still qualifies (checked and marked under the registry lock, see Runtime.retire):
     never a child claimed meanwhile, nor one another operation is creating or stopping; otherwise no event."""
-    if not ctx.rt.retire(a.child, lambda rec: still_retirable(rec, a.reason, time.time())):
+    if not ctx.rt.retire(a.child, lambda rec: still_retirable(rec, a.reason, clock.wall(), clock.elapsed())):
         return ""
     return f"retired child {a.child} ({a.reason})"
 
@@ -150,11 +150,11 @@ def claim(ctx: Context, a: ClaimChildren) -> str:
     else:
         pool = qualify(ctx.objects.get("ForkPool", a.pool).obj)
         recs = ctx.rt.fork(_request(pool.to_request, a.from_tag, a.count).model_copy(update={"pool": None}))
-    now = time.time()
-    ends = a.shutdown_at if a.shutdown_at is not None else now + a.ttl if a.ttl is not None else None
-    recs = ctx.rt.handles.mark_claimed([r.id for r in recs], now, ends)
+    now = clock.wall()
+    ends, ends_boot = clock.until(a.shutdown_at) if a.shutdown_at is not None else clock.deadline(a.ttl)
+    recs = ctx.rt.handles.mark_claimed([r.id for r in recs], now, ends, ends_boot)
     ctx.objects.put_claim(ClaimRecord(a.claim, tuple(r.id for r in recs), now, ends,
-                                      obj.metadata.creationTimestamp or ""))
+                                      obj.metadata.creationTimestamp or "", ends_boot))
     return f"claimed {', '.join(r.id for r in recs)} from {a.from_tag or 'pool ' + a.pool}"
 
 

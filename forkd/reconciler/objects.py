@@ -150,14 +150,14 @@ class ObjectStore:
     def put_claim(self, rec: ClaimRecord) -> None:
         write_json(self._claims_dir() / f"{rec.name}.json",
                    {"name": rec.name, "children": list(rec.children), "claimed_at": rec.claimed_at,
-                    "expires_at": rec.expires_at, "uid": rec.uid})
+                    "expires_at": rec.expires_at, "expires_boot": rec.expires_boot, "uid": rec.uid})
 
     def claims(self) -> list[ClaimRecord]:
         out = []
         for p in sorted(self._claims_dir().glob("*.json")):
             raw = json.loads(p.read_text())
             out.append(ClaimRecord(raw["name"], tuple(raw["children"]), raw["claimed_at"], raw.get("expires_at"),
-                                   raw.get("uid", "")))
+                                   raw.get("uid", ""), raw.get("expires_boot")))
         return out
 
     def forget_claim(self, name: str) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from typing import TYPE_CHECKING
 
+from forkd.base import clock
 from forkd.reconciler.objects import ObjectStore
-from forkd.reconciler.state import Actual, ChildState, Desired, Failure, SnapshotState
+from forkd.reconciler.state import Actual, ChildState, ClaimRecord, Desired, Failure, SnapshotState
 from forkd.store.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -50,18 +51,28 @@ def actual_snapshots(rt: Runtime) -> list[SnapshotState]:
     return out
 
 
-def child_states(rt: Runtime, pool: str | None = None) -> list[ChildState]:
-    """Every child as the planner sees it (or those of one pool)."""
+def child_states(rt: Runtime, pool: str | None = None, now: float | None = None,
+                 boot: float | None = None) -> list[ChildState]:
+    """Every child as the planner sees it (or those of one pool). A claim's end is projected from its
+    CLOCK_BOOTTIME deadline onto the time of day as it reads `now` (forkd.base.clock.project), so plan() compares
+    it with `now` and a stepped clock moves neither."""
+    now, boot = (clock.wall(), clock.elapsed()) if now is None or boot is None else (now, boot)
     return [ChildState(id=r.id, snapshot=r.snapshot, pool=r.pool, status=r.status, claimed=r.claimed,
-                       claimed_at=r.claimed_at, expires_at=r.expires_at, created_at=r.created_at,
-                       agent_socket=str(r.agent_socket))
+                       claimed_at=r.claimed_at, expires_at=clock.project(r.expires_at, r.expires_boot, now, boot),
+                       created_at=r.created_at, agent_socket=str(r.agent_socket))
             for r in rt.children() if pool is None or r.pool == pool]
+
+
+def claim_records(objects: ObjectStore, now: float, boot: float) -> tuple[ClaimRecord, ...]:
+    """The ForkClaims' records, their ends projected onto the time of day as it reads `now` (as child_states)."""
+    return tuple(dataclasses.replace(r, expires_at=clock.project(r.expires_at, r.expires_boot, now, boot))
+                 for r in objects.claims())
 
 
 def actual(rt: Runtime, failures: tuple[Failure, ...] = (), in_flight: frozenset[str] = frozenset(),
            spawn_p50_ms: tuple[tuple[str, float], ...] = (), objects: ObjectStore | None = None) -> Actual:
-    now = time.time()
+    now, boot = clock.wall(), clock.elapsed()
     snaps = actual_snapshots(rt)
-    return Actual(snapshots=tuple(snaps), children=tuple(child_states(rt)), failures=failures, now=now,
-                  in_flight=in_flight, spawn_p50_ms=spawn_p50_ms,
-                  claims=tuple(objects.claims()) if objects is not None else ())
+    return Actual(snapshots=tuple(snaps), children=tuple(child_states(rt, None, now, boot)), failures=failures,
+                  now=now, in_flight=in_flight, spawn_p50_ms=spawn_p50_ms,
+                  claims=claim_records(objects, now, boot) if objects is not None else ())

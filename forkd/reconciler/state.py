@@ -30,7 +30,7 @@ class ChildState:
     status: str  # starting | running | dead | failed
     claimed: bool = False
     claimed_at: float | None = None
-    expires_at: float | None = None  # claimed children: when their ttl ends
+    expires_at: float | None = None  # claimed children: when their ttl ends, on the time of day as observed
     created_at: float = 0.0
     agent_socket: str | None = None  # how to reach it on this node (a ForkClaim's status lists it)
 
@@ -45,6 +45,7 @@ class ClaimRecord:
     claimed_at: float
     expires_at: float | None = None
     uid: str = ""  # the claim's metadata.creationTimestamp: a claim deleted and made again is another claim
+    expires_boot: float | None = None  # the same end on CLOCK_BOOTTIME (forkd.base.clock): what is compared
 
 
 @dataclass(frozen=True)

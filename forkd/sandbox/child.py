@@ -90,12 +90,14 @@ class Children:
             first = False
             time.sleep(0.05)
 
-    def mark_claimed(self, ids: list[str], at: float, ends: float | None) -> list[ChildRecord]:
-        """Record a claim on each child's own record (at, unless already claimed; its end), from its current
-        content; children gone meanwhile are left out."""
+    def mark_claimed(self, ids: list[str], at: float, ends: float | None,
+                     ends_boot: float | None = None) -> list[ChildRecord]:
+        """Record a claim on each child's own record (at, unless already claimed; its end on the time of day and on
+        CLOCK_BOOTTIME: forkd.base.clock), from its current content; children gone meanwhile are left out."""
         out = []
         for cid in ids:
-            rec = self.registry.update(cid, lambda r: r.with_(claimed_at=r.claimed_at or at, expires_at=ends))
+            rec = self.registry.update(cid, lambda r: r.with_(claimed_at=r.claimed_at or at, expires_at=ends,
+                                                              expires_boot=ends_boot))
             if rec is not None:
                 out.append(rec)
         return out

@@ -4,8 +4,10 @@ A claim of n warm children is one `write(2)` of one line to `children/.claims.lo
 record rewrites: replacing a file by rename costs a data flush on ext4 (auto_da_alloc), ~15 ms each under load,
 where an append costs well under a millisecond. Lines are JSON:
 
-    {"c": ["c0123456789", ...], "at": 1796000000.0, "exp": 1796000600.0}   claimed at `at`, until `exp` (null: no ttl)
-    {"u": ["c0123456789", ...]}                                              given back (idle again)
+    {"c": ["c0123456789", ...], "at": 1796000000.0, "exp": 1796000600.0, "eb": 12600.0}
+                                    claimed at `at`, until `exp` (null: no ttl); `eb`: the same end on
+                                    CLOCK_BOOTTIME (forkd.base.clock), what is compared (absent in older logs)
+    {"u": ["c0123456789", ...]}     given back (idle again)
 
 Readers (every process that lists children) keep their offset and parse only what was appended since; a line
 is read once it ends with a newline, so a half-written one is never seen. A writer that died mid-line leaves a
@@ -18,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkd.base import clock
 from forkd.base.atomic import write_bytes
 from forkd.base.errors import ForkdError
 
@@ -34,15 +36,17 @@ TAIL_BYTES = 1 << 20  # a torn tail is looked for in this much of the end (a lin
 
 @dataclass(frozen=True)
 class Claim:
-    """A hand-out of children: when, and when the claim's ttl ends (None: never)."""
+    """A hand-out of children: when, and when the claim's ttl ends (None: never) on the time of day (shown) and on
+    CLOCK_BOOTTIME (compared: a stepped clock neither shortens nor stretches a ttl)."""
 
     at: float
     expires_at: float | None = None
+    expires_boot: float | None = None
 
     @classmethod
     def now(cls, ttl_seconds: float | None = None) -> Claim:
-        t = time.time()
-        return cls(t, t + ttl_seconds if ttl_seconds else None)
+        t, boot = clock.wall(), clock.elapsed()
+        return cls(t, t + ttl_seconds, boot + ttl_seconds) if ttl_seconds else cls(t)
 
 
 class ClaimsLog:
@@ -111,13 +115,17 @@ class ClaimsLog:
 
     def compact(self, live: set[str]) -> None:
         """Rewrite the log with the claims of `live` children only, one line per claim time (under the lock)."""
-        groups: dict[tuple[float, float | None], list[str]] = {}
+        groups: dict[Claim, list[str]] = {}
         for cid, c in self.table().items():
             if cid in live:
-                groups.setdefault((c.at, c.expires_at), []).append(cid)
-        text = "".join(json.dumps({"c": ids, "at": at, "exp": exp}, separators=(",", ":")) + "\n"
-                       for (at, exp), ids in groups.items())
+                groups.setdefault(c, []).append(cid)
+        text = "".join(json.dumps(line(ids, c), separators=(",", ":")) + "\n" for c, ids in groups.items())
         write_bytes(self.path, text.encode(), mode=0o600, durable=False)
+
+
+def line(ids: list[str], claim: Claim) -> dict:
+    """The log line of a claim of `ids`."""
+    return {"c": ids, "at": claim.at, "exp": claim.expires_at, "eb": claim.expires_boot}
 
 
 def apply_line(table: dict[str, Claim], entry: dict) -> None:
@@ -126,8 +134,8 @@ def apply_line(table: dict[str, Claim], entry: dict) -> None:
         for cid in entry["u"]:
             table.pop(str(cid), None)
         return
-    exp = entry["exp"]
-    claim = Claim(float(entry["at"]), None if exp is None else float(exp))
+    exp, eb = entry["exp"], entry.get("eb")
+    claim = Claim(float(entry["at"]), None if exp is None else float(exp), None if eb is None else float(eb))
     for cid in entry["c"]:
         if not isinstance(cid, str):
             raise TypeError(f"child id {cid!r} is not a string")

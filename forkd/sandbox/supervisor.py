@@ -106,7 +106,8 @@ class Supervisor:
             netns=netns.netns_name(cid) if machine.network != "none" or settings().vmm_jail else None,
             cgroup=planned_cg,
             memory_limit_mib=memory_limit_mib, runas=runas_identity(cid) if runas else None,
-            claimed_at=claim.at if claim else None, expires_at=claim.expires_at if claim else None))
+            claimed_at=claim.at if claim else None, expires_at=claim.expires_at if claim else None,
+            expires_boot=claim.expires_boot if claim else None))
         return rec.with_(dir=str(self.registry.path(rec.id)))
 
     def _constrain(self, rec: ChildRecord, home: str, hier: cgroups.Hierarchy | None, memory_limit_mib: int | None,

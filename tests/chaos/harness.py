@@ -14,6 +14,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +36,11 @@ class Config:
     workers: int = 2
     isolated: bool = True  # also a pool of isolated, memory-limited children (netns, veth, tap, cgroup)
     recover_timeout: float = 240.0
+    start_timeout: float = 240.0  # a restarted daemon must answer within this (a niced run on a loaded host is slow)
     home: Path | None = None
     image_from: Path | None = None
     rounds: tuple[int, ...] = ()  # run only these rounds (a replay: each round's schedule depends on seed and n)
+    on_round: Callable[[Report], None] | None = None  # called after every round with the report so far
 
 
 @dataclass
@@ -123,6 +126,8 @@ class Chaos:
             for cat, vs in r.violations.items():
                 for v in vs:
                     log(f"  round {n} {cat}: {v[:600]}")
+            if self.cfg.on_round is not None:
+                self.cfg.on_round(self.report)
         self.report.outcomes = self.state.outcomes
         self.report.errors = self.state.errors
         return self.report
@@ -132,7 +137,7 @@ class Chaos:
 
     def setup(self) -> None:
         log(f"home {self.rig.home}: starting the daemon, building the parents, filling the pools")
-        self.rig.start_daemon()
+        self.rig.start_daemon(self.cfg.start_timeout)
         res = self.rig.apply(spec_text(2, self.cfg.isolated))
         if res.returncode != 0:
             raise RuntimeError(f"forkd apply failed: {res.stderr[-2000:]}")
@@ -158,10 +163,17 @@ class Chaos:
         errors_before = len(self.state.errors)
         self.janitor()
         stop = threading.Event()
-        workers = [threading.Thread(target=self.load.run, args=(random.Random(f"{self.cfg.seed}:{n}:{w}"), stop))
-                   for w in range(self.cfg.workers)]
+        workers = [threading.Thread(target=self.load.run, args=(random.Random(f"{self.cfg.seed}:{n}:{w}"), stop),
+                                    daemon=True) for w in range(self.cfg.workers)]
         for t in workers:
             t.start()
+        try:
+            return self._kill_and_recover(n, rng, r, errors_before, workers, stop)
+        finally:
+            stop.set()  # also when interrupted (bench/chaos.py stopped early): no load thread outlives its round
+
+    def _kill_and_recover(self, n: int, rng: random.Random, r: Round, errors_before: int,
+                          workers: list[threading.Thread], stop: threading.Event) -> Round:
         time.sleep(r.load_s)
         self.rig.kill_daemon()
         for _pid, what, p in sorted(self.rig.in_flight(), key=lambda x: x[0]):
@@ -175,7 +187,7 @@ class Chaos:
             gap = threading.Thread(target=lambda: gap_res.append(self.load.layer(rng, "gap-layer")))
             gap.start()
             time.sleep(rng.uniform(0.5, 3.0))
-        r.daemon_up_s = self.rig.start_daemon()
+        r.daemon_up_s = self.rig.start_daemon(self.cfg.start_timeout)
         t_restart = time.monotonic() - r.daemon_up_s
         for t in workers + ([gap] if gap else []):
             t.join()

@@ -1,0 +1,49 @@
+"""bench/soak.py's report, from results made here (no VM): every fault counted with the promises it broke, a
+status line saying whether the run completed, the dated files rewritten in place."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from tests.faults.inject import Outcome
+
+spec = importlib.util.spec_from_file_location("bench_soak", Path(__file__).resolve().parents[2] / "bench/soak.py")
+soak = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(soak)
+
+
+class _Churn:
+    cycles, branches, failures, latency_ms = 12, 4, 0, [900.0, 1100.0]
+
+
+def _faults(outcomes: list[Outcome]):
+    f = soak.Faults.__new__(soak.Faults)
+    f.outcomes = outcomes
+    return f
+
+
+def test_the_soak_report_counts_each_fault_and_names_each_broken_promise(tmp_path):
+    samples = [{"t_min": float(i), "rss_mib": 80.0 + i, "fds": 10, "tmpfs_mib": 256.0, "leftovers": 0,
+                "children": 2} for i in range(4)]
+    outcomes = [Outcome("hung_vmm"), Outcome("tmpfs_full", ["the refused spawn does not name FORKD_SHM: x"]),
+                Outcome("hung_vmm")]
+    res = soak.result(_Churn(), _faults(outcomes), samples, 60.0)
+    assert res["faults"] == {"hung_vmm": {"injected": 2, "held": 2, "broken": []},
+                             "tmpfs_full": {"injected": 1, "held": 0,
+                                            "broken": ["the refused spawn does not name FORKD_SHM: x"]}}
+    report = soak.Report(tmp_path, "hour")
+    report.write(res, "stopped early")
+    text = (tmp_path / f"soak-{report.day}-hour.md").read_text()
+    assert "Status: stopped early;" in text
+    assert "fault hung_vmm    injected 2, promise held 2" in text
+    assert "broken: the refused spawn does not name FORKD_SHM: x" in text
+    data = json.loads((tmp_path / f"soak-{report.day}-hour.json").read_text())
+    assert data["status"] == "stopped early" and data["cycles"] == 12
+
+
+def test_the_faults_injected_are_those_the_host_and_flags_allow():
+    f = soak.Faults(rig=None, rt=None, api=None, pool="p", every=3, shm=Path("/x"), kill_daemon=False)
+    assert f.kinds == ["hung_vmm", "tmpfs_full"]
+    assert soak.Faults(None, None, None, "p", 3, None, True).kinds == ["hung_vmm", "daemon_kill"]
