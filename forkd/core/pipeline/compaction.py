@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from forkd.base.errors import NotFound
 from forkd.base.steps import Step
 from forkd.core.pipeline.job import Job, quiet
 from forkd.core.requests import Compaction
@@ -38,10 +39,20 @@ class CompactJob(Job):
         return [("compact", self.compact)]
 
     def compact(self) -> None:
+        """A source deleted meanwhile (`rmi` does not wait for readers) fails the compaction as NotFound."""
         req, rt, w = self.req, self.rt, self.writer
         self.progress(f"writing {req.from_tag}'s flat image as a base")
-        if self.head.has_disk:  # the chain's overlays as one, on the image's ext4
-            rt.driver.disks.flatten(rt.store.disk_path(req.from_tag), w.disk, rt.image(self.head.image_id).disk)
-        w.seal(memory=self.flat, memory_sha256=self.head.memory_sha256, vmstate=rt.store.vmstate_path(req.from_tag),
-               disk=w.disk if self.head.has_disk else None)
+        try:
+            if self.head.has_disk:  # the chain's overlays as one, on the image's ext4
+                rt.driver.disks.flatten(rt.store.disk_path(req.from_tag), w.disk, rt.image(self.head.image_id).disk)
+            w.seal(memory=self.flat, memory_sha256=self.head.memory_sha256,
+                   vmstate=rt.store.vmstate_path(req.from_tag), disk=w.disk if self.head.has_disk else None)
+        except FileNotFoundError as exc:
+            try:
+                rt.store.get(req.from_tag)
+            except NotFound:
+                raise NotFound(f"snapshot {req.from_tag!r} was deleted while it was being compacted "
+                               f"({exc.filename} went missing)", hint=f"{req.to_tag!r} is not made; compact again "
+                               "from a snapshot that exists") from exc
+            raise
 
