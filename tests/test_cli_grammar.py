@@ -94,6 +94,8 @@ def test_completion_never_fails_and_finds_nothing_in_an_empty_home(tmp_path, mon
     assert complete_children("") == []
 
 
-def test_completion_script_is_offered(tmp_path):
+def test_completion_script_is_offered(tmp_path, monkeypatch):
+    # typer finds the shell from the process tree (none under pytest here); its test switch takes it as a value
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     res = _forkd(tmp_path, "--show-completion", "bash")
     assert res.returncode == 0 and "complete" in res.stdout, res
