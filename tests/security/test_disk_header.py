@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not shutil.which("qemu-img"), reason="needs qemu
 
 
 def qemu_img(*argv: str) -> None:
-    subprocess.run(["qemu-img", *argv], check=True, capture_output=True)
+    res = subprocess.run(["qemu-img", *argv], capture_output=True, text=True)
+    assert res.returncode == 0, (argv, res.stderr)
 
 
 @pytest.fixture
@@ -43,14 +44,20 @@ def test_an_overlay_qemu_img_made_passes_by_absolute_and_relative_name(tmp_path,
     check_written(rel, raw_base)
 
 
-@pytest.mark.parametrize("attack,options,why", [
-    ("external data file", ("-o", "data_file={d}/stolen.raw"), "incompatible features 0x4"),
-    ("encryption", ("--object", "secret,id=s0,data=x", "-o", "encrypt.format=luks,encrypt.key-secret=s0"),
-     "an encrypted image"),
-])
-def test_a_header_that_makes_qemu_open_another_file_is_refused(tmp_path, raw_base, attack, options, why):
-    o = overlay(tmp_path, raw_base, *(x.format(d=tmp_path) for x in options))
-    with pytest.raises(HeaderRefused, match=why):
+def test_an_external_data_file_is_refused(tmp_path, raw_base):
+    o = overlay(tmp_path, raw_base, "-o", f"data_file={tmp_path}/stolen.raw")
+    with pytest.raises(HeaderRefused, match="incompatible features 0x4"):
+        check_written(o, raw_base)
+
+
+def test_encryption_is_refused(tmp_path, raw_base):
+    """The header's crypt method set, as a VMM holding the file could write it (qemu-img's own LUKS creation
+    benchmarks PBKDF2 against CPU time, which fails at random on this loaded host)."""
+    o = overlay(tmp_path, raw_base)
+    data = bytearray(o.read_bytes())
+    struct.pack_into(">I", data, 32, 2)  # 2: LUKS
+    o.write_bytes(bytes(data))
+    with pytest.raises(HeaderRefused, match="an encrypted image"):
         check_written(o, raw_base)
 
 
