@@ -172,36 +172,6 @@ def _exit_code(ev: dict) -> int:
     return 128 - code if code < 0 else code
 
 
-def _watch_size(procs: Any, child: str, pid: int) -> None:
-    import signal
-
-    def resized(*_: Any) -> None:
-        size = os.get_terminal_size(sys.stdout.fileno())
-        threading.Thread(target=procs.resize, args=(child, pid, size.lines, size.columns), daemon=True).start()
-    signal.signal(signal.SIGWINCH, resized)
-
-
-def _raw_tty() -> Any:
-    """Put this terminal in raw mode; returns how to restore it (None when stdin is not a terminal)."""
-    if not os.isatty(0):
-        return None
-    import termios
-    import tty
-
-    old = termios.tcgetattr(0)
-    tty.setraw(0)
-    return lambda: termios.tcsetattr(0, termios.TCSADRAIN, old)
-
-
-def _exit_code(ev: dict) -> int:
-    if ev.get("timed_out"):
-        return TIMED_OUT
-    code = ev.get("exit_code")
-    if not isinstance(code, int):
-        return EXEC_FAILED
-    return 128 - code if code < 0 else code
-
-
 def run_exec(args: Any) -> int:
     """Stream the command; its exit code (see the module's doc)."""
     argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
