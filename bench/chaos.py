@@ -2,11 +2,14 @@
 """The crash harness over many seeds: daemon kills (with CLI processes killed beside them), a dated report, and
 each failing round replayed from its seed.
 
-    python3 bench/chaos.py [--seeds 10] [--first-seed 100] [--kills 50] [--image-from HOME] [--out DIR] [--label L]
+    python3 bench/chaos.py [--seeds 10] [--first-seed 100] [--kills 50] [--jobs 1] [--image-from HOME] [--out DIR]
+                           [--label L]
     nohup nice -n 19 python3 bench/chaos.py --seeds 10 --kills 50 --label long > chaos.log 2>&1 &   # hours (TCG)
 
 Each seed runs tests.chaos.harness on a fresh private $FORKD_HOME (`python -m tests.chaos --seed S --kills K`),
-one after another. Then every failing round is replayed once, alone, on a fresh home (`--round N`: a round's
+one after another, or `--jobs N` seeds at once (each its own home, daemon and thread; a kill in one seed does not
+touch the others, but they share the CPUs, so recovery times are longer than one seed alone would see).
+Then every failing round is replayed once, alone, on a fresh home (`--round N`: a round's
 operations and kill point depend on its seed and number only; what the VMs do meanwhile is timing, so a replay
 may hold where the run did not: the report says which). The report, `<out>/chaos-<UTC date>[-LABEL].md` (and
 `.json`), gives the kills survived, the CLI processes killed with them, the time to recover (daemon restart ->
@@ -24,7 +27,9 @@ import json
 import signal
 import statistics
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -99,6 +104,8 @@ class Run:
         self.day = time.strftime("%Y-%m-%d", time.gmtime())
         self.cmdline = "python3 bench/chaos.py " + " ".join(sys.argv[1:])
         self.name = f"chaos-{self.day}" + (f"-{args.label}" if args.label else "")
+        self.lock = threading.RLock()  # seeds run in threads with --jobs: reports and the report file are shared
+        self.active: list[Chaos] = []
 
     def progress(self, state: str) -> str:
         done = sum(len(r.kills()) for r in self.reports)
@@ -109,6 +116,10 @@ class Run:
         return text + "".join(f"; {e}" for e in self.errors)
 
     def write(self, state: str) -> str:
+        with self.lock:
+            return self._write(state)
+
+    def _write(self, state: str) -> str:
         t = totals(self.reports)
         fails = failing(self.reports)
         text = markdown(self.day, t, fails, self.replays, self.cmdline, self.progress(state))
@@ -126,7 +137,9 @@ class Run:
         cfg = Config(kills=self.args.kills, seed=seed, max_load=self.args.max_load, image_from=self.args.image_from,
                      on_round=lambda _rep: self.write("in progress"))
         chaos = Chaos(cfg)
-        self.reports.append(chaos.report)
+        with self.lock:
+            self.reports.append(chaos.report)
+            self.active.append(chaos)
         try:
             chaos.run()
         except Stopped as exc:
@@ -137,8 +150,32 @@ class Run:
             self.errors.append(f"seed {seed} ended early after {len(chaos.report.kills())} kills: {first[:300]}")
         finally:
             chaos.close()
+            with self.lock:
+                self.active.remove(chaos) if chaos in self.active else None
             log(chaos.report.summary())
         self.write("in progress")
+
+    def seeds(self, seeds: range) -> None:
+        """Run the seeds, `--jobs` at once; SIGTERM/SIGINT (raised in this, the main, thread) tears down all."""
+        if self.args.jobs <= 1:
+            for seed in seeds:
+                self.seed(seed)
+            return
+        pool = ThreadPoolExecutor(max_workers=self.args.jobs, thread_name_prefix="seed")
+        futures = [pool.submit(self.seed, seed) for seed in seeds]
+        try:
+            for f in futures:
+                while not f.done():
+                    time.sleep(1.0)  # polled, not f.result(): a signal handler runs only between bytecodes here
+        except Stopped as exc:
+            with self.lock:
+                self.errors.append(f"stopped by {exc} with {len(self.active)} seeds in progress")
+                running = list(self.active)
+            for chaos in running:
+                chaos.close()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
 
     def replay(self) -> None:
         for seed, n, _ in failing(self.reports)[:REPLAYS_KEPT]:
@@ -153,6 +190,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=10, help="how many seeds (consecutive from --first-seed)")
     ap.add_argument("--first-seed", type=int, default=100)
     ap.add_argument("--kills", type=int, default=50, help="daemon kills per seed")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds run at once (each its own home and daemon)")
     ap.add_argument("--max-load", type=float, default=20.0, help="most seconds of load before a kill")
     ap.add_argument("--image-from", type=Path, default=Path("/var/lib/forkd"),
                     help="copy the guest image from this home instead of building one")
@@ -165,8 +203,7 @@ def main() -> int:
     job = Run(args)
     job.write("starting")
     try:
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            job.seed(seed)
+        job.seeds(range(args.first_seed, args.first_seed + args.seeds))
         job.replay()
     except Stopped:
         print(job.write("stopped early"))

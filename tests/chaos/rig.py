@@ -7,6 +7,7 @@ found by the home's path (QEMU command lines, cgroup subtree, network leases), n
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import http.client
 import json
 import os
@@ -63,6 +64,16 @@ def seed_home(home: Path, image_from: Path | None) -> None:
         shutil.copy2(image_from / "cache" / "accel.json", home / "cache" / "accel.json")
 
 
+def die_with_parent() -> None:
+    """In the daemon before exec: SIGKILL it when the harness thread that started it dies.
+
+    A harness killed with -9 (or its parent gone) must not leave its daemon serving a deleted home. The kernel
+    ties the signal to the starting thread, so a seed's daemons are all started from that seed's one thread.
+    """
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 @dataclass
 class Rig:
     """One private $FORKD_HOME, its daemon and every CLI process run against it."""
@@ -99,7 +110,7 @@ class Rig:
         out = open(self.log_path, "ab")  # noqa: SIM115 - the daemon's stdout/stderr for its whole life
         self.daemon = subprocess.Popen([sys.executable, "-m", "forkd.cli.main", "serve", "--interval",
                                         str(self.interval)], env=self.env, stdout=out, stderr=out,
-                                       start_new_session=True)
+                                       start_new_session=True, preexec_fn=die_with_parent)
         out.close()
         while not self.answers():
             if self.daemon.poll() is not None:
