@@ -23,6 +23,7 @@ seed ended early.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import statistics
@@ -106,6 +107,7 @@ class Run:
         self.name = f"chaos-{self.day}" + (f"-{args.label}" if args.label else "")
         self.lock = threading.RLock()  # seeds run in threads with --jobs: reports and the report file are shared
         self.active: list[Chaos] = []
+        self.stopping = threading.Event()  # set by a stop: no seed starts, no round finishing in teardown counts
 
     def progress(self, state: str) -> str:
         done = sum(len(r.kills()) for r in self.reports)
@@ -134,6 +136,8 @@ class Run:
         return text
 
     def seed(self, seed: int) -> None:
+        if self.stopping.is_set():
+            return
         cfg = Config(kills=self.args.kills, seed=seed, max_load=self.args.max_load, image_from=self.args.image_from,
                      on_round=lambda _rep: self.write("in progress"))
         chaos = Chaos(cfg)
@@ -147,7 +151,8 @@ class Run:
             raise
         except Exception as exc:  # noqa: BLE001 - one seed that cannot set up must not lose the others
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            self.errors.append(f"seed {seed} ended early after {len(chaos.report.kills())} kills: {first[:300]}")
+            if not self.stopping.is_set():  # else the stop's own teardown broke it: the stop is reported once
+                self.errors.append(f"seed {seed} ended early after {len(chaos.report.kills())} kills: {first[:300]}")
         finally:
             chaos.close()
             with self.lock:
@@ -169,13 +174,22 @@ class Run:
                     time.sleep(1.0)  # polled, not f.result(): a signal handler runs only between bytecodes here
         except Stopped as exc:
             with self.lock:
+                self.stopping.set()
                 self.errors.append(f"stopped by {exc} with {len(self.active)} seeds in progress")
                 running = list(self.active)
+                self.freeze(running)
             for chaos in running:
                 chaos.close()
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown()
+
+    def freeze(self, running: list[Chaos]) -> None:
+        """Keep the rounds the running seeds completed before the stop: a round that ends while its home is torn
+        down would report the teardown as a violation."""
+        for chaos in running:
+            frozen = dataclasses.replace(chaos.report, rounds=list(chaos.report.rounds))
+            self.reports[self.reports.index(chaos.report)] = frozen
 
     def replay(self) -> None:
         for seed, n, _ in failing(self.reports)[:REPLAYS_KEPT]:
