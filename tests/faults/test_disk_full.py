@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import time
 
 import pytest
 
 from forkd.base.errors import ForkdError
 from forkd.base.owners import dead_under, owned_under
 from forkd.base.paths import Layout
+from forkd.base.procs import start_time
 from forkd.core.audit import LOST, AuditError, AuditLog, verify
 from forkd.core.pack import unpack
 from forkd.core.requests import Branch, LayerBuild, Spawn
 from forkd.core.runtime import Runtime
+from forkd.sandbox.child import ChildRecord
 from forkd.store.snapshot import Snapshot
 from tests.chaos.invariants import check_snapshots
 from tests.conftest import BASE_TAG, qemu_pids
@@ -60,6 +64,32 @@ def test_an_audit_append_on_a_full_disk_fails_whole_and_the_log_verifies():
         after = verify(home)
         assert after.ok and after.lines == written.lines + 2 and after.lost == 1, after
         assert LOST in log.path.read_text().splitlines()[-2]
+
+
+def test_a_wake_that_cannot_be_recorded_on_a_full_disk_does_not_fail_the_request():
+    """A request to a child the idle loop put to sleep resumes it, then records it awake: on a full home that
+    record cannot be written, and the request must go on (the soak found every exec on such a child failing with
+    ENOSPC while the home was full). The record stays whole, still saying asleep, and is written once space is
+    freed. The child's "VMM" is a plain `sleep` process: no step here reaches it."""
+    with loop_ext4(8) as mnt:
+        rt = Runtime(Layout(mnt / "home"))
+        proc = subprocess.Popen(["sleep", "300"])
+        try:
+            cid, me = rt.registry.new_id(), os.getpid()
+            rec = rt.registry.save(ChildRecord(
+                id=cid, snapshot="s", created_at=time.time(), dir=str(rt.registry.path(cid)), memory_mib=256,
+                vcpus=1, accel="tcg", pid=proc.pid, started=start_time(proc.pid), state="running",
+                spawner_pid=me, spawner_started=start_time(me), residency="asleep"))
+            filler = fill(mnt)
+            rt.handles.of(rec)._woke()  # raised OSError (ENOSPC) before the fix
+            assert (rt.child(cid).residency, rt.child(cid).wakes) == ("asleep", 0)
+            assert dead_under(rt.layout.home) == [] and [p for p, _ in owned_under(rt.layout.home)] == []
+            filler.unlink()
+            rt.handles.of(rec)._woke()
+            assert (rt.child(cid).residency, rt.child(cid).wakes) == ("awake", 1)
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")

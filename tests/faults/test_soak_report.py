@@ -47,3 +47,12 @@ def test_the_faults_injected_are_those_the_host_and_flags_allow():
     f = soak.Faults(rig=None, rt=None, api=None, pool="p", every=3, shm=Path("/x"), kill_daemon=False)
     assert f.kinds == ["hung_vmm", "tmpfs_full"]
     assert soak.Faults(None, None, None, "p", 3, None, True).kinds == ["hung_vmm", "daemon_kill"]
+    full = soak.Faults(None, None, None, "p", 3, Path("/x"), True, pack_file=Path("/y/p.tar.zst"))
+    assert full.kinds == ["hung_vmm", "tmpfs_full", "home_full", "daemon_kill"]
+
+
+def test_the_report_gives_the_host_load_beside_the_series():
+    samples = [{"t_min": float(i), "load1": load, "rss_mib": 80.0, "fds": 10, "tmpfs_mib": 256.0, "leftovers": 0,
+                "children": 2} for i, load in enumerate([30.5, 12.0, 18.25])]
+    text = soak.text(soak.result(_Churn(), _faults([]), samples, 60.0))
+    assert "host load average (1 min) at the samples: min 12.0, median 18.2, max 30.5" in text
