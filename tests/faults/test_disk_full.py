@@ -13,7 +13,9 @@ import subprocess
 import time
 
 import pytest
+from starlette.testclient import TestClient
 
+from forkd.api.app import create_app
 from forkd.base.errors import ForkdError
 from forkd.base.owners import dead_under, owned_under
 from forkd.base.paths import Layout
@@ -23,6 +25,7 @@ from forkd.core.pack import unpack
 from forkd.core.requests import Branch, LayerBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.sandbox.child import ChildRecord
+from forkd.service import Service
 from forkd.store.snapshot import Snapshot
 from tests.chaos.invariants import check_snapshots
 from tests.conftest import BASE_TAG, qemu_pids
@@ -90,6 +93,24 @@ def test_a_wake_that_cannot_be_recorded_on_a_full_disk_does_not_fail_the_request
         finally:
             proc.kill()
             proc.wait()
+
+
+def test_a_request_that_finds_the_home_full_is_unavailable_naming_the_file_not_an_internal_error():
+    """A write of the daemon that meets ENOSPC, here storing a declarative object, answers 503 Unavailable (exit 6
+    in the CLI) naming the file and how to make room; before, a 500 InternalError."""
+    with loop_ext4(8) as mnt:
+        home = mnt / "home"
+        api = TestClient(create_app(Service.on(Layout(home))), raise_server_exceptions=False)
+        pool = {"kind": "ForkPool", "metadata": {"name": "full"}, "spec": {"from": "p", "warm": 1}}
+        filler = fill(mnt)
+        r = api.post("/v1/pools", json=pool)
+        assert r.status_code == 503, r.text
+        body = r.json()
+        assert body["title"] == "Unavailable" and "No space left on device" in body["detail"], body
+        assert str(home) in body["detail"] and "free space" in body["hint"], body
+        assert dead_under(home) == [] and [p for p, _ in owned_under(home)] == []
+        filler.unlink()
+        assert api.post("/v1/pools", json=pool).status_code < 300
 
 
 @pytest.fixture(scope="module")
