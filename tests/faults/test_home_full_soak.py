@@ -22,7 +22,7 @@ spec = importlib.util.spec_from_file_location("bench_soak", Path(__file__).resol
 soak = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(soak)
 
-pytestmark = [pytest.mark.vm, pytest.mark.faults("long"),
+pytestmark = [pytest.mark.vm, pytest.mark.faults("long"), pytest.mark.timeout(3600),
               pytest.mark.skipif(os.geteuid() != 0, reason="mounting a loop filesystem needs root")]
 
 
