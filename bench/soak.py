@@ -8,11 +8,12 @@
 A daemon (`forkd serve`) on a private $FORKD_HOME (the guest image copied from --image-from) runs a pool of 2 warm
 256 MiB children. One client loops, through the daemon's socket: claim a child, exec in it, every third cycle a
 live branch of it (the branch snapshot is deleted again), then release it (kill); the pool refills behind it.
-Every interval it samples the daemon's RSS, its open fds, the bytes this home holds on tmpfs (flat images, scratch
-RAM) and the leftover count (what `forkd gc --dry-run` would remove, plus entries in $FORKD_HOME/tmp, plus QEMU
-processes of this home without a live record). Each series must stay flat: the script prints each one's
-least-squares slope per minute over the whole run and over its second half (growth that saturates, such as a
-flat image's holes being filled once, is not a leak), and FLAT or GROWING.
+Every interval it samples the daemon's RSS and its swapped-out memory (a host short of memory swaps the daemon
+out and its RSS falls: the two together are what it holds), its open fds, the bytes this home holds on tmpfs (flat
+images, scratch RAM) and the leftover count (what `forkd gc --dry-run` would remove, plus entries in
+$FORKD_HOME/tmp, plus QEMU processes of this home without a live record). Each series must stay flat: the script
+prints each one's least-squares slope per minute over the whole run and over its second half (growth that
+saturates, such as a flat image's holes being filled once, is not a leak), and FLAT or GROWING.
 
 Faults (tests/faults/inject.py), one every --fault-every cycles in turn, each checked against its promise and
 counted held or broken in the report: a claimed child's VMM stopped (SIGSTOP) and then killed; the tmpfs of flat
@@ -58,7 +59,7 @@ from tests.chaos.rig import SPEC, Rig  # noqa: E402
 from tests.faults import inject  # noqa: E402
 from tests.faults.mounts import loop_ext4, small_tmpfs  # noqa: E402
 
-SERIES = ("rss_mib", "fds", "tmpfs_mib", "leftovers")
+SERIES = ("rss_mib", "swap_mib", "fds", "tmpfs_mib", "leftovers")
 
 
 def log(msg: str) -> None:
@@ -80,13 +81,15 @@ def tmpfs_bytes(layout: Layout) -> int:
 def sample(rig: Rig, rt: Runtime) -> dict[str, float]:
     pid = rig.daemon_pid()
     status = Path(f"/proc/{pid}/status").read_text()
-    rss_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+    kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in status.splitlines())
+           if k in ("VmRSS", "VmSwap")}
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     rep = rt.gc(dry_run=True)
     live = {r.pid for r in rt.registry.list() if r.alive}
     stray_qemu = [p for p in home_qemu_pids(rt.layout.home) if p not in live]
     tmp = len(os.listdir(rt.layout.tmp)) if rt.layout.tmp.is_dir() else 0
-    return {"t_min": time.monotonic() / 60, "load1": os.getloadavg()[0], "rss_mib": rss_kib / 1024, "fds": fds,
+    return {"t_min": time.monotonic() / 60, "load1": os.getloadavg()[0], "rss_mib": kib["VmRSS"] / 1024,
+            "swap_mib": kib.get("VmSwap", 0) / 1024, "fds": fds,
             "tmpfs_mib": tmpfs_bytes(rt.layout) / (1 << 20), "leftovers": rep["leftovers"] + tmp + len(stray_qemu),
             "children": len(rt.registry.list())}
 
@@ -245,7 +248,8 @@ def verdict(res: dict, key: str) -> str:
     grew = res["late_slopes_per_min"][key] * res["minutes"] / 2
     if key == "leftovers":
         return "FLAT" if res["samples"][-1][key] == 0 and grew <= 0.5 else "GROWING"
-    return "FLAT" if grew <= max(0.05 * first, {"rss_mib": 8.0, "fds": 3, "tmpfs_mib": 4.0}[key]) else "GROWING"
+    return "FLAT" if grew <= max(0.05 * first, {"rss_mib": 8.0, "swap_mib": 8.0, "fds": 3, "tmpfs_mib": 4.0}[key]) \
+        else "GROWING"
 
 
 def text(res: dict) -> str:
