@@ -1,24 +1,30 @@
 #!/usr/bin/env python3
 """Soak benchmark: a pool under steady churn for N minutes, watched for leaks.
 
-    python3 bench/soak.py [--minutes 10] [--interval 60] [--image-from HOME] [--no-faults] [-o json]
+    python3 bench/soak.py [--minutes 10] [--interval 60] [--image-from HOME] [--no-faults] [--out DIR] [-o json]
     python3 bench/soak.py --minutes 60 --label hour   # the one-hour soak, faults interleaved, dated report
     python3 bench/soak.py --short          # CI: 1 minute, a sample every 10 s
 
 A daemon (`forkd serve`) on a private $FORKD_HOME (the guest image copied from --image-from) runs a pool of 2 warm
 256 MiB children. One client loops, through the daemon's socket: claim a child, exec in it, every third cycle a
 live branch of it (the branch snapshot is deleted again), then release it (kill); the pool refills behind it.
-Every interval it samples the daemon's RSS, its open fds, the bytes this home holds on tmpfs (flat images, scratch
-RAM) and the leftover count (what `forkd gc --dry-run` would remove, plus entries in $FORKD_HOME/tmp, plus QEMU
-processes of this home without a live record). Each series must stay flat: the script prints each one's
-least-squares slope per minute over the whole run and over its second half (growth that saturates, such as a
-flat image's holes being filled once, is not a leak), and FLAT or GROWING.
+Every interval it samples the daemon's RSS and its swapped-out memory (a host short of memory swaps the daemon
+out and its RSS falls: the two together are what it holds), its open fds, the bytes this home holds on tmpfs (flat
+images, scratch RAM) and the leftover count (what `forkd gc --dry-run` would remove, plus entries in
+$FORKD_HOME/tmp, plus QEMU processes of this home without a live record). Each series must stay flat: the script
+prints each one's least-squares slope per minute over the whole run and over its second half (growth that
+saturates, such as a flat image's holes being filled once, is not a leak), and FLAT or GROWING.
 
 Faults (tests/faults/inject.py), one every --fault-every cycles in turn, each checked against its promise and
 counted held or broken in the report: a claimed child's VMM stopped (SIGSTOP) and then killed; the tmpfs of flat
-images (FORKD_SHM on a size-limited tmpfs this script mounts: root only, else that fault is left out) filled while
-a spawn needs it; and with --kill-daemon, the daemon kill -9'd and restarted (off by default: a new daemon's RSS
-and fds start afresh, which breaks those two series; tests/chaos and bench/chaos.py kill it hundreds of times).
+images (FORKD_SHM on a size-limited tmpfs this script mounts) filled while a spawn needs it; $FORKD_HOME (made on
+a loop-mounted ext4 of --home-mib this script mounts) filled with a ballast file during a live branch, a layer
+build and a pack unpack; and with --kill-daemon, the daemon kill -9'd and restarted (off by default: a new
+daemon's RSS and fds start afresh, which breaks those two series; tests/chaos and bench/chaos.py kill it hundreds
+of times). Mounting needs root: as another user the two mounted faults are left out.
+
+The daemon is SIGKILLed by the kernel if this script dies (PR_SET_PDEATHSIG, tests/chaos/rig.py), so a soak
+killed with -9 leaves no daemon serving a deleted home.
 
 The report, `<out>/soak-<UTC date>[-LABEL].md` (and `.json`; none with --short), is rewritten at every sample,
 with a status line (in progress, complete, stopped early), so a run stopped early still leaves one.
@@ -33,9 +39,11 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,9 +57,9 @@ from forkd.core.runtime import Runtime  # noqa: E402
 from tests.chaos.invariants import home_qemu_pids  # noqa: E402
 from tests.chaos.rig import SPEC, Rig  # noqa: E402
 from tests.faults import inject  # noqa: E402
-from tests.faults.mounts import small_tmpfs  # noqa: E402
+from tests.faults.mounts import loop_ext4, small_tmpfs  # noqa: E402
 
-SERIES = ("rss_mib", "fds", "tmpfs_mib", "leftovers")
+SERIES = ("rss_mib", "swap_mib", "fds", "tmpfs_mib", "leftovers")
 
 
 def log(msg: str) -> None:
@@ -73,13 +81,15 @@ def tmpfs_bytes(layout: Layout) -> int:
 def sample(rig: Rig, rt: Runtime) -> dict[str, float]:
     pid = rig.daemon_pid()
     status = Path(f"/proc/{pid}/status").read_text()
-    rss_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+    kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in status.splitlines())
+           if k in ("VmRSS", "VmSwap")}
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     rep = rt.gc(dry_run=True)
     live = {r.pid for r in rt.registry.list() if r.alive}
     stray_qemu = [p for p in home_qemu_pids(rt.layout.home) if p not in live]
     tmp = len(os.listdir(rt.layout.tmp)) if rt.layout.tmp.is_dir() else 0
-    return {"t_min": time.monotonic() / 60, "rss_mib": rss_kib / 1024, "fds": fds,
+    return {"t_min": time.monotonic() / 60, "load1": os.getloadavg()[0], "rss_mib": kib["VmRSS"] / 1024,
+            "swap_mib": kib.get("VmSwap", 0) / 1024, "fds": fds,
             "tmpfs_mib": tmpfs_bytes(rt.layout) / (1 << 20), "leftovers": rep["leftovers"] + tmp + len(stray_qemu),
             "children": len(rt.registry.list())}
 
@@ -138,11 +148,13 @@ class Faults:
     """The fault injections, one every `every` cycles in turn; their outcomes."""
 
     def __init__(self, rig: Rig, rt: Runtime, api: RemoteBackend, pool: str, every: int, shm: Path | None,
-                 kill_daemon: bool):
+                 kill_daemon: bool, pack_file: Path | None = None):
+        """`pack_file` (outside the home) is where the full-home fault keeps its pack: given when $FORKD_HOME is a
+        filesystem of its own this script may fill."""
         self.rig, self.rt, self.api, self.pool, self.every = rig, rt, api, pool, every
         self.kinds = ["hung_vmm"] + (["tmpfs_full"] if shm is not None else []) + \
-            (["daemon_kill"] if kill_daemon else [])
-        self.shm = shm
+            (["home_full"] if pack_file is not None else []) + (["daemon_kill"] if kill_daemon else [])
+        self.shm, self.pack_file = shm, pack_file
         self.outcomes: list[inject.Outcome] = []
 
     def maybe(self, cycle: int) -> None:
@@ -154,6 +166,8 @@ class Faults:
                 out = inject.hung_vmm(self.api, self.rt, self.pool)
             elif kind == "tmpfs_full":
                 out = inject.tmpfs_full(self.api, self.rt, self.pool, self.shm, cycle)
+            elif kind == "home_full":
+                out = inject.home_full(self.api, self.rt, self.pool, parent_tag(self.rt), self.pack_file, cycle)
             else:
                 out = inject.daemon_kill(self.api, self.rig, self.pool, wait_warm)
         except Exception as exc:  # noqa: BLE001 - a fault that could not even be set up is a broken promise too
@@ -172,8 +186,16 @@ class Faults:
         return out
 
 
+def parent_tag(rt: Runtime) -> str:
+    """The pool's parent snapshot (the rig's ForkParent `cx-p`): what the full-home fault builds a layer on."""
+    tags = [s.tag for s in rt.store.list() if getattr(s, "status", None) == "ready" and s.tag.startswith("cx-p-")]
+    if not tags:
+        raise RuntimeError("no ready snapshot of ForkParent cx-p")
+    return tags[0]
+
+
 def soak(rig: Rig, minutes: float, interval: float, faults_every: int, shm: Path | None, kill_daemon: bool,
-         report=None) -> dict:
+         report=None, pack_file: Path | None = None, only: list[str] | None = None) -> dict:
     """The churn (and faults) for `minutes`; `report(result)` is called at every sample with the result so far."""
     rig.start_daemon()
     res = rig.apply(SPEC.format(warm=2, max_children=6))
@@ -183,7 +205,12 @@ def soak(rig: Rig, minutes: float, interval: float, faults_every: int, shm: Path
     rt = Runtime(Layout(rig.home))
     api = RemoteBackend(str(rt.layout.daemon_socket))
     churn = Churn(api, "cx-a")
-    faults = Faults(rig, rt, api, "cx-a", faults_every, shm, kill_daemon)
+    faults = Faults(rig, rt, api, "cx-a", faults_every, shm, kill_daemon, pack_file)
+    if only:
+        if unknown := set(only) - set(faults.kinds):
+            raise SystemExit(f"--faults: {', '.join(sorted(unknown))} cannot be injected here (possible: "
+                             f"{', '.join(faults.kinds)}; the mounted ones need root)")
+        faults.kinds = [k for k in faults.kinds if k in only]
     churn.cycle()  # warm-up, not sampled
     samples = [sample(rig, rt)]
     end = time.monotonic() + minutes * 60
@@ -221,7 +248,8 @@ def verdict(res: dict, key: str) -> str:
     grew = res["late_slopes_per_min"][key] * res["minutes"] / 2
     if key == "leftovers":
         return "FLAT" if res["samples"][-1][key] == 0 and grew <= 0.5 else "GROWING"
-    return "FLAT" if grew <= max(0.05 * first, {"rss_mib": 8.0, "fds": 3, "tmpfs_mib": 4.0}[key]) else "GROWING"
+    return "FLAT" if grew <= max(0.05 * first, {"rss_mib": 8.0, "swap_mib": 8.0, "fds": 3, "tmpfs_mib": 4.0}[key]) \
+        else "GROWING"
 
 
 def text(res: dict) -> str:
@@ -232,6 +260,10 @@ def text(res: dict) -> str:
         s = res["samples"]
         lines.append(f"  {k:10s} first {s[0][k]:7.1f}  last {s[-1][k]:7.1f}  slope {res['slopes_per_min'][k]:+7.2f}/min"
                      f"  second half {res['late_slopes_per_min'][k]:+7.2f}/min  {verdict(res, k)}")
+    loads = [s["load1"] for s in res["samples"] if "load1" in s]
+    if loads:
+        lines.append(f"  host load average (1 min) at the samples: min {min(loads):.1f}, median "
+                     f"{statistics.median(loads):.1f}, max {max(loads):.1f}")
     for kind, f in sorted(res["faults"].items()):
         lines.append(f"  fault {kind:11s} injected {f['injected']}, promise held {f['held']}")
         lines += [f"      broken: {b[:300]}" for b in f["broken"]]
@@ -276,7 +308,12 @@ def main() -> int:
     ap.add_argument("--no-faults", action="store_true", help="churn only, no fault injected")
     ap.add_argument("--fault-every", type=int, default=6, help="cycles between two faults")
     ap.add_argument("--kill-daemon", action="store_true", help="kill -9 and restart the daemon among the faults")
+    ap.add_argument("--faults", default="", metavar="KIND,...",
+                    help="inject only these (hung_vmm, tmpfs_full, home_full, daemon_kill); default: every one the "
+                         "host and flags allow")
     ap.add_argument("--shm-mib", type=int, default=2048, help="size of the tmpfs of flat images (tmpfs fault)")
+    ap.add_argument("--home-mib", type=int, default=4096,
+                    help="size of the loop-mounted ext4 $FORKD_HOME is made on (full-home fault)")
     ap.add_argument("--out", type=Path, help="directory of the dated report (default: bench/reports; none with "
                                              "--short unless given)")
     ap.add_argument("--label", default="", help="report name suffix: <out>/soak-<UTC date>[-LABEL].md")
@@ -289,11 +326,18 @@ def main() -> int:
     report = Report(out, args.label) if out is not None else None
     every = 0 if args.no_faults else args.fault_every
     with contextlib.ExitStack() as stack:
-        shm = None
+        shm = home = pack_file = None
         if every and os.geteuid() == 0:
             shm = stack.enter_context(small_tmpfs(args.shm_mib))
             os.environ["FORKD_SHM"] = str(shm)  # the rig's daemon and CLI inherit it
-        rig = Rig.create(image_from=args.image_from)
+            home = stack.enter_context(loop_ext4(args.home_mib)) / "home"
+            keep_dir = Path(tempfile.mkdtemp(prefix="fksoak-", dir="/tmp"))  # beside the home, not on it
+            pack_file = keep_dir / "full-home.tar.zst"
+            stack.callback(shutil.rmtree, keep_dir, ignore_errors=True)
+        rig = Rig.create(home=home, image_from=args.image_from)
+        if home is not None:  # the daemon's log must not share the filesystem that is filled
+            rig.log_path = Path(tempfile.mkstemp(prefix="fksoak-", suffix="-daemon.log", dir="/tmp")[1])
+            log(f"$FORKD_HOME {home} (loop-mounted ext4, {args.home_mib} MiB); daemon log {rig.log_path}")
         last: dict = {}
 
         def keep(res: dict) -> None:
@@ -303,7 +347,8 @@ def main() -> int:
 
         status = "complete"
         try:
-            res = soak(rig, args.minutes, args.interval, every, shm, args.kill_daemon, keep)
+            res = soak(rig, args.minutes, args.interval, every, shm, args.kill_daemon, keep, pack_file,
+                       [k for k in args.faults.split(",") if k])
         except KeyboardInterrupt:
             res, status = last, "stopped early"
         finally:

@@ -10,6 +10,7 @@ routes_children (forkd's `/v1/children` and host verbs), routes_kinds (`/v1/pool
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -157,9 +158,20 @@ def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
         return resp
 
     @app.exception_handler(Exception)
-    async def crash(_: Request, exc: Exception) -> JSONResponse:
+    async def crash(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            metrics.errors.labels("Unavailable", "503").inc()
+            return _no_space(exc, request.app.state.service.rt.layout.home)
         metrics.errors.labels(type(exc).__name__, "500").inc()
         return problem(500, "InternalError", f"{type(exc).__name__}: {exc}")
+
+
+def _no_space(exc: OSError, home) -> JSONResponse:
+    """A write that found its filesystem full (or a quota spent): Unavailable, naming the file and the way out, not
+    an internal error. What the request had written is its own to undo (each writer removes its temporaries)."""
+    where = exc.filename or f"a filesystem forkd writes to ($FORKD_HOME {home}, or FORKD_SHM)"
+    return problem(503, "Unavailable", f"{exc.strerror or 'No space left on device'}: {where}",
+                   f"free space on the filesystem holding {where} (see 'df'), then retry")
 
 
 def _status_routes(app: FastAPI, metrics: Metrics) -> None:

@@ -160,8 +160,9 @@ class ChildCgroup:
             out += procs(Path(p))
         return sorted(set(out))
 
-    def remove(self, timeout: float = 2.0) -> None:
-        remove_group([Path(p) for p in self.paths], timeout)
+    def remove(self, timeout: float = 2.0) -> bool:
+        """rmdir every group (see remove_group); False if one still held a process at `timeout`."""
+        return remove_group([Path(p) for p in self.paths], timeout)
 
 
 def detach(pid: int, lines: list[str]) -> list[str]:

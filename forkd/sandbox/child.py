@@ -167,7 +167,15 @@ class ChildHandle:
             yield True
 
     def _woke(self) -> None:
-        new = self.owner.registry.update(self.id, lambda r: r.with_(residency="awake", wakes=r.wakes + 1))
+        """Record the child awake and count the wake. Bookkeeping: the child runs either way, so a record that
+        cannot be written (a full $FORKD_HOME) does not fail the request that woke it. The record then keeps
+        saying asleep (whole: it is replaced by rename) until a later request writes it; that request resumes the
+        running VMM again, which changes nothing."""
+        try:
+            new = self.owner.registry.update(self.id, lambda r: r.with_(residency="awake", wakes=r.wakes + 1))
+        except OSError as exc:
+            log.warning("child %s woke but its record could not say so (%s); it runs on", self.id, exc)
+            return
         if new is not None:
             self.rec = new
 

@@ -4,6 +4,7 @@ checks them and stops them (by recorded pid + start time, never by name)."""
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from forkd.sandbox import cgroups, netns
 from forkd.sandbox.firewall import Egress
 from forkd.sandbox.registry import ChildRecord, Claim, Registry
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
+
+log = logging.getLogger(__name__)
 
 ENTROPY_BYTES = 64
 
@@ -207,6 +210,12 @@ def runas_identity(child_id: str) -> str:
     return f"{n}:{n}"
 
 
+# How long the cgroup of a killed VMM is waited for: a VMM whose memory is being swapped in (a loaded host) can take
+# many seconds to exit after SIGKILL, and its group cannot be removed before; once its record is gone nothing but
+# `forkd gc` would remove it.
+DYING_VMM_WAIT = 60.0
+
+
 def release_isolation(rec: ChildRecord) -> None:
     """Remove what a (dead) child's isolation left behind: its namespace, veth, tap, lease and cgroup."""
     if rec.netns:
@@ -217,7 +226,9 @@ def release_isolation(rec: ChildRecord) -> None:
         for pid in g.pids():  # only a process we placed can be in it; its record is this one
             if rec.pid == pid:
                 kill_and_wait(pid, rec.started)
-        g.remove()
+        if not g.remove(timeout=DYING_VMM_WAIT):
+            log.warning("child %s: its cgroup %s still holds a process %.0f s after its VMM was killed; "
+                        "'forkd gc' removes it once it is empty", rec.id, ", ".join(g.paths), DYING_VMM_WAIT)
 
 
 def smaps_split(pid: int, memory_path: str) -> dict[str, int]:

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import time
 
 import pytest
+from starlette.testclient import TestClient
 
+from forkd.api.app import create_app
 from forkd.base.errors import ForkdError
 from forkd.base.owners import dead_under, owned_under
 from forkd.base.paths import Layout
+from forkd.base.procs import start_time
 from forkd.core.audit import LOST, AuditError, AuditLog, verify
 from forkd.core.pack import unpack
 from forkd.core.requests import Branch, LayerBuild, Spawn
 from forkd.core.runtime import Runtime
+from forkd.sandbox.child import ChildRecord
+from forkd.service import Service
 from forkd.store.snapshot import Snapshot
 from tests.chaos.invariants import check_snapshots
 from tests.conftest import BASE_TAG, qemu_pids
@@ -60,6 +67,50 @@ def test_an_audit_append_on_a_full_disk_fails_whole_and_the_log_verifies():
         after = verify(home)
         assert after.ok and after.lines == written.lines + 2 and after.lost == 1, after
         assert LOST in log.path.read_text().splitlines()[-2]
+
+
+def test_a_wake_that_cannot_be_recorded_on_a_full_disk_does_not_fail_the_request():
+    """A request to a child the idle loop put to sleep resumes it, then records it awake: on a full home that
+    record cannot be written, and the request must go on (the soak found every exec on such a child failing with
+    ENOSPC while the home was full). The record stays whole, still saying asleep, and is written once space is
+    freed. The child's "VMM" is a plain `sleep` process: no step here reaches it."""
+    with loop_ext4(8) as mnt:
+        rt = Runtime(Layout(mnt / "home"))
+        proc = subprocess.Popen(["sleep", "300"])
+        try:
+            cid, me = rt.registry.new_id(), os.getpid()
+            rec = rt.registry.save(ChildRecord(
+                id=cid, snapshot="s", created_at=time.time(), dir=str(rt.registry.path(cid)), memory_mib=256,
+                vcpus=1, accel="tcg", pid=proc.pid, started=start_time(proc.pid), state="running",
+                spawner_pid=me, spawner_started=start_time(me), residency="asleep"))
+            filler = fill(mnt)
+            rt.handles.of(rec)._woke()  # raised OSError (ENOSPC) before the fix
+            assert (rt.child(cid).residency, rt.child(cid).wakes) == ("asleep", 0)
+            assert dead_under(rt.layout.home) == [] and [p for p, _ in owned_under(rt.layout.home)] == []
+            filler.unlink()
+            rt.handles.of(rec)._woke()
+            assert (rt.child(cid).residency, rt.child(cid).wakes) == ("awake", 1)
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_request_that_finds_the_home_full_is_unavailable_naming_the_file_not_an_internal_error():
+    """A write of the daemon that meets ENOSPC, here storing a declarative object, answers 503 Unavailable (exit 6
+    in the CLI) naming the file and how to make room; before, a 500 InternalError."""
+    with loop_ext4(8) as mnt:
+        home = mnt / "home"
+        api = TestClient(create_app(Service.on(Layout(home))), raise_server_exceptions=False)
+        pool = {"kind": "ForkPool", "metadata": {"name": "full"}, "spec": {"from": "p", "warm": 1}}
+        filler = fill(mnt)
+        r = api.post("/v1/pools", json=pool)
+        assert r.status_code == 503, r.text
+        body = r.json()
+        assert body["title"] == "Unavailable" and "No space left on device" in body["detail"], body
+        assert str(home) in body["detail"] and "free space" in body["hint"], body
+        assert dead_under(home) == [] and [p for p, _ in owned_under(home)] == []
+        filler.unlink()
+        assert api.post("/v1/pools", json=pool).status_code < 300
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
+import pytest
+
+from forkd.base.paths import Layout
+from forkd.core.runtime import Runtime
 from tests.faults.inject import Outcome
 
 spec = importlib.util.spec_from_file_location("bench_soak", Path(__file__).resolve().parents[2] / "bench/soak.py")
@@ -25,7 +30,7 @@ def _faults(outcomes: list[Outcome]):
 
 
 def test_the_soak_report_counts_each_fault_and_names_each_broken_promise(tmp_path):
-    samples = [{"t_min": float(i), "rss_mib": 80.0 + i, "fds": 10, "tmpfs_mib": 256.0, "leftovers": 0,
+    samples = [{"t_min": float(i), "rss_mib": 80.0 + i, "swap_mib": 0.0, "fds": 10, "tmpfs_mib": 256.0, "leftovers": 0,
                 "children": 2} for i in range(4)]
     outcomes = [Outcome("hung_vmm"), Outcome("tmpfs_full", ["the refused spawn does not name FORKD_SHM: x"]),
                 Outcome("hung_vmm")]
@@ -47,3 +52,25 @@ def test_the_faults_injected_are_those_the_host_and_flags_allow():
     f = soak.Faults(rig=None, rt=None, api=None, pool="p", every=3, shm=Path("/x"), kill_daemon=False)
     assert f.kinds == ["hung_vmm", "tmpfs_full"]
     assert soak.Faults(None, None, None, "p", 3, None, True).kinds == ["hung_vmm", "daemon_kill"]
+    full = soak.Faults(None, None, None, "p", 3, Path("/x"), True, pack_file=Path("/y/p.tar.zst"))
+    assert full.kinds == ["hung_vmm", "tmpfs_full", "home_full", "daemon_kill"]
+
+
+def test_the_report_gives_the_host_load_beside_the_series():
+    samples = [{"t_min": float(i), "load1": load, "rss_mib": 80.0, "swap_mib": 0.0, "fds": 10, "tmpfs_mib": 256.0,
+                "leftovers": 0, "children": 2} for i, load in enumerate([30.5, 12.0, 18.25])]
+    text = soak.text(soak.result(_Churn(), _faults([]), samples, 60.0))
+    assert "host load average (1 min) at the samples: min 12.0, median 18.2, max 30.5" in text
+
+
+def test_a_sample_reads_the_daemons_resident_and_swapped_memory(tmp_path):
+    """The process stands in as the daemon (its /proc is read, nothing else of it); the home is real and empty."""
+    class _Rig:
+        def daemon_pid(self) -> int:
+            return os.getpid()
+
+    got = soak.sample(_Rig(), Runtime(Layout(tmp_path / "home")))
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    assert got["swap_mib"] == pytest.approx(int(status["VmSwap"].split()[0]) / 1024, abs=2.0)
+    assert got["rss_mib"] == pytest.approx(int(status["VmRSS"].split()[0]) / 1024, rel=0.5)
+    assert (got["leftovers"], got["tmpfs_mib"]) == (0, 0.0)
