@@ -21,6 +21,7 @@ from forkd.core.pack.rules import (
     MAX_MANIFEST_BYTES,
     OWNED_PREFIX,
     PACK_MANIFEST,
+    PULLED_AT_LABEL,
     SOURCE_LABEL,
     PackError,
     Progress,
@@ -71,6 +72,8 @@ def _provenance(s: Snapshot, source: str, owned: bool) -> Snapshot:
     it is `owned` (its digest pinned by a caller that trusts its builder, e.g. the operator distributing a parent
     one of its nodes built); forkd.dev/source says where the snapshot came from."""
     labels = {k: v for k, v in s.labels.items() if owned or not k.startswith(OWNED_PREFIX)}
+    if owned:  # the reconciler keeps it a while although its object is not applied yet
+        labels[PULLED_AT_LABEL] = f"{time.time():.0f}"
     return s.with_(labels={**labels, SOURCE_LABEL: source})
 
 
