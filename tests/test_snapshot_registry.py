@@ -218,6 +218,11 @@ def test_cli_pull_names_the_digest_and_exits_2_on_a_mismatch(registry_http, targ
     res = _cli(target.layout.home, "snapshot", "pull", f"{registry_http.host}/forkd/cli@sha256:xyz")
     assert res.returncode == 2 and "malformed" in res.stderr, res.stderr
     assert "--insecure-registry" in _cli(target.layout.home, "snapshot", "pull", "--help").stdout
+    res = _cli(target.layout.home, "snapshot", "push", "--insecure-registry", "nosuch", f"{registry_http.host}/x:v1")
+    assert res.returncode == 3 and "nosuch" in res.stderr, res.stderr
+    res = _cli(target.layout.home, "snapshot", "push", "nosuch", f"{registry_http.host}/x@sha256:{'0' * 64}")
+    assert res.returncode == 2 and "name a tag" in res.stderr, res.stderr
+    assert "artifact" in _cli(target.layout.home, "snapshot", "push", "--help").stdout
 
 
 @pytest.mark.vm

@@ -80,12 +80,18 @@ def _layout(work: Path, pack_file: Path, summary: dict[str, Any]) -> tuple[Path,
     return lay, raw
 
 
-def publish(pack_file: Path, summary: dict[str, Any], ref: str, options: RegistryOptions | None, work: Path) -> str:
-    """Push `pack_file` (moved into a layout under `work`) as an artifact to `ref` (a tag); its manifest digest."""
+def push_reference(ref: str) -> Reference:
+    """A reference to push to: it names a tag and no digest (the registry gives the digest), else InvalidInput."""
     r = reference(ref)
     if r.digest or not r.tag:
         raise InvalidInput(f"push to {r.text}: name a tag (HOST/NAME:TAG); the registry gives the digest",
                            hint="e.g. 127.0.0.1:5000/forkd/base:v1")
+    return r
+
+
+def publish(pack_file: Path, summary: dict[str, Any], ref: str, options: RegistryOptions | None, work: Path) -> str:
+    """Push `pack_file` (moved into a layout under `work`) as an artifact to `ref` (a tag); its manifest digest."""
+    r = push_reference(ref)
     lay, raw = _layout(work, pack_file, summary)
     digestfile = work / "digest"
     options = options or RegistryOptions()
@@ -102,7 +108,7 @@ def push(rt: Runtime, tag: str, ref: str, options: RegistryOptions | None = None
          level: int = 3, owned: bool = False) -> dict[str, Any]:
     """Pack the chain of `tag` and push it as an artifact to `ref` (HOST/NAME:TAG)."""
     t0 = time.perf_counter()
-    r = reference(ref)
+    r = push_reference(ref)  # before the pack is written
     work = rt.layout.tmp / owned_name("oci-push")
     work.mkdir(mode=0o700)
     try:
