@@ -38,7 +38,7 @@ def _snapshot(node: Node, tag: str) -> dict | None:
         return None
 
 
-def test_a_parent_is_built_once_and_pulled_by_digest_elsewhere(api, two, workdir, registry_http):
+def test_a_parent_and_a_layer_are_built_once_and_pulled_by_digest_elsewhere(api, two, workdir, registry_http):
     op = Operator(api, two, workdir, FORKD_OPERATOR_REGISTRY=f"{registry_http.host}/forkd-op",
                   FORKD_INSECURE_REGISTRIES=registry_http.host).start()
     try:
@@ -63,8 +63,23 @@ def test_a_parent_is_built_once_and_pulled_by_digest_elsewhere(api, two, workdir
         events = RemoteBackend(pulled.socket).describe("ForkParent", qname(NS, "shared")).get("events") or []
         assert not [e for e in events if e.get("reason") == "BuildParent"], events
 
+        # a layer on it: built where the operator places it, its chain pulled elsewhere (the base already there)
+        api.create("forklayers", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ForkLayer",
+                                  "metadata": {"name": "tools", "namespace": NS},
+                                  "spec": {"from": "shared", "run": ["echo layered > /root/l"]}})
+        lst = wait_for("the layer Ready on both nodes", lambda: (o := api.get("forklayers", NS, "tools"))
+                       and len(((o.get("status") or {}).get("distribution") or {}).get("nodes") or []) == 2
+                       and o["status"], timeout=600, log=op.log)
+        ldist = lst["distribution"]
+        lpulled = next(n for n in two if n.name != ldist["builtOn"])
+        copy = _snapshot(lpulled, ldist["snapshot"])
+        assert copy and copy["parent_tag"] == dist["snapshot"], copy
+        assert copy["labels"]["forkd.dev/source"] == "oci:" + ldist["ref"].removeprefix("docker://")
+
+        api.delete("forklayers", NS, "tools")
         api.delete("forkparents", NS, "shared")
-        wait_for("both copies released", lambda: _snapshot(built, dist["snapshot"]) is None
-                 and _snapshot(pulled, dist["snapshot"]) is None, timeout=120, log=op.log)
+        wait_for("every copy released", lambda: all(_snapshot(n, t) is None for n in two
+                                                    for t in (dist["snapshot"], ldist["snapshot"])),
+                 timeout=180, log=op.log)
     finally:
         op.stop()
