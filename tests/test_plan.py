@@ -2,6 +2,7 @@
 determinism, status and the World; ForkClaim and namespaces are in tests/test_plan_claims.py."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -71,7 +72,9 @@ def test_spec_change_builds_new_tag_keeps_old_snapshot_while_used_then_collects_
     (snap("py-0000000000", status="writing"), False),
     (snap("mine", owner=None), False),  # made by hand: never collected
     (snap(status="failed"), False),  # current desired tag: retried, not collected
-], ids=["unused", "failed-unused", "writing", "hand-made", "failed-desired"])
+    (dataclasses.replace(snap("py-0000000000"), pulled_at=NOW - 5), False),  # pulled, its object not applied yet
+    (dataclasses.replace(snap("py-0000000000"), pulled_at=NOW - 61), True),  # pulled, grace over: collected
+], ids=["unused", "failed-unused", "writing", "hand-made", "failed-desired", "pulled-in-grace", "pulled-grace-over"])
 def test_snapshot_gc(s, collected):
     d, a = world(snapshots=(snap(), s) if s.tag != TAG else (s,))
     assert (DeleteSnapshot(s.tag, "unused") in plan(d, a)) is collected

@@ -32,8 +32,8 @@ from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 
 # forkd's own verbs: builds and forks boot VMs; gc sweeps host-wide leftovers by name; doctor probes with a boot;
-# pack/unpack/pull/push read and write the paths they are given
-EXCLUDED = (r"^/v1/(sandboxes|snapshots(/[^/]+/compact)?|pools/[^/]+/claim|sandboxes/[^/]+/branch"
+# pack/unpack/pull/push read and write the paths they are given; snapshots/push|pull reach the registry they name
+EXCLUDED = (r"^/v1/(sandboxes|snapshots(/[^/]+/compact|/push|/pull)?|pools/[^/]+/claim|sandboxes/[^/]+/branch"
             r"|build/[a-z-]+|children|gc|doctor|pack|unpack|pull|push)$")
 
 

@@ -4,7 +4,7 @@ and without a daemon. Paths in bodies (pack files) are on the daemon's host.
 
   GET  /v1/children            ls            POST /v1/children   fork       POST /v1/children/kill   kill
   POST /v1/children/{id}/fork  fork --from-sandbox                POST /v1/children/{id}/timeout
-  POST /v1/gc, /v1/doctor, /v1/pack, /v1/unpack, /v1/pull, /v1/push   GET /v1/audit/verify
+  POST /v1/gc, /v1/doctor, /v1/pack, /v1/unpack, /v1/pull, /v1/push, /v1/snapshots/{push,pull}   GET /v1/audit/verify
 exec, eval, ping and branch use the upstream /v1/sandboxes routes (forkd.api.routes_sandboxes).
 """
 
@@ -83,3 +83,11 @@ def _chain_routes(r: APIRouter, s: Service) -> None:
     @r.post("/v1/push")
     def push(req: wire.PushRequest) -> dict[str, Any]:
         return s.push(req.tag, req.ref, req.hub, force=req.force)
+
+    @r.post("/v1/snapshots/push", status_code=201)
+    def snapshot_push(req: wire.SnapshotPushRequest) -> dict[str, Any]:
+        return s.snapshot_push(req)
+
+    @r.post("/v1/snapshots/pull")
+    def snapshot_pull(req: wire.SnapshotPullRequest) -> dict[str, Any]:
+        return s.snapshot_pull(req)

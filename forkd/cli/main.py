@@ -21,7 +21,7 @@ from forkd import __version__
 from forkd.base.durations import EXAMPLES
 from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
-from forkd.cli import config, cp, declarative, k8s, streams
+from forkd.cli import config, cp, declarative, distribute, k8s, streams
 from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
 from forkd.cli.daemon import reads
@@ -434,6 +434,7 @@ declarative.register(app)
 packs_cli.register(app)
 images_cli.register(app)
 branch_cli.register(app, snapshot_app)
+distribute.register(snapshot_app)
 k8s.register(app)
 config.register(app)
 cp.register(app)

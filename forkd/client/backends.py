@@ -80,6 +80,8 @@ class Backend(Protocol):
              on_bytes: Callable[[int, int], None] | None = None) -> Json: ...
     def push(self, tag: str, ref: str, hub: str | None = None, force: bool = False,
              progress: Progress = ...) -> Json: ...
+    def snapshot_push(self, req: Any, progress: Progress = ...) -> Json: ...  # wire.SnapshotPushRequest
+    def snapshot_pull(self, req: Any, progress: Progress = ...) -> Json: ...  # wire.SnapshotPullRequest
 
 
 def backend() -> Backend:

@@ -170,3 +170,9 @@ class LocalBackend:
     def push(self, tag: str, ref: str, hub: str | None = None, force: bool = False,
              progress: Progress = _quiet) -> dict[str, Any]:
         return self.service.push(tag, ref, hub, force=force, progress=progress)
+
+    def snapshot_push(self, req: wire.SnapshotPushRequest, progress: Progress = _quiet) -> dict[str, Any]:
+        return self.service.snapshot_push(req, progress=progress)
+
+    def snapshot_pull(self, req: wire.SnapshotPullRequest, progress: Progress = _quiet) -> dict[str, Any]:
+        return self.service.snapshot_pull(req, progress=progress)

@@ -227,3 +227,9 @@ class RemoteBackend:
     def push(self, tag: str, ref: str, hub: str | None = None, force: bool = False,
              progress: Progress = _quiet) -> dict[str, Any]:
         return self._long(progress, "POST", "/v1/push", {"tag": tag, "ref": ref, "hub": hub, "force": force})
+
+    def snapshot_push(self, req: Any, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/snapshots/push", req.model_dump(mode="json"))
+
+    def snapshot_pull(self, req: Any, progress: Progress = _quiet) -> dict[str, Any]:
+        return self._long(progress, "POST", "/v1/snapshots/pull", req.model_dump(mode="json"))

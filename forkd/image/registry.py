@@ -118,7 +118,9 @@ class Pinned:
                 "manifest": self.manifest}
 
 
-def _skopeo(args: list[str], what: str, ref: Reference) -> bytes:
+def skopeo(args: list[str], what: str, ref: Reference) -> bytes:
+    """Run skopeo with `args`; its output, or its failure as the error kind a caller can act on (naming `what` and
+    `ref`)."""
     argv = [SKOPEO, *args]
     try:
         res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=TIMEOUT_S, check=False)
@@ -153,7 +155,7 @@ def _error(what: str, ref: Reference, msg: str) -> ForkdError:
 
 
 def _manifest(ref: Reference, at: str, options: RegistryOptions) -> tuple[bytes, dict]:
-    raw = _skopeo(["inspect", "--raw", "--no-tags", *options.flags(), PREFIX + at], "reading the manifest of", ref)
+    raw = skopeo(["inspect", "--raw", "--no-tags", *options.flags(), PREFIX + at], "reading the manifest of", ref)
     if len(raw) > MAX_MANIFEST_BYTES:
         raise InvalidInput(f"{ref.text}: the registry sent a manifest of {len(raw)} bytes (at most "
                            f"{MAX_MANIFEST_BYTES})")
@@ -195,7 +197,7 @@ def pull(pinned: Pinned, dest: Path) -> Source:
     if pinned.layer_bytes * 2 > free:
         raise Unavailable(f"pulling {pinned.ref.text}: its layers take {pinned.layer_bytes} bytes compressed and "
                           f"only {free} bytes are free under {dest.parent}", hint="free some space, or forkd gc")
-    _skopeo(["copy", "--quiet", *pinned.options.flags("src-"), f"{PREFIX}{pinned.ref.repository}@{pinned.manifest}",
+    skopeo(["copy", "--quiet", *pinned.options.flags("src-"), f"{PREFIX}{pinned.ref.repository}@{pinned.manifest}",
              f"dir:{dest}"], "pulling", pinned.ref)
     return dir_source(dest, pinned.manifest, pinned.ref.text)
 

@@ -25,7 +25,9 @@ Which daemons, and which of them each resource goes to: forkd.operator.discovery
 Ready pods FORKD_NODE_PODS names, else the local daemon) and forkd.operator.placement (parents and layers to every
 node; a pool split across nodes by capacity; a claim where the pool has warm children). The status of a resource
 on several nodes is combined into one (forkd.operator.combine: a pool's `nodes` split, a claim's children with
-their node and endpoint); a claim's children get a Secret with a token scoped to them (forkd.operator.claims).
+their node and endpoint); a claim's children get a Secret with a token scoped to them (forkd.operator.claims). With
+FORKD_OPERATOR_REGISTRY set, parents and layers are built on one node and pulled by digest on the others
+(forkd.operator.distribute).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import pydantic
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.settings import read_one
 from forkd.client.remote import RemoteBackend
-from forkd.operator import claims, placement  # noqa: F401 (placement: tests reach it here)
+from forkd.operator import claims, distribute, placement  # noqa: F401 (placement: tests reach it here)
 from forkd.operator.combine import claim_status, cond, pool_status, shown
 from forkd.operator.crdgen import GROUP, VERSION, plural
 from forkd.operator.placement import (  # noqa: F401 (re-exported: the tests and callers name them here)
@@ -204,12 +206,19 @@ def reconcile(body: Mapping[str, Any], patch: Any, logger: logging.Logger | logg
             patch_status(patch, status, new)
             return
         known = nodes()
-        targets = _targets(body, obj, known)
-        per_node: dict[str, dict[str, Any]] = {}
-        for node, o in targets.items():
+
+        def on(node: str, o: ForkObject) -> dict[str, Any]:
             b = daemon(known[node])
-            per_node[node] = _apply_on(b, o, body, meta, status, settle, log)
+            st = _apply_on(b, o, body, meta, status, settle, log)
             publish_events(b, o, body, node, log)
+            return st
+
+        if distribute.applies(obj, known, bool((meta.get("annotations") or {}).get(NODE_KEY))):
+            new = distribute.reconcile(obj, _source(body), known, status, on, lambda n: daemon(known[n]), log)
+            patch_status(patch, status, new)
+            return
+        targets = _targets(body, obj, known)
+        per_node = {node: on(node, o) for node, o in targets.items()}
         patch_status(patch, status, _combine(body, obj, per_node, targets, known, status))
     except ForkdError as exc:
         patch_status(patch, status, error_status(exc, meta.get("generation"), status))

@@ -20,6 +20,7 @@ POOL_LABEL = "forkd.dev/pool"  # compacted bases: the pool they were compacted f
 SPEC_HASH_LABEL = "forkd.dev/spec-hash"
 COMPACTED_FROM_LABEL = "forkd.dev/compacted-from"  # set by forkd.core.pipeline.compaction
 COMPACTION_REASON_LABEL = "forkd.dev/compaction-reason"
+PULLED_AT_LABEL = "forkd.dev/pulled-at"  # set by forkd.core.pack on an owned pull (time of day, seconds)
 
 
 def desired(objects: ObjectStore) -> Desired:
@@ -47,8 +48,16 @@ def actual_snapshots(rt: Runtime) -> list[SnapshotState]:
                                      spec_hash=s.labels.get(SPEC_HASH_LABEL), error=s.error,
                                      created_at=s.created_at, parent_tag=s.parent_tag,
                                      compacted_from=s.labels.get(COMPACTED_FROM_LABEL),
-                                     compaction_reason=s.labels.get(COMPACTION_REASON_LABEL)))
+                                     compaction_reason=s.labels.get(COMPACTION_REASON_LABEL),
+                                     pulled_at=_seconds(s.labels.get(PULLED_AT_LABEL))))
     return out
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def child_states(rt: Runtime, pool: str | None = None, now: float | None = None,

@@ -20,6 +20,7 @@ class SnapshotState:
     parent_tag: str | None = None  # layers: the snapshot it is a diff against
     compacted_from: str | None = None  # compacted bases: the chain head they were written from
     compaction_reason: str | None = None
+    pulled_at: float | None = None  # owned pulls (forkd.core.pack.oci): when it was installed, for the grace window
 
 
 @dataclass(frozen=True)

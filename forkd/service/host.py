@@ -80,3 +80,22 @@ class Host:
         from forkd.core.hub import push
 
         return push(self.rt, tag, ref, hub, progress, force=force)
+
+    def snapshot_push(self, req: Any, progress: Progress = _quiet) -> dict[str, Any]:
+        """Pack a chain and push it to an OCI registry as an artifact (forkd.core.pack.oci)."""
+        from forkd.core.pack.oci import push
+
+        return push(self.rt, req.tag, req.ref, _registry(req.registry), progress, level=req.level, owned=req.owned)
+
+    def snapshot_pull(self, req: Any, progress: Progress = _quiet) -> dict[str, Any]:
+        """Pull a snapshot artifact from an OCI registry, verify every digest and unpack it."""
+        from forkd.core.pack.oci import pull
+
+        return pull(self.rt, req.ref, _registry(req.registry), progress, owned=req.owned)
+
+
+def _registry(reg: Any) -> Any:
+    """The wire's RegistryPull as forkd.image.registry's options (None: skopeo's defaults, verified TLS)."""
+    from forkd.image.registry import RegistryOptions
+
+    return RegistryOptions(**reg.model_dump()) if reg is not None else None

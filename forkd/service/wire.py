@@ -222,6 +222,20 @@ class PushRequest(Strict):
     force: bool = False
 
 
+class SnapshotPushRequest(Strict):
+    tag: str = Field(min_length=1, max_length=63, description="chain head to push (with every ancestor)")
+    ref: str = Field(min_length=1, max_length=512, description="[docker://]HOST[:PORT]/NAME:TAG to push to")
+    registry: RegistryPull | None = Field(None, description="how to reach the registry (as for image pulls)")
+    level: int = Field(3, ge=1, le=19, description="zstandard level of the pack")
+    owned: bool = Field(False, description="allow tags the reconciler owns (for a puller that pins the digest)")
+
+
+class SnapshotPullRequest(Strict):
+    ref: str = Field(min_length=1, max_length=512, description="[docker://]HOST[:PORT]/NAME@sha256:DIGEST (or :TAG)")
+    registry: RegistryPull | None = Field(None, description="how to reach the registry (as for image pulls)")
+    owned: bool = Field(False, description="keep the tags and labels the reconciler owns; needs a digest")
+
+
 # -- errors ---------------------------------------------------------------------------------------
 class Problem(Wire):
     """RFC 9457 problem details; `error` repeats `detail` for clients written for upstream's ErrorBody."""

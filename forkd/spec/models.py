@@ -87,6 +87,22 @@ class Status(Strict):
         return next((c for c in self.conditions if c.type == type_), None)
 
 
+class NodeCopy(Strict):
+    node: str = Field(description="the node daemon")
+    digest: str = Field(description="the artifact digest of the snapshot it holds")
+    via: Literal["built", "pulled"] = Field(description="built there, or pulled by digest from the registry")
+
+
+class Distribution(Strict):
+    """Kubernetes, with FORKD_OPERATOR_REGISTRY: the snapshot built on one node and pulled by digest by the others."""
+
+    snapshot: str = Field(description="the snapshot's tag")
+    builtOn: str = Field(description="the node that built it")
+    ref: str = Field(description="the OCI artifact it was pushed as, pinned by digest")
+    digest: str = Field(description="the artifact's manifest digest (sha256:...)")
+    nodes: list[NodeCopy] = Field(default_factory=list, description="each node holding it, and how")
+
+
 # -- ForkParent -------------------------------------------------------------------------------------
 RootfsKind = Literal["auto", "initramfs", "disk"]
 ROOTFS_DOC = ("how the rootfs reaches the guest: initramfs (in guest RAM), disk (an ext4 root disk; each child "
@@ -175,6 +191,8 @@ class ForkParentSpec(Strict):
 class ForkParentStatus(Status):
     snapshot: str | None = Field(None, description="the ready snapshot's tag")
     specHash: str | None = Field(None, description="hash of the spec the snapshot was built from")
+    distribution: Distribution | None = Field(None, description="Kubernetes: where the snapshot was built and "
+                                                                "which nodes pulled it by digest")
 
 
 class ForkParent(Strict):
@@ -204,6 +222,8 @@ class ForkLayerSpec(Strict):
 class ForkLayerStatus(Status):
     snapshot: str | None = Field(None, description="the ready layer snapshot's tag")
     chainDepth: int | None = Field(None, description="how many diff snapshots lie between it and its base")
+    distribution: Distribution | None = Field(None, description="Kubernetes: where the layer was built and which "
+                                                                "nodes pulled it by digest")
 
 
 class ForkLayer(Strict):

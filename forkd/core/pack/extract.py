@@ -51,7 +51,7 @@ def _write_sparse(fd: int, b: bytes, off: int, budget: Budget, name: str) -> Non
             os.pwrite(fd, page, off + p)
 
 
-def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
+def extract(fh: BinaryIO, stage: Path, progress: Progress, owned: bool = False) -> dict:
     """Stream the pack into `stage`, checking every member; return the manifest, with `_sha256` the pack file's."""
     stream = ZstdStream(fh)
     budget = Budget(stream.raw, settings().pack_max_ratio, RATIO_FLOOR)
@@ -65,7 +65,7 @@ def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
     try:
         for info in tar:
             if manifest is None:
-                manifest = _read_manifest(tar, info)
+                manifest = _read_manifest(tar, info, owned)
             elif _stage_member(tar, info, manifest["_members"], stage, done, budget):
                 progress(f"verified {info.name}")
     except tarfile.TarError as exc:
@@ -84,14 +84,14 @@ def extract(fh: BinaryIO, stage: Path, progress: Progress) -> dict:
     return manifest
 
 
-def _read_manifest(tar: tarfile.TarFile, info: tarfile.TarInfo) -> dict:
+def _read_manifest(tar: tarfile.TarFile, info: tarfile.TarInfo, owned: bool) -> dict:
     """The pack's first member, which must be its manifest."""
     if info.name != PACK_MANIFEST or not info.isreg():
         raise PackError(f"the first member of a pack must be {PACK_MANIFEST} (found {info.name!r})")
     if info.size > MAX_MANIFEST_BYTES:
         raise PackError(f"{PACK_MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
     f = tar.extractfile(info)
-    return parse_manifest(f.read(MAX_MANIFEST_BYTES + 1) if f else b"")
+    return parse_manifest(f.read(MAX_MANIFEST_BYTES + 1) if f else b"", owned)
 
 
 def _stage_member(tar: tarfile.TarFile, info: tarfile.TarInfo, entries: dict, stage: Path, done: set[str],

@@ -36,8 +36,9 @@ def build_manifest(tag: str, snaps: list[Snapshot], image_ids: list[str], listed
             "forkd_version": __version__, "members": listed}
 
 
-def parse_manifest(raw: bytes) -> dict:
-    """The validated manifest, with `_members` mapping each member path to its declared size and sha256."""
+def parse_manifest(raw: bytes, owned: bool = False) -> dict:
+    """The validated manifest, with `_members` mapping each member path to its declared size and sha256. `owned`:
+    the caller pinned the pack's digest to one it trusts, so the chain may hold tags the reconciler owns."""
     try:
         m = json.loads(raw)
     except ValueError as exc:
@@ -51,7 +52,9 @@ def parse_manifest(raw: bytes) -> dict:
     if not isinstance(chain, list) or not chain or len(chain) > 256:
         raise PackError("pack manifest: 'chain' must list 1..256 snapshot tags, root first")
     for t in chain:
-        check_unowned_tag(check_name(t, "snapshot tag in 'chain'"))
+        check_name(t, "snapshot tag in 'chain'")
+        if not owned:
+            check_unowned_tag(t)
     if len(set(chain)) != len(chain):
         raise PackError("pack manifest: 'chain' repeats a tag")
     if m.get("head") != chain[-1]:

@@ -21,6 +21,7 @@ from forkd.core.pack.rules import (
     MAX_MANIFEST_BYTES,
     OWNED_PREFIX,
     PACK_MANIFEST,
+    PULLED_AT_LABEL,
     SOURCE_LABEL,
     PackError,
     Progress,
@@ -66,19 +67,22 @@ def _plan(rt: Runtime, stage: Path, m: dict, snaps: list[Snapshot],
     return plan, skipped
 
 
-def _provenance(s: Snapshot, pack_sha: str) -> Snapshot:
-    """The record as installed: labels forkd sets itself (owner, spec hash, source ...) are never taken from a pack;
-    forkd.dev/source says which pack the snapshot came from."""
-    labels = {k: v for k, v in s.labels.items() if not k.startswith(OWNED_PREFIX)}
-    return s.with_(labels={**labels, SOURCE_LABEL: f"pack:{pack_sha}"})
+def _provenance(s: Snapshot, source: str, owned: bool) -> Snapshot:
+    """The record as installed: labels forkd sets itself (owner, spec hash ...) are never taken from a pack unless
+    it is `owned` (its digest pinned by a caller that trusts its builder, e.g. the operator distributing a parent
+    one of its nodes built); forkd.dev/source says where the snapshot came from."""
+    labels = {k: v for k, v in s.labels.items() if owned or not k.startswith(OWNED_PREFIX)}
+    if owned:  # the reconciler keeps it a while although its object is not applied yet
+        labels[PULLED_AT_LABEL] = f"{time.time():.0f}"
+    return s.with_(labels={**labels, SOURCE_LABEL: source})
 
 
-def _install(rt: Runtime, plan: list[tuple[Path, Path, str]], snaps: dict[str, Snapshot], pack_sha: str,
-             progress: Progress) -> list[str]:
+def _install(rt: Runtime, plan: list[tuple[Path, Path, str]], snaps: dict[str, Snapshot], source: str,
+             owned: bool, progress: Progress) -> list[str]:
     installed = []
     for src, target, label in plan:  # images first, then the chain root to head: never a head alone
         if label in snaps:  # a snapshot: the store brings it into being (record, modes, fsync, rename)
-            rt.store.install(src, _provenance(snaps[label], pack_sha))
+            rt.store.install(src, _provenance(snaps[label], source, owned))
         else:
             _install_image(src, target, label)
         installed.append(label)
@@ -98,9 +102,12 @@ def _install_image(src: Path, target: Path, label: str) -> None:
         raise
 
 
-def unpack(rt: Runtime, path: Path, progress: Progress = quiet) -> dict:
+def unpack(rt: Runtime, path: Path, progress: Progress = quiet, owned: bool = False,
+           source: str | None = None) -> dict:
     """Verify a pack completely in a private directory, then move each image into place and install each
-    snapshot through the store (labelled forkd.dev/source: pack:<sha256 of the pack file>)."""
+    snapshot through the store (labelled forkd.dev/source: `source`, default pack:<sha256 of the pack file>).
+    `owned`: the caller pinned this pack's digest to a build it trusts; its tags and labels the reconciler owns are
+    kept (forkd.core.pack.oci)."""
     t0 = time.perf_counter()
     path = Path(path)
     if not path.is_file():
@@ -109,15 +116,16 @@ def unpack(rt: Runtime, path: Path, progress: Progress = quiet) -> dict:
     stage.mkdir(mode=0o700)
     try:
         with open(path, "rb") as fh:
-            m = extract(fh, stage, progress)
+            m = extract(fh, stage, progress, owned)
         snaps, images = check_staged(stage, m)
         # decide everything before moving anything: conflicts are refused with nothing installed
         plan, skipped = _plan(rt, stage, m, snaps, images)
-        installed = _install(rt, plan, {s.tag: s for s in snaps}, m["_sha256"], progress)
+        source = source or f"pack:{m['_sha256']}"
+        installed = _install(rt, plan, {s.tag: s for s in snaps}, source, owned, progress)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return {"head": m["head"], "chain": m["chain"], "image_id": m["image_id"], "installed": installed,
-            "skipped": skipped, "members": len(m["_members"]), "source": f"pack:{m['_sha256']}",
+            "skipped": skipped, "members": len(m["_members"]), "source": source,
             "logical_bytes": sum(e["size"] for e in m["_members"].values()),
             "seconds": round(time.perf_counter() - t0, 3)}
 

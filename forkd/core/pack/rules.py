@@ -24,6 +24,7 @@ IMAGE_DISK = "rootfs.ext4"  # a disk-backed image's root disk (forkd.image.rootf
 SPARSE_FILES = (MEMORY, DISK, IMAGE_DISK)  # mostly holes: hashed extent by extent
 RATIO_FLOOR = 64 << 20  # bytes written before the compression-ratio bound applies
 SOURCE_LABEL = "forkd.dev/source"  # provenance of an unpacked snapshot: "pack:<sha256 of the pack file>"
+PULLED_AT_LABEL = "forkd.dev/pulled-at"  # an owned pull's install time (forkd.reconciler.observe reads it)
 OWNED_PREFIX = "forkd.dev/"  # labels forkd sets itself (owner, spec hash ...): never taken from a pack
 # The reconciler's tags (forkd/reconciler/world.py): "<object name>-<10 hex>" for parents, layers and branches,
 # "cmp-<16 hex>" for compactions. A pack may not claim one: the reconciler would adopt it as the snapshot it

@@ -103,13 +103,15 @@ def _write(out: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[
         tmp.unlink(missing_ok=True)
 
 
-def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: int = 3) -> dict:
-    """Write the chain of `tag` (every ancestor, root first) and its guest image to `out` (.tar.zst)."""
+def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: int = 3, owned: bool = False) -> dict:
+    """Write the chain of `tag` (every ancestor, root first) and its guest image to `out` (.tar.zst). `owned`:
+    tags the reconciler owns may be packed (for a puller that pins the digest: forkd.core.pack.oci)."""
     t0 = time.perf_counter()
     check_tag(tag)
     snaps = rt.store.ancestors(tag)  # every link present, ready, and holding the content its child was built on
     for s in snaps:
-        check_unowned_tag(s.tag)  # no one could unpack it: say so now, with the way out
+        if not owned:
+            check_unowned_tag(s.tag)  # no one could unpack it: say so now, with the way out
         if s.status != "ready":
             raise Conflict(f"snapshot {s.tag!r} is {s.status}: only ready snapshots can be packed")
     image_ids = list(dict.fromkeys(s.image_id for s in snaps))
@@ -123,4 +125,5 @@ def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: in
     _write(out, raw, members, listed, progress, level)
     return {"tag": tag, "chain": manifest["chain"], "image_id": manifest["image_id"], "path": str(out),
             "members": len(listed), "logical_bytes": sum(m["size"] for m in listed),
-            "pack_bytes": out.stat().st_size, "seconds": round(time.perf_counter() - t0, 3)}
+            "pack_bytes": out.stat().st_size, "seconds": round(time.perf_counter() - t0, 3),
+            "manifest": {k: manifest[k] for k in ("head", "chain", "image_id", "images", "forkd_version")}}
