@@ -75,6 +75,7 @@ FINALIZER = "forkd.dev/finalizer"
 INTERVAL: float = read_one("operator_interval")
 RETRY: float = read_one("operator_retry")
 DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the delete handler
+CANCELLATION_POLL = 1.0  # seconds between kopf's checks that a deleted resource's timer has exited
 
 _STARTED = time.time()
 _posted: dict[str, float] = {}  # "uid@node" -> time of the newest daemon event published as a Kubernetes Event
@@ -335,12 +336,16 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
 
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Keep kopf's bookkeeping in annotations (the status schema is structural: it has no room for it)."""
+    """Keep kopf's bookkeeping in annotations (the status schema is structural: it has no room for it); release
+    a deleted resource as soon as its timer has exited."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="operator.forkd.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="operator.forkd.dev", key="last-handled-configuration")
     settings.posting.level = logging.WARNING
+    # a deleted resource keeps its finalizer until its timer has exited, and kopf checks that every this many
+    # seconds (60 by default): every deletion that met a timer mid-tick would wait that long for nothing
+    settings.background.cancellation_polling = CANCELLATION_POLL
 
 
 def register(registry: kopf.OperatorRegistry | None = None) -> kopf.OperatorRegistry:

@@ -47,11 +47,13 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def two(rt):
+def two(rt, tmp_path_factory):
     rt.build_image()
     made = []
+    logs = tmp_path_factory.mktemp("span-nodes")
     for name in ("s1", "s2"):
-        node = Node(name, images=rt.layout.images, token=TOKEN, memory_mib=200)  # room for one child of 128 MiB
+        # room for one child of 128 MiB; the logs kept for a failure
+        node = Node(name, images=rt.layout.images, token=TOKEN, memory_mib=200, logdir=logs)
         if rt.layout.accel_cache.exists():
             shutil.copy(rt.layout.accel_cache, node.layout.accel_cache)
         made.append(node)
