@@ -222,7 +222,11 @@ def _targets(body: Mapping[str, Any], obj: ForkObject, known: Mapping[str, str])
     """node -> the object applied there: a pool's with that node's share of spec.warm, a claim's with that node's
     count (placement); every other kind, and a pinned resource, as it is."""
     namespace = str(_meta(body).get("namespace") or "")
-    if (_meta(body).get("annotations") or {}).get(NODE_KEY):
+    pin = (_meta(body).get("annotations") or {}).get(NODE_KEY)
+    if pin:
+        children = (body.get("status") or {}).get("children") or []
+        if obj.kind == "ForkClaim" and pin not in known and any(c.get("node") == pin for c in children):
+            return {}  # its node left: its children are reported lost (combine.claim_status), not a bad pin
         return {n: obj for n in place(body)}
     if obj.kind == "ForkPool":
         return {n: obj.model_copy(update={"spec": obj.spec.model_copy(update={"warm": k})})
