@@ -72,7 +72,7 @@ class Node:
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
         wait_for(f"node {name}'s socket", lambda: self.proc.poll() is not None or (
             self.layout.daemon_socket.exists() and (self.port is None or _listening(self.port))),
-            timeout=30, log=self.log)
+            timeout=120, log=self.log)  # a loaded machine starts a daemon slowly
         assert self.proc.poll() is None, self.log.read_text()[-2000:]
 
     @property
