@@ -70,3 +70,17 @@ def test_a_claim_pinned_to_a_node_that_left_is_lost_not_invalid(monkeypatch):
     assert handlers._targets(body, handlers.to_model(body), {"a": "http://a"}) == {}
     st = claim_status({}, {"a": "http://a"}, body["status"])
     assert st["children"][0]["status"] == LOST
+
+
+def test_an_error_keeps_what_the_status_knew():
+    """A failed reconcile says why in its conditions and keeps the rest: a claim's children (lost ones too) stay in
+    its status, else the next tick would find it placed nowhere and claim again elsewhere."""
+    from forkd.base.errors import Unavailable
+    from forkd.operator import handlers
+
+    previous = {"children": [{"id": "c1", "status": LOST, "node": "b"}], "tokenSecret": "forkd-claim-x",
+                "observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True"}]}
+    out = handlers.error_status(Unavailable("the API server timed out"), 1, previous)
+    assert out["children"] == previous["children"] and out["tokenSecret"] == "forkd-claim-x"
+    ready = next(c for c in out["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "DaemonError")

@@ -139,11 +139,14 @@ def k8s_status(obj: ForkObject, previous: Mapping[str, Any] | None = None) -> di
 
 
 def error_status(exc: ForkdError, generation: int | None, previous: Mapping[str, Any]) -> dict[str, Any]:
-    """Conditions saying why the resource cannot be reconciled right now."""
+    """Conditions saying why the resource cannot be reconciled right now; the rest of the previous status (a
+    claim's children and where they are, a pool's split) is kept: an error is no news about them, and a claim whose
+    children vanished from its status would be placed again."""
     reason = "InvalidSpec" if isinstance(exc, InvalidInput) else "NoCapacity" if isinstance(exc, NoCapacity) \
         else "Conflict" if isinstance(exc, Conflict) else "DaemonError"
     message = exc.message + (f" ({exc.hint})" if exc.hint else "")
-    out: dict[str, Any] = {"conditions": [
+    kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
+    out: dict[str, Any] = {**kept, "conditions": [
         cond("Ready", "False", reason, message, previous),
         cond("Reconciling", "False" if reason == "InvalidSpec" else "True", reason, "" if reason == "InvalidSpec"
               else f"retrying every {RETRY:.0f}s", previous),
