@@ -83,10 +83,7 @@ def pod_run(secret: dict, other: dict) -> dict:
     return json.loads(res.stdout)
 
 
-@pytest.mark.timeout(3000)  # two parents built at once under TCG on a shared machine
-# long: two parents built and four children restored under TCG; on this shared 2-core host it takes several
-# minutes after the session's image (more than CI's VM tier can give one test)
-@pytest.mark.long
+@pytest.mark.timeout(3000)  # two parents built at once under TCG on a shared machine (minutes, not ten)
 def test_pool_across_nodes_claim_reached_from_a_pod(api, two, workdir):
     for n in two:
         api.create("pods", n.pod(SYSTEM))
