@@ -241,7 +241,7 @@ def markdown(result: dict, argv: str) -> str:
     rows = [("claim via operator (ForkClaim -> Ready)", c["operator"]), ("claim via daemon (POST claim)", c["daemon"]),
             ("exec from the pod, scoped token", x["scoped"]), ("exec from the pod, full token", x["full"])]
     lines = [f"# Kubernetes path: claims, node loss, exec from a pod, {result['host']['at'][:10]}", "",
-             f"`{argv}` (see bench/k8s.py for the rig: kmock's API server emulator, two real node daemons, "
+             f"`{argv}` (see bench/k8s.py for the rig: kmock's API server emulator, three real node daemons, "
              "the real operator process, real VMs under TCG).", "",
              f"**Host.** {result['host']['cpus']} CPUs shared with other sessions; 1-minute load "
              f"{result['host']['load_1m']} before, {result['host_after']['load_1m']} after; "
