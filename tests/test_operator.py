@@ -311,4 +311,6 @@ def test_handlers_registered_for_every_kind():
     settings = kopf.OperatorSettings()
     handlers.configure(settings=settings)
     assert settings.persistence.finalizer == handlers.FINALIZER
+    # a deletion waits for the resource's timer to exit: checked as often as the timer ticks, not kopf's 60 s
+    assert settings.background.cancellation_polling <= handlers.INTERVAL
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)

@@ -3,6 +3,8 @@ table-tested)."""
 
 from __future__ import annotations
 
+import pytest
+
 from forkd.operator.combine import LOST, claim_status, pool_status
 
 READY = [{"type": "Ready", "status": "True", "reason": "AsExpected", "message": "", "lastTransitionTime": "t"}]
@@ -35,6 +37,8 @@ def test_claim_children_carry_node_and_endpoint():
     assert st["children"] == [{"id": "c1", "status": "running", "node": "a", "endpoint": "http://10.0.0.1:8889"},
                               {"id": "c2", "status": "running", "node": "b"}]  # a unix socket is no endpoint
     assert st["claimed"] == 2 and st["expiresAt"] == "2026-01-01T00:09:00Z" and "node" not in st
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and ready["message"] == "2 children on nodes a, b"  # all of them, not one node's
 
 
 def test_children_on_a_node_that_left_are_reported_lost():
@@ -49,3 +53,34 @@ def test_children_on_a_node_that_left_are_reported_lost():
     # every node gone: still reported, nothing dropped
     st = claim_status({}, {}, previous)
     assert {c["id"] for c in st["children"] if c["status"] == LOST} == {"c1", "c2"}
+
+
+def test_a_claim_pinned_to_a_node_that_left_is_lost_not_invalid(monkeypatch):
+    """A pin naming no known node is a bad spec, unless the claim's status has children there: then the node left."""
+    from forkd.base.errors import InvalidInput
+    from forkd.operator import handlers
+    from tests.test_operator import resource
+
+    monkeypatch.setenv("FORKD_NODES", "a=http://a")
+    body = resource("ForkClaim", "pinned", {"pool": "p", "count": 1})
+    body["metadata"]["annotations"][handlers.NODE_KEY] = "b"
+    with pytest.raises(InvalidInput, match="not a known node"):
+        handlers._targets(body, handlers.to_model(body), {"a": "http://a"})
+    body["status"] = {"children": [{"id": "c1", "status": "running", "node": "b", "endpoint": "http://b"}]}
+    assert handlers._targets(body, handlers.to_model(body), {"a": "http://a"}) == {}
+    st = claim_status({}, {"a": "http://a"}, body["status"])
+    assert st["children"][0]["status"] == LOST
+
+
+def test_an_error_keeps_what_the_status_knew():
+    """A failed reconcile says why in its conditions and keeps the rest: a claim's children (lost ones too) stay in
+    its status, else the next tick would find it placed nowhere and claim again elsewhere."""
+    from forkd.base.errors import Unavailable
+    from forkd.operator import handlers
+
+    previous = {"children": [{"id": "c1", "status": LOST, "node": "b"}], "tokenSecret": "forkd-claim-x",
+                "observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True"}]}
+    out = handlers.error_status(Unavailable("the API server timed out"), 1, previous)
+    assert out["children"] == previous["children"] and out["tokenSecret"] == "forkd-claim-x"
+    ready = next(c for c in out["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "DaemonError")

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from forkd.operator.split import NoRoom, node_room, split_claim, split_warm
+from forkd.operator.split import NoRoom, node_room, placed_claim, split_claim, split_warm
 
 CASES = [
     # (warm, room, current, expected)
@@ -102,3 +102,19 @@ def test_split_claim(what, count, warm, expected):
 def test_split_claim_needs_a_node():
     with pytest.raises(NoRoom, match="no node holds the pool"):
         split_claim(1, {})
+
+
+PLACED = [
+    # (what, status children's nodes, held {node: count}, expected)
+    ("held on two nodes, one has not claimed yet: both", ["a"], {"a": 1, "b": 1}, {"a": 1, "b": 1}),
+    ("held, nothing claimed yet anywhere", [], {"a": 2}, {"a": 2}),
+    ("a node that left keeps its children (reported lost)", ["a", "gone"], {"a": 1}, {"a": 1, "gone": 1}),
+    ("a known node that lost the object: applied again", ["a", "b", "b"], {"a": 1}, {"a": 1, "b": 2}),
+    ("held count wins over the children listed", ["a"], {"a": 3}, {"a": 3}),
+    ("nowhere yet", [], {}, {}),
+]
+
+
+@pytest.mark.parametrize("what,nodes,held,expected", PLACED, ids=[c[0] for c in PLACED])
+def test_placed_claim(what, nodes, held, expected):
+    assert placed_claim([{"id": f"c{i}", "node": n} for i, n in enumerate(nodes)], held) == expected

@@ -7,7 +7,8 @@ out; table-tested).
   (target) and its counts; `node` names the node when the pool is on one.
 - ForkClaim: the children of every node, each with its node and that daemon's endpoint (its URL; none for a unix
   socket); children the previous status placed on a node that has left are kept, with status `lost`, and make the
-  claim Degraded (reason NodeLost) and not Ready: they are reported, never silently dropped.
+  claim Degraded (reason NodeLost) and not Ready: they are reported, never silently dropped. A claim Ready on
+  several nodes says how many children it holds on which nodes.
 """
 
 from __future__ import annotations
@@ -91,4 +92,7 @@ def claim_status(per_node: Mapping[str, Mapping[str, Any]], known: Mapping[str, 
                              cond("Degraded", "True", "NodeLost", msg, previous)]
     elif not per_node:
         out["conditions"] = [cond("Ready", "Unknown", "Pending", "placed on no node yet", previous)]
+    elif len(per_node) > 1 and is_ready(out):  # one node's message counts only its own children: say all
+        msg = f"{len(children)} children on nodes {', '.join(sorted(per_node))}"
+        out["conditions"] = [dict(c, message=msg) if c.get("type") == "Ready" else c for c in out["conditions"]]
     return out

@@ -77,6 +77,7 @@ FINALIZER = "forkd.dev/finalizer"
 INTERVAL: float = read_one("operator_interval")
 RETRY: float = read_one("operator_retry")
 DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the delete handler
+CANCELLATION_POLL = 1.0  # seconds between kopf's checks that a deleted resource's timer has exited
 
 _STARTED = time.time()
 _posted: dict[str, float] = {}  # "uid@node" -> time of the newest daemon event published as a Kubernetes Event
@@ -140,11 +141,14 @@ def k8s_status(obj: ForkObject, previous: Mapping[str, Any] | None = None) -> di
 
 
 def error_status(exc: ForkdError, generation: int | None, previous: Mapping[str, Any]) -> dict[str, Any]:
-    """Conditions saying why the resource cannot be reconciled right now."""
+    """Conditions saying why the resource cannot be reconciled right now; the rest of the previous status (a
+    claim's children and where they are, a pool's split) is kept: an error is no news about them, and a claim whose
+    children vanished from its status would be placed again."""
     reason = "InvalidSpec" if isinstance(exc, InvalidInput) else "NoCapacity" if isinstance(exc, NoCapacity) \
         else "Conflict" if isinstance(exc, Conflict) else "DaemonError"
     message = exc.message + (f" ({exc.hint})" if exc.hint else "")
-    out: dict[str, Any] = {"conditions": [
+    kept = {k: v for k, v in previous.items() if k not in ("conditions", "observedGeneration")}
+    out: dict[str, Any] = {**kept, "conditions": [
         cond("Ready", "False", reason, message, previous),
         cond("Reconciling", "False" if reason == "InvalidSpec" else "True", reason, "" if reason == "InvalidSpec"
               else f"retrying every {RETRY:.0f}s", previous),
@@ -230,7 +234,11 @@ def _targets(body: Mapping[str, Any], obj: ForkObject, known: Mapping[str, str])
     """node -> the object applied there: a pool's with that node's share of spec.warm, a claim's with that node's
     count (placement); every other kind, and a pinned resource, as it is."""
     namespace = str(_meta(body).get("namespace") or "")
-    if (_meta(body).get("annotations") or {}).get(NODE_KEY):
+    pin = (_meta(body).get("annotations") or {}).get(NODE_KEY)
+    if pin:
+        children = (body.get("status") or {}).get("children") or []
+        if obj.kind == "ForkClaim" and pin not in known and any(c.get("node") == pin for c in children):
+            return {}  # its node left: its children are reported lost (combine.claim_status), not a bad pin
         return {n: obj for n in place(body)}
     if obj.kind == "ForkPool":
         return {n: obj.model_copy(update={"spec": obj.spec.model_copy(update={"warm": k})})
@@ -344,12 +352,16 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
 
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Keep kopf's bookkeeping in annotations (the status schema is structural: it has no room for it)."""
+    """Keep kopf's bookkeeping in annotations (the status schema is structural: it has no room for it); release
+    a deleted resource as soon as its timer has exited."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="operator.forkd.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="operator.forkd.dev", key="last-handled-configuration")
     settings.posting.level = logging.WARNING
+    # a deleted resource keeps its finalizer until its timer has exited, and kopf checks that every this many
+    # seconds (60 by default): every deletion that met a timer mid-tick would wait that long for nothing
+    settings.background.cancellation_polling = CANCELLATION_POLL
 
 
 def register(registry: kopf.OperatorRegistry | None = None) -> kopf.OperatorRegistry:

@@ -7,8 +7,9 @@
   of namespace/name breaking ties); existing shares stay as far as they fit; a node that left keeps nothing, so
   its share is refilled elsewhere. A node that holds the pool but gets no share keeps it at warm 0 (its claimed
   children stay until their claims end). Not enough room in all: NoCapacity (Degraded, retried).
-- ForkClaim: where it was placed (status.children's nodes, else the nodes whose daemons hold it); new claims go
-  to the nodes with warm children of the pool (split_claim). Nodes that left are reported, not re-placed.
+- ForkClaim: where it was placed (the nodes whose daemons hold it, and nodes that left with children in its
+  status: split.placed_claim); new claims go to the nodes with warm children of the pool (split_claim). Nodes
+  that left are reported, not re-placed.
 - ForkBranch of `pool/<name>`: where that pool is; of a child id: the annotation forkd.dev/node.
 - The annotation forkd.dev/node pins any resource to one node.
 A node that cannot be asked whether it holds an object stops its placement (Unavailable, retried): "did not
@@ -28,7 +29,7 @@ from forkd.base.paths import Layout
 from forkd.base.settings import settings
 from forkd.client.remote import RemoteBackend
 from forkd.operator import discovery
-from forkd.operator.split import NoRoom, node_room, split_claim, split_warm
+from forkd.operator.split import NoRoom, node_room, placed_claim, split_claim, split_warm
 from forkd.spec.namespaces import DEFAULT as DEFAULT_NAMESPACE
 from forkd.spec.namespaces import qname
 
@@ -159,15 +160,10 @@ def claim_shares(body: Mapping[str, Any], known: Mapping[str, str], namespace: s
     """node -> children of the claim it holds: where the claim was placed (its status, else the daemons holding
     it; nodes that left included: the caller reports them), else where the pool has warm children."""
     meta, spec = _meta(body), body.get("spec") or {}
-    placed: dict[str, int] = {}
-    for child in (body.get("status") or {}).get("children") or []:
-        if child.get("node"):
-            placed[child["node"]] = placed.get(child["node"], 0) + 1
+    held = holders(known, "ForkClaim", str(meta.get("name")), namespace)
+    placed = placed_claim((body.get("status") or {}).get("children") or [], {n: o.spec.count for n, o in held.items()})
     if placed:
         return placed
-    held = holders(known, "ForkClaim", str(meta.get("name")), namespace)
-    if held:
-        return {n: o.spec.count for n, o in held.items()}
     pool = str(spec.get("pool"))
     pools = holders(known, "ForkPool", pool, namespace)
     warm = {n: (o.status.warm if o.status is not None else 0) for n, o in pools.items() if o.spec.warm > 0}

@@ -84,3 +84,21 @@ def split_claim(count: int, warm: Mapping[str, int], key: str = "") -> dict[str,
     if need:
         out[order[0]] = out.get(order[0], 0) + need
     return dict(sorted(out.items()))
+
+
+def placed_claim(children: list[Mapping], held: Mapping[str, int]) -> dict[str, int]:
+    """node -> children of a claim already placed: each node whose daemon holds the claim (its count there), and
+    each node the last status puts children on that no daemon answers for (a node that left: its children are
+    reported lost; a known node that lost the object: it is applied again). A node whose daemon holds the claim
+    but has not claimed yet has no children in the status: it is placed all the same (the daemon's answer, not
+    the status, says where a claim is)."""
+    out = {n: int(k) for n, k in held.items()}
+    listed: dict[str, int] = {}
+    for child in children:
+        node = child.get("node")
+        if node:
+            listed[node] = listed.get(node, 0) + 1
+    for node, k in listed.items():
+        if node not in out:
+            out[node] = k
+    return dict(sorted(out.items()))

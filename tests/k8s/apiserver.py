@@ -6,6 +6,7 @@ It is not a real API server. What the emulator lacks and the harness adds here (
     spec), metadata.resourceVersion on every write;
   * the /scale subresource of ForkPool (GET and PATCH of a Scale, mapped through the CRD's specReplicasPath);
   * `kind`/`apiVersion` on list replies, and equality-based `labelSelector` filtering of them;
+  * PUT (replace) of a named object, which the emulator does not route;
   * pods and secrets as plain stored objects (no kubelet: a test writes a node daemon's pod, Ready, as the
     DaemonSet controller and the kubelet would; no garbage collector of owned objects).
 Merge patches are the emulator's own (dicts merged, lists replaced, null removes a key), as RFC 7386 says.
@@ -67,6 +68,9 @@ class Emulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None and request.subresource == "scale":
             return await self._scale(request)
+        if request.resource is not None and request.name and str(request.method) in ("PUT", "method.PUT") \
+                and isinstance(request.data, dict):
+            return await self._replace(request)
         if request.resource is not None and request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             meta.update(uid=str(uuid.uuid4()), generation=1, resourceVersion=str(next(self._rv)),
@@ -112,6 +116,24 @@ class Emulator(kmock.KubernetesEmulator):
             obj.patch({**spec_patch, "metadata": meta})
             await self._buses[request.resource].put({"type": "MODIFIED", "object": obj.raw})
 
+    async def _replace(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """PUT of a named object: its whole content replaced (uid and creationTimestamp kept), a new
+        resourceVersion, a MODIFIED watch event; 404 for one that does not exist."""
+        async with self._lock:
+            key = self._key(request)
+            if key not in self.objects or self.objects[key].deleted:
+                return aiohttp.web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+            obj = self.objects[key]
+            new = dict(request.data)
+            meta = dict(new.get("metadata") or {})
+            for k in ("uid", "creationTimestamp", "generation"):
+                meta[k] = (obj.get("metadata") or {}).get(k)
+            meta["resourceVersion"] = str(next(self._rv))
+            new["metadata"] = meta
+            obj.patch(_replacing(obj.raw, new))
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": obj.raw})
+            return aiohttp.web.json_response(obj.raw)
+
     async def _scale(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         paths = self.scale_paths.get(request.resource.plural)
         if paths is None:
@@ -149,6 +171,14 @@ def _selects(selector: str, labels: dict | None) -> bool:
         elif term not in labels:
             return False
     return True
+
+
+def _replacing(current: dict, new: dict) -> dict:
+    """The merge patch that turns `current` into `new` (keys `new` lacks become null, nested dicts alike)."""
+    out: dict = {k: None for k in current if k not in new}
+    for k, v in new.items():
+        out[k] = _replacing(current[k], v) if isinstance(v, dict) and isinstance(current.get(k), dict) else v
+    return out
 
 
 def _changes(current: dict, patch: dict) -> bool:

@@ -45,17 +45,20 @@ def free_port() -> int:
 class Node:
     """A real `forkd serve` daemon on a store of its own, reached over its unix socket, or (with `token`) over TCP
     on loopback with that bearer token, as the DaemonSet's daemons share one; `memory_mib` is what it offers
-    (FORKD_NODE_MEMORY_MIB)."""
+    (FORKD_NODE_MEMORY_MIB); with `logdir` its log is kept there (`<name>-daemon.log`) after the node is gone."""
 
     def __init__(self, name: str, images: Path | None = None, token: str | None = None,
-                 memory_mib: int | None = None) -> None:
+                 memory_mib: int | None = None, logdir: Path | None = None) -> None:
         self.name, self.token, self.port = name, token, None
         self.home = Path(tempfile.mkdtemp(prefix=f"fk8s{name}", dir="/tmp"))
         self.layout = Layout(self.home).ensure()
-        if images is not None:
-            shutil.rmtree(self.layout.images)
+        if images is not None:  # the guest image, and the packages it was built from (its id is their hash:
+            shutil.rmtree(self.layout.images)  # without them a daemon downloads them again to name its image)
             shutil.copytree(images, self.layout.images, symlinks=True)
-        self.log = self.home / "daemon.log"
+            debs = Layout(images.parent).debs
+            if debs.is_dir():
+                shutil.copytree(debs, self.layout.debs, dirs_exist_ok=True)
+        self.log = (logdir / f"{name}-daemon.log") if logdir is not None else self.home / "daemon.log"
         argv = [sys.executable, "-m", "forkd.api", "serve", "--interval", "1"]
         if token is not None:
             self.port = free_port()
@@ -69,7 +72,7 @@ class Node:
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
         wait_for(f"node {name}'s socket", lambda: self.proc.poll() is not None or (
             self.layout.daemon_socket.exists() and (self.port is None or _listening(self.port))),
-            timeout=30, log=self.log)
+            timeout=120, log=self.log)  # a loaded machine starts a daemon slowly
         assert self.proc.poll() is None, self.log.read_text()[-2000:]
 
     @property
