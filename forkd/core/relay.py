@@ -39,12 +39,18 @@ class Relay:
 
     def __init__(self, rt: Any, idle: float = IDLE, max_streams: int = MAX_STREAMS, max_total: int = MAX_TOTAL):
         self.rt, self.idle, self.max_streams, self.max_total = rt, idle, max_streams, max_total
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._open: Counter[str] = Counter()
 
     def streams(self, child_id: str) -> int:
         with self._lock:
             return self._open[child_id]
+
+    def settle(self, child_id: str, at_most: int = 0, timeout: float = 60.0) -> bool:
+        """Wait until at most `at_most` of the child's streams are open (a stream ends on its own threads after
+        its socket closed); whether that happened within `timeout`."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._open[child_id] <= at_most, timeout)
 
     def _take(self, child_id: str) -> None:
         with self._lock:
@@ -59,6 +65,7 @@ class Relay:
             self._open[child_id] -= 1
             if self._open[child_id] <= 0:
                 del self._open[child_id]
+            self._lock.notify_all()
 
     def open(self, child_id: str, port: int) -> socket.socket:
         """A socket whose peer is `port` on the child's loopback; Unavailable when nothing answers there."""
