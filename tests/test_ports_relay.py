@@ -19,9 +19,9 @@ from forkd_client import NotFound
 from forkd.sdk import Controller, Sandbox
 from tests.conftest import BASE_TAG
 from tests.test_api import start_api_daemon, stop_api_daemon
-from tests.test_ports import ECHO, LISTENING, WS_ECHO, _ws
+from tests.test_ports import ECHO, WS_ECHO, _ws
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(1800)]  # several children and servers under TCG
 
 TCP_ECHO = """
 import socket, threading
@@ -34,6 +34,16 @@ def serve(c):
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 8003)); s.listen(8)
 while True:
     c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+LISTENING_ALL = """
+import socket, time
+for port in (8000, 8001, 8002, 8003):
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
 """
 # run in the victim's agent process (eval runs there): replace its tcp_read op by `hostile`
 HOSTILE = '''
@@ -78,8 +88,7 @@ def _serve(sb: Sandbox, name: str) -> None:
         sb.files.write(f"/root/{f}", text)
         sb.commands.run(f"exec python3 /root/{f}", background=True, timeout=None)
     sb.commands.run("cd /root/srv && exec python3 -m http.server 8000", background=True, timeout=None)
-    for port in (8000, 8001, 8002, 8003):
-        sb.commands.run(LISTENING.format(port=port), timeout=60)
+    sb.commands.run(["python3", "-c", LISTENING_ALL], timeout=300)  # one interpreter polls all four (TCG is slow)
 
 
 def _kill(*sbs: Sandbox) -> None:

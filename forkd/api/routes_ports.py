@@ -80,14 +80,14 @@ def build_ports_router(s: Service) -> APIRouter:
     @r.websocket(PORT_PREFIX + "{id}/{port}/{token}/{path:path}")
     async def proxy_ws(ws: WebSocket, id: str, port: int, token: str, path: str) -> None:
         try:
-            target = await granted(id, port, token)
+            where = await granted(id, port, token)
         except ForkdError:
             await ws.close(code=1008)  # policy violation: the handshake is answered 403
             return
         if TCP_SUBPROTOCOL in (ws.scope.get("subprotocols") or []):
-            await tunnel_tcp(ws, s.connect, target, port)
+            await tunnel_tcp(ws, s.connect, where, port)
             return
-        await relay_websocket(ws, s.connect, target, port, "/" + path + (f"?{ws.url.query}" if ws.url.query else ""))
+        await relay_websocket(ws, s.connect, where, port, "/" + path + (f"?{ws.url.query}" if ws.url.query else ""))
 
     return r
 
@@ -108,13 +108,13 @@ async def _body(request: Request) -> bytes:
     return bytes(body)
 
 
-async def _forward(s: Service, target: Any, port: int, path: str, request: Request) -> Response:
+async def _forward(s: Service, where: Any, port: int, path: str, request: Request) -> Response:
     if (request.headers.get("upgrade") or "").lower() == "websocket":
         raise InvalidInput("WebSocket through a sandbox port is not served", hint="use plain HTTP requests")
     body = await _body(request)
     target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
     headers = upstream_headers(request.headers.items(), port, len(body))
-    sock = await run_in_threadpool(s.connect, target, port)
+    sock = await run_in_threadpool(s.connect, where, port)
     reader, writer = await asyncio.open_connection(sock=sock)
     conn = h11.Connection(h11.CLIENT)
     try:
