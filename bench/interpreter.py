@@ -5,9 +5,9 @@
                                  [--packages python3-numpy,python3-pandas] [--report-dir bench/reports] [-o json]
 
 One request is what a code-interpreter session answers: a small numpy/pandas computation (a seeded random frame,
-its column means and a norm) whose printed result every side must agree on. N requests start at once; the figure is
-the time from the start to the last result, and the host CPU it took (each side in a cgroup of its own weighted as
-N ordinary processes: bench/lib/cpuacct.py).
+its column means and a norm) whose printed result every side must give as a container computed it beforehand. N
+requests start at once; the figure is the time from the start to the last result, and the host CPU it took (each
+side in a cgroup of its own weighted as N ordinary processes: bench/lib/cpuacct.py).
 
   fork    N children forked from a warm parent (numpy and pandas imported in its interpreter before the snapshot),
           each answering with the agent's warm interpreter (exec_code, as E2B's run_code);
@@ -56,17 +56,17 @@ def cold_argv(i: int) -> list[str]:
     return ["python3", "-c", "import numpy, pandas\n" + request(i)]
 
 
-def expected(n: int) -> list[str]:
-    """Each request's answer, computed here when this host has numpy and pandas (else any 'ok ...' counts)."""
-    try:
-        import numpy  # noqa: F401
-        import pandas  # noqa: F401
-    except ImportError:
+def expected(n: int, image: str | None) -> list[str]:
+    """Each request's answer, computed natively by the same numpy and pandas: in a container of the image (run one
+    at a time, before the measured runs); without podman, any 'ok ...' counts."""
+    if image is None:
         return ["ok"] * n
     out = []
     for i in range(n):
-        res = subprocess.run([sys.executable, "-c", "import numpy, pandas\n" + request(i)], capture_output=True,
-                             text=True, check=True)
+        res = subprocess.run([*podman.run_argv(image, None, "--rm"), *cold_argv(i)], capture_output=True, text=True,
+                             timeout=600)
+        if not res.stdout.startswith("ok "):
+            raise RuntimeError(f"request {i} failed in a container: {res.stdout} {res.stderr[-800:]}")
         out.append(res.stdout.strip())
     return out
 
@@ -192,16 +192,16 @@ def compare(args: argparse.Namespace) -> dict:
     runs: list[dict] = []
     host_before = host_facts()
     vms = Vms(args.image_from, args.memory_mib, args.packages)
-    want = expected(max(args.n))
     try:
         runners = {}
+        why = podman.available()
+        image = None if why else podman_image(vms.image)
+        want = expected(max(args.n), image)
         if "podman" in args.sides:
-            why = podman.available()
             if why:
                 skipped["podman"] = why
             else:
-                runners["podman"] = (podman_runner(podman_image(vms.image), groups["podman"], args.parallel),
-                                     groups["podman"])
+                runners["podman"] = (podman_runner(image, groups["podman"], args.parallel), groups["podman"])
         if "fork" in args.sides:
             runners["fork"] = (vms.fork_runner(vms.parent(f"interp-{vms.image.id}"), args.parallel), groups["vm"])
         if "cold" in args.sides:
@@ -221,7 +221,7 @@ def compare(args: argparse.Namespace) -> dict:
     return {"runs": runs, "ratios": ratios(runs), "skipped": skipped, "parallel": args.parallel,
             "memory_mib": args.memory_mib, "packages": args.packages, "host_before": host_before,
             "host_after": host_facts(), "cpu_measured": all(g is not None for g in groups.values()),
-            "request": request(0)}
+            "request": request(0), "answers": want}
 
 
 def ratios(runs: list[dict]) -> list[dict]:
