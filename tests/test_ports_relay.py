@@ -35,6 +35,13 @@ s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.
 while True:
     c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
+SERVERS = f"""
+import functools, http.server, threading
+for code in ({ECHO!r}, {WS_ECHO!r}, {TCP_ECHO!r}):
+    threading.Thread(target=exec, args=(code, {{"__name__": "server"}}), daemon=True).start()
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory="/root/srv")
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), handler).serve_forever()
+"""
 LISTENING_ALL = """
 import socket, time
 for port in (8000, 8001, 8002, 8003):
@@ -82,15 +89,14 @@ def _sandbox(daemon) -> Sandbox:
 
 
 def _serve(sb: Sandbox, name: str) -> None:
-    """http.server on 8000 (hello.txt says `name`), an HTTP echo on 8001, a WebSocket echo on 8002, a TCP echo on
-    127.0.0.1:8003; all listening."""
+    """http.server on 8000 (serving /root/srv; hello.txt says `name`), an HTTP echo on 8001, a WebSocket echo on
+    8002, a TCP echo on 127.0.0.1:8003: one guest process (each a thread: TCG starts processes slowly); all
+    listening."""
     sb.commands.run("mkdir -p /root/srv")
     sb.files.write("/root/srv/hello.txt", f"hello from {name}")
-    for f, text in (("echo.py", ECHO), ("ws.py", WS_ECHO), ("tcp.py", TCP_ECHO)):
-        sb.files.write(f"/root/{f}", text)
-        sb.commands.run(f"exec python3 /root/{f}", background=True, timeout=None)
-    sb.commands.run("cd /root/srv && exec python3 -m http.server 8000", background=True, timeout=None)
-    sb.commands.run(["python3", "-c", LISTENING_ALL], timeout=300)  # one interpreter polls all four (TCG is slow)
+    sb.files.write("/root/servers.py", SERVERS)
+    sb.commands.run("exec python3 /root/servers.py", background=True, timeout=None)
+    sb.commands.run(["python3", "-c", LISTENING_ALL], timeout=300)  # one interpreter polls all four
 
 
 def _kill(*sbs: Sandbox) -> None:

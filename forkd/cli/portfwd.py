@@ -25,8 +25,9 @@ def port_forward(child: str = typer.Argument(..., help="id of a running sandbox"
                  address: str = typer.Option("127.0.0.1", "--address",
                                              help="the local address to listen on (anyone who reaches it reaches "
                                                   "the sandbox's port)"),
-                 output: Fmt = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml (the one line "
-                                                                                  "saying where it listens)")) -> None:
+                 output: Fmt = typer.Option(Fmt.table, "-o", "--output", help="table, json (one line) or yaml: "
+                                                                                  "where it listens")) -> None:
+    import json
     import socket
     import sys
 
@@ -38,9 +39,13 @@ def port_forward(child: str = typer.Argument(..., help="id of a running sandbox"
     endpoint = b.api.endpoint
     listener = socket.create_server((address, local))
     host, bound = listener.getsockname()[:2]
-    emit({"sandbox_id": child, "port": port, "listen": f"{host}:{bound}"}, output,
-         [("ID", "left"), ("PORT", "right"), ("LISTEN", "left")], [[child, str(port), f"{host}:{bound}"]])
-    sys.stdout.flush()  # a script reading the line learns where to connect
+    where = {"sandbox_id": child, "port": port, "listen": f"{host}:{bound}"}
+    if output == Fmt.json:  # one line: a script reads it and learns where to connect
+        print(json.dumps(where), flush=True)
+    else:
+        emit(where, output, [("ID", "left"), ("PORT", "right"), ("LISTEN", "left")],
+             [[child, str(port), f"{host}:{bound}"]])
+        sys.stdout.flush()
     try:
         serve(listener, lambda: open_tunnel(endpoint.base_url, endpoint.socket, grant["path"]),
               lambda exc: err.print(f"port-forward: {exc}"))
