@@ -83,7 +83,8 @@ def daemon(home, base, tmp_path_factory):
 
 
 def _sandbox(daemon) -> Sandbox:
-    sb = Sandbox.create(template=BASE_TAG, controller=Controller(url=daemon.url, token=daemon.token))
+    sb = Sandbox.create(template=BASE_TAG, timeout=3600,  # TCG under load: setting up servers takes minutes
+                        controller=Controller(url=daemon.url, token=daemon.token))
     assert sb.controller.get_sandbox(sb.id).netns is None  # no NIC: only the agent reaches it
     return sb
 
