@@ -206,6 +206,7 @@ def test_grants_survive_a_daemon_restart_and_revoked_ones_stay_revoked(daemon, h
         ctrl = Controller(url=again.url, token=again.token)
         assert [g.port for g in ctrl.list_ports(sb.id)] == [8000]
     finally:
+        sb.controller = Controller(url=daemon.url, token=daemon.token)  # the restarted daemon's address
         _kill(sb)
 
 

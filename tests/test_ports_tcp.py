@@ -95,3 +95,15 @@ def test_a_port_that_does_not_answer_refuses_the_handshake(echo_port):
         with _client(refuse=True).websocket_connect(f"/t/{echo_port}", subprotocols=[TCP_SUBPROTOCOL]):
             pass
     assert refused.value.code == 1008
+
+
+def test_an_empty_message_is_a_half_close_and_the_answer_still_comes(echo_port):
+    with _client().websocket_connect(f"/t/{echo_port}", subprotocols=[TCP_SUBPROTOCOL]) as ws:
+        payload = bytes(range(256)) * 4000
+        ws.send_bytes(payload)
+        ws.send_bytes(b"")  # done sending: the echo server sees EOF after the bytes, answers them, then closes
+        got = b""
+        with pytest.raises(WebSocketDisconnect) as closed:
+            while True:
+                got += ws.receive_bytes()
+        assert got == payload and closed.value.code == 1000

@@ -4,8 +4,10 @@ the bytes sent to it (`forkd port-forward` listens on a local port and opens one
 
 The WebSocket is accepted only once the connection to the guest's port is made (through the child's namespace or
 its agent: forkd.service.guest's connect); a refused one closes the handshake (403). A text message, or a binary
-one over MAX_MESSAGE bytes, closes the tunnel (1003 / 1009); so does IDLE seconds without a byte either way. The
-guest's server closing its side closes the WebSocket (1000), and the client's close ends the TCP connection.
+one over MAX_MESSAGE bytes, closes the tunnel (1003 / 1009); so does IDLE seconds without a byte either way. An
+empty binary message is the client's half-close (its side of the TCP connection is shut; the server's answer still
+comes back); the guest's server closing its side closes the WebSocket (1000), and the client's close ends the TCP
+connection.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ async def _to_guest(ws: WebSocket, writer: asyncio.StreamWriter, last: list[floa
         if len(data) > MAX_MESSAGE:
             return 1009
         last[0] = time.monotonic()
+        if not data:  # the client's side is done: half-close, the server's answer still comes back
+            if writer.can_write_eof():
+                writer.write_eof()
+            continue
         writer.write(data)
         await writer.drain()
 

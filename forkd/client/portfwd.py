@@ -79,7 +79,7 @@ def pump(client: socket.socket, tunnel: socket.socket, conn) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(READ):
                 send(Message(data=data))
-        send(CloseConnection(code=1000))
+        send(Message(data=b""))  # a half-close: the server's answer still comes back, then the tunnel closes
 
     threading.Thread(target=up, daemon=True).start()
     try:
