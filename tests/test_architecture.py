@@ -83,7 +83,7 @@ def test_the_other_contracts_exist_and_cover_every_package():
 # what the layers above forkd.vmm may import of it: the driver interface (and its value types), the driver's
 # choice by configuration, the guest protocol every driver's `vm.agent` speaks, and the host's paging of a VMM
 SEAM_ALLOWED = {"forkd.vmm.driver", "forkd.vmm.drivers", "forkd.vmm.agent_client", "forkd.vmm.agent_replies",
-                "forkd.vmm.agent_files", "forkd.vmm.pageout"}
+                "forkd.vmm.agent_files", "forkd.vmm.agent_tcp", "forkd.vmm.pageout"}
 
 
 def test_every_vmm_module_is_either_the_interface_or_behind_the_seam():

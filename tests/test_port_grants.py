@@ -4,27 +4,76 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from forkd.api.audit import Gate
 from forkd.api.auth import TRANSPORT_KEY
 from forkd.api.routes_ports import upstream_headers
-from forkd.core.ports import PortGrants
+from forkd.base.errors import NotFound
+from forkd.core.ports import GRANTS, GRANTS_LOCK, MAX_GRANTS_FILE, PortGrants
 
 
-def test_a_token_opens_one_port_of_one_sandbox_until_revoked():
+def _child(tmp_path, cid: str, born: float) -> SimpleNamespace:
+    """A child's record as the grants read it: its id, its directory, its creation time."""
+    d = tmp_path / cid
+    d.mkdir(exist_ok=True)
+    return SimpleNamespace(id=cid, dir=str(d), created_at=born)
+
+
+def test_a_token_opens_one_port_of_one_sandbox_until_revoked(tmp_path):
     g = PortGrants()
-    a = g.grant("ca", 8000, 1.0)
-    assert g.grant("ca", 8000, 1.0) == a  # the same grant while it stands
-    b = g.grant("cb", 8000, 2.0)
-    assert g.check("ca", 8000, a.token, 1.0) and g.check("cb", 8000, b.token, 2.0)
-    assert not g.check("cb", 8000, a.token, 2.0) and not g.check("ca", 8001, a.token, 1.0)  # other sandbox/port
-    assert not g.check("ca", 8000, secrets.token_urlsafe(32), 1.0) and not g.check("ca", 8000, "", 1.0)
-    assert not g.check("ca", 8000, a.token, 9.0)  # a later child under the same id is not the one granted
-    assert [x.port for x in g.list("ca")] == [8000]
-    assert g.revoke("ca", 8000) and not g.check("ca", 8000, a.token, 1.0) and not g.revoke("ca", 8000)
-    g.drop("cb")  # the child is gone
-    assert not g.check("cb", 8000, b.token, 2.0) and g.list("cb") == []
-    assert g.grant("cb", 8000, 3.0).token != b.token  # a new child: a new token
+    ca, cb = _child(tmp_path, "ca", 1.0), _child(tmp_path, "cb", 2.0)
+    a = g.grant(ca, 8000)
+    assert g.grant(ca, 8000) == a  # the same grant while it stands
+    b = g.grant(cb, 8000)
+    assert g.check(ca, 8000, a.token) and g.check(cb, 8000, b.token)
+    assert not g.check(cb, 8000, a.token) and not g.check(ca, 8001, a.token)  # other sandbox/port
+    assert not g.check(ca, 8000, secrets.token_urlsafe(32)) and not g.check(ca, 8000, "")
+    later = SimpleNamespace(id="ca", dir=ca.dir, created_at=9.0)
+    assert not g.check(later, 8000, a.token)  # a later child under the same id is not the one granted
+    assert [x.port for x in g.list(ca)] == [8000]
+    assert g.revoke(ca, 8000) and not g.check(ca, 8000, a.token) and not g.revoke(ca, 8000)
+    g.drop(cb)  # the child is gone
+    assert not g.check(cb, 8000, b.token) and g.list(cb) == []
+    assert g.grant(cb, 8000).token != b.token  # granted again: a new token
+
+
+def test_grants_outlive_the_daemon_and_revoked_ones_stay_revoked(tmp_path):
+    """A new PortGrants is what a restarted daemon has: it reads each child's grants from its directory."""
+    ca = _child(tmp_path, "ca", 1.0)
+    first = PortGrants()
+    a, b = first.grant(ca, 8000), first.grant(ca, 8001)
+    first.revoke(ca, 8001)
+    again = PortGrants()
+    assert again.check(ca, 8000, a.token) and again.grant(ca, 8000) == a
+    assert not again.check(ca, 8001, b.token) and [x.port for x in again.list(ca)] == [8000]
+    f = Path(ca.dir) / GRANTS
+    assert f.stat().st_mode & 0o777 == 0o600  # tokens: for the daemon's user only
+    assert not [p for p in Path(ca.dir).iterdir() if p.name not in (GRANTS, GRANTS_LOCK)]  # replaced, no temp left
+
+
+@pytest.mark.parametrize("content", [b"[]", b"{not json", b'{"born": 1.0, "ports": []}',
+                                     b'{"born": 1.0, "ports": {"80": 5, "x": "t"}}', b" " * (MAX_GRANTS_FILE + 1)])
+def test_a_grants_file_that_is_not_ours_opens_nothing(tmp_path, content):
+    ca = _child(tmp_path, "ca", 1.0)
+    (Path(ca.dir) / GRANTS).write_bytes(content)
+    g = PortGrants()
+    assert g.list(ca) == [] and not g.check(ca, 80, "t") and not g.check(ca, 80, "5")
+    assert g.grant(ca, 80).token  # and a grant replaces it
+
+
+def test_a_child_whose_directory_is_gone_has_no_grants(tmp_path):
+    ca = _child(tmp_path, "ca", 1.0)
+    g = PortGrants()
+    tok = g.grant(ca, 8000).token
+    shutil.rmtree(ca.dir)
+    assert not g.check(ca, 8000, tok) and g.list(ca) == []
+    with pytest.raises(NotFound):
+        g.grant(ca, 8000)
 
 
 def test_the_guest_never_gets_the_daemons_bearer_token():

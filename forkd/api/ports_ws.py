@@ -1,13 +1,14 @@
 """A WebSocket to a sandbox's port, relayed message by message: the daemon accepts the client's WebSocket only once
-the guest's server accepted the daemon's own handshake (wsproto, over a connection made in the child's namespace:
-forkd.service.guest's connect), then copies text and binary messages both ways until either side closes. A message
-over MAX_MESSAGE bytes closes both (1009)."""
+the guest's server accepted the daemon's own handshake (wsproto, over a connection made in the child's namespace or
+relayed by its agent: forkd.service.guest's connect), then copies text and binary messages both ways until either
+side closes. A message over MAX_MESSAGE bytes closes both (1009)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import WebSocket
 from starlette.concurrency import run_in_threadpool
@@ -29,11 +30,11 @@ from forkd.base.errors import ForkdError
 MAX_MESSAGE = 16 << 20
 
 
-async def relay_websocket(ws: WebSocket, connect: Callable[[str, int], socket.socket], netns: str, port: int,
+async def relay_websocket(ws: WebSocket, connect: Callable[[Any, int], socket.socket], where: Any, port: int,
                           target: str) -> None:
-    """`connect(netns, port)`: a TCP connection to the guest's port made inside its namespace."""
+    """`connect(where, port)`: a TCP connection to the guest's port (through its namespace or its agent)."""
     try:
-        sock = await run_in_threadpool(connect, netns, port)
+        sock = await run_in_threadpool(connect, where, port)
     except ForkdError:
         await ws.close(code=1011)
         return

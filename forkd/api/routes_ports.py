@@ -10,13 +10,17 @@ The first three are API calls (the daemon's bearer token over TCP). The last is 
 alone (the Gate lets PORT_PREFIX through without the bearer, which is never forwarded to the guest): whoever holds
 the URL reaches that one port of that one sandbox until the grant is revoked or the child dies. HTTP/1.1: the
 request body is read whole first (at most MAX_BODY bytes), the answer streams. A WebSocket to the same URL is
-relayed message by message to a WebSocket handshake with the guest's server (`relay_websocket`).
+relayed message by message to a WebSocket handshake with the guest's server (`relay_websocket`); one that asks
+for the subprotocol TCP_SUBPROTOCOL carries the port's raw TCP bytes instead (`tunnel_tcp`: `forkd port-forward`).
+A child with a network device is reached through its namespace, one without through its guest agent
+(forkd.service.guest's connect): the same URLs either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import h11
 from fastapi import APIRouter, Request, Response, WebSocket
@@ -26,6 +30,7 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from forkd.api.auth import PORT_PREFIX
+from forkd.api.ports_tcp import TCP_SUBPROTOCOL, tunnel_tcp
 from forkd.api.ports_ws import relay_websocket
 from forkd.base.errors import ForkdError, InvalidInput, Unavailable
 from forkd.client.wire import Strict
@@ -63,8 +68,9 @@ def build_ports_router(s: Service) -> APIRouter:
         s.close_port(id, port)
         return Response(status_code=204)
 
-    async def granted(id: str, port: int, token: str) -> str:
-        """The child's namespace when `token` opens its `port`; NotFound (one answer for every refusal) else."""
+    async def granted(id: str, port: int, token: str) -> Any:
+        """Where the child's `port` is reached when `token` opens it; NotFound (one answer for every refusal)
+        else."""
         return await run_in_threadpool(s.granted, id, port, token)
 
     @r.api_route(PORT_PREFIX + "{id}/{port}/{token}/{path:path}", methods=METHODS, include_in_schema=False)
@@ -74,11 +80,14 @@ def build_ports_router(s: Service) -> APIRouter:
     @r.websocket(PORT_PREFIX + "{id}/{port}/{token}/{path:path}")
     async def proxy_ws(ws: WebSocket, id: str, port: int, token: str, path: str) -> None:
         try:
-            netns = await granted(id, port, token)
+            where = await granted(id, port, token)
         except ForkdError:
             await ws.close(code=1008)  # policy violation: the handshake is answered 403
             return
-        await relay_websocket(ws, s.connect, netns, port, "/" + path + (f"?{ws.url.query}" if ws.url.query else ""))
+        if TCP_SUBPROTOCOL in (ws.scope.get("subprotocols") or []):
+            await tunnel_tcp(ws, s.connect, where, port)
+            return
+        await relay_websocket(ws, s.connect, where, port, "/" + path + (f"?{ws.url.query}" if ws.url.query else ""))
 
     return r
 
@@ -99,13 +108,13 @@ async def _body(request: Request) -> bytes:
     return bytes(body)
 
 
-async def _forward(s: Service, netns: str, port: int, path: str, request: Request) -> Response:
+async def _forward(s: Service, where: Any, port: int, path: str, request: Request) -> Response:
     if (request.headers.get("upgrade") or "").lower() == "websocket":
         raise InvalidInput("WebSocket through a sandbox port is not served", hint="use plain HTTP requests")
     body = await _body(request)
     target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
     headers = upstream_headers(request.headers.items(), port, len(body))
-    sock = await run_in_threadpool(s.connect, netns, port)
+    sock = await run_in_threadpool(s.connect, where, port)
     reader, writer = await asyncio.open_connection(sock=sock)
     conn = h11.Connection(h11.CLIENT)
     try:

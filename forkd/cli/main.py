@@ -21,7 +21,7 @@ from forkd import __version__
 from forkd.base.durations import EXAMPLES
 from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
-from forkd.cli import config, cp, declarative, distribute, k8s, streams
+from forkd.cli import config, cp, declarative, distribute, k8s, portfwd, streams
 from forkd.cli import images as images_cli
 from forkd.cli import packs as packs_cli
 from forkd.cli.daemon import reads
@@ -296,7 +296,7 @@ def port_(child: str = CHILD, port: int = typer.Argument(..., min=1, max=65535, 
           output: Fmt = OUTPUT) -> None:
     """Open TCP PORT of CHILD through the daemon: prints a URL (a path under the daemon's address over the unix
     socket) that reaches the guest's HTTP server on PORT, for whoever holds it, until --close or the child dies.
-    Needs the daemon and a child with a NIC (its parent built with --network isolated; any egress)."""
+    Needs the daemon; works for every child, with a NIC or not (raw TCP: forkd port-forward)."""
     res = backend().port(child, port, close=close)
     if close:
         emit(res, output, [("ID", "left"), ("PORT", "right"), ("CLOSED", "left")], [[child, str(port), "yes"]])
@@ -438,6 +438,7 @@ distribute.register(snapshot_app)
 k8s.register(app)
 config.register(app)
 cp.register(app)
+portfwd.register(app)
 streams.register(app)
 
 

@@ -1,27 +1,36 @@
 """Ports of a sandbox reached through the daemon: who may (grants) and how (a connection to the one child's port).
 
-A grant is (sandbox id, guest TCP port) -> a random token (32 bytes, URL-safe) and the child's creation time, held
-in the daemon's memory only: revoked by DELETE, dropped when the child is found gone, and all gone when the daemon
-stops. A request presents the token; `PortGrants.check` compares it in constant time (hmac.compare_digest) with the
-grant of exactly that sandbox and port, made for that very child (a later child under the same id is not it), so a
-token opens one port of one sandbox and nothing else.
+A grant is (sandbox, guest TCP port) -> a random token (32 bytes, URL-safe). A child's grants are kept beside its
+record, in its directory (GRANTS, mode 0600, replaced atomically under a lock: forkd.base.atomic), with the
+child's creation time: so they outlive a daemon restart, a revoked one stays revoked, and they go with the child
+(its directory is removed with its record; a later child under the same id is not the one granted; a child found
+not running has its grants dropped). A request presents the token; `PortGrants.check` compares it in constant
+time (hmac.compare_digest) with the grant of exactly that sandbox and port, so a token opens one port of one
+sandbox and nothing else.
 
-The daemon connects to a port only through the child's own network namespace, to the guest's fixed address
-(forkd.sandbox.netns.GUEST_ADDR): never an address a client names. A child without a NIC (its parent built with
-network none) has no port to reach: refused with a hint.
+The daemon connects to a port of a child with a network device only through the child's own network namespace,
+to the guest's fixed address (forkd.sandbox.netns.GUEST_ADDR): never an address a client names. A child without
+one is reached through its guest agent, on the guest's loopback (forkd.core.relay).
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import secrets
 import socket
-import threading
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from forkd.base.atomic import write_json
 from forkd.base.errors import Conflict, NotFound, Unavailable
+from forkd.base.locks import file_lock
 
 MAX_GRANTS_PER_SANDBOX = 64
+GRANTS = "ports.json"  # in the child's directory
+GRANTS_LOCK = "ports.lock"
+MAX_GRANTS_FILE = 64 << 10  # bytes: far above MAX_GRANTS_PER_SANDBOX grants; a larger file is not ours
 
 
 @dataclass(frozen=True)
@@ -29,59 +38,91 @@ class Grant:
     sandbox_id: str
     port: int
     token: str
-    born: float = 0.0  # the child's created_at: the grant is for that child only
 
 
 class PortGrants:
-    """The daemon's grants (thread-safe)."""
+    """The node's grants, read from and written to each child's directory (thread- and process-safe: each
+    change holds the child's grants lock, a flock on its own descriptor)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._grants: dict[tuple[str, int], Grant] = {}
-
-    def grant(self, sandbox_id: str, port: int, born: float) -> Grant:
-        """A grant for `port` of the child `sandbox_id` created at `born`: the existing one, or a new token."""
-        with self._lock:
-            have = self._grants.get((sandbox_id, port))
-            if have is not None and have.born == born:
-                return have
-            if have is None and sum(1 for sid, _ in self._grants if sid == sandbox_id) >= MAX_GRANTS_PER_SANDBOX:
-                raise Conflict(f"sandbox {sandbox_id} already has {MAX_GRANTS_PER_SANDBOX} ports opened",
+    def grant(self, rec: Any, port: int) -> Grant:
+        """A grant for `port` of the child `rec`: the existing one, or a new token (written before it is given)."""
+        with self._held(rec):
+            have = _read(rec)
+            if str(port) not in have and len(have) >= MAX_GRANTS_PER_SANDBOX:
+                raise Conflict(f"sandbox {rec.id} already has {MAX_GRANTS_PER_SANDBOX} ports opened",
                                hint="revoke one first: DELETE /v1/sandboxes/{id}/ports/{port}")
-            made = self._grants[(sandbox_id, port)] = Grant(sandbox_id, port, secrets.token_urlsafe(32), born)
-            return made
+            if str(port) not in have:
+                have[str(port)] = secrets.token_urlsafe(32)
+                _write(rec, have)
+            return Grant(rec.id, port, have[str(port)])
 
-    def list(self, sandbox_id: str) -> list[Grant]:
-        with self._lock:
-            return [g for (s, _), g in sorted(self._grants.items()) if s == sandbox_id]
+    def list(self, rec: Any) -> list[Grant]:
+        return [Grant(rec.id, int(p), t) for p, t in sorted(_read(rec).items(), key=lambda kv: int(kv[0]))]
 
-    def revoke(self, sandbox_id: str, port: int) -> bool:
-        with self._lock:
-            return self._grants.pop((sandbox_id, port), None) is not None
+    def revoke(self, rec: Any, port: int) -> bool:
+        with self._held(rec):
+            have = _read(rec)
+            if have.pop(str(port), None) is None:
+                return False
+            _write(rec, have)
+            return True
 
-    def drop(self, sandbox_id: str) -> None:
-        """Every grant of a sandbox (it is gone)."""
-        with self._lock:
-            for key in [k for k in self._grants if k[0] == sandbox_id]:
-                del self._grants[key]
+    def drop(self, rec: Any) -> None:
+        """Every grant of a child that is gone (or going)."""
+        with self._held(rec):
+            (Path(rec.dir) / GRANTS).unlink(missing_ok=True)
 
-    def check(self, sandbox_id: str, port: int, token: str, born: float) -> bool:
-        """Does `token` open `port` of the child `sandbox_id` created at `born`? Constant-time in the token."""
-        with self._lock:
-            want = self._grants.get((sandbox_id, port))
-        expected = want.token if want is not None else secrets.token_urlsafe(32)
-        return hmac.compare_digest(token.encode(), expected.encode()) and want is not None and want.born == born
+    def check(self, rec: Any, port: int, token: str) -> bool:
+        """Does `token` open `port` of the child `rec`? Constant-time in the token."""
+        want = _read(rec).get(str(port))
+        expected = want if want is not None else secrets.token_urlsafe(32)
+        return hmac.compare_digest(token.encode(), expected.encode()) and want is not None
+
+    def _held(self, rec: Any) -> Any:
+        """The child's grants lock (its directory gone: NotFound)."""
+        try:
+            return file_lock(Path(rec.dir) / GRANTS_LOCK)
+        except FileNotFoundError:
+            raise NotFound(f"sandbox {rec.id} is gone", hint="its ports went with it") from None
 
 
-def reachable(rec) -> str:
-    """The network namespace through which the child's ports are reached; NotFound/Conflict when it has none."""
+def _read(rec: Any) -> dict[str, str]:
+    """The child's grants, port (as text) -> token; none when there is no file or it was made for another child
+    under the same id."""
+    try:
+        with open(Path(rec.dir) / GRANTS, "rb") as f:
+            data = f.read(MAX_GRANTS_FILE + 1)
+        raw = json.loads(data) if len(data) <= MAX_GRANTS_FILE else None
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return {}
+    if not isinstance(raw, dict) or raw.get("born") != rec.created_at or not isinstance(raw.get("ports"), dict):
+        return {}
+    return {p: t for p, t in raw["ports"].items() if p.isdigit() and isinstance(t, str)}
+
+
+def _write(rec: Any, grants: dict[str, str]) -> None:
+    try:
+        write_json(Path(rec.dir) / GRANTS, {"born": rec.created_at, "ports": grants}, mode=0o600, durable=False)
+    except FileNotFoundError:
+        raise NotFound(f"sandbox {rec.id} is gone", hint="its ports went with it") from None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a child's ports are reached: through its network namespace `netns`, else (None) through its agent."""
+
+    child_id: str
+    netns: str | None
+
+
+def reachable(rec: Any) -> Target:
+    """How the running child `rec`'s ports are reached: its namespace when it has a network device, its guest
+    agent when not (a child without a NIC may still have an empty namespace). NotFound when it is not running."""
     if rec.status != "running":
         raise NotFound(f"sandbox {rec.id} is {rec.status}, not running", hint="its ports went with it")
-    if rec.network != "isolated" or not rec.netns:  # a child without a NIC may still have an empty namespace
-        raise Conflict(f"sandbox {rec.id} has no network device, so no port to reach",
-                       hint="fork it from a snapshot built with --network isolated (ForkParent spec.network: "
-                            "isolated); its egress may stay none")
-    return rec.netns
+    if rec.network == "isolated" and rec.netns:
+        return Target(rec.id, rec.netns)
+    return Target(rec.id, None)
 
 
 def connect(netns_name: str, port: int, timeout: float = 10.0) -> socket.socket:

@@ -15,7 +15,8 @@ inline; the host matches replies to requests by id.
 This file holds the transport, the op table and main; the ops sit beside it in the guest's /forkd (sys.path[0],
 so they are imported flatly; none imports the host package ``forkd``): agent_ops.py (ping, exec, eval, whole
 files, fsfreeze, forked), agent_procs.py (the ``proc_*`` ops: processes that outlive a request), agent_fs.py (the
-``fs_*`` ops) and agent_base.py (what several of them share). The list is forkd.guest.AGENT_MODULES.
+``fs_*`` ops), agent_tcp.py (the ``tcp_*`` ops: the host's relay to a guest TCP port) and agent_base.py (what
+several of them share). The list is forkd.guest.AGENT_MODULES.
 
 When no host is connected, read() on the port returns EOF at once; the agent then blocks in
 sigtimedwait(SIGIO) (the port is O_ASYNC), which the kernel raises when the host connects.
@@ -70,6 +71,7 @@ from agent_procs import (
     op_proc_wait,
     op_proc_write,
 )
+from agent_tcp import op_tcp_close, op_tcp_open, op_tcp_read, op_tcp_write
 
 PORT_NAME = "forkd.agent"
 MAGIC = b"FKD1"
@@ -107,10 +109,12 @@ OPS = {"ping": op_ping, "exec": op_exec, "eval": op_eval, "exec_code": op_exec_c
        "fs_mkdir": op_fs_mkdir, "fs_chmod": op_fs_chmod, "fs_read": op_fs_read, "fs_write": op_fs_write,
        "fs_abort": op_fs_abort, "fs_tar_open": op_fs_tar_open, "fs_stream_read": op_fs_stream_read,
        "fs_stream_write": op_fs_stream_write, "fs_stream_close": op_fs_stream_close,
-       "fs_watch_start": op_fs_watch_start, "fs_watch_poll": op_fs_watch_poll, "fs_watch_stop": op_fs_watch_stop}
+       "fs_watch_start": op_fs_watch_start, "fs_watch_poll": op_fs_watch_poll, "fs_watch_stop": op_fs_watch_stop,
+       "tcp_open": op_tcp_open, "tcp_read": op_tcp_read, "tcp_write": op_tcp_write, "tcp_close": op_tcp_close}
 # ops that may block: served on their own thread (at most MAX_HANDLERS at once), the others inline
 THREADED = (b'"op": "exec"', b'"op": "proc_read"', b'"op": "proc_wait"', b'"op": "proc_write"',
-            b'"op": "fs_read"', b'"op": "fs_write"', b'"op": "fs_stream_', b'"op": "fs_tar_open"')
+            b'"op": "fs_read"', b'"op": "fs_write"', b'"op": "fs_stream_', b'"op": "fs_tar_open"',
+            b'"op": "tcp_open"', b'"op": "tcp_read"', b'"op": "tcp_write"')
 
 
 # ---------------------------------------------------------------- transport

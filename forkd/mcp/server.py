@@ -283,7 +283,7 @@ def _port_tools(tool) -> None:
     @tool(CREATE)
     async def open_port(sandbox_id: str, port: int) -> S.Port:
         """A URL through the daemon to a TCP port a server in the sandbox listens on (HTTP and WebSocket), for
-        whoever holds it, until close_port or the sandbox dies. Needs a sandbox with a NIC (any egress)."""
+        whoever holds it, until close_port or the sandbox dies. Any sandbox, with a network device or not."""
         return _port(await controller().open_port(sandbox_id, port))
 
     @tool(READ)

@@ -1,8 +1,10 @@
 """A sandbox's files and ports through the service: the guest file streams (forkd.core.files over the child's
-agent) and the daemon's port grants with the connection through the child's namespace (forkd.core.ports)."""
+agent) and the daemon's port grants with the connection through the child's namespace (forkd.core.ports) or its
+agent (forkd.core.relay)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -11,16 +13,19 @@ from typing import Any
 from forkd.base.errors import ForkdError, InvalidInput, NotFound
 from forkd.core import files, ports
 from forkd.core.files import MAX_CURSOR, PAGE_BYTES, PAGE_ENTRIES  # noqa: F401 - the routes' bounds
+from forkd.core.relay import Relay
 
 FILE_NOT_FOUND = {"FileNotFoundError", "IsADirectoryError", "NotADirectoryError"}
 
 
 class Guest:
     """The file and port verbs of forkd.service.service.Service (`self.rt`: the node's Runtime; `self.grants`:
-    the node's port grants, which live as long as the service)."""
+    the node's port grants, kept in each child's directory; `self.relay`: the streams to ports of children without a
+    network device, relayed by their agents)."""
 
     rt: Any
     grants: ports.PortGrants
+    relay: Relay
 
     # -- files -------------------------------------------------------------------------------------
     def open_files(self, child_id: str, what: str = "") -> AbstractContextManager:
@@ -44,36 +49,38 @@ class Guest:
 
     # -- ports -------------------------------------------------------------------------------------
     def open_port(self, child_id: str, port: int) -> Any:
-        """A grant for `port` of a running, networked child (the existing one, or a new token)."""
+        """A grant for `port` of a running child (the existing one, or a new token), on any network mode."""
         rec = self.rt.child(child_id)
         ports.reachable(rec)
-        return self.grants.grant(child_id, port, rec.created_at)
+        return self.grants.grant(rec, port)
 
     def open_ports(self, child_id: str) -> list:
-        self.rt.child(child_id)
-        return self.grants.list(child_id)
+        return self.grants.list(self.rt.child(child_id))
 
     def close_port(self, child_id: str, port: int) -> None:
-        if not self.grants.revoke(child_id, port):
+        if not self.grants.revoke(self.rt.child(child_id), port):
             raise NotFound(f"port {port} of sandbox {child_id} is not open", hint="GET /v1/sandboxes/{id}/ports")
 
-    def granted(self, child_id: str, port: int, token: str) -> str:
-        """The child's namespace when `token` opens its `port`; NotFound (one answer for every refusal) else."""
+    def granted(self, child_id: str, port: int, token: str) -> ports.Target:
+        """Where the child's `port` is reached when `token` opens it; NotFound (one answer for every refusal)
+        else."""
         try:
             rec = self.rt.child(child_id)
         except ForkdError:
             rec = None
-        if rec is None or rec.status != "running":
-            self.grants.drop(child_id)  # the child is gone: so are its grants
-        if rec is None or not self.grants.check(child_id, port, token, rec.created_at):
+        if rec is not None and rec.status != "running":
+            with contextlib.suppress(ForkdError):
+                self.grants.drop(rec)  # the child is gone: so are its grants
+        if rec is None or rec.status != "running" or not self.grants.check(rec, port, token):
             raise NotFound(f"no open port {port} of sandbox {child_id} for this token",
                            hint="open it with POST /v1/sandboxes/{id}/ports (sb.get_url(port))")
         return ports.reachable(rec)
 
-    @staticmethod
-    def connect(netns: str, port: int) -> socket.socket:
-        """A TCP connection to the guest's `port` made inside its namespace `netns`."""
-        return ports.connect(netns, port)
+    def connect(self, target: ports.Target, port: int) -> socket.socket:
+        """A TCP connection to the guest's `port`: made inside its namespace, or relayed by its agent."""
+        if target.netns is not None:
+            return ports.connect(target.netns, port)
+        return self.relay.open(target.child_id, port)
 
 
 class _agent_errors:

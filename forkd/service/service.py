@@ -9,6 +9,7 @@ from typing import Any
 
 from forkd.base.paths import Layout
 from forkd.core.ports import PortGrants
+from forkd.core.relay import Relay
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.service.children import Children
@@ -23,6 +24,7 @@ class Service(Children, Snapshots, Guest, Host):
     def __init__(self, control: Control | None = None):
         self.control = control or Control(Runtime())
         self.grants = PortGrants()
+        self.relay = Relay(self.rt)
 
     @classmethod
     def on(cls, layout: Layout) -> Service:
