@@ -63,4 +63,3 @@ def global_options(
 
 def register(app: typer.Typer) -> None:
     app.command("config")(config)
-    app.callback()(global_options)

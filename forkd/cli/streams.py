@@ -66,16 +66,6 @@ def _procs() -> Any:
     return LocalProcesses(LocalBackend().rt)
 
 
-def _procs() -> Any:
-    d = Daemon.find()
-    if d is not None:
-        return RemoteProcs(d)
-    from forkd.client.local import LocalBackend
-    from forkd.client.processes import LocalProcesses
-
-    return LocalProcesses(LocalBackend().rt)
-
-
 def docker_argv(rest: list[str]) -> list[str]:
     """exec's words with `--` after the child's id when the user left it out: docker's rule, the first word after
     the id starts the command, so `forkd exec -w /tmp ID ls -l` runs `ls -l`. Options go anywhere before `--`."""
@@ -218,8 +208,6 @@ def run_exec(args: Any) -> int:
     finally:
         if restore:
             restore()
-
-
 
 
 def run_logs(child: str, follow: bool) -> None:
