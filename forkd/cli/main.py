@@ -334,7 +334,7 @@ def eval_(child: str = CHILD, code: str = typer.Argument(..., help="Python expre
         if res["error"]:
             sys.stderr.write(res["error"].get("traceback") or f"{res['error']['type']}: {res['error']['message']}\n")
         else:
-            out.print(res["value"])
+            sys.stdout.write(f"{res['value']}\n")  # the guest's text, as it is (no style tags read in it)
     if res["error"]:
         raise typer.Exit(1)
 

@@ -60,9 +60,11 @@ def _procs() -> Any:
     d = Daemon.find()
     if d is not None:
         return RemoteProcs(d)
+    from forkd.cli.config import setup_logging
     from forkd.client.local import LocalBackend
     from forkd.client.processes import LocalProcesses
 
+    setup_logging()  # in-process: the runtime logs (forkd.cli.config.QUIET_VERBS)
     return LocalProcesses(LocalBackend().rt)
 
 
