@@ -16,10 +16,8 @@ from pathlib import Path
 
 import typer
 
-from forkd import __version__
 from forkd.base.durations import EXAMPLES
 from forkd.cli import branch as branch_cli
-from forkd.cli import images as images_cli
 from forkd.cli.daemon import reads
 from forkd.cli.options import (
     CHILD,
@@ -40,8 +38,6 @@ from forkd.cli.tree import app, main  # noqa: F401 - the root (tests, the refere
 from forkd.client import backend
 
 verbs = typer.Typer()  # this module's verbs; register() adds them to the root (forkd.cli.verbs)
-image_app = typer.Typer(help="Guest images (kernel + initramfs with Python and the forkd agent).",
-                        no_args_is_help=True)
 snapshot_app = typer.Typer(help="Create warm snapshots, or branch a running child (--from-sandbox).")
 # upstream's spelling: forkd snapshot --from-sandbox ID --tag T [--live|--diff]
 snapshot_app.callback(invoke_without_command=True)(branch_cli.snapshot_from_sandbox)
@@ -54,12 +50,6 @@ LAYER_FLAGS = {"tag": "--tag", "parent_tag": "--from", "run": "--run", "imports"
 SPAWN_FLAGS = {"tag": "--tag", "n": "--count", "timeout": "--timeout", "network": "--per-child-netns",
                "memory_limit_mib": "--memory-limit-mib", "allow_unconstrained": "--allow-unconstrained",
                "prime": "--prime", "egress": "--egress"}
-
-
-@verbs.command()
-def version() -> None:
-    """Print forkd's version."""
-    typer.echo(__version__)
 
 
 # -- doctor ---------------------------------------------------------------------------------------
@@ -75,28 +65,6 @@ def doctor(output: Fmt = OUTPUT,
            c["detail"] + (f"\n[dim]fix: {c['fix']}[/]" if c["fix"] else "")] for c in checks])
     if any(c["status"] == "FAIL" for c in checks):
         raise typer.Exit(1)
-
-
-# -- images ---------------------------------------------------------------------------------------
-@image_app.command("build")
-def image_build(force: bool = typer.Option(False, help="rebuild even if the cached image is current"),
-                debian_packages: list[str] = typer.Option([], "--debian-packages", help="instead of the default "
-                                                          "image: a Debian rootfs with python3 + these packages "
-                                                          "(mmdebstrap; repeat or comma-separate)"),
-                preset: str | None = typer.Option(None, "--preset", help="a Debian image with a named package set "
-                                                  "(plus any --debian-packages): full = bash, git, curl, "
-                                                  "ca-certificates, python3-pip, python3-venv (commands then run "
-                                                  "under bash -l -c); full-build = full + build-essential"),
-                suite: str = typer.Option("bookworm", "--suite", help="Debian suite for --debian-packages"),
-                rootfs: images_cli.RootfsKind = typer.Option(images_cli.RootfsKind.auto, "--rootfs",
-                                                             help="with --debian-packages: " + images_cli.ROOTFS_HELP),
-                output: Fmt = OUTPUT) -> None:
-    """Build the default guest image from Debian packages (cached by content; rebuilt only on change)."""
-    if debian_packages or preset:
-        return images_cli.debian_build(debian_packages, suite, force, output, rootfs.value, preset)
-    data = backend().build_image(force=force, progress=Progress(quiet=output != Fmt.table))
-    emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("INITRD", "right"), ("PATH", "left")],
-         [[data["id"], "built" if data["built_now"] else "cached", size(data.get("initrd_bytes")), data["path"]]])
 
 
 # -- snapshots ------------------------------------------------------------------------------------
@@ -423,7 +391,6 @@ def audit_verify() -> None:
 def register(root: typer.Typer) -> None:
     """Add this module's verbs and groups to the root."""
     root.registered_commands += verbs.registered_commands
-    root.add_typer(image_app, name="image")
     root.add_typer(snapshot_app, name="snapshot")
     root.add_typer(audit_app, name="audit")
 

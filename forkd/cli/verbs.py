@@ -7,7 +7,7 @@ A new verb: define it in its module, add it to that module's register(), and add
 """
 
 VERBS: dict[str, tuple[str, str]] = {
-    "version": ("main", "Print forkd's version."),
+    "version": ("config", "Print forkd's version."),
     "doctor": ("main", "Check this host: QEMU, kernel and image, accelerator (real boot probe), userfaultfd, space, "
                        "cgroups, netns."),
     "snapshots": ("main", "List snapshots."),
@@ -64,7 +64,7 @@ VERBS: dict[str, tuple[str, str]] = {
                         "USER] [--timeout DURATION] ID -- CMD [ARGS...]."),
     "logs": ("streams", "Print a child's console log (its kernel and init messages, and whatever the guest writes to "
                         "/dev/console)."),
-    "image": ("main", "Guest images (kernel + initramfs with Python and the forkd agent)."),
+    "image": ("images", "Guest images (kernel + initramfs with Python and the forkd agent)."),
     "snapshot": ("main", "Create warm snapshots, or branch a running child (--from-sandbox)."),
     "audit": ("main", "The daemon's hash-chained audit log ($FORKD_HOME/audit.log)."),
     "hub": ("packs", "Serve a directory as a forkd hub."),
