@@ -99,7 +99,7 @@ def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer,
     assert Answering.seen.get((method, path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
     allowed = {"forkd.spec.models", "forkd.core", "forkd.core.requests"} if argv[0] == "get" else set()  # models
-    banned = {"get": (*IN_PROCESS, "forkd_client.api", "forkd_client.models", "rich"),  # get: the SDK client
+    banned = {"get": (*IN_PROCESS, "forkd_client.api", "forkd_client.models"),  # get: the SDK client (httpx: rich)
               "exec": NO_PRINTER, "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT) + other_verbs(argv[0])
     assert [m for m in heavy(modules, banned) if m not in allowed] == []
 
