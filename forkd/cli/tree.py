@@ -98,6 +98,9 @@ def main() -> None:
 
     from forkd.base.errors import ForkdError
 
+    # httpx imports its own command line (rich, click's extras, pygments) when it is imported, unless that import
+    # fails: no verb runs httpx's command line, so a verb that reaches the daemon through the SDK skips it
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     argv = sys.argv[1:]
     if argv == ["--version"]:  # answered before the tree is built (the tree's eager --version says the same)
         from forkd import __version__
