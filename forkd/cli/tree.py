@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from typing import Any
 
 import click
@@ -94,8 +95,6 @@ def command_tree(root: typer.Typer = app) -> Any:
 
 def main() -> None:
     """The `forkd` entry point: parse, run one verb, exit with its code (forkd.cli.main says which codes)."""
-    import sys
-
     from forkd.base.errors import ForkdError
 
     # httpx imports its own command line (rich, click's extras, pygments) when it is imported, unless that import
@@ -131,6 +130,4 @@ def main() -> None:
 
 def _fail(message: str, hint: str | None) -> None:
     """The error on stderr, plain (no rich to load on a failing verb; scripts read these lines too)."""
-    import sys
-
     sys.stderr.write(f"error: {message}\n" + (f"hint: {hint}\n" if hint else ""))
