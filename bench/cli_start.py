@@ -32,6 +32,8 @@ VERBS = {
     "get pools": ["get", "ForkPool"],
     "exec (bad id)": ["exec", "nosuchchild", "--", "true"],
     "logs (bad id)": ["logs", "nosuchchild"],
+    "snapshot-info (bad tag)": ["snapshot-info", "nosuchtag"],
+    "fork --help": ["fork", "--help"],
 }
 
 

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from forkd.cli.verbs import VERBS
 from tests.http_stub import Draining, serving
 
 # what a verb that talks to a daemon must not load: the in-process side of forkd and its big dependencies
@@ -26,15 +27,31 @@ NO_TREE = (*NO_BACKEND, "typer", "click", "rich")
 # SDK's client
 NO_HEAVY_CLIENT = (*IN_PROCESS, "forkd.base.settings", "pydantic", "httpx", "forkd_client.http",
                    "forkd_client.api", "forkd_client.models", "forkd.client.http", "forkd.client.remote")
-# exec and logs print no table: not even rich, also when they fail
-NO_PRINTER = (*NO_HEAVY_CLIENT, "rich")
+# nor the standard library's HTTP client and what it brings (email, ssl), nor logging (set up only in-process)
+NO_STDLIB_CLIENT = ("http.client", "email", "ssl", "logging")
+# nor rich (tables and messages are plain: forkd.cli.output)
+NO_HEAVY_CLIENT = (*NO_HEAVY_CLIENT, *NO_STDLIB_CLIENT, "rich")
+# exec and logs: the same, also when they fail
+NO_PRINTER = NO_HEAVY_CLIENT
+
+
+# modules a verb's module may draw on besides its own: the root's global options (config), the snapshot group's
+# callback (forkd.cli.main's `snapshot` is branch's `snapshot --from-sandbox`)
+DRAWS_ON = {None: {"config"}, "main": {"config", "branch"}}
+
+
+def other_verbs(verb: str | None) -> tuple[str, ...]:
+    """The modules of every verb but `verb` (forkd.cli.verbs): running a verb imports its own module alone."""
+    own = VERBS[verb][0] if verb else None
+    allowed = {own} | DRAWS_ON.get(own, DRAWS_ON[None])
+    return tuple(sorted({f"forkd.cli.{m}" for m, _ in VERBS.values() if m not in allowed}))
 
 PROBE = ("import json, os, sys\n"
          "sys.argv = ['forkd', *json.loads(os.environ['PROBE_ARGV'])]\n"
          "from forkd.cli import main\n"
          "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
          "with open(os.environ['PROBE_OUT'], 'w') as f:\n"
-         "    json.dump({'code': code, 'modules': sorted(sys.modules)}, f)\n")
+         "    json.dump({'code': code, 'modules': sorted(m for m, v in sys.modules.items() if v is not None)}, f)\n")
 
 
 def loaded(argv: list[str], tmp_path, **env: str) -> tuple[int, list[str]]:
@@ -55,9 +72,11 @@ class Answering(Draining):
     busy = 0  # answers at once
 
 
-@pytest.mark.parametrize("argv,banned", [(["--version"], NO_TREE), (["version"], (*NO_BACKEND, "rich")),
-                                         (["--help"], NO_BACKEND), (["exec", "--help"], NO_HEAVY_CLIENT),
-                                         (["fork", "--help"], NO_CLIENT), (["apply", "--help"], NO_CLIENT)])
+@pytest.mark.parametrize("argv,banned", [
+    (["--version"], NO_TREE), (["version"], (*NO_BACKEND, "rich", "logging", *other_verbs("version"))),
+    (["--help"], (*NO_BACKEND, "rich", "logging", *other_verbs(None))),  # lists the verbs from the table alone
+    (["exec", "--help"], (*IN_PROCESS, "http.client", "email", "ssl", *other_verbs("exec"))),  # typer+rich help
+    (["fork", "--help"], NO_CLIENT), (["apply", "--help"], (*NO_CLIENT, *other_verbs("apply")))])
 def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     code, modules = loaded(argv, tmp_path)
     assert code == 0
@@ -80,8 +99,8 @@ def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer,
     assert Answering.seen.get((method, path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
     allowed = {"forkd.spec.models", "forkd.core", "forkd.core.requests"} if argv[0] == "get" else set()  # models
-    banned = {"get": (*IN_PROCESS, "forkd_client.api", "forkd_client.models"), "exec": NO_PRINTER,
-              "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT)
+    banned = {"get": (*IN_PROCESS, "forkd_client.api", "forkd_client.models", "rich", "pygments"),  # the SDK client
+              "exec": NO_PRINTER, "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT) + other_verbs(argv[0])
     assert [m for m in heavy(modules, banned) if m not in allowed] == []
 
 
@@ -96,7 +115,7 @@ def test_a_failing_stream_verb_loads_no_printer(argv, code, tmp_path):
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     got, modules = loaded(argv, tmp_path, FORKD_URL=dead)
     assert got == code
-    assert heavy(modules, NO_PRINTER) == []
+    assert heavy(modules, (*NO_PRINTER, *other_verbs(argv[0]))) == []
 
 
 def test_without_a_daemon_the_in_process_runtime_is_loaded(tmp_path):

@@ -20,10 +20,8 @@ class Mode(StrEnum):
     full = "full"
 
 
-def register(app: typer.Typer, snapshot_app: typer.Typer | None = None) -> None:
+def register(app: typer.Typer) -> None:
     app.command("branch")(branch_cmd)
-    if snapshot_app is not None:  # upstream's spelling: forkd snapshot --from-sandbox ID --tag T [--live|--diff]
-        snapshot_app.callback(invoke_without_command=True)(snapshot_from_sandbox)
 
 
 def snapshot_from_sandbox(ctx: typer.Context,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,20 +52,6 @@ def full_settings() -> dict:
             "ca": str(s.ca) if s.ca else None, "daemon_socket": str(s.daemon_socket) if s.daemon_socket else None}
 
 
-class _UnixConnection:
-    """http.client.HTTPConnection over a unix socket."""
-
-    def __new__(cls, path: str, timeout: float):
-        import http.client
-
-        class Conn(http.client.HTTPConnection):
-            def connect(self) -> None:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.settimeout(self.timeout)
-                self.sock.connect(path)
-        return Conn("forkd", timeout=timeout)
-
-
 class Daemon:
     """A daemon at `url` (TCP, bearer `token`, `ca` for https) or on the unix socket `sock`."""
 
@@ -95,18 +80,19 @@ class Daemon:
         return d
 
     def _conn(self, timeout: float) -> Any:
-        import http.client
         from urllib.parse import urlsplit
 
+        from forkd.cli.http1 import Connection
+
         if self.sock:
-            return _UnixConnection(self.sock, timeout)
+            return Connection(timeout, unix=self.sock)
         u = urlsplit(self.url)
         if u.scheme == "https":
             import ssl
 
             ctx = ssl.create_default_context(cafile=self.ca)
-            return http.client.HTTPSConnection(u.hostname, u.port or 443, timeout=timeout, context=ctx)
-        return http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+            return Connection(timeout, host=u.hostname, port=u.port or 443, tls=ctx)
+        return Connection(timeout, host=u.hostname, port=u.port or 80)
 
     def _send(self, method: str, path: str, body: Any, timeout: float, params: dict | None = None) -> Any:
         from urllib.parse import quote, urlencode, urlsplit
@@ -185,6 +171,8 @@ def reads() -> Any:
     d = Daemon.find()
     if d is not None:
         return Reads(d)
+    from forkd.cli.config import setup_logging
     from forkd.client import backend
 
+    setup_logging()  # in-process: the runtime logs (forkd.cli.config.QUIET_VERBS)
     return backend()

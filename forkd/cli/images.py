@@ -22,8 +22,34 @@ class RootfsKind(StrEnum):
     disk = "disk"
 
 
+image_app = typer.Typer(help="Guest images (kernel + initramfs with Python and the forkd agent).",
+                        no_args_is_help=True)
+
+
 def register(app: typer.Typer) -> None:
     app.command("from-image")(from_image_cmd)
+    app.add_typer(image_app, name="image")
+
+
+@image_app.command("build")
+def image_build(force: bool = typer.Option(False, help="rebuild even if the cached image is current"),
+                debian_packages: list[str] = typer.Option([], "--debian-packages", help="instead of the default "
+                                                          "image: a Debian rootfs with python3 + these packages "
+                                                          "(mmdebstrap; repeat or comma-separate)"),
+                preset: str | None = typer.Option(None, "--preset", help="a Debian image with a named package set "
+                                                  "(plus any --debian-packages): full = bash, git, curl, "
+                                                  "ca-certificates, python3-pip, python3-venv (commands then run "
+                                                  "under bash -l -c); full-build = full + build-essential"),
+                suite: str = typer.Option("bookworm", "--suite", help="Debian suite for --debian-packages"),
+                rootfs: RootfsKind = typer.Option(RootfsKind.auto, "--rootfs",
+                                                  help="with --debian-packages: " + ROOTFS_HELP),
+                output: Fmt = OUTPUT) -> None:
+    """Build the default guest image from Debian packages (cached by content; rebuilt only on change)."""
+    if debian_packages or preset:
+        return debian_build(debian_packages, suite, force, output, rootfs.value, preset)
+    data = backend().build_image(force=force, progress=Progress(quiet=output != Fmt.table))
+    emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("INITRD", "right"), ("PATH", "left")],
+         [[data["id"], "built" if data["built_now"] else "cached", size(data.get("initrd_bytes")), data["path"]]])
 
 
 def from_image_cmd(

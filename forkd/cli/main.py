@@ -14,16 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-import click
 import typer
 
-from forkd import __version__
 from forkd.base.durations import EXAMPLES
-from forkd.base.errors import ForkdError
 from forkd.cli import branch as branch_cli
-from forkd.cli import config, cp, declarative, distribute, k8s, portfwd, streams
-from forkd.cli import images as images_cli
-from forkd.cli import packs as packs_cli
 from forkd.cli.daemon import reads
 from forkd.cli.options import (
     CHILD,
@@ -40,20 +34,13 @@ from forkd.cli.options import (
     timeout_option,
 )
 from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
+from forkd.cli.tree import app, main  # noqa: F401 - the root (tests, the reference) and `python -m forkd.cli.main`
 from forkd.client import backend
 
-app = typer.Typer(
-    help="forkd: copy-on-write microVM sandboxes. Boot a parent once, snapshot it warm, fork children in "
-         "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd). Commands go to the daemon named "
-         "by $FORKD_URL (+ $FORKD_TOKEN), else to the one answering on $FORKD_HOME/forkd.sock, else run in-process "
-         "(FORKD_NO_DAEMON=1 forces that).",
-    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=True,
-    context_settings={"help_option_names": ["-h", "--help"]})
-image_app = typer.Typer(help="Guest images (kernel + initramfs with Python and the forkd agent).",
-                        no_args_is_help=True)
+verbs = typer.Typer()  # this module's verbs; register() adds them to the root (forkd.cli.verbs)
 snapshot_app = typer.Typer(help="Create warm snapshots, or branch a running child (--from-sandbox).")
-app.add_typer(image_app, name="image")
-app.add_typer(snapshot_app, name="snapshot")
+# upstream's spelling: forkd snapshot --from-sandbox ID --tag T [--live|--diff]
+snapshot_app.callback(invoke_without_command=True)(branch_cli.snapshot_from_sandbox)
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 # request field -> the flag a user types for it (errors name the flag, forkd.core.requests.invalid_flags)
@@ -65,14 +52,8 @@ SPAWN_FLAGS = {"tag": "--tag", "n": "--count", "timeout": "--timeout", "network"
                "prime": "--prime", "egress": "--egress"}
 
 
-@app.command()
-def version() -> None:
-    """Print forkd's version."""
-    typer.echo(__version__)
-
-
 # -- doctor ---------------------------------------------------------------------------------------
-@app.command()
+@verbs.command()
 def doctor(output: Fmt = OUTPUT,
            reprobe: bool = typer.Option(False, help="probe the accelerator again instead of using the cache")) -> None:
     """Check this host: QEMU, kernel and image, accelerator (real boot probe), userfaultfd, space, cgroups,
@@ -84,28 +65,6 @@ def doctor(output: Fmt = OUTPUT,
            c["detail"] + (f"\n[dim]fix: {c['fix']}[/]" if c["fix"] else "")] for c in checks])
     if any(c["status"] == "FAIL" for c in checks):
         raise typer.Exit(1)
-
-
-# -- images ---------------------------------------------------------------------------------------
-@image_app.command("build")
-def image_build(force: bool = typer.Option(False, help="rebuild even if the cached image is current"),
-                debian_packages: list[str] = typer.Option([], "--debian-packages", help="instead of the default "
-                                                          "image: a Debian rootfs with python3 + these packages "
-                                                          "(mmdebstrap; repeat or comma-separate)"),
-                preset: str | None = typer.Option(None, "--preset", help="a Debian image with a named package set "
-                                                  "(plus any --debian-packages): full = bash, git, curl, "
-                                                  "ca-certificates, python3-pip, python3-venv (commands then run "
-                                                  "under bash -l -c); full-build = full + build-essential"),
-                suite: str = typer.Option("bookworm", "--suite", help="Debian suite for --debian-packages"),
-                rootfs: images_cli.RootfsKind = typer.Option(images_cli.RootfsKind.auto, "--rootfs",
-                                                             help="with --debian-packages: " + images_cli.ROOTFS_HELP),
-                output: Fmt = OUTPUT) -> None:
-    """Build the default guest image from Debian packages (cached by content; rebuilt only on change)."""
-    if debian_packages or preset:
-        return images_cli.debian_build(debian_packages, suite, force, output, rootfs.value, preset)
-    data = backend().build_image(force=force, progress=Progress(quiet=output != Fmt.table))
-    emit(data, output, [("IMAGE", "left"), ("STATE", "left"), ("INITRD", "right"), ("PATH", "left")],
-         [[data["id"], "built" if data["built_now"] else "cached", size(data.get("initrd_bytes")), data["path"]]])
 
 
 # -- snapshots ------------------------------------------------------------------------------------
@@ -136,7 +95,7 @@ def snapshot_create(
            f"{size(snap['memory_stored_bytes'])} of {size(snap['memory_bytes'])}"]])
 
 
-@app.command()
+@verbs.command()
 def snapshots(output: Fmt = OUTPUT) -> None:
     """List snapshots."""
     data = reads().snapshots()
@@ -153,7 +112,7 @@ def snapshots(output: Fmt = OUTPUT) -> None:
                         ("STORED", "right"), ("DISK", "right"), ("CREATED", "left")], rows)
 
 
-@app.command("snapshot-info")
+@verbs.command("snapshot-info")
 def snapshot_info(tag: str = SNAPSHOT, output: Fmt = OUTPUT) -> None:
     """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
     info = backend().snapshot_info(tag)
@@ -164,7 +123,7 @@ def snapshot_info(tag: str = SNAPSHOT, output: Fmt = OUTPUT) -> None:
     emit(info, output, [("FIELD", "left"), ("VALUE", "left")], [[k, str(info.get(k))] for k in keys])
 
 
-@app.command()
+@verbs.command()
 def rmi(tag: str = SNAPSHOT,
         force: bool = typer.Option(False, "--force", help="delete even while children of it run (they keep "
                                                           "running) or layers depend on it"),
@@ -177,7 +136,7 @@ def rmi(tag: str = SNAPSHOT,
         out.print(f"deleted {t}")
 
 
-@app.command("snapshot-diff")
+@verbs.command("snapshot-diff")
 def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the new layer"),
                   from_: str = typer.Option(..., "--from", help="snapshot to build on (a base or a layer)"),
                   run: list[str] = typer.Option([], "--run", help="shell command to run (repeat)"),
@@ -196,7 +155,7 @@ def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the 
            size(snap["memory_bytes"]), ms(sum(snap["timings_ms"].values()))]])
 
 
-@app.command("snapshot-compact")
+@verbs.command("snapshot-compact")
 def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head to compact"),
                      to: str = typer.Option(..., "--to", help="tag of the new base snapshot"),
                      output: Fmt = OUTPUT) -> None:
@@ -229,7 +188,7 @@ CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("RESIDENCY", "left"), ("SN
                  ("CLAIM", "left"), ("PID", "right"), ("RESTORE ms", "right"), ("READY ms", "right")]
 
 
-@app.command()
+@verbs.command()
 def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to fork from (with --from-sandbox: "
                                       "name the branch snapshot, which is then kept)",
                                  autocompletion=complete_snapshots),
@@ -279,7 +238,7 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
 
 
-@app.command("set-timeout")
+@verbs.command("set-timeout")
 def set_timeout(child: str = typer.Argument(..., help="id of a running child"),
                 seconds: str = typer.Argument(..., metavar="DURATION", callback=duration_value,
                                                 help=f"it now expires this long from now ({EXAMPLES})"),
@@ -290,13 +249,13 @@ def set_timeout(child: str = typer.Argument(..., help="id of a running child"),
          [[rec["id"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["expires_at"]))]])
 
 
-@app.command("port")
+@verbs.command("port")
 def port_(child: str = CHILD, port: int = typer.Argument(..., min=1, max=65535, help="a TCP port the guest listens on"),
           close: bool = typer.Option(False, "--close", help="revoke it: its URL stops working"),
           output: Fmt = OUTPUT) -> None:
     """Open TCP PORT of CHILD through the daemon: prints a URL (a path under the daemon's address over the unix
     socket) that reaches the guest's HTTP server on PORT, for whoever holds it, until --close or the child dies.
-    Needs the daemon; works for every child, with a NIC or not (raw TCP: forkd port-forward)."""
+    Needs the daemon and a child with a NIC (its parent built with --network isolated; any egress)."""
     res = backend().port(child, port, close=close)
     if close:
         emit(res, output, [("ID", "left"), ("PORT", "right"), ("CLOSED", "left")], [[child, str(port), "yes"]])
@@ -305,7 +264,7 @@ def port_(child: str = CHILD, port: int = typer.Argument(..., min=1, max=65535, 
          [[child, str(port), res.get("url") or res["path"]]])
 
 
-@app.command("gc")
+@verbs.command("gc")
 def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would be removed, remove nothing"),
        grace: float = typer.Option(60.0, help="seconds an unrecorded object may be a spawn still in progress"),
        output: Fmt = OUTPUT) -> None:
@@ -321,7 +280,7 @@ def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would 
                   f"{len(rep['adopted'])} live children adopted")
 
 
-@app.command("ls")
+@verbs.command("ls")
 def ls(label: list[str] | None = typer.Option(None, "--label", "-l", help="only children with label k=v (or "
                                               "key k); repeat to AND them"),
        output: Fmt = OUTPUT) -> None:
@@ -330,7 +289,7 @@ def ls(label: list[str] | None = typer.Option(None, "--label", "-l", help="only 
     emit(recs, output, CHILD_COLUMNS, _child_rows(recs))
 
 
-@app.command("eval")
+@verbs.command("eval")
 def eval_(child: str = CHILD, code: str = typer.Argument(..., help="Python expression or statements"),
           output: Fmt = OUTPUT,
           timeout: str = timeout_option("60s", "how long to wait for the answer")) -> None:
@@ -343,12 +302,12 @@ def eval_(child: str = CHILD, code: str = typer.Argument(..., help="Python expre
         if res["error"]:
             sys.stderr.write(res["error"].get("traceback") or f"{res['error']['type']}: {res['error']['message']}\n")
         else:
-            out.print(res["value"])
+            sys.stdout.write(f"{res['value']}\n")  # the guest's text, as it is (no style tags read in it)
     if res["error"]:
         raise typer.Exit(1)
 
 
-@app.command()
+@verbs.command()
 def ping(child: str = CHILD) -> None:
     """Check that a child's agent answers."""
     t0 = time.perf_counter()
@@ -356,7 +315,7 @@ def ping(child: str = CHILD) -> None:
     out.print(f"{child}: pong in {(time.perf_counter() - t0) * 1000:.1f} ms")
 
 
-@app.command()
+@verbs.command()
 def kill(ids: list[str] = typer.Argument(None, help="child ids"),
          all_: bool = typer.Option(False, "--all", help="kill every child"),
          tag: str | None = typer.Option(None, "--tag", help="kill the children of this snapshot")) -> None:
@@ -365,7 +324,7 @@ def kill(ids: list[str] = typer.Argument(None, help="child ids"),
         out.print(f"{cid}: {'killed' if was_running else 'removed (was not running)'}")
 
 
-@app.command()
+@verbs.command()
 def quickstart(spec: Path = typer.Option(Path("specs/examples/pool.yaml"), "-f", "--filename",
                                          help="spec with a parent and a pool"),
                n: int = count_option(4, "children to claim"),
@@ -386,7 +345,7 @@ def quickstart(spec: Path = typer.Option(Path("specs/examples/pool.yaml"), "-f",
                   + ("" if keep else " (and killed again)"))
 
 
-@app.command()
+@verbs.command()
 def serve(watch: Path | None = typer.Option(None, help="apply this directory on every change (GitOps), "
                                                             "pruning objects removed from it"),
           interval: float = typer.Option(2.0, help="seconds between reconcile passes when nothing changes"),
@@ -418,7 +377,6 @@ def serve(watch: Path | None = typer.Option(None, help="apply this directory on 
 
 
 audit_app = typer.Typer(help="The daemon's hash-chained audit log ($FORKD_HOME/audit.log).", no_args_is_help=True)
-app.add_typer(audit_app, name="audit")
 
 
 @audit_app.command("verify")
@@ -430,51 +388,14 @@ def audit_verify() -> None:
         raise typer.Exit(1)
 
 
-declarative.register(app)
-packs_cli.register(app)
-images_cli.register(app)
-branch_cli.register(app, snapshot_app)
-distribute.register(snapshot_app)
-k8s.register(app)
-config.register(app)
-cp.register(app)
-portfwd.register(app)
-streams.register(app)
+def register(root: typer.Typer) -> None:
+    """Add this module's verbs and groups to the root."""
+    from forkd.cli import distribute
 
-
-def main() -> None:
-    """The `forkd` entry point: one command tree, each command converted when it is asked for."""
-    argv = sys.argv[1:]
-    if argv == ["--version"]:  # answered before the tree is built (the tree's eager --version says the same)
-        sys.stdout.write(f"forkd {__version__}\n")
-        return
-    if argv[:1] == ["exec"]:
-        argv = ["exec", *streams.docker_argv(argv[1:])]
-    from forkd.cli.tree import command_tree
-
-    try:
-        code = command_tree(app).main(args=argv, prog_name="forkd", standalone_mode=False)
-    except click.ClickException as exc:  # bad usage: the flag and why
-        exc.show()
-        sys.exit(streams.EXEC_FAILED if argv[:1] == ["exec"] else exc.exit_code)
-    except typer.Abort:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
-    except ForkdError as exc:
-        _fail(exc.message, exc.hint)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
-    except OSError as exc:  # an environment problem forkd did not anticipate: say what, without a traceback
-        _fail(str(exc), None)
-        sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
-
-
-def _fail(message: str, hint: str | None) -> None:
-    """The error on stderr, plain (no rich to load on a failing verb; scripts read these lines too)."""
-    sys.stderr.write(f"error: {message}\n" + (f"hint: {hint}\n" if hint else ""))
+    root.registered_commands += verbs.registered_commands
+    distribute.register(snapshot_app)
+    root.add_typer(snapshot_app, name="snapshot")
+    root.add_typer(audit_app, name="audit")
 
 
 if __name__ == "__main__":

@@ -1,33 +1,69 @@
-"""Rendering for the CLI: tables for people, json/yaml for scripts, errors on stderr with a hint."""
+"""Rendering for the CLI: tables for people, json/yaml for scripts, errors on stderr with a hint (the standard
+library alone: no rich to load before the first line)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from enum import StrEnum
 from typing import Any
 
+# the few styles the CLI's messages use, as `[name]text[/]`; any other bracket is text, printed as it is
+STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
+_TAG = re.compile(r"\[(?:(" + "|".join(STYLES) + r")|/)\]")
 
-class _Console:
-    """A rich Console made on first use (rich is loaded only by a command that prints through it). Piped output is
-    for scripts and logs: never truncate it to an imaginary 80-column terminal."""
+
+def visible(text: str) -> str:
+    """`text` without its style tags: what a pipe receives and what a table's widths count."""
+    return _TAG.sub("", text)
+
+
+class _Printer:
+    """Lines for people on stdout or stderr: style tags as ANSI colours on a terminal (not with NO_COLOR), dropped
+    on a pipe. Never wraps or truncates (a pipe is read by scripts and logs)."""
 
     def __init__(self, stderr: bool):
-        self._stderr, self._console = stderr, None
+        self._stderr = stderr
 
-    def __getattr__(self, name: str) -> Any:
-        if self._console is None:
-            from rich.console import Console
+    @property
+    def file(self) -> Any:
+        return sys.stderr if self._stderr else sys.stdout
 
-            tty = (sys.stderr if self._stderr else sys.stdout).isatty()
-            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True,
-                                    width=None if tty else 240)
-        return getattr(self._console, name)
+    def _ansi(self, text: str) -> str:
+        if not self.file.isatty() or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+            return visible(text)
+        return _TAG.sub(lambda m: f"\x1b[{STYLES[m.group(1)]}m" if m.group(1) else "\x1b[0m", text)
+
+    def print(self, *objects: Any) -> None:
+        self.file.write(self._ansi(" ".join(str(o) for o in objects)) + "\n")
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
-out = _Console(stderr=False)
-err = _Console(stderr=True)
+out = _Printer(stderr=False)
+err = _Printer(stderr=True)
+
+
+def table(columns: list[tuple[str, str]], rows: list[list[str]], title: str | None = None) -> str:
+    """Columns two spaces apart, each as wide as its widest cell (justify: left or right); a cell may hold
+    several lines; the header bold."""
+    cells = [[f"[bold]{h}[/]" for h, _ in columns], *[[str(c) for c in r] for r in rows]]
+    split = [[c.split("\n") for c in r] for r in cells]
+    widths = [max(len(visible(line)) for r in split for line in r[i]) for i in range(len(columns))]
+    lines = [title] if title else []
+    for r in split:
+        for k in range(max(len(c) for c in r)):
+            parts = []
+            for i, (_, justify) in enumerate(columns):
+                text = r[i][k] if k < len(r[i]) else ""
+                pad = " " * (widths[i] - len(visible(text)))
+                parts.append(pad + text if justify == "right" else text + pad)
+            lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
 
 
 class Fmt(StrEnum):
@@ -47,14 +83,7 @@ def emit(data: Any, fmt: Fmt, columns: list[tuple[str, str]] | None = None, rows
 
         sys.stdout.write(yaml.safe_dump(data, sort_keys=True))
     else:
-        from rich.table import Table
-
-        t = Table(title=title, box=None, pad_edge=False, header_style="bold")
-        for head, justify in columns or []:
-            t.add_column(head, justify=justify)
-        for r in rows or []:
-            t.add_row(*r)
-        out.print(t)
+        out.print(table(columns or [], rows or [], title))
 
 
 class Progress:

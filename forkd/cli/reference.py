@@ -35,9 +35,7 @@ def _command(cmd: Any, path: str, level: int) -> list[str]:
 
 def markdown(app: Any = None) -> str:
     """Every visible command of `forkd`, its help, arguments and options, in the tree's order."""
-    if app is None:
-        from forkd.cli.main import app
-    root = command_tree(app)
+    root = command_tree() if app is None else command_tree(app)
     lines = ["# CLI reference", "", "Generated from the command definitions (`forkd/cli/`); `forkd COMMAND --help` "
              "prints the same.", "", " ".join((root.help or "").split()), "", "## Global options", "",
              "| option | what it does |", "|---|---|",

@@ -60,19 +60,11 @@ def _procs() -> Any:
     d = Daemon.find()
     if d is not None:
         return RemoteProcs(d)
+    from forkd.cli.config import setup_logging
     from forkd.client.local import LocalBackend
     from forkd.client.processes import LocalProcesses
 
-    return LocalProcesses(LocalBackend().rt)
-
-
-def _procs() -> Any:
-    d = Daemon.find()
-    if d is not None:
-        return RemoteProcs(d)
-    from forkd.client.local import LocalBackend
-    from forkd.client.processes import LocalProcesses
-
+    setup_logging()  # in-process: the runtime logs (forkd.cli.config.QUIET_VERBS)
     return LocalProcesses(LocalBackend().rt)
 
 
@@ -218,8 +210,6 @@ def run_exec(args: Any) -> int:
     finally:
         if restore:
             restore()
-
-
 
 
 def run_logs(child: str, follow: bool) -> None:

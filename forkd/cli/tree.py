@@ -1,14 +1,48 @@
-"""The command tree click runs: typer's group for `app`, each command converted from its definition only when it
-is asked for (a verb converts itself alone; `--help` and completion convert all)."""
+"""The `forkd` command tree: the root group and its global options, each verb imported from its module
+(forkd.cli.verbs) and converted from its typer definition only when it is asked for. A verb loads its own module
+alone; `forkd --help` lists the verbs from the table and loads none; the reference and completion load all."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import importlib
+import sys
 from typing import Any
 
+import click
 import typer
+import typer.core
 import typer.main as tm
+
+from forkd.cli import config
+from forkd.cli.verbs import VERBS
+
+HELP = ("forkd: copy-on-write microVM sandboxes. Boot a parent once, snapshot it warm, fork children in "
+        "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd). Commands go to the daemon named "
+        "by $FORKD_URL (+ $FORKD_TOKEN), else to the one answering on $FORKD_HOME/forkd.sock, else run in-process "
+        "(FORKD_NO_DAEMON=1 forces that).")
+
+
+class Root(typer.core.TyperGroup):
+    """The root group: its help lists the verbs from the table (their summaries) without loading them."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        click.Group.format_help(self, ctx, formatter)  # plain: no rich, no verb module loaded
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = max(formatter.width - 6 - max(len(n) for n in VERBS), 20)
+        rows = [(name, _short(summary, limit)) for name, (_, summary) in VERBS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3].rsplit(" ", 1)[0] + "..."
+
+
+app = typer.Typer(cls=Root, help=HELP, no_args_is_help=True, pretty_exceptions_enable=False, add_completion=True,
+                  context_settings={"help_option_names": ["-h", "--help"]})
+app.callback()(config.global_options)
 
 
 class LazyCommands(dict):
@@ -31,26 +65,69 @@ class LazyCommands(dict):
         return [(k, self[k]) for k in self]
 
 
-def _thunks(app: typer.Typer) -> dict[str, Callable[[], Any]]:
+@functools.cache
+def _registered(module: str) -> typer.Typer:
+    """The verbs `forkd.cli.<module>` registers, on a typer app of their own (each module registered once)."""
+    holder = typer.Typer()
+    importlib.import_module(f"forkd.cli.{module}").register(holder)
+    return holder
+
+
+def _verb(name: str) -> click.Command:
+    """The click command of one verb, converted from its module's typer definition."""
+    holder = _registered(VERBS[name][0])
     opts = {"pretty_exceptions_short": app.pretty_exceptions_short, "rich_markup_mode": app.rich_markup_mode}
-    made: dict[str, Callable[[], Any]] = {}
-    for info in app.registered_commands:
-        name = info.name or tm.get_command_name(info.callback.__name__)
-        made[name] = functools.partial(tm.get_command_from_info, info, **opts)
-    for group in app.registered_groups:
-        name = group.name if isinstance(group.name, str) else None
-        if name is None:
-            raise ValueError("every group added to the forkd CLI is named (add_typer(..., name=...))")
-        made[name] = functools.partial(tm.get_group_from_info, group, suggest_commands=app.suggest_commands, **opts)
-    return made
+    for info in holder.registered_commands:
+        if (info.name or tm.get_command_name(info.callback.__name__)) == name:
+            return tm.get_command_from_info(info, **opts)
+    for group in holder.registered_groups:
+        if group.name == name:
+            return tm.get_group_from_info(group, suggest_commands=app.suggest_commands, **opts)
+    raise LookupError(f"forkd.cli.{VERBS[name][0]}.register() adds no verb {name!r}: fix forkd/cli/verbs.py")
 
 
-def command_tree(app: typer.Typer) -> Any:
-    """typer.main.get_command(app), with its commands converted lazily."""
-    shell = typer.Typer()
-    shell.info, shell.registered_callback = app.info, app.registered_callback
-    shell.pretty_exceptions_short, shell.rich_markup_mode = app.pretty_exceptions_short, app.rich_markup_mode
-    shell._add_completion = app._add_completion
-    group = tm.get_command(shell)
-    group.commands = LazyCommands(_thunks(app))
+def command_tree(root: typer.Typer = app) -> Any:
+    """The click group of `root` (the `forkd` app), its verbs converted lazily."""
+    group = tm.get_command(root)
+    group.commands = LazyCommands({name: functools.partial(_verb, name) for name in VERBS})
     return group
+
+
+def main() -> None:
+    """The `forkd` entry point: parse, run one verb, exit with its code (forkd.cli.main says which codes)."""
+    from forkd.base.errors import ForkdError
+
+    # httpx imports its own command line (rich, click's extras, pygments) when it is imported, unless that import
+    # fails: no verb runs httpx's command line, so a verb that reaches the daemon through the SDK skips it
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+    argv = sys.argv[1:]
+    if argv == ["--version"]:  # answered before the tree is built (the tree's eager --version says the same)
+        from forkd import __version__
+
+        sys.stdout.write(f"forkd {__version__}\n")
+        return
+    exec_failed = None
+    if argv[:1] == ["exec"]:
+        from forkd.cli import streams
+
+        argv, exec_failed = ["exec", *streams.docker_argv(argv[1:])], streams.EXEC_FAILED
+    try:
+        code = command_tree().main(args=argv, prog_name="forkd", standalone_mode=False)
+    except click.ClickException as exc:  # bad usage: the flag and why
+        exc.show()
+        sys.exit(exec_failed or exc.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+    except ForkdError as exc:
+        _fail(exc.message, exc.hint)
+        sys.exit(exc.exit_code)
+    except OSError as exc:  # an environment problem forkd did not anticipate: say what, without a traceback
+        _fail(str(exc), None)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, hint: str | None) -> None:
+    """The error on stderr, plain (no rich to load on a failing verb; scripts read these lines too)."""
+    sys.stderr.write(f"error: {message}\n" + (f"hint: {hint}\n" if hint else ""))
