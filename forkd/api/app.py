@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -103,13 +103,18 @@ def create_app(service: Service | Control, token: str | None = None, audit: Audi
     app.add_middleware(Gate, token=token, audit=audit, metrics=metrics, hosts=hosts, denials=denials)
     _error_handlers(app, metrics)
     _status_routes(app, metrics)
-    calls = [build_sandbox_router(s, metrics, gate), build_process_router(s.rt, gate), build_files_router(s, gate),
-             build_ports_router(s)]
+    calls = call_routers(s, metrics, gate)
     for router in (build_snapshot_router(s), build_children_router(s), child_calls(*calls), *calls,
                    build_kinds_router(s), build_objects_router(s)):
         app.include_router(router)
     document_problems(app)
     return app
+
+
+def call_routers(s: Service, metrics: Metrics, gate: GuestIO) -> list[APIRouter]:
+    """The compatibility layer's route tables (`/v1/sandboxes` and the calls on one child under it)."""
+    return [build_sandbox_router(s, metrics, gate), build_process_router(s.rt, gate), build_files_router(s, gate),
+            build_ports_router(s)]
 
 
 def _error_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -17,8 +17,8 @@ from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBu
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.service import wire
-from forkd.service.service import Service
 from forkd.service.listing import ChildView
+from forkd.service.service import Service
 from forkd.service.wire import child_view, snapshot_view
 
 Progress = Callable[[str], None]
