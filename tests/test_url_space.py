@@ -77,3 +77,14 @@ def test_the_native_routes_and_their_aliases_in_the_api_document(service):
         assert f"/v1/children/{{id}}/{call}" in paths, call
     for plural in ("parents", "layers", "pools", "branches", "claims"):
         assert "get" in paths[f"/v1/{plural}/{{name}}/describe"], plural
+
+
+def test_the_rest_reference_is_generated_from_the_routes():
+    """docs/rest.md is what `python -m forkd.api.reference` prints for these routes (regenerate it when they
+    change)."""
+    from pathlib import Path
+
+    from forkd.api.reference import current
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "rest.md").read_text()
+    assert page == current(), "docs/rest.md is stale: python -m forkd.api.reference > docs/rest.md"
