@@ -255,6 +255,53 @@ class ChildHandle:
     def quarantine(self, exc: BaseException) -> None:
         self._supervisor().quarantine(self.rec, exc)
 
+    def console(self, offset: int = 0) -> tuple[int, bytes]:
+        """Its console log from byte `offset`: (where the next read starts, the bytes). The VMM's ring is drained
+        into the log file first (best effort: the file holds what was drained before); an offset past the end,
+        after the log was cut, starts again from its beginning."""
+        rec, driver = self.rec, self.owner.driver
+        files = RunFiles(Path(rec.dir))
+        if rec.status == "running":
+            vm = driver.attach(files, rec.pid, rec.started)
+            try:
+                driver.connect(vm, timeout=5)
+                driver.save_console(vm)
+            except Exception:  # noqa: BLE001 - a VMM that does not answer leaves the log as it was
+                log.debug("child %s: console not drained", rec.id, exc_info=True)
+            finally:
+                driver.release(vm)
+        try:
+            data = files.console.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        return len(data), data[offset if offset <= len(data) else 0:]
+
+    # -- its end --------------------------------------------------------------------------------------
+    def kill(self, wait_until: float | None = None) -> bool | None:
+        """Stop it and drop its record and files once no other operation owns it (waiting until `wait_until`):
+        True if its VMM was running, False if it was not or someone else stopped it meanwhile, None if another
+        operation still owns it at the deadline (then `rec` is its record as that operation left it)."""
+        try:
+            rec, owned = self.owner.take(self.id, wait_until=wait_until)
+        except NotFound:
+            return False
+        if owned:
+            return self._supervisor().kill(rec)
+        if rec is None:
+            return False
+        self.rec = rec
+        return None
+
+    def retire(self, still: Callable[[ChildRecord], bool]) -> bool:
+        """Stop it for the reconciler if it still qualifies: `still(record)` is checked under the registry lock
+        against its current record (a child claimed since the decision stays), and a child another operation is
+        creating or stopping is left alone. True if it was retired."""
+        rec, owned = self.owner.take(self.id, still)
+        if rec is None or not owned:
+            return False
+        self._supervisor().kill(rec)
+        return True
+
     def refresh(self) -> ChildHandle:
         """The handle with the child's record as it is now (NotFound once it is gone)."""
         self.rec = self.owner.registry.get(self.id)
