@@ -74,3 +74,32 @@ def test_a_child_another_operation_owns_is_not_killed_under_it(fake_rt, fake_bas
         owner.wait()
         fake_rt.registry.save(fake_rt.child(rec.id).with_(state="running"))
         fake_rt.kill([rec.id])
+
+
+def test_a_capture_hold_connects_resumes_and_reads_the_sources_fate(fake_rt, fake_base):
+    """hold_for_capture's hold: connect notes that the source ran, resume puts a paused source back, and once
+    its VMM is gone (killed) the handle's fate says `dead`; once its record is gone, `removed`."""
+    import os
+    import signal
+    from contextlib import ExitStack
+
+    from forkd.vmm.driver import VmmLost
+
+    rec = _one(fake_rt)
+    handle = fake_rt.handles.get(rec.id)
+    try:
+        with ExitStack() as stack:
+            hold = handle.hold_for_capture(stack, max_branches=4)
+            hold.connect(timeout=30)
+            assert hold.was_running is True
+            fake_rt.driver.pause(hold.vm)
+            assert fake_rt.driver.run_state(hold.vm) != "running"
+            hold.resume()
+            assert fake_rt.driver.run_state(hold.vm) == "running"
+        assert handle.fate(RuntimeError("a step failed")) == (None, fake_rt.child(rec.id))
+        os.kill(rec.pid, signal.SIGKILL)
+        fate, after = handle.fate(VmmLost("its socket closed"))
+        assert fate == "dead" and after.id == rec.id
+    finally:
+        fake_rt.kill([rec.id])
+    assert handle.fate(VmmLost("gone")) == ("removed", None)
