@@ -34,6 +34,7 @@ def trace(argv: list[str], root: Path) -> tuple[int, set[str]]:
     """Run the CLI with `argv`; (its exit code, the files under `root` whose functions it called)."""
     seen: set[str] = set()
     prefix = str(root) + "/"
+    top = sys._getframe()  # the walk up a stack stops here: what called trace() is not the command
 
     def profile(frame, event, _arg):  # noqa: ANN001 - sys.setprofile's signature
         if event != "call":
@@ -42,7 +43,7 @@ def trace(argv: list[str], root: Path) -> tuple[int, set[str]]:
         if not name.startswith(prefix) or name[len(prefix):] in seen:
             return
         f = frame
-        while f is not None:  # inside an import: not the command's own work
+        while f is not None and f is not top:  # inside an import: not the command's own work
             if f.f_code.co_name == "<module>":
                 return
             f = f.f_back
