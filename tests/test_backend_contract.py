@@ -115,3 +115,23 @@ def test_a_fork_snapshot_goes_with_its_last_child_through_both_doors(doors, fake
             assert kid["snapshot"] not in {s.get("tag") for s in b.snapshots()}, f"{name}: fork snapshot left"
         finally:
             b.kill([src["id"]])
+
+
+def test_the_child_listing_is_one_typed_view_through_both_doors(doors, fake_base):
+    """children() answers forkd.service.listing.ChildView in-process and through the daemon, field for field (the
+    daemon is reached over TCP, so its view carries no agent socket); upstream's `/v1/sandboxes` lists the same
+    child as the view made into upstream's SandboxInfo."""
+    from forkd.service.listing import ChildView
+
+    local, remote = doors["local"], doors["remote"]
+    (kid,) = local.fork(Spawn.of(tag=BASE_TAG, n=1))
+    try:
+        here = {c.id: c for c in local.children()}[kid.id]
+        there = {c.id: c for c in remote.children()}[kid.id]
+        assert type(here) is type(there) is ChildView
+        assert here.elsewhere() == there
+        compat = {s["id"]: s for s in remote._call("GET", "/v1/sandboxes")}[kid.id]
+        assert compat == wire.sandbox_info(there).model_dump(mode="json")
+        assert remote._call("GET", f"/v1/children/{kid.id}") == here.to_json()  # the daemon's own host view
+    finally:
+        local.kill([kid.id])

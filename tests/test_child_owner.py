@@ -152,7 +152,8 @@ def test_a_branch_holds_its_source_alone_and_within_the_home_cap(local):
     rt, child = local
     a, b = child(), child()
     with ExitStack() as first:
-        vm, lock = rt.handles.of(a).hold_for_capture(first, max_branches=2)
+        hold = rt.handles.of(a).hold_for_capture(first, max_branches=2)
+        vm, lock = hold.vm, hold.lock
         assert (vm.pid, vm.started) == (a.pid, a.started) and lock.fd is not None
         with ExitStack() as again, pytest.raises(Conflict, match=f"child {a.id} is already being branched"):
             rt.handles.of(a).hold_for_capture(again, max_branches=2)

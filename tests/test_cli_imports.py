@@ -87,9 +87,9 @@ def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     (["ls"], "/v1/children", b"[]"),
     (["snapshots"], "/v1/manifests", b"[]"),
     (["ls", "-o", "json"], "/v1/children", b"[]"),
-    (["logs", "cnosuch"], "/v1/sandboxes/cnosuch/logs", b'{"data": "", "offset": 0}'),
-    (["exec", "cnosuch", "true"], "/v1/sandboxes/cnosuch/processes", b'{"type": "exit", "exit_code": 0}'),
-    (["get", "pools"], "/v1/objects/ForkPool", b'{"items": []}'),  # its answers are spec models: those it loads
+    (["logs", "cnosuch"], "/v1/children/cnosuch/logs", b'{"data": "", "offset": 0}'),
+    (["exec", "cnosuch", "true"], "/v1/children/cnosuch/processes", b'{"type": "exit", "exit_code": 0}'),
+    (["get", "pools"], "/v1/pools", b"[]"),  # its answers are spec models: those it loads
 ])
 def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer, tmp_path):
     with serving(Answering) as url:

@@ -63,6 +63,8 @@ ROUTES = [
     ("POST", "/v1/sandboxes/c-1/branch", False),
     ("POST", "/v1/apply", False),
     ("GET", "/v1/objects/ForkPool", False),
+    ("POST", "/v1/children/c-1/exec", False),  # the native family: the bearer token's, not a claim's
+    ("GET", "/v1/children/c-1", False),
     ("POST", "/v1/pools/p/claim", False),
     ("GET", "/v1/node", False),
 ]

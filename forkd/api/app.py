@@ -4,16 +4,18 @@ one service (forkd.service.Service: the verbs LocalBackend calls in-process) and
 details (application/problem+json) with the status code of their kind.
 
 One route table per resource: routes_snapshots (upstream's `/v1/snapshots`, forkd's `/v1/manifests` and
-`/v1/build/*`), routes_sandboxes (upstream's `/v1/sandboxes`, an adapter over the service's child verbs),
-routes_children (forkd's `/v1/children` and host verbs), routes_kinds (`/v1/pools`... and claim), routes_objects
-(apply, diff, objects, wait), routes_process, routes_files, routes_ports."""
+`/v1/build/*`), routes_children (the native `/v1/children` and host verbs), routes_sandboxes (the compatibility
+layer `/v1/sandboxes`: upstream's and the SDKs', an adapter over the same service verbs), routes_kinds
+(`/v1/pools`... and claim), routes_objects (apply, diff, wait), routes_process, routes_files, routes_ports. The
+calls on one child are one handler under both `/v1/children/{id}/` and `/v1/sandboxes/{id}/`. docs/rest.md is
+generated from these tables (forkd.api.reference)."""
 
 from __future__ import annotations
 
 import errno
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
@@ -24,7 +26,7 @@ from forkd import __version__
 from forkd.api.audit import Denials, Gate
 from forkd.api.guestio import RETRY_AFTER, GuestIO
 from forkd.api.metrics import Metrics
-from forkd.api.routes_children import build_children_router
+from forkd.api.routes_children import build_children_router, child_calls
 from forkd.api.routes_files import build_files_router
 from forkd.api.routes_kinds import build_kinds_router
 from forkd.api.routes_objects import build_objects_router
@@ -102,16 +104,18 @@ def create_app(service: Service | Control, token: str | None = None, audit: Audi
     app.add_middleware(Gate, token=token, audit=audit, metrics=metrics, hosts=hosts, denials=denials)
     _error_handlers(app, metrics)
     _status_routes(app, metrics)
-    app.include_router(build_snapshot_router(s))
-    app.include_router(build_sandbox_router(s, metrics, gate))
-    app.include_router(build_kinds_router(s))
-    app.include_router(build_children_router(s))
-    app.include_router(build_process_router(s.rt, gate))
-    app.include_router(build_files_router(s, gate))
-    app.include_router(build_ports_router(s))
-    app.include_router(build_objects_router(s))
+    calls = call_routers(s, metrics, gate)
+    for router in (build_snapshot_router(s), build_children_router(s), child_calls(*calls), *calls,
+                   build_kinds_router(s), build_objects_router(s)):
+        app.include_router(router)
     document_problems(app)
     return app
+
+
+def call_routers(s: Service, metrics: Metrics, gate: GuestIO) -> list[APIRouter]:
+    """The compatibility layer's route tables (`/v1/sandboxes` and the calls on one child under it)."""
+    return [build_sandbox_router(s, metrics, gate), build_process_router(s.rt, gate), build_files_router(s, gate),
+            build_ports_router(s)]
 
 
 def _error_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -1,21 +1,29 @@
-"""forkd's own child and host routes, for the CLI's RemoteBackend: each handler parses, calls the service verb
-LocalBackend calls in-process (forkd.service.Service) and answers LocalBackend's JSON, so a verb answers alike with
-and without a daemon. Paths in bodies (pack files) are on the daemon's host.
+"""forkd's native child routes (`/v1/children`): each handler parses, calls the service verb LocalBackend calls
+in-process (forkd.service.Service) and answers the same typed views (forkd.service.listing.ChildView), so a verb
+answers alike with and without a daemon. Paths in bodies (pack files) are on the daemon's host.
 
-  GET  /v1/children            ls            POST /v1/children   fork       POST /v1/children/kill   kill
-  POST /v1/children/{id}/fork  fork --from-sandbox                POST /v1/children/{id}/timeout
-  POST /v1/gc, /v1/doctor, /v1/pack, /v1/unpack, /v1/pull, /v1/push, /v1/snapshots/{push,pull}   GET /v1/audit/verify
-exec, eval, ping and branch use the upstream /v1/sandboxes routes (forkd.api.routes_sandboxes).
+  GET  /v1/children            ls              POST /v1/children           fork
+  GET  /v1/children/{id}       one child       DELETE /v1/children/{id}    kill one
+  POST /v1/children/kill       kill            POST /v1/children/{id}/fork fork --from-sandbox
+  POST /v1/children/{id}/timeout               POST /v1/gc, /v1/doctor, /v1/pack, /v1/unpack, /v1/pull, /v1/push
+  POST /v1/snapshots/{push,pull}               GET /v1/audit/verify
+A child's calls (exec, eval, ping, branch, files, processes, logs, ports) are one handler mounted under both
+`/v1/children/{id}/...` and upstream's `/v1/sandboxes/{id}/...` (`child_calls`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Response
+from fastapi.routing import APIRoute
 
 from forkd.core.requests import Spawn
 from forkd.service import Service, wire
+from forkd.service.listing import ChildView
+
+NATIVE, COMPAT = "/v1/children/{id}/", "/v1/sandboxes/{id}/"
+OWN_CALLS = frozenset({"timeout", "fork"})  # the compatibility layer's own shapes: not mounted natively
 
 
 def build_children_router(s: Service) -> APIRouter:
@@ -28,28 +36,56 @@ def build_children_router(s: Service) -> APIRouter:
 
 def _child_routes(r: APIRouter, s: Service) -> None:
     @r.get("/v1/children")
-    def children(label: list[str] | None = Query(None, description="k=v or k; repeat to AND")) -> list[dict]:
-        return [wire.child_view(c) for c in s.children(label)]
+    def children(label: list[str] | None = Query(None, description="k=v or k; repeat to AND")) -> list[ChildView]:
+        return s.views(label)
+
+    @r.get("/v1/children/{id}")
+    def child(id: str) -> ChildView:
+        return s.view(id)
+
+    @r.delete("/v1/children/{id}", status_code=204)
+    def kill_one(id: str) -> Response:
+        """Stop one child (404 if there is none); a fork(n) snapshot goes with its last child."""
+        s.view(id)
+        s.kill([id])
+        return Response(status_code=204)
 
     @r.post("/v1/children/{id}/timeout")
-    def set_timeout(id: str, req: wire.TimeoutRequest) -> dict[str, Any]:
+    def set_timeout(id: str, req: wire.TimeoutRequest) -> ChildView:
         return wire.child_view(s.set_timeout(id, req.timeout_secs))
 
     @r.post("/v1/children/{id}/fork", status_code=201)
-    def fork_from(id: str, req: wire.ForkFromRequest) -> list[dict[str, Any]]:
+    def fork_from(id: str, req: wire.ForkFromRequest) -> list[ChildView]:
         """`forkd fork --from-sandbox ID`: children continuing from this instant of ID."""
         _, recs = s.fork_from(id, req.n, tag=req.tag, keep=req.keep, lifetime=req.lifetime, egress=req.egress)
         return [wire.child_view(c) for c in recs]
 
     @r.post("/v1/children", status_code=201)
-    def fork(req: Spawn) -> dict[str, Any]:
+    def fork(req: Spawn) -> wire.Forked:
         """`forkd fork`: hand-made children live FORKD_SANDBOX_TIMEOUT (pool children: none)."""
-        return {"children": [wire.child_view(c) for c in s.spawn(req)]}
+        return wire.Forked(children=[wire.child_view(c) for c in s.spawn(req)])
 
     @r.post("/v1/children/kill")
     def kill(req: wire.KillRequest) -> dict[str, Any]:
         """Stop children; the snapshot of a fork(n) goes with the last of its children."""
         return {"killed": [[cid, was] for cid, was in s.kill(req.ids, all_=req.all, tag=req.tag)]}
+
+
+def child_calls(*routers: APIRouter) -> APIRouter:
+    """Every call on one child that the compatibility layer serves (`/v1/sandboxes/{id}/X` in `routers`), mounted
+    under the native `/v1/children/{id}/X`: the same handler, so the two cannot answer differently."""
+    r = APIRouter(tags=["children"])
+    for route in (x for router in routers for x in router.routes):
+        if not (isinstance(route, APIRoute) and route.path.startswith(COMPAT)):
+            continue
+        if route.path[len(COMPAT):].split("/")[0] in OWN_CALLS:
+            continue
+        r.add_api_route(
+            NATIVE + route.path[len(COMPAT):], route.endpoint, methods=sorted(route.methods),
+            name=f"child_{route.name}", response_model=route.response_model, status_code=route.status_code,
+            responses=route.responses, response_class=route.response_class, summary=route.summary,
+            description=route.description, openapi_extra=route.openapi_extra)
+    return r
 
 
 def _host_routes(r: APIRouter, s: Service) -> None:

@@ -1,5 +1,6 @@
-"""forkd's declarative kinds as REST resources (`/v1/parents`, `/v1/layers`, `/v1/pools`, `/v1/branches`,
-`/v1/claims`: list, get, apply, put, delete, status), a pool's claim and the node's capacity. The objects are the
+"""forkd's declarative kinds as REST resources, their one native family (`/v1/parents`, `/v1/layers`, `/v1/pools`,
+`/v1/branches`, `/v1/claims`: list, get, apply, put, delete, status, describe), a pool's claim and the node's
+capacity. The objects are the
 reconciler's Control, held by the service (forkd.service.Service.control)."""
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from forkd.base.errors import InvalidInput
 from forkd.reconciler.control import Control, resolve_kind
 from forkd.reconciler.objects import key
 from forkd.service import Service, wire
-from forkd.spec.models import MODELS, to_document
+from forkd.spec.models import MODELS, PLURALS, to_document
 
-KINDS = {"parents": "ForkParent", "layers": "ForkLayer", "pools": "ForkPool", "branches": "ForkBranch",
-         "claims": "ForkClaim"}
+KINDS = {plural: kind for kind, plural in PLURALS.items()}
 
 
 def build_kinds_router(s: Service) -> APIRouter:
@@ -53,6 +53,10 @@ def _kind_routes(r: APIRouter, control: Control, plural: str, kind: str) -> None
     def status(name: str) -> dict:
         obj = control.get(kind, name)[0]
         return obj.status.model_dump(mode="json", exclude_none=True) if obj.status else {}
+
+    def describe(name: str) -> dict:
+        """The object, its status and the reconciler's recent events for it (`forkd describe`)."""
+        return control.describe(kind, name)
 
     def apply(document: dict = Body(...), manager: str = Query("api", pattern=r"^[a-z][a-z0-9-]{0,30}$"),
               force: bool = False, name: str | None = None) -> JSONResponse:
@@ -95,3 +99,5 @@ def _kind_routes(r: APIRouter, control: Control, plural: str, kind: str) -> None
     r.add_api_route(f"/v1/{plural}/{{name}}", delete, methods=["DELETE"], tags=tag, name=f"delete_{plural}",
                     status_code=204)
     r.add_api_route(f"/v1/{plural}/{{name}}/status", status, methods=["GET"], tags=tag, name=f"status_{plural}")
+    r.add_api_route(f"/v1/{plural}/{{name}}/describe", describe, methods=["GET"], tags=tag,
+                    name=f"describe_{plural}")

@@ -1,5 +1,7 @@
-"""The declarative routes the CLI uses: apply, diff, the objects by kind (get, describe, delete) and wait. The
-objects are the reconciler's Control, held by the service (forkd.service.Service.control)."""
+"""The declarative verbs over many objects at once: apply (with its applyset and prune), diff and wait. The objects
+are the reconciler's Control, held by the service (forkd.service.Service.control); one object's routes are its
+kind's collection (forkd.api.routes_kinds, `/v1/pools/{name}`...). `/v1/objects/{kind}[/{name}[/describe]]`
+are deprecated aliases of those: the same Control calls, kept for clients of the previous release."""
 
 from __future__ import annotations
 
@@ -68,19 +70,19 @@ def build_objects_router(s: Service) -> APIRouter:
     def diff(req: DiffRequest) -> dict:
         return {"diffs": s.control.diff(_objs(req.items))}
 
-    @r.get("/v1/objects/{kind}")
+    @r.get("/v1/objects/{kind}", deprecated=True, tags=["deprecated"])
     def list_objects(kind: str) -> dict:
         return {"items": [to_document(o) for o in s.control.get(_kind(kind))]}
 
-    @r.get("/v1/objects/{kind}/{name}")
+    @r.get("/v1/objects/{kind}/{name}", deprecated=True, tags=["deprecated"])
     def get_object(kind: str, name: str) -> dict:
         return {"items": [to_document(o) for o in s.control.get(_kind(kind), name)]}
 
-    @r.get("/v1/objects/{kind}/{name}/describe")
+    @r.get("/v1/objects/{kind}/{name}/describe", deprecated=True, tags=["deprecated"])
     def describe(kind: str, name: str) -> dict:
         return s.control.describe(_kind(kind), name)
 
-    @r.delete("/v1/objects/{kind}/{name}")
+    @r.delete("/v1/objects/{kind}/{name}", deprecated=True, tags=["deprecated"])
     def delete(kind: str, name: str) -> dict:
         s.control.delete(_kind(kind), name)
         return {"deleted": f"{kind}/{name}"}

@@ -1,6 +1,9 @@
-"""Upstream's `/v1/sandboxes` routes, an adapter over the service (forkd.service.Service): each parses upstream's
-body, calls the same service verb as forkd's `/v1/children` routes (so lifetimes, labels and the fork snapshot's
-release are the service's, not the route's) and answers upstream's shapes (forkd.service.wire)."""
+"""The compatibility layer `/v1/sandboxes`: upstream forkd's REST surface and the calls the E2B-style SDKs make
+(forkd_client, the TypeScript SDK, `forkd-mcp`), an adapter over the service (forkd.service.Service). Each
+parses upstream's body, calls the same service verb as the native `/v1/children` routes (so lifetimes, labels and
+the fork snapshot's release are the service's, not the route's) and answers upstream's shapes: a child's view
+(forkd.service.listing.ChildView) as upstream's SandboxInfo. The calls on one child are mounted under
+`/v1/children/{id}/` too (forkd.api.routes_children.child_calls)."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ def _lifecycle_routes(r: APIRouter, s: Service, metrics: Any) -> None:
     def list_sandboxes(label: list[str] | None = Query(None, description="k=v (or k): only sandboxes with that "
                                                                            "label; repeat to AND them")
                        ) -> list[wire.SandboxInfo]:
-        return [wire.sandbox_info(c) for c in s.children(label)]
+        return [wire.sandbox_info(v) for v in s.views(label)]
 
     @r.post("/v1/sandboxes", status_code=201, tags=TAGS)
     def spawn(req: wire.SpawnRequest) -> list[wire.SandboxInfo]:
@@ -50,11 +53,11 @@ def _lifecycle_routes(r: APIRouter, s: Service, metrics: Any) -> None:
 
     @r.get("/v1/sandboxes/{id}", tags=TAGS)
     def get_sandbox(id: str) -> wire.SandboxInfo:
-        return wire.sandbox_info(s.child(id))
+        return wire.sandbox_info(s.view(id))
 
     @r.delete("/v1/sandboxes/{id}", status_code=204, tags=TAGS)
     def kill_sandbox(id: str) -> Response:
-        s.child(id)  # 404 if absent
+        s.view(id)  # 404 if absent
         s.kill([id])
         return Response(status_code=204)
 

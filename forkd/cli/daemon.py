@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Timeout, Unavailable
+from forkd.service.listing import ChildView
 
 RAW = {"url": "FORKD_URL", "token": "FORKD_TOKEN", "home": "FORKD_HOME", "no_daemon": "FORKD_NO_DAEMON",
        "ca": "FORKD_CA", "daemon_socket": "FORKD_DAEMON_SOCKET"}
@@ -158,9 +159,10 @@ class Reads:
         self.d = d
         self.is_local = d.sock is not None  # a TCP daemon's agent sockets are on its host, not ours
 
-    def children(self, labels: list[str] | None = None) -> list[dict[str, Any]]:
-        views = self.d.request("GET", "/v1/children", params={"label": labels} if labels else None)
-        return views if self.is_local else [dict(v, agent_socket=None) for v in views]
+    def children(self, labels: list[str] | None = None) -> list[ChildView]:
+        got = self.d.request("GET", "/v1/children", params={"label": labels} if labels else None)
+        views = [ChildView.from_json(v) for v in got]
+        return views if self.is_local else [v.elsewhere() for v in views]
 
     def snapshots(self) -> list[dict[str, Any]]:
         return self.d.request("GET", "/v1/manifests")

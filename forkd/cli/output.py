@@ -113,9 +113,11 @@ def size(n: int | None) -> str:
 
 
 def _plain(data: Any) -> Any:
-    """Wire models (pydantic) as the JSON data they stand for, inside lists too."""
+    """Wire models (pydantic) and child views as the JSON data they stand for, inside lists and dicts too."""
     if hasattr(data, "model_dump"):
         return data.model_dump(mode="json")
     if isinstance(data, list):
         return [_plain(x) for x in data]
+    if isinstance(data, dict):
+        return {k: _plain(v) for k, v in data.items()}
     return data

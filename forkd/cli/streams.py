@@ -38,21 +38,21 @@ class RemoteProcs:
 
     def stream(self, child: str, argv: list[str], *, timeout: float | None = None, **body: Any) -> Iterator[dict]:
         body = dict(body, argv=argv, timeout_secs=timeout)
-        return self.d.events("POST", f"/v1/sandboxes/{child}/processes",
+        return self.d.events("POST", f"/v1/children/{child}/processes",
                              {k: v for k, v in body.items() if v is not None and v is not False})
 
     def send_stdin(self, child: str, pid: int, data: bytes, eof: bool = False) -> None:
-        self.d.request("POST", f"/v1/sandboxes/{child}/processes/{pid}/stdin",
+        self.d.request("POST", f"/v1/children/{child}/processes/{pid}/stdin",
                        {"data": base64.b64encode(data).decode(), "eof": eof})
 
     def resize(self, child: str, pid: int, rows: int, cols: int) -> None:
-        self.d.request("POST", f"/v1/sandboxes/{child}/processes/{pid}/resize", {"rows": rows, "cols": cols})
+        self.d.request("POST", f"/v1/children/{child}/processes/{pid}/resize", {"rows": rows, "cols": cols})
 
     def signal(self, child: str, pid: int, sig: str) -> None:
-        self.d.request("POST", f"/v1/sandboxes/{child}/processes/{pid}/signal", {"signal": sig})
+        self.d.request("POST", f"/v1/children/{child}/processes/{pid}/signal", {"signal": sig})
 
     def logs(self, child: str, offset: int) -> dict:
-        res = self.d.request("GET", f"/v1/sandboxes/{child}/logs", params={"offset": offset})
+        res = self.d.request("GET", f"/v1/children/{child}/logs", params={"offset": offset})
         return dict(res, data=base64.b64decode(res["data"]))
 
 

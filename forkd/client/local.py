@@ -17,6 +17,7 @@ from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBu
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.service import wire
+from forkd.service.listing import ChildView
 from forkd.service.service import Service
 from forkd.service.wire import child_view, snapshot_view
 
@@ -92,10 +93,10 @@ class LocalBackend:
         return self.service.rmi(tag, force=force, cascade=cascade)
 
     # -- children ------------------------------------------------------------------------------------
-    def children(self, labels: list[str] | None = None) -> list[dict[str, Any]]:
-        return [child_view(r) for r in self.service.children(labels)]
+    def children(self, labels: list[str] | None = None) -> list[ChildView]:
+        return self.service.views(labels)
 
-    def set_timeout(self, child: str, seconds: float) -> dict[str, Any]:
+    def set_timeout(self, child: str, seconds: float) -> ChildView:
         """Keepalive: `child` now expires `seconds` from now (enforced by a running daemon's sweeper)."""
         return child_view(self.service.set_timeout(child, seconds))
 
@@ -106,12 +107,12 @@ class LocalBackend:
                                "FORKD_URL/FORKD_TOKEN to one that runs")
 
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
-                  lifetime: float | None = None, egress: Egress | None = None) -> list[dict[str, Any]]:
+                  lifetime: float | None = None, egress: Egress | None = None) -> list[ChildView]:
         """`n` children continuing from this instant of `child`; egress None: the source's."""
         _, recs = self.service.fork_from(child, n, tag=tag, keep=keep, lifetime=lifetime, egress=egress)
         return [child_view(r) for r in recs]
 
-    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
+    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[ChildView]:
         """Hand-made children live FORKD_SANDBOX_TIMEOUT (enforced by a daemon's sweeper); pool children: none."""
         return [child_view(r) for r in self.service.spawn(req, progress=progress)]
 

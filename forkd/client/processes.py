@@ -158,26 +158,5 @@ class LocalProcesses:
     def logs(self, child: str, offset: int = 0) -> dict:
         """The child's console log from byte `offset` (its last CONSOLE_RING bytes are kept: an offset past the
         end, after the log was cut, starts again from its beginning); the ring inside the VMM is drained first."""
-        from pathlib import Path
-
-        from forkd.vmm.driver import RunFiles
-
-        rec = self.rt.child(child)
-        files = RunFiles(Path(rec.dir))
-        if rec.status == "running":
-            driver = self.rt.driver
-            vm = driver.attach(files, rec.pid, rec.started)
-            try:
-                driver.connect(vm, timeout=5)
-                driver.save_console(vm)
-            except Exception:  # noqa: BLE001 - best effort: the file holds what was drained before
-                pass
-            finally:
-                driver.release(vm)
-        try:
-            data = files.console.read_bytes()
-        except FileNotFoundError:
-            data = b""
-        if offset > len(data):
-            offset = 0
-        return {"offset": len(data), "data": data[offset:]}
+        end, data = self.rt.console(child, offset)
+        return {"offset": end, "data": data}

@@ -1,7 +1,7 @@
 """RemoteBackend: every verb through a running daemon (`forkd serve`), over its unix socket or over TCP with a
-bearer token. It is the SDK's HTTP client (forkd.client.api.Client) plus the forkd-native routes of
-forkd/api/routes_children.py and routes_snapshots.py, whose answers are LocalBackend's JSON; failures are
-forkd.base.errors types.
+bearer token. It calls the native routes (`/v1/children`, `/v1/{plural}`, forkd's snapshot routes: docs/rest.md),
+whose answers are LocalBackend's (child listings are forkd.service.listing.ChildView on both sides); failures are
+forkd.base.errors types. Only opening a port goes through the SDK's client (forkd.client.api.Client).
 
 Long verbs report one progress line (the daemon does the work and answers when it is done)."""
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from forkd.client.http import UNREACHABLE, Call, Endpoint, SyncHttp, quote
+from forkd.service.listing import ChildView
 
 if TYPE_CHECKING:  # loaded by the verbs that take or return them (declarative objects), not by every verb
     from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBuild, Spawn
@@ -69,9 +70,13 @@ class RemoteBackend:
         progress(f"working on the daemon at {self.endpoint.where}; waiting for its answer")
         return self._call(method, path, timeout=LONG, json=json)
 
-    def _here(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _here(self, views: list[dict[str, Any]]) -> list[ChildView]:
         """Child views with agent sockets only where they are reachable (the daemon's host)."""
-        return views if self.is_local else [dict(v, agent_socket=None) for v in views]
+        got = [ChildView.from_json(v) for v in views]
+        return got if self.is_local else [v.elsewhere() for v in got]
+
+    def _child(self, child: str, call: str) -> str:
+        return f"/v1/children/{quote(child)}/{call}"
 
     # -- declarative objects -------------------------------------------------------------------------
     @staticmethod
@@ -91,17 +96,27 @@ class RemoteBackend:
     def diff(self, objs):
         return [tuple(x) for x in self._call("POST", "/v1/diff", json={"items": self._docs(objs)})["diffs"]]
 
+    @staticmethod
+    def _kind(kind: str, name: str | None = None) -> str:
+        from forkd.spec.models import PLURALS
+
+        if kind not in PLURALS:
+            from forkd.base.errors import NotFound
+
+            raise NotFound(f"unknown kind {kind!r}", hint=f"one of {', '.join(PLURALS)}")
+        return f"/v1/{PLURALS[kind]}" + (f"/{quote(name)}" if name else "")
+
     def get(self, kind, name=None):
-        docs = self._call("GET", f"/v1/objects/{kind}" + (f"/{quote(name)}" if name else ""))["items"]
+        got = self._call("GET", self._kind(kind, name))
         from forkd.spec.models import MODELS
 
-        return [MODELS[d["kind"]].model_validate(d) for d in docs]
+        return [MODELS[d["kind"]].model_validate(d) for d in ([got] if name else got)]
 
     def describe(self, kind, name):
-        return self._call("GET", f"/v1/objects/{kind}/{quote(name)}/describe")
+        return self._call("GET", self._kind(kind, name) + "/describe")
 
     def delete(self, kind, name):
-        self._call("DELETE", f"/v1/objects/{kind}/{quote(name)}")
+        self._call("DELETE", self._kind(kind, name))
 
     def capacity(self) -> dict[str, Any]:
         """The node's capacity (GET /v1/node: memoryAvailableMiB, childrenRunning, pools)."""
@@ -146,19 +161,19 @@ class RemoteBackend:
         return self._call("DELETE", f"/v1/manifests/{quote(tag)}", params=params)["deleted"]
 
     # -- children ------------------------------------------------------------------------------------
-    def children(self, labels: list[str] | None = None) -> list[dict[str, Any]]:
+    def children(self, labels: list[str] | None = None) -> list[ChildView]:
         return self._here(self._call("GET", "/v1/children", params={"label": labels} if labels else None))
 
-    def set_timeout(self, child: str, seconds: float) -> dict[str, Any]:
-        return self._call("POST", f"/v1/children/{quote(child)}/timeout", json={"timeout_secs": seconds})
+    def set_timeout(self, child: str, seconds: float) -> ChildView:
+        return self._here([self._call("POST", self._child(child, "timeout"), json={"timeout_secs": seconds})])[0]
 
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
-                  lifetime: float | None = None, egress: Egress | None = None) -> list[dict[str, Any]]:
+                  lifetime: float | None = None, egress: Egress | None = None) -> list[ChildView]:
         from forkd.core.requests import egress_json
 
         body = {"n": n, "tag": tag, "keep": keep, "lifetime": lifetime,
                 "egress": None if egress is None else egress_json(egress)}
-        return self._here(self._call("POST", f"/v1/children/{quote(child)}/fork", timeout=LONG, json=body))
+        return self._here(self._call("POST", self._child(child, "fork"), timeout=LONG, json=body))
 
     def port(self, child: str, port: int, close: bool = False) -> dict[str, Any]:
         """Open TCP `port` of `child` through the daemon (its URL when the daemon is reached over TCP), or revoke."""
@@ -168,37 +183,47 @@ class RemoteBackend:
         grant = self.api.open_port(child, port).model_dump(mode="json")
         return dict(grant, url=None if self.is_local else self.api.endpoint.base_url + grant["path"])
 
-    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[dict[str, Any]]:
+    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[ChildView]:
         res = self._long(progress, "POST", "/v1/children", req.model_dump(mode="json"))
         return self._here(res["children"])
 
     def exec(self, child: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
              env: dict[str, str] | None = None, stdin: str | None = None) -> ExecResult:
+        from forkd.service.wire import ExecResult
+
         # no timeout in-process means the agent's call limit (300 s): the same here
-        return self.api.exec_command(child, argv, timeout or 300, cwd=cwd, env=env, stdin=stdin)
+        body = {"args": argv, "timeout_secs": timeout or 300, "cwd": cwd, "env": env, "stdin": stdin}
+        res = self._call("POST", self._child(child, "exec"), json=body)
+        return ExecResult.model_validate(res)
 
     def eval(self, child: str, code: str, timeout: float = 60.0) -> EvalAnswer:
         from forkd.service.wire import EvalAnswer
 
-        res = self.api.eval_code(child, code, timeout)
-        return EvalAnswer(value=res.result, error=res.error, stdout=res.stdout)
+        res = self._call("POST", self._child(child, "eval"), json={"code": code, "timeout_secs": timeout})
+        return EvalAnswer(value=res.get("result"), error=res.get("error"), stdout=res.get("stdout", ""))
 
     def files(self, child: str):
         """The files of a child through the daemon (forkd.client.files_remote.RemoteFiles)."""
         from forkd.client.files_remote import RemoteFiles
 
-        return RemoteFiles(self.api, child)
+        files = RemoteFiles(self.api, child)
+        files.base = self._child(child, "files")
+        return files
 
     def ping(self, child: str) -> PingResult:
-        return self.api.ping_sandbox(child)
+        from forkd.service.wire import PingResult
+
+        return PingResult.model_validate(self._call("POST", self._child(child, "ping")))
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[list]:
         return self._call("POST", "/v1/children/kill", json={"ids": ids or [], "all": all_, "tag": tag})["killed"]
 
     def branch(self, req: Branch) -> BranchAnswer:
-        from forkd.service.wire import branch_answer
+        from forkd.service.wire import BranchResult, branch_answer
 
-        return branch_answer(self.api.branch_sandbox(req.child_id, req.tag, req.mode, req.wait))
+        body = {"tag": req.tag, "mode": req.mode, "wait": req.wait}
+        res = self._call("POST", self._child(req.child_id, "branch"), json=body)
+        return branch_answer(BranchResult.model_validate(res))
 
     def settle(self, tag: str) -> SnapshotInfo | None:
         """The daemon converts a `wait=False` branch itself: nothing to wait for here."""

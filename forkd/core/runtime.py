@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.base.atomic import write_json
-from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
+from forkd.base.errors import Conflict, ForkdError, InvalidInput
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
 from forkd.base.telemetry import spawned, timed
@@ -257,15 +257,9 @@ class Runtime:
             self.registry.unclaim(ids)
 
     def retire(self, child_id: str, still: Callable[[ChildRecord], bool]) -> bool:
-        """Stop a child the reconciler retires, if it still qualifies now: `still(record)` is checked under the
-        registry lock against its current record, so a child claimed since the decision is not retired, and a
-        child another operation is creating or stopping (`busy`) is left alone. It is marked `stopping` before
-        the lock is released (no claim can take it), then stopped. True if it was retired."""
-        rec, owned = self.handles.take(child_id, still)
-        if rec is None or not owned:
-            return False
-        self.supervisor.kill(rec)
-        return True
+        """Stop a child the reconciler retires, if it still qualifies now (forkd.sandbox.child.ChildHandle.retire:
+        checked under the registry lock, marked `stopping` before the lock is released). True if it was retired."""
+        return self.handles.get(child_id).retire(still)
 
     def start_sweeper(self, stop: threading.Event, audit: Any = None) -> threading.Thread:
         """Start this node's idle loop (forkd.core.sweeper: lifetimes, branch snapshots, idle page-out and sleep)
@@ -289,6 +283,10 @@ class Runtime:
 
     def children(self) -> list[ChildRecord]:
         return self.registry.list()
+
+    def console(self, child_id: str, offset: int = 0) -> tuple[int, bytes]:
+        """A child's console log from byte `offset` (forkd.sandbox.child.ChildHandle.console)."""
+        return self.handles.get(child_id).console(offset)
 
     def child(self, child_id: str) -> ChildRecord:
         return self.registry.get(child_id)
@@ -329,20 +327,15 @@ class Runtime:
             if not ids:
                 raise InvalidInput("name children to kill, or pass --all / --tag")
             recs = [self.registry.get(i) for i in ids]
-        sup = self.supervisor
         deadline = time.monotonic() + settings().kill_wait_seconds
         out, busy = [], []
         for r in recs:
-            try:
-                rec, owned = self.handles.take(r.id, wait_until=deadline)
-            except NotFound:
-                rec, owned = None, False
-            if owned:
-                out.append((r.id, sup.kill(rec)))
-            elif rec is None:  # gone meanwhile: stopped by someone else
-                out.append((r.id, False))
+            handle = self.handles.of(r)
+            was_running = handle.kill(wait_until=deadline)  # None: another operation still owns it
+            if was_running is None:
+                busy.append(handle.rec)
             else:
-                busy.append(rec)
+                out.append((r.id, was_running))
         if busy:  # the others are killed; these belong to an operation that has not finished in time
             raise Conflict(f"{len(busy)} children are still being started or stopped by another process: "
                            + ", ".join(f"{r.id} ({r.status}, process {r.stopper_pid or r.spawner_pid})"

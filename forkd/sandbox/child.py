@@ -26,20 +26,23 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from forkd.base.errors import Conflict, ForkdError, NotFound, ProtocolViolation
 from forkd.base.locks import Flock, try_lock
+from forkd.base.procs import is_alive
 from forkd.sandbox import lockpaths, wake
 from forkd.sandbox.registry import RESIDENCY, ChildRecord, Claim, Registry, this_process
 from forkd.sandbox.supervisor import Supervisor, attached
 from forkd.vmm.agent_client import AgentClient, AgentTimeout
-from forkd.vmm.driver import RunFiles, Vm, VmmDriver
+from forkd.vmm.driver import RunFiles, Vm, VmmDriver, VmmLost
 from forkd.vmm.pageout import PagedOut, page_out
 
-__all__ = ["RESIDENCY", "ChildHandle", "ChildRecord", "Children", "Claim", "Registry", "no_answer", "set_clock",
-           "this_process"]
+__all__ = ["RESIDENCY", "CaptureHold", "ChildHandle", "ChildRecord", "Children", "Claim", "Registry", "no_answer",
+           "set_clock", "this_process", "vmm_lost"]
 log = logging.getLogger(__name__)
+EXIT_WAIT_SECONDS = 5.0  # a VMM whose sockets broke is exiting: how long to wait for it to be gone
 
 
 class Children:
@@ -225,11 +228,12 @@ class ChildHandle:
         return kib
 
     # -- a branch's hold on it ---------------------------------------------------------------------------
-    def hold_for_capture(self, stack: contextlib.ExitStack, max_branches: int) -> tuple[Vm, Flock]:
+    def hold_for_capture(self, stack: contextlib.ExitStack, max_branches: int) -> CaptureHold:
         """Take what a branch of this child holds, on `stack` (released when it unwinds): its branch lock (one
         branch of a source at a time; the idle loop's sleep waits for it too), a branch slot (at most
-        `max_branches` per home, across processes) and its VMM, attached. Returns (the VMM, the branch lock, which
-        the branch releases early once the source is free); Conflict naming what is in the way."""
+        `max_branches` per home, across processes) and its VMM, attached. Returns the hold (its VMM, the branch
+        lock, which the branch releases early once the source is free, connect and resume); Conflict naming
+        what is in the way."""
         home, driver = self.owner.home, self.owner.driver
         lock = try_lock(lockpaths.branch_lock(home, self.id))
         if lock is None:
@@ -246,7 +250,22 @@ class ChildHandle:
                            hint="retry when one finished (FORKD_MAX_BRANCHES raises the cap)")
         vm = driver.attach(RunFiles(Path(self.rec.dir)), self.rec.pid, self.rec.started)
         stack.callback(driver.release, vm)  # the source keeps running, whatever happens
-        return vm, lock
+        return CaptureHold(vm, lock, driver)
+
+    def fate(self, exc: BaseException) -> tuple[str | None, ChildRecord | None]:
+        """After `exc` broke a branch of it: what `ls` shows for the child now if it is no longer running (its
+        record with it; "removed" and None once the record is gone), else (None, its record). A VMM whose sockets
+        broke (`vmm_lost`) is exiting: it is given EXIT_WAIT_SECONDS to be gone before its status is read."""
+        try:
+            rec = self.owner.registry.get(self.id)
+        except NotFound:
+            return "removed", None
+        if rec.pid and vmm_lost(exc):
+            deadline = time.monotonic() + EXIT_WAIT_SECONDS
+            while is_alive(rec.pid, rec.started) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        status = rec.status
+        return (None if status == "running" else status), rec
 
     @property
     def asleep(self) -> bool:
@@ -263,10 +282,88 @@ class ChildHandle:
     def quarantine(self, exc: BaseException) -> None:
         self._supervisor().quarantine(self.rec, exc)
 
+    def console(self, offset: int = 0) -> tuple[int, bytes]:
+        """Its console log from byte `offset`: (where the next read starts, the bytes). The VMM's ring is drained
+        into the log file first (best effort: the file holds what was drained before); an offset past the end,
+        after the log was cut, starts again from its beginning."""
+        rec, driver = self.rec, self.owner.driver
+        files = RunFiles(Path(rec.dir))
+        if rec.status == "running":
+            vm = driver.attach(files, rec.pid, rec.started)
+            try:
+                driver.connect(vm, timeout=5)
+                driver.save_console(vm)
+            except Exception:  # noqa: BLE001 - a VMM that does not answer leaves the log as it was
+                log.debug("child %s: console not drained", rec.id, exc_info=True)
+            finally:
+                driver.release(vm)
+        try:
+            data = files.console.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        return len(data), data[offset if offset <= len(data) else 0:]
+
+    # -- its end --------------------------------------------------------------------------------------
+    def kill(self, wait_until: float | None = None) -> bool | None:
+        """Stop it and drop its record and files once no other operation owns it (waiting until `wait_until`):
+        True if its VMM was running, False if it was not or someone else stopped it meanwhile, None if another
+        operation still owns it at the deadline (then `rec` is its record as that operation left it)."""
+        try:
+            rec, owned = self.owner.take(self.id, wait_until=wait_until)
+        except NotFound:
+            return False
+        if owned:
+            return self._supervisor().kill(rec)
+        if rec is None:
+            return False
+        self.rec = rec
+        return None
+
+    def retire(self, still: Callable[[ChildRecord], bool]) -> bool:
+        """Stop it for the reconciler if it still qualifies: `still(record)` is checked under the registry lock
+        against its current record (a child claimed since the decision stays), and a child another operation is
+        creating or stopping is left alone. True if it was retired."""
+        rec, owned = self.owner.take(self.id, still)
+        if rec is None or not owned:
+            return False
+        self._supervisor().kill(rec)
+        return True
+
     def refresh(self) -> ChildHandle:
         """The handle with the child's record as it is now (NotFound once it is gone)."""
         self.rec = self.owner.registry.get(self.id)
         return self
+
+
+@dataclass
+class CaptureHold:
+    """What a branch holds of its source while it captures it (ChildHandle.hold_for_capture): the attached VMM,
+    the branch lock, and whether the source ran when the branch connected, which every way out restores."""
+
+    vm: Vm
+    lock: Flock
+    driver: VmmDriver
+    was_running: bool = False
+
+    def connect(self, timeout: float = 30.0) -> None:
+        """Connect to the source's VMM and note whether it runs (what `resume` puts back)."""
+        self.driver.connect(self.vm, timeout=timeout)
+        self.was_running = self.driver.run_state(self.vm) == "running"
+
+    def resume(self) -> None:
+        """Make sure the source runs again (a no-op if it does); the driver's error if it cannot."""
+        self.driver.ensure_running(self.vm)
+
+
+def vmm_lost(exc: BaseException | None) -> bool:
+    """True if `exc` or anything in its chain says a VMM's socket broke (the driver's VmmLost, or the OS's)."""
+    for _ in range(16):
+        if exc is None:
+            return False
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, VmmLost)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def set_clock(agent: AgentClient, now: float) -> None:

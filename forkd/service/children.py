@@ -1,6 +1,6 @@
 """Children (sandboxes) through the service: spawn, fork from a running one, kill, lifetimes and labels, branch,
-and the calls into a guest. Every one of these is what both `/v1/sandboxes` and `/v1/children`, and LocalBackend,
-call: the policy (forkd.service.policy) is applied here once."""
+and the calls into a guest. Every one of these is what both `/v1/children` and its compatibility layer
+`/v1/sandboxes`, and LocalBackend, call: the policy (forkd.service.policy) is applied here once."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from forkd.core import forking, lifetimes
 from forkd.core.requests import Branch, Egress, Spawn
 from forkd.sandbox.child import RESIDENCY  # noqa: F401 - the residency names, for the daemon's metrics
 from forkd.service import policy
+from forkd.service.listing import ChildView
+from forkd.service.wire import child_view
 
 Progress = Callable[[str], None]
 
@@ -34,6 +36,14 @@ class Children:
 
     def child(self, child_id: str) -> Any:
         return self.rt.child(child_id)
+
+    def views(self, labels: list[str] | None = None) -> list[ChildView]:
+        """The children as every door lists them (forkd.service.listing.ChildView)."""
+        return [child_view(r) for r in self.children(labels)]
+
+    def view(self, child_id: str) -> ChildView:
+        """One child's view; NotFound if there is no such child."""
+        return child_view(self.rt.child(child_id))
 
     def spawn(self, req: Spawn, lifetime: float | None = None, labels: dict[str, str] | None = None,
               progress: Progress = _quiet) -> list:

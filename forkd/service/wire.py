@@ -18,6 +18,7 @@ from forkd_client.models import EvalResult, ExecResult, FileWritten, PingResult,
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from forkd.core.requests import EGRESS_DOC, Egress
+from forkd.service.listing import ChildView
 
 SnapshotStatus = Literal["writing", "ready", "failed"]
 BranchMode = Literal["full", "diff", "live"]
@@ -120,7 +121,7 @@ class ClaimRequest(Strict):
 
 
 class ClaimResult(Wire):
-    children: list[dict[str, Any]]  # the CLI's child view (kept for `forkd claim`)
+    children: list[ChildView]  # the CLI's child view (`forkd claim`)
     sandboxes: list[SandboxInfo] = Field(default_factory=list)
     claim_ms: float = 0.0
 
@@ -152,6 +153,12 @@ class BranchResult(models.BranchResult):
 
 
 # -- forkd's own verbs (the CLI's RemoteBackend; the answers are LocalBackend's JSON) -----------------------
+class Forked(Wire):
+    """`POST /v1/children`: the children made, as every door lists them."""
+
+    children: list[ChildView]
+
+
 class KillRequest(Strict):
     ids: list[str] = Field(default_factory=list)
     all: bool = False
@@ -259,9 +266,10 @@ def snapshot_info(snap: Any, layout_dir: str | None = None) -> SnapshotInfo:
         **{k: d[k] for k in ("diff_pages", "image_id", "timings_ms") if k in d})
 
 
-def child_view(rec: Any) -> dict[str, Any]:
-    """A child record as the CLI and the forkd-native routes show it (its record, status, agent socket)."""
-    return dict(rec.to_json(), status=rec.status, agent_socket=str(rec.agent_socket), vmm_stopped=rec.vmm_stopped)
+def child_view(rec: Any) -> ChildView:
+    """A child record as every door lists it (forkd.service.listing): its record, status, agent socket."""
+    return ChildView.from_json(dict(rec.to_json(), status=rec.status, agent_socket=str(rec.agent_socket),
+                                    vmm_stopped=rec.vmm_stopped))
 
 
 def snapshot_view(snap: Any) -> dict[str, Any]:
@@ -269,7 +277,8 @@ def snapshot_view(snap: Any) -> dict[str, Any]:
     return snap.to_json() if hasattr(snap, "to_json") else {"error": snap.message}
 
 
-def sandbox_info(rec: Any) -> SandboxInfo:
+def sandbox_info(rec: ChildView) -> SandboxInfo:
+    """A child's view as upstream's SandboxInfo (the `/v1/sandboxes` compatibility routes)."""
     return SandboxInfo(
         id=rec.id, snapshot_tag=rec.snapshot, status=rec.status, created_at_unix=int(rec.created_at), pid=rec.pid,
         netns=rec.netns if rec.network == "isolated" else None,  # a VMM's empty namespace is no network to join

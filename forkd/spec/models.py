@@ -416,6 +416,8 @@ class ForkClaim(Strict):
 ForkObject = ForkParent | ForkLayer | ForkPool | ForkBranch | ForkClaim
 MODELS: dict[str, type[Strict]] = {"ForkParent": ForkParent, "ForkLayer": ForkLayer, "ForkPool": ForkPool,
                                    "ForkBranch": ForkBranch, "ForkClaim": ForkClaim}
+PLURALS = {"ForkParent": "parents", "ForkLayer": "layers", "ForkPool": "pools", "ForkBranch": "branches",
+           "ForkClaim": "claims"}  # each kind's REST collection: /v1/{plural}
 # plural / short names for `forkd get`
 RESOURCE_NAMES = {"parents": "ForkParent", "parent": "ForkParent", "forkparent": "ForkParent",
                   "layers": "ForkLayer", "layer": "ForkLayer", "forklayer": "ForkLayer",

@@ -64,13 +64,12 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from forkd.base.errors import Conflict, ForkdError, NotFound, first_line
-from forkd.base.procs import is_alive
+from forkd.base.errors import Conflict, ForkdError, first_line
 from forkd.base.settings import settings
 from forkd.base.steps import Step
 from forkd.core.pipeline.branch_disk import copy_disk, freeze_fs, thaw_fs
 from forkd.core.pipeline.branch_plan import Strategy
-from forkd.core.pipeline.branch_source import EXIT_WAIT_SECONDS, Source, SourceLost, vmm_lost
+from forkd.core.pipeline.branch_source import Source, SourceLost
 from forkd.core.pipeline.job import Job
 from forkd.core.requests import Branch
 from forkd.store.snapshot import DISK, Snapshot
@@ -186,8 +185,8 @@ class BranchJob(Job):
     def prepare(self) -> None:
         """Hold the source for the capture (forkd.sandbox.child.ChildHandle.hold_for_capture: its branch lock, a
         branch slot, its VMM attached), then the capture's own checks and resources."""
-        handle = self.rt.handles.of(self.rec)
-        self.source_vm, self.child_lock = handle.hold_for_capture(self.stack, settings().max_branches)
+        self.hold = self.rt.handles.of(self.rec).hold_for_capture(self.stack, settings().max_branches)
+        self.source_vm, self.child_lock = self.hold.vm, self.hold.lock
         self.way.prepare(self)
 
     def record(self) -> Snapshot:
@@ -276,16 +275,7 @@ class BranchJob(Job):
 
     def _fate(self, exc: BaseException):
         """(what `ls` shows for the source, its record) if it is no longer running, else (None, record)."""
-        try:
-            rec = self.rt.registry.get(self.req.child_id)
-        except NotFound:
-            return "removed", None
-        if rec.pid and vmm_lost(exc):  # its sockets broke: it is exiting, give it a moment to be gone
-            deadline = time.monotonic() + EXIT_WAIT_SECONDS
-            while is_alive(rec.pid, rec.started) and time.monotonic() < deadline:
-                time.sleep(0.02)
-        status = rec.status
-        return (None if status == "running" else status), rec
+        return self.rt.handles.of(self.rec).fate(exc)
 
     # -- steps while the source is involved ----------------------------------------------------------
     def stage(self) -> None:
@@ -309,8 +299,11 @@ class BranchJob(Job):
 
     def connect(self) -> None:
         self.t0 = time.perf_counter()
-        self.rt.driver.connect(self.source_vm, timeout=30)
-        self.was_running = self.rt.driver.run_state(self.source_vm) == "running"
+        self.hold.connect(timeout=30)
+
+    @property
+    def was_running(self) -> bool:
+        return self.hold.was_running
 
     def open_capture(self) -> Capture:
         self.capture = self.rt.driver.open_capture(self.source_vm, self.work / "stream", live=self.req.mode == "live")
@@ -392,7 +385,7 @@ class BranchJob(Job):
 
     def _resume(self) -> None:
         try:
-            self.rt.driver.ensure_running(self.source_vm)
+            self.hold.resume()
         except ForkdError as exc:
             raise BranchError(f"could not resume the source after the branch: {exc.message}",
                               hint="check it with 'forkd ping'; 'forkd kill' it if it does not answer") from exc

@@ -1,5 +1,6 @@
 """A branch's source: looked up once into a frozen value (`Source`) passed to the steps, and what becomes of it
-when it dies under the branch (`SourceLost`: a lost VMM, the driver's VmmLost, is told apart by type)."""
+when it dies under the branch (`SourceLost`, naming the fate forkd.sandbox.child.ChildHandle.fate reads: a lost VMM,
+the driver's VmmLost, is told apart by type)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forkd.base.errors import Conflict
-from forkd.sandbox.child import ChildRecord
+from forkd.sandbox.child import EXIT_WAIT_SECONDS, ChildRecord, vmm_lost  # noqa: F401 - the branch's names for them
 from forkd.store.snapshot import Snapshot
-from forkd.vmm.driver import Machine, RunFiles, VmmLost
+from forkd.vmm.driver import Machine, RunFiles
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
-EXIT_WAIT_SECONDS = 5.0  # a VMM whose sockets broke is exiting: how long to wait for it to be gone
 
 
 class SourceLost(Conflict):
@@ -44,14 +44,3 @@ def source_of(rt: Runtime, child_id: str) -> Source:
         raise Conflict(f"child {child_id} is {rec.status}, not running", hint="only running children can be branched")
     snap = rt.store.get(rec.snapshot)
     return Source(rec, snap, rt.machine_for(snap), RunFiles(Path(rec.dir)))
-
-
-def vmm_lost(exc: BaseException | None) -> bool:
-    """True if `exc` or anything in its chain says a VMM's socket broke (the driver's VmmLost, or the OS's)."""
-    for _ in range(16):
-        if exc is None:
-            return False
-        if isinstance(exc, (BrokenPipeError, ConnectionResetError, VmmLost)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False

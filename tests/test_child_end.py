@@ -1,0 +1,105 @@
+"""A child's console, kill and retirement go through its owner (forkd.sandbox.child.ChildHandle), on the fake VMM
+driver (tests/fake_vmm.py: ordinary processes running the real guest agent), which meets the same driver contract
+as QEMU (tests/test_driver_contract.py): what is tested here is the logic above the driver."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from forkd.base.errors import Conflict, NotFound
+from forkd.base.procs import start_time
+from forkd.core.requests import Spawn
+from tests.conftest import BASE_TAG
+
+
+def _one(rt):
+    (rec,) = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
+    return rec
+
+
+def test_a_childs_console_is_read_through_its_handle(fake_rt, fake_base):
+    """The VMM's console is drained into the log; a read from an offset gives what came after; an offset past
+    the end (the log was cut) starts again from the beginning."""
+    rec = _one(fake_rt)
+    try:
+        end, data = fake_rt.handles.get(rec.id).console()
+        assert end == len(data) > 0
+        later, rest = fake_rt.handles.get(rec.id).console(end)
+        assert later >= end and len(rest) == later - end
+        again, whole = fake_rt.handles.get(rec.id).console(end + 10**9)
+        assert whole[:end] == data and again == len(whole)
+    finally:
+        fake_rt.kill([rec.id])
+
+
+def test_kill_through_the_handle_stops_the_vmm_and_drops_the_record(fake_rt, fake_base):
+    rec = _one(fake_rt)
+    handle = fake_rt.handles.get(rec.id)
+    assert handle.kill() is True
+    assert start_time(rec.pid) != rec.started  # the VMM process is gone (or its pid reused)
+    with pytest.raises(NotFound):
+        fake_rt.child(rec.id)
+    assert handle.kill() is False  # a second kill of the same child: already gone
+
+
+def test_retire_keeps_a_child_that_no_longer_qualifies(fake_rt, fake_base):
+    rec = _one(fake_rt)
+    try:
+        assert fake_rt.retire(rec.id, lambda r: False) is False
+        assert fake_rt.child(rec.id).status == "running"
+        assert fake_rt.retire(rec.id, lambda r: r.id == rec.id) is True
+        with pytest.raises(NotFound):
+            fake_rt.child(rec.id)
+    finally:
+        if rec.id in {c.id for c in fake_rt.children()}:
+            fake_rt.kill([rec.id])
+
+
+def test_a_child_another_operation_owns_is_not_killed_under_it(fake_rt, fake_base, monkeypatch):
+    """A child still `starting` under a live spawner is left alone: the handle says so (None) and `kill`
+    refuses naming the child, its status and the owning process."""
+    monkeypatch.setenv("FORKD_KILL_WAIT_SECONDS", "0.2")
+    rec = _one(fake_rt)
+    owner = subprocess.Popen(["sleep", "300"])
+    try:
+        fake_rt.registry.save(rec.with_(state="starting", spawner_pid=owner.pid, spawner_started=start_time(owner.pid)))
+        assert fake_rt.handles.get(rec.id).kill(wait_until=0) is None
+        with pytest.raises(Conflict, match=rf"{rec.id} \(starting, process {owner.pid}\)"):
+            fake_rt.kill([rec.id])
+        assert fake_rt.child(rec.id).state == "starting"
+    finally:
+        owner.kill()
+        owner.wait()
+        fake_rt.registry.save(fake_rt.child(rec.id).with_(state="running"))
+        fake_rt.kill([rec.id])
+
+
+def test_a_capture_hold_connects_resumes_and_reads_the_sources_fate(fake_rt, fake_base):
+    """hold_for_capture's hold: connect notes that the source ran, resume puts a paused source back, and once
+    its VMM is gone (killed) the handle's fate says `dead`; once its record is gone, `removed`."""
+    import os
+    import signal
+    from contextlib import ExitStack
+
+    from forkd.vmm.driver import VmmLost
+
+    rec = _one(fake_rt)
+    handle = fake_rt.handles.get(rec.id)
+    try:
+        with ExitStack() as stack:
+            hold = handle.hold_for_capture(stack, max_branches=4)
+            hold.connect(timeout=30)
+            assert hold.was_running is True
+            fake_rt.driver.pause(hold.vm)
+            assert fake_rt.driver.run_state(hold.vm) != "running"
+            hold.resume()
+            assert fake_rt.driver.run_state(hold.vm) == "running"
+        assert handle.fate(RuntimeError("a step failed")) == (None, fake_rt.child(rec.id))
+        os.kill(rec.pid, signal.SIGKILL)
+        fate, after = handle.fate(VmmLost("its socket closed"))
+        assert fate == "dead" and after.id == rec.id
+    finally:
+        fake_rt.kill([rec.id])
+    assert handle.fate(VmmLost("gone")) == ("removed", None)
