@@ -22,7 +22,7 @@ from forkd.client.backends import RemoteBackend
 from tests.k8s.apiserver import GROUP, VERSION
 from tests.k8s.conftest import Node, Operator, wait_for
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.long]  # passes end to end; ~10 min with its own two nodes: the long tier
 NS = "agents"
 SYSTEM = "forkd-system"
 TOKEN = secrets.token_urlsafe(32)
