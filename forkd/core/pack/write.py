@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import zstandard
 
 from forkd.base.atomic import rename_into_place
-from forkd.base.errors import Conflict, ForkdError
+from forkd.base.errors import Conflict, ForkdError, NotFound
 from forkd.base.names import check_tag
 from forkd.base.owners import owned_name
 from forkd.core.pack.disks import disk_problem, file_hash
@@ -103,6 +103,16 @@ def _write(out: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[
         tmp.unlink(missing_ok=True)
 
 
+def _deleted_meanwhile(rt: Runtime, snaps: list[Snapshot], out: Path, exc: Exception) -> None:
+    """A snapshot of the chain deleted while it was packed (`rmi` does not wait for readers) is NotFound, by name."""
+    for s in snaps:
+        try:
+            rt.store.get(s.tag)
+        except NotFound:
+            raise NotFound(f"snapshot {s.tag!r} was deleted while it was being packed ({exc})",
+                           hint=f"nothing was written to {out}; pack a snapshot that exists") from exc
+
+
 def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: int = 3, owned: bool = False) -> dict:
     """Write the chain of `tag` (every ancestor, root first) and its guest image to `out` (.tar.zst). `owned`:
     tags the reconciler owns may be packed (for a puller that pins the digest: forkd.core.pack.oci)."""
@@ -115,14 +125,17 @@ def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: in
         if s.status != "ready":
             raise Conflict(f"snapshot {s.tag!r} is {s.status}: only ready snapshots can be packed")
     image_ids = list(dict.fromkeys(s.image_id for s in snaps))
-    members = _members(rt, snaps, image_ids)
-    progress(f"hashing {len(members)} files of {len(snaps)} snapshots")
-    listed = _listed(tag, members)
-    _check_unchanged(rt, snaps, image_ids, listed)
-    manifest = build_manifest(tag, snaps, image_ids, listed)
-    raw = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     out = Path(out).absolute()
-    _write(out, raw, members, listed, progress, level)
+    try:
+        members = _members(rt, snaps, image_ids)
+        progress(f"hashing {len(members)} files of {len(snaps)} snapshots")
+        listed = _listed(tag, members)
+        _check_unchanged(rt, snaps, image_ids, listed)
+        manifest = build_manifest(tag, snaps, image_ids, listed)
+        _write(out, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode(), members, listed, progress, level)
+    except (FileNotFoundError, ForkdError) as exc:  # a file gone, or found missing by the checks
+        _deleted_meanwhile(rt, snaps, out, exc)
+        raise
     return {"tag": tag, "chain": manifest["chain"], "image_id": manifest["image_id"], "path": str(out),
             "members": len(listed), "logical_bytes": sum(m["size"] for m in listed),
             "pack_bytes": out.stat().st_size, "seconds": round(time.perf_counter() - t0, 3),
