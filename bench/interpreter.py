@@ -21,7 +21,6 @@ $FORKD_HOME (seeded from --image-from: the kernel and accelerator probe), remove
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -34,8 +33,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
 from bench.lib import cpuacct, podman  # noqa: E402
-from bench.lib.reports import fmt, host_facts, ratio, write_report  # noqa: E402
-from bench.rollouts import summarise, timed_all  # noqa: E402
+from bench.lib.reports import fmt, host_facts, ratio  # noqa: E402
+from bench.rollouts import run_sides, summarise, timed_all  # noqa: E402
 
 SIDES = ("fork", "cold", "podman")
 IMPORTS = ("numpy", "pandas")
@@ -270,31 +269,9 @@ def main() -> int:
     ap.add_argument("--report-dir", type=Path, default=None, help="write <date>-interpreter-n<N>.{json,md} here")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
-    args.n = [int(x) for x in args.n.split(",") if x.strip()]
-    args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     args.packages = [p.strip() for p in args.packages.split(",") if p.strip()]
-    if bad := [s for s in args.sides if s not in SIDES]:
-        ap.error(f"--sides: unknown {bad}; choose from {list(SIDES)}")
-    args.parallel = args.parallel or max(args.n)
-    empty = tempfile.mkdtemp(prefix="forkd-bench-no-cgroups-")
-    cpuacct.no_forkd_cgroups(os.environ, empty)  # before forkd reads its settings
-    if args.image_from is None:
-        from forkd.base.settings import settings
-
-        args.image_from = settings().home
-    try:
-        res = compare(args)
-    finally:
-        os.rmdir(empty)
-    text = table(res)
-    if args.report_dir:
-        name = f"interpreter-n{'-'.join(map(str, args.n))}"
-        j, m = write_report(args.report_dir, name, res, "# Code-interpreter requests: fork vs cold boot vs podman\n\n"
-                            f"`python3 bench/interpreter.py {' '.join(sys.argv[1:])}`\n\n" + text)
-        log(f"report: {j} and {m}")
-    print(json.dumps(res, indent=2) if args.output == "json" else text)
-    return 1 if any(r["as_expected"] != r["n"] for r in res["runs"]) else 0
-
+    return run_sides(ap, args, SIDES, compare, table, "interpreter",
+                     "Code-interpreter requests: fork vs cold boot vs podman")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -324,10 +324,17 @@ def main() -> int:
     ap.add_argument("--report-dir", type=Path, default=None, help="write <date>-rollouts-n<N>.{json,md} here")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
+    return run_sides(ap, args, SIDES, compare, table, "rollouts", "Test rollouts: fork vs cold boot vs podman")
+
+
+def run_sides(ap: argparse.ArgumentParser, args: argparse.Namespace, sides, compare, table, name: str,
+              title: str) -> int:
+    """Parse --n and --sides, run `compare` with forkd's own cgroups out of the way, print (and report) its table;
+    exits 1 unless every run gave the expected answers. Shared by the side-by-side benches."""
     args.n = [int(x) for x in args.n.split(",") if x.strip()]
     args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    if bad := [s for s in args.sides if s not in SIDES]:
-        ap.error(f"--sides: unknown {bad}; choose from {list(SIDES)}")
+    if bad := [s for s in args.sides if s not in sides]:
+        ap.error(f"--sides: unknown {bad}; choose from {list(sides)}")
     args.parallel = args.parallel or max(args.n)
     empty = tempfile.mkdtemp(prefix="forkd-bench-no-cgroups-")
     cpuacct.no_forkd_cgroups(os.environ, empty)  # before forkd reads its settings
@@ -341,13 +348,12 @@ def main() -> int:
         os.rmdir(empty)
     text = table(res)
     if args.report_dir:
-        name = f"rollouts-n{'-'.join(map(str, args.n))}"
-        j, m = write_report(args.report_dir, name, res, "# Test rollouts: fork vs cold boot vs podman\n\n"
-                            f"`python3 bench/rollouts.py {' '.join(sys.argv[1:])}`\n\n" + text)
+        script = Path(sys.argv[0]).name
+        j, m = write_report(args.report_dir, f"{name}-n{'-'.join(map(str, args.n))}", res,
+                            f"# {title}\n\n`python3 bench/{script} {' '.join(sys.argv[1:])}`\n\n" + text)
         log(f"report: {j} and {m}")
     print(json.dumps(res, indent=2) if args.output == "json" else text)
     return 1 if any(r["as_expected"] != r["n"] for r in res["runs"]) else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
