@@ -33,8 +33,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
 from bench.lib import cpuacct, podman  # noqa: E402
-from bench.lib.reports import fmt, host_facts, ratio  # noqa: E402
-from bench.rollouts import run_sides, summarise, timed_all  # noqa: E402
+from bench.lib.reports import host_facts, ratio  # noqa: E402
+from bench.rollouts import run_sides, side_tables, summarise, timed_all  # noqa: E402
 
 SIDES = ("fork", "cold", "podman")
 IMPORTS = ("numpy", "pandas")
@@ -240,20 +240,7 @@ def table(res: dict) -> str:
              f"{res['memory_mib']} MiB guests; {h['cpus']} CPUs, load {h['load_1m']} -> "
              f"{res['host_after']['load_1m']}, {h['qemu_processes']} QEMU processes of other sessions at the start",
              "",
-             "| N | side | to all results s | host CPU s | per request p50 / p90 s | as expected |",
-             "|---|---|---:|---:|---:|---:|"]
-    for r in res["runs"]:
-        e = r["each_s"]
-        lines.append(f"| {r['n']} | {r['side']} | {fmt(r['wall_s'], '.2f')} | {fmt(r['cpu_s'], '.2f')} | "
-                     f"{fmt(e['p50'])} / {fmt(e['p90'])} | {r['as_expected']}/{r['n']} |")
-    lines += ["", "| N | ratio | time to all results | host CPU |", "|---|---|---:|---:|"]
-    for q in res["ratios"]:
-        lines.append(f"| {q['n']} | {q['of']} | {fmt(q['wall'], '.2f', 'x')} | {fmt(q['cpu'], '.2f', 'x')} |")
-    for s, why in res["skipped"].items():
-        lines.append(f"\n{s} not run: {why}")
-    for r in res["runs"]:
-        if r.get("error"):
-            lines.append(f"\n{r['side']} x{r['n']} failed: {r['error'].splitlines()[0][:300]}")
+             ] + side_tables(res, "request")
     return "\n".join(lines) + "\n"
 
 

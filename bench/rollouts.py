@@ -290,16 +290,13 @@ def ratios(runs: list[dict]) -> list[dict]:
     return out
 
 
-def table(res: dict) -> str:
-    h = res["host_before"]
-    lines = [f"Test rollouts, {res['parallel']} at once at most, {res['memory_mib']} MiB guests; {h['cpus']} CPUs, "
-             f"load {h['load_1m']} -> {res['host_after']['load_1m']}, {h['qemu_processes']} QEMU processes of "
-             "other sessions at the start", "",
-             "| N | side | to all results s | host CPU s | per rollout p50 / p90 s | as expected |",
+def side_tables(res: dict, each: str, prec: str = ".2f") -> list[str]:
+    """The per-side table, the ratios, and what was skipped or failed: shared by the side-by-side benches."""
+    lines = [f"| N | side | to all results s | host CPU s | per {each} p50 / p90 s | as expected |",
              "|---|---|---:|---:|---:|---:|"]
     for r in res["runs"]:
         e = r["each_s"]
-        lines.append(f"| {r['n']} | {r['side']} | {fmt(r['wall_s'], '.1f')} | {fmt(r['cpu_s'], '.1f')} | "
+        lines.append(f"| {r['n']} | {r['side']} | {fmt(r['wall_s'], prec)} | {fmt(r['cpu_s'], prec)} | "
                      f"{fmt(e['p50'])} / {fmt(e['p90'])} | {r['as_expected']}/{r['n']} |")
     lines += ["", "| N | ratio | time to all results | host CPU |", "|---|---|---:|---:|"]
     for q in res["ratios"]:
@@ -309,6 +306,15 @@ def table(res: dict) -> str:
     for r in res["runs"]:
         if r.get("error"):
             lines.append(f"\n{r['side']} x{r['n']} failed: {r['error'].splitlines()[0][:300]}")
+    return lines
+
+
+def table(res: dict) -> str:
+    h = res["host_before"]
+    lines = [f"Test rollouts, {res['parallel']} at once at most, {res['memory_mib']} MiB guests; {h['cpus']} CPUs, "
+             f"load {h['load_1m']} -> {res['host_after']['load_1m']}, {h['qemu_processes']} QEMU processes of "
+             "other sessions at the start", "",
+             ] + side_tables(res, "rollout", ".1f")
     return "\n".join(lines) + "\n"
 
 
