@@ -94,3 +94,18 @@ def test_daemon_audits_api_calls_and_reconciler_actions(home, fake_base, tmp_pat
                                env=dict(os.environ, FORKD_HOME=str(home)), capture_output=True, timeout=60)
     res = cli_verify(home)
     assert res.returncode == 0 and "OK" in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("method,path,ctype,refused", [
+    ("PUT", "/v1/sandboxes/c1/files/archive", "application/octet-stream", False),
+    ("PUT", "/v1/children/c1/files/archive", "application/octet-stream", False),
+    ("PUT", "/v1/children/c1/files/content", None, False),
+    ("PUT", "/v1/children/c1/files", "text/plain", True),
+    ("POST", "/v1/children/c1/files/mkdir", "application/octet-stream", True),
+    ("POST", "/v1/children", "application/json; charset=utf-8", False),
+])
+def test_raw_bodies_are_accepted_on_both_child_prefixes(method, path, ctype, refused):
+    """A file upload takes octet-stream under /v1/sandboxes and /v1/children alike; JSON routes refuse it."""
+    from forkd.api.audit import _content_type_problem
+    headers = [(b"content-type", ctype.encode())] if ctype else []
+    assert (_content_type_problem({"headers": headers}, method, path) is not None) is refused

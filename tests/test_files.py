@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import subprocess
@@ -247,8 +248,8 @@ def test_files_routes_in_openapi(daemon):
 def test_raw_uploads_refuse_cors_simple_types(daemon):
     """The streamed uploads take octet-stream (or untyped) bodies only: a web page's text/plain never reaches them."""
     with daemon.tcp() as h:
-        for sub in ("content", "archive"):
-            url = f"/v1/sandboxes/cnope/files/{sub}"
+        for prefix, sub in itertools.product(("sandboxes", "children"), ("content", "archive")):
+            url = f"/v1/{prefix}/cnope/files/{sub}"
             for ctype, code in (("text/plain", 415), ("application/x-www-form-urlencoded", 415),
                                 ("application/octet-stream", 404), (None, 404)):
                 headers = {"Content-Type": ctype} if ctype else {}

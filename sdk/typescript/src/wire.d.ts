@@ -17,6 +17,45 @@ export interface BranchRequest {
   diff?: boolean | null;
 }
 
+export interface ChildView {
+  id: string;
+  snapshot: string;
+  createdAt: number;
+  dir: string;
+  memoryMib: number;
+  vcpus: number;
+  accel: string;
+  driver?: string;
+  pid?: number | null;
+  started?: number | null;
+  state?: string;
+  error?: string | null;
+  timingsMs?: Record<string, number>;
+  pool?: string | null;
+  spawnerPid?: number | null;
+  spawnerStarted?: number | null;
+  claimedAt?: number | null;
+  expiresAt?: number | null;
+  expiresBoot?: number | null;
+  network?: string;
+  netns?: string | null;
+  netAddr?: string | null;
+  egress?: string | Record<string, string[]>;
+  cgroup?: string[] | null;
+  memoryLimitMib?: number | null;
+  unconstrained?: boolean;
+  runas?: string | null;
+  oom?: boolean;
+  stopperPid?: number | null;
+  stopperStarted?: number | null;
+  labels?: Record<string, string>;
+  residency?: string;
+  wakes?: number;
+  status?: string;
+  vmmStopped?: boolean;
+  agentSocket?: string | null;
+}
+
 export interface ChmodRequest {
   /** an absolute path in the guest */
   path: string;
@@ -31,7 +70,7 @@ export interface ClaimRequest {
 }
 
 export interface ClaimResult {
-  children: Array<Record<string, unknown>>;
+  children: ChildView[];
   sandboxes?: SandboxInfo[];
   claimMs?: number;
 }
@@ -164,6 +203,10 @@ export interface ForkRequest {
   timeoutSecs?: number;
   /** the new sandboxes' egress; unset: the source's */
   egress?: "none" | "internet" | EgressAllow | null;
+}
+
+export interface Forked {
+  children: ChildView[];
 }
 
 export interface FromImageRequest {
@@ -382,6 +425,28 @@ export interface SnapshotInfo {
   memoryStoredBytes?: number;
   error?: string | null;
   labels?: Record<string, string>;
+}
+
+export interface SnapshotPullRequest {
+  /** [docker://]HOST[:PORT]/NAME@sha256:DIGEST (or :TAG) */
+  ref: string;
+  /** how to reach the registry (as for image pulls) */
+  registry?: RegistryPull | null;
+  /** keep the tags and labels the reconciler owns; needs a digest */
+  owned?: boolean;
+}
+
+export interface SnapshotPushRequest {
+  /** chain head to push (with every ancestor) */
+  tag: string;
+  /** [docker://]HOST[:PORT]/NAME:TAG to push to */
+  ref: string;
+  /** how to reach the registry (as for image pulls) */
+  registry?: RegistryPull | null;
+  /** zstandard level of the pack */
+  level?: number;
+  /** allow tags the reconciler owns (for a puller that pins the digest) */
+  owned?: boolean;
 }
 
 export interface Spawn {
