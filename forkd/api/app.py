@@ -13,6 +13,7 @@ generated from these tables (forkd.api.reference)."""
 from __future__ import annotations
 
 import errno
+import logging
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -41,6 +42,7 @@ from forkd.reconciler.control import Control
 from forkd.service import Service
 
 PROBLEM = "application/problem+json"
+log = logging.getLogger("forkd.api")
 
 
 def problem(status: int, title: str, detail: str, hint: str | None = None, **extra: Any) -> JSONResponse:
@@ -178,6 +180,7 @@ def _failure_handlers(app: FastAPI, metrics: Metrics) -> None:
     async def os_error(request: Request, exc: OSError) -> JSONResponse:
         if exc.errno not in NO_SPACE:
             raise exc  # to the catch-all
+        log.warning("%s %s refused: %s", request.method, request.url.path, exc)
         metrics.errors.labels("Unavailable", "503").inc()
         return _no_space(exc, request.app.state.service.rt.layout.home)
 
