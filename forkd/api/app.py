@@ -13,6 +13,7 @@ generated from these tables (forkd.api.reference)."""
 from __future__ import annotations
 
 import errno
+import logging
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -41,6 +42,7 @@ from forkd.reconciler.control import Control
 from forkd.service import Service
 
 PROBLEM = "application/problem+json"
+log = logging.getLogger("forkd.api")
 
 
 def problem(status: int, title: str, detail: str, hint: str | None = None, **extra: Any) -> JSONResponse:
@@ -161,13 +163,37 @@ def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
             resp.headers["Allow"] = ", ".join(allowed)
         return resp
 
+    _failure_handlers(app, metrics)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _failure_handlers(app: FastAPI, metrics: Metrics) -> None:
+    """A full filesystem, and everything else no handler above knows.
+
+    A full filesystem is an answer (503), handled like a ForkdError. The catch-all is Starlette's last resort: it
+    answers, then re-raises to the server, which logs the traceback and drops the connection at once. A client
+    that already sent its next request on that kept-alive connection then sees it reset, so the catch-all's
+    answer says `Connection: close`; an ENOSPC reaches it only from outside the routes (a middleware's write)."""
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError) -> JSONResponse:
+        if exc.errno not in NO_SPACE:
+            raise exc  # to the catch-all
+        log.warning("%s %s refused: %s", request.method, request.url.path, exc)
+        metrics.errors.labels("Unavailable", "503").inc()
+        return _no_space(exc, request.app.state.service.rt.layout.home)
+
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE:
             metrics.errors.labels("Unavailable", "503").inc()
-            return _no_space(exc, request.app.state.service.rt.layout.home)
-        metrics.errors.labels(type(exc).__name__, "500").inc()
-        return problem(500, "InternalError", f"{type(exc).__name__}: {exc}")
+            resp = _no_space(exc, request.app.state.service.rt.layout.home)
+        else:
+            metrics.errors.labels(type(exc).__name__, "500").inc()
+            resp = problem(500, "InternalError", f"{type(exc).__name__}: {exc}")
+        resp.headers["Connection"] = "close"
+        return resp
 
 
 def _no_space(exc: OSError, home) -> JSONResponse:

@@ -36,7 +36,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from forkd.base.private import check_private_dir, create_private_file, ensure_private_dir
+from forkd.base.atomic import write_bytes
+from forkd.base.private import FILE_MODE, check_private_dir, ensure_private_dir
 from forkd.base.settings import settings
 
 MARKER = "home"  # in a home's tmpfs directory: the FORKD_HOME it belongs to
@@ -131,15 +132,34 @@ class Layout:
         except FileNotFoundError:
             return None
 
-    def _mark(self, marker: Path) -> None:
-        try:
-            fd = create_private_file(marker)
-        except FileExistsError:
+    def remark_tmpfs_dir(self) -> None:
+        """Mark this home's tmpfs directory again if it exists (recovery: a process killed while marking it left
+        no marker, and gc judges a directory by its marker once its home is gone)."""
+        shm_dir = self.shm_dir
+        if shm_dir is None:
             return
         try:
-            os.write(fd, (str(self.home) + "\n").encode())
-        finally:
-            os.close(fd)
+            check_private_dir(shm_dir, tighten=True)
+        except FileNotFoundError:
+            return
+        self._mark(shm_dir / MARKER)
+
+    def _mark(self, marker: Path) -> None:
+        """Write `marker` whole unless it already names this home. A writer killed midway leaves an owned
+        temporary (gc removes it), never the empty marker that made gc skip the directory once its home was gone
+        (an empty or torn marker, so left by an older forkd, is rewritten here)."""
+        want = (str(self.home) + "\n").encode()
+        try:
+            fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass
+        else:
+            try:
+                if os.read(fd, len(want) + 1) == want:
+                    return
+            finally:
+                os.close(fd)
+        write_bytes(marker, want, mode=FILE_MODE, durable=False)
 
     def scratch_dir(self) -> Path:
         """A private directory for scratch guest RAM: this home's tmpfs directory, else $FORKD_HOME/tmp."""

@@ -372,7 +372,12 @@ class SnapshotStore:
         shutil.rmtree(trash, ignore_errors=True)
 
     def recover(self) -> list[str]:
-        """Mark `writing` snapshots whose writer died as failed. Returns their tags."""
+        """Mark `writing` snapshots whose writer died as failed, and this home's tmpfs directory as its own again.
+        Returns the failed tags."""
+        try:
+            self.layout.remark_tmpfs_dir()
+        except UnsafePath as exc:  # refused again, this way, when a flat image is next made there
+            log.warning("%s", exc)
         failed = []
         for snap in self.list():
             if isinstance(snap, Snapshot) and snap.status == "writing" and not (

@@ -46,6 +46,8 @@ def private_home():
     d = Path(tempfile.mkdtemp(prefix="fkg", dir="/tmp"))
     (d / "tmp").mkdir(mode=0o700)
     yield d
+    if (shm := Layout(d).shm_dir) is not None:  # first: a tmpfs directory whose home is gone is another's leftover
+        shutil.rmtree(shm, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)
 
 

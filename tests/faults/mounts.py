@@ -55,17 +55,19 @@ def free_bytes(path: Path) -> int:
 
 def fill(path: Path, leave: int = 0) -> Path:
     """A file taking every free byte of path's filesystem but about `leave` (allocated for real by fallocate,
-    not sparse), so the next write that needs more fails with ENOSPC."""
+    not sparse, to within a block), so the next write that needs more fails with ENOSPC."""
     filler = path / ".fault-filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         want = max(0, free_bytes(path) - leave)
-        while want > 0:
+        got, step = 0, want
+        while got < want and step >= 4096:  # the extent tree needs blocks too: what is refused, in halves
+            step = min(step, want - got)
             try:
-                os.posix_fallocate(fd, 0, want)
-                break
-            except OSError:  # the extent tree needs blocks too: ask for a little less
-                want -= min(want, 64 * 1024)
+                os.posix_fallocate(fd, got, step)
+                got += step
+            except OSError:
+                step //= 2
         os.fsync(fd)
     finally:
         os.close(fd)
