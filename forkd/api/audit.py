@@ -34,7 +34,7 @@ log = logging.getLogger("forkd.audit")
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 READ_ONLY_POSTS = frozenset({"/v1/diff", "/v1/wait"})
-RAW_BODY = re.compile(r"^/v1/(sandboxes|children)/[^/]+/files(/content|/archive)?$")  # PUT: the body is the file's bytes
+RAW_BODY = re.compile(r"^/v1/(sandboxes|children)/[^/]+/files(/content|/archive)?$")  # PUT: the body is the bytes
 JSON_HINT = ("send the body as JSON with 'Content-Type: application/json' (a file upload: "
              "'Content-Type: application/octet-stream')")
 
