@@ -1,5 +1,6 @@
 """Priming: shell commands each new child runs once, after its reseed and before it counts as ready (Spawn.prime,
-`forkd fork --prime`, ForkPool spec.child.prime), on the fake VMM driver (tests/fake_vmm.py)."""
+`forkd fork --prime`, ForkPool spec.child.prime; `true` when none are named, unless FORKD_PRIME=0), on the fake VMM
+driver (tests/fake_vmm.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 
 from forkd.base.errors import ForkdError, InvalidInput
-from forkd.core.requests import MAX_PRIME, Spawn
+from forkd.core.requests import DEFAULT_PRIME, MAX_PRIME, Spawn, prime_of
 from forkd.reconciler.control import Control
 from forkd.spec.loader import load_text
 from tests.conftest import BASE_TAG, forkd_cli, qemu_pids
@@ -45,7 +46,8 @@ def test_a_pool_with_too_many_prime_commands_is_refused_at_load():
     assert "child.prime" in str(errors[0]) and "pool.yaml" in str(errors[0])
 
 
-def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, fake_base):
+def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, fake_base, monkeypatch):
+    monkeypatch.setenv("FORKD_PRIME", "0")  # no default prime for the plain one
     plain = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
     primed = rt.fork(Spawn.of(tag=BASE_TAG, n=2, prime=(f"echo $$ >> {MARK}", "true")))
     try:
@@ -58,6 +60,30 @@ def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, fake_base):
             assert rt.eval(r.id, "WARM_GLOBAL")["error"] is None  # the warm parent underneath
     finally:
         rt.kill([r.id for r in plain + primed])
+
+
+@pytest.mark.parametrize("given, default_on, expect", [
+    ((), True, DEFAULT_PRIME),  # none named: `true`, by default
+    ((), False, ()),  # FORKD_PRIME=0
+    (("pip list",), True, ("pip list",)),  # a spawn's own commands replace the default, never add to it
+    (("pip list",), False, ("pip list",)),
+])
+def test_which_prime_commands_a_spawn_runs(given, default_on, expect):
+    assert prime_of(given, default_on) == expect
+
+
+def test_by_default_a_child_is_primed_and_forkd_prime_0_opts_out(rt, fake_base, monkeypatch):
+    """FORKD_PRIME (on by default): a child whose spawn names no prime commands runs `true` before it answers."""
+    monkeypatch.delenv("FORKD_PRIME", raising=False)
+    assert DEFAULT_PRIME == ("true",)
+    (primed,) = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
+    monkeypatch.setenv("FORKD_PRIME", "0")
+    (plain,) = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
+    try:
+        assert primed.timings_ms["prime"] > 0
+        assert "prime" not in plain.timings_ms
+    finally:
+        rt.kill([primed.id, plain.id])
 
 
 def test_a_failing_prime_fails_the_spawn_and_keeps_nothing(rt, fake_base, home):

@@ -396,6 +396,7 @@ def check_leftovers(rt: Runtime) -> Check:
 # -- security posture (SECURITY.md): each check named security:<what> ----------------------------------------
 def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s: None) -> list[Check]:
     """Run every host check in order; never raises."""
+    from forkd.core.idle import check as check_idle_pageout  # idle builds on this module's Check too
     from forkd.core.posture import security_steps  # posture builds on this module's Check
 
     image, image_error = _load_image(rt)
@@ -415,6 +416,7 @@ def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s
         ("leftovers", lambda: check_leftovers(rt)),
         ("snapshots", lambda: check_snapshots(rt)),
         ("kvm-device", check_kvm_device),
+        ("idle-pageout", check_idle_pageout),
         *security_steps(rt),
     ]
     results = []
