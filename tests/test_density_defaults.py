@@ -12,7 +12,8 @@ import pytest
 
 from forkd.base.errors import InvalidInput
 from forkd.base.settings import settings
-from forkd.core.idle import ZRAM_FIX, check, pageout_check
+from forkd.core.doctor import check_idle_pageout
+from forkd.core.idle import ZRAM_FIX, pageout_check
 from forkd.vmm.pageout import not_in_ram, swap_devices
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,7 @@ def test_doctor_says_whether_the_swap_the_defaults_assume_is_there(secs, devices
 
 
 def test_the_check_reads_this_host():
-    got = check()
+    got = check_idle_pageout()
     assert got.name == "idle-pageout" and got.status in ("PASS", "WARN"), got
     assert ("no swap" in got.detail) == (not swap_devices()), got
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
-from forkd.vmm.pageout import PagedOut, meminfo_kib, not_in_ram, swap_devices, swap_total_kib
+from forkd.vmm.pageout import PagedOut, not_in_ram, swap_devices
 
 log = logging.getLogger(__name__)
 IDLE_CPU_PCT = 1.0  # at most this much of one core between two looks counts as idle
@@ -138,9 +138,10 @@ def _sleep(child: Any) -> None:
 
 def pageout_check(secs: float, sleep: bool, devices: list[str], on_disk: list[str], disk_ok: bool, swap_kib: int,
                   mem_kib: int) -> tuple[str, str, str | None]:
-    """`forkd doctor`'s idle-pageout check, decided from what was read: (PASS or WARN, what was found, the fix).
-    Whether the swap the density defaults assume is there: some swap, all zram (unless `disk_ok`), at least half
-    the host's memory in size (the compressed pages of a host full of idle children)."""
+    """`forkd doctor`'s idle-pageout check, decided from what forkd.core.doctor.check_idle_pageout read: (PASS or
+    WARN, what was found, the fix). Whether the swap the density defaults assume is there: some swap, all zram
+    (unless `disk_ok`), at least half the host's memory in size (the compressed pages of a host full of idle
+    children)."""
     what = f"idle children are paged out after {secs:g} s" + (" and put to sleep" if sleep else "")
     if secs <= 0:
         return "PASS", "idle page-out is off (FORKD_IDLE_PAGEOUT_SECS=0): idle children keep all their memory", None
@@ -159,12 +160,3 @@ def pageout_check(secs: float, sleep: bool, devices: list[str], on_disk: list[st
                 "scripts/zram.sh up (sized for this host)")
     return "PASS", f"{what} to {found}", None
 
-
-def check() -> Any:
-    """The idle-pageout check of `forkd doctor` on this host (forkd.core.doctor.Check)."""
-    from forkd.core.doctor import Check  # doctor lists this check; it imports this module only when it runs
-
-    s, devices = settings(), swap_devices()
-    status, detail, fix = pageout_check(s.idle_pageout_secs, s.idle_sleep, devices, not_in_ram(devices),
-                                        s.idle_pageout_disk, swap_total_kib(), meminfo_kib("MemTotal"))
-    return Check("idle-pageout", status, detail, fix)
