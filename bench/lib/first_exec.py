@@ -53,13 +53,17 @@ def one_round(rt, tag: str, name: str, n: int, idle_s: float) -> dict:
                 if sweeper is None:
                     time.sleep(idle_s + 2.0)  # idle as long as the others, for the memory read alike
                 mem = memory_now(recs, avail0, zram0)
-                lat = exec_latencies(rt, [r.id for r in recs], len(recs))
+                split: dict[str, float] = {}
+                lat = exec_latencies(rt, [r.id for r in recs], len(recs), split)
         finally:
             rt.kill([r.id for r in recs])
     row = {"samples": [round(x, 1) for x in lat], "own_per_child_mib": mem["own_per_child_mib"],
            "pss_per_child_mib": mem["pss_per_child_mib"], "mem_per_child_mib": mem["mem_per_child_mib"],
            "fork_ready_ms_p50": pct([r.timings_ms.get("ready", 0.0) for r in recs], 50), "pageout": paged,
-           "primed": sum(1 for r in recs if "prime" in r.timings_ms)}
+           "primed": sum(1 for r in recs if "prime" in r.timings_ms),
+           # CPU per exec (clock ticks: 10 ms steps, summed): the exec'd child's VMM, and this process (the request,
+           # the page-in thread, the sweeper); it moves much less with the host's other load than the wall time
+           "cpu_ms_per_exec": {k: round(v / max(1, len(lat)), 1) for k, v in split.items()}}
     progress(f"{name}: first exec p50 {pct(lat, 50):.1f} p99 {pct(lat, 99):.1f} ms, {row['own_per_child_mib']:.1f} "
              f"MiB per idle child (Pss + zram), ready p50 {row['fork_ready_ms_p50']:.0f} ms")
     return row
@@ -78,7 +82,10 @@ def compare(rt, tag: str, n: int, rounds: int, idle_s: float) -> dict:
                      "p50_ms": pct(lat, 50), "p90_ms": pct(lat, 90), "p99_ms": pct(lat, 99), "max_ms": max(lat),
                      "own_per_child_mib": pct([r["own_per_child_mib"] for r in rs], 50),
                      "mem_per_child_mib": pct([r["mem_per_child_mib"] for r in rs], 50),
-                     "fork_ready_ms_p50": pct([r["fork_ready_ms_p50"] for r in rs], 50), "rounds": rs}
+                     "fork_ready_ms_p50": pct([r["fork_ready_ms_p50"] for r in rs], 50),
+                     "vmm_cpu_ms_per_exec": pct([r["cpu_ms_per_exec"].get("vmm_ms", 0.0) for r in rs], 50),
+                     "forkd_cpu_ms_per_exec": pct([r["cpu_ms_per_exec"].get("forkd_ms", 0.0) for r in rs], 50),
+                     "rounds": rs}
     return out
 
 
@@ -88,8 +95,9 @@ def table(r: dict) -> str:
              f"{r['rounds']} rounds interleaved, idle {r['idle_s']:g} s; {m['nproc']} cores, accel {m['accel']}, "
              f"load {m['loadavg_at_start'][0]:.1f} -> {m['loadavg_at_end'][0]:.1f})",
              f"  {'variant':<17}{'execs':>6}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-             f"{'MiB/idle child':>16}{'ready p50 ms':>14}"]
+             f"{'MiB/idle child':>16}{'ready p50 ms':>14}{'CPU ms/exec VMM+forkd':>23}"]
     for name, v in r["defaults"].items():
         lines.append(f"  {name:<17}{v['first_exec_n']:>6}{v['p50_ms']:>9.1f}{v['p90_ms']:>9.1f}{v['p99_ms']:>9.1f}"
-                     f"{v['max_ms']:>9.1f}{v['own_per_child_mib']:>16.1f}{v['fork_ready_ms_p50']:>14.0f}")
+                     f"{v['max_ms']:>9.1f}{v['own_per_child_mib']:>16.1f}{v['fork_ready_ms_p50']:>14.0f}"
+                     f"{v['vmm_cpu_ms_per_exec']:>15.1f} + {v['forkd_cpu_ms_per_exec']:.1f}")
     return "\n".join(lines)
