@@ -5,13 +5,16 @@ driver (tests/fake_vmm.py)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from forkd.base.errors import ForkdError, InvalidInput
+from forkd.base.errors import ForkdError, InvalidInput, ProtocolViolation
 from forkd.core.requests import DEFAULT_PRIME, MAX_PRIME, Spawn, prime_of
 from forkd.reconciler.control import Control
+from forkd.sandbox.supervisor import Supervisor
 from forkd.spec.loader import load_text
+from forkd.vmm.agent_client import AgentTimeout
 from tests.conftest import BASE_TAG, forkd_cli, qemu_pids
 
 
@@ -84,6 +87,37 @@ def test_by_default_a_child_is_primed_and_forkd_prime_0_opts_out(rt, fake_base, 
         assert "prime" not in plain.timings_ms
     finally:
         rt.kill([primed.id, plain.id])
+
+
+class _FailingAgent:
+    """Stands in for a guest agent whose exec of `/bin/sh -c CMD` fails with `exc` (a guest without /bin/sh, one
+    that hangs, one that breaks the protocol); the part under test is the supervisor's handling of it."""
+
+    def __init__(self, exc: Exception):
+        self.exc, self.ran = exc, []
+
+    def run_shell(self, cmd, timeout, what, hint=None):
+        self.ran.append(cmd)
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, fatal, raised", [
+    (ForkdError("child c1: prime command 'true' exited 127: /bin/sh: not found"), True, True),
+    (ForkdError("child c1: prime command 'true' exited 127: /bin/sh: not found"), False, False),
+    (AgentTimeout("guest agent did not answer in time"), False, True),
+    (ProtocolViolation("a frame over the limit"), False, True),
+])
+def test_a_default_prime_that_cannot_run_leaves_the_child_unprimed(exc, fatal, raised):
+    """The default prime (fatal=False) that the guest cannot run ends the priming and the child answers; a named
+    prime that fails (fatal), or a guest that hangs or breaks the protocol, fails the spawn."""
+    agent = _FailingAgent(exc)
+    vm, rec = SimpleNamespace(agent=agent), SimpleNamespace(id="c1")
+    if raised:
+        with pytest.raises(type(exc)):
+            Supervisor._prime(vm, rec, ("true", "true"), 5.0, fatal=fatal)
+    else:
+        Supervisor._prime(vm, rec, ("true", "true"), 5.0, fatal=fatal)
+    assert agent.ran == ["true"]
 
 
 def test_a_failing_prime_fails_the_spawn_and_keeps_nothing(rt, fake_base, home):

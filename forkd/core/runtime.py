@@ -219,7 +219,8 @@ class Runtime:
             futures = [workers.submit(sup.spawn, tag, machine, memory, vmstate, req.timeout, req.pool,
                                       memory_limit_mib=req.memory_limit_mib,
                                       allow_unconstrained=req.allow_unconstrained, cpu_weight=req.cpu_weight,
-                                      egress=egress_json(req.egress), claim=claim, prime=prime)
+                                      egress=egress_json(req.egress), claim=claim, prime=prime,
+                                      prime_is_default=bool(prime) and not req.prime)
                        for _ in range(n)]
             for fut in as_completed(futures):
                 try:
