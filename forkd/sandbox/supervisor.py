@@ -24,6 +24,7 @@ from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
 log = logging.getLogger(__name__)
 
 ENTROPY_BYTES = 64
+DEFAULT_PRIME_TIMEOUT = 300.0  # the default prime is a first exec done early: it gets an exec's default timeout
 
 
 @contextmanager
@@ -59,7 +60,8 @@ class Supervisor:
         pool never counts it as idle. `prime`: shell commands run once after the reseed, while the child is still
         `starting` (forkd.core.requests.PRIME_DOC); one that exits non-zero fails the spawn, unless
         `prime_is_default` (FORKD_PRIME's `true`, which a guest without /bin/sh cannot run): then the child answers
-        unprimed."""
+        unprimed. The default prime has at least DEFAULT_PRIME_TIMEOUT: on a loaded TCG host a child's first exec
+        can outlast a short spawn timeout, and without the prime that exec would have had as long."""
         t0 = time.perf_counter()
         home = str(self.registry.layout.home)
         hier = cgroups.detect()
@@ -93,7 +95,8 @@ class Supervisor:
             self._reseed(vm, rec, timeout)
             if prime:
                 t = time.perf_counter()
-                self._prime(vm, rec, prime, timeout, fatal=not prime_is_default)
+                self._prime(vm, rec, prime, max(timeout, DEFAULT_PRIME_TIMEOUT) if prime_is_default else timeout,
+                            fatal=not prime_is_default)
                 setup_ms["prime"] = (time.perf_counter() - t) * 1000.0
         except BaseException as exc:
             self._abandon(rec, net, group, exc)
