@@ -181,7 +181,8 @@ class Settings(BaseModel):
                              "the guest code of a fork, an exec and a wait is translated at fork time, not on its "
                              "first request (under TCG; a paged-out child pages that code back in instead). It "
                              "costs each child that code in host memory (paged out with the rest when idle) and "
-                             "its fork a little longer; 0 opts out (forkd.core.requests.PRIME_DOC)")
+                             "its fork a little longer; a guest that cannot run it (no /bin/sh) answers unprimed; 0 "
+                             "opts out (forkd.core.requests.PRIME_DOC)")
     page_in_on_request: bool = _env(True, "a request to a child whose VMM has memory in swap (idle page-out) first "
                                           "starts reading it back (FORKD_PAGE_IN_SCOPE) on another thread while "
                                           "the request runs (forkd.sandbox.child)")
