@@ -180,12 +180,11 @@ def test_a_swap_that_is_not_zram_pages_nothing_out_unless_allowed(rt, fork, swap
 
 
 @pytest.mark.vm
-def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap, monkeypatch):
+def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap, awake):
     """The idle child's VMM gives most of its private memory to swap (its own heap and code buffer, and the guest
     pages it copied from the snapshot); a busy sibling keeps its own; the paged-out
     child then answers with its state intact (a global from before, a file from before), and is not paged out
-    again until it has been idle once more. Page-out alone (FORKD_IDLE_SLEEP=0): sleep is the test after next."""
-    monkeypatch.setenv("FORKD_IDLE_SLEEP", "0")
+    again until it has been idle once more. Page-out alone (`awake`): sleep is the test after next."""
     idle_rec, busy_rec = fork(2)
     assert rt.exec_code(idle_rec.id, "KEPT = 'before the page-out'")["error"] is None
     assert rt.exec(idle_rec.id, ["sh", "-c", "echo on-disk > /root/kept.txt"])["exit_code"] == 0
