@@ -76,7 +76,7 @@ def setup_logging() -> None:
 
 
 def register(app: typer.Typer) -> None:
-    from forkd.cli.reading import version
+    from forkd.cli.direct import version
 
     app.command("version")(version)
     app.command("config")(config)

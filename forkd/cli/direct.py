@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-import textwrap
-from dataclasses import dataclass
-from typing import Any
+
+TYPE_CHECKING = False  # typing's own flag, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 OUTPUTS = ("table", "json", "yaml")  # forkd.cli.output.Fmt
 # kinds of flag: a bool, one value, a repeatable value, a duration (seconds, as forkd.cli.options.duration_value
@@ -23,15 +24,16 @@ OUTPUTS = ("table", "json", "yaml")  # forkd.cli.output.Fmt
 FLAG, VALUE, MANY, DURATION, OUTPUT = "flag", "value", "many", "duration", "output"
 
 
-@dataclass(frozen=True)
 class Verb:
     """One verb: `run` ("module:function" under forkd.cli) gets the parsed values as keywords and returns an exit
     code (None: 0); `flags` maps each spelling to (parameter, kind); `args` are the positional parameters, in
-    order, the last one ending in `*` taking every word after the others."""
+    order, the last one ending in `*` taking every word after the others. (A plain class: dataclasses would
+    import inspect, which costs more than the rest of this module.)"""
 
-    run: str
-    flags: dict[str, tuple[str, str]]
-    args: tuple[str, ...] = ()
+    __slots__ = ("run", "flags", "args")
+
+    def __init__(self, run: str, flags: dict[str, tuple[str, str]], args: tuple[str, ...] = ()):
+        self.run, self.flags, self.args = run, flags, args
 
 
 def _spell(param: str, kind: str, *names: str) -> dict[str, tuple[str, str]]:
@@ -40,7 +42,7 @@ def _spell(param: str, kind: str, *names: str) -> dict[str, tuple[str, str]]:
 
 _OUT = _spell("output", OUTPUT, "-o", "--output")
 DIRECT: dict[str, Verb] = {
-    "version": Verb("reading:version", {}),
+    "version": Verb("direct:version", {}),
     "ls": Verb("reading:children", {**_spell("label", MANY, "-l", "--label"), **_OUT}),
     "snapshots": Verb("reading:snapshots", _OUT),
     "logs": Verb("streams:run_logs", _spell("follow", FLAG, "-f", "--follow"), ("child",)),
@@ -140,21 +142,30 @@ def run(argv: list[str]) -> int | None:
     return guarded(lambda: getattr(importlib.import_module(f"forkd.cli.{module}"), func)(**values))
 
 
+def version() -> None:
+    """Print forkd's version."""
+    from forkd import __version__
+
+    sys.stdout.write(f"{__version__}\n")
+
+
 def guarded(call: Any) -> int:
     """Run `call`; its exit code, forkd's own errors printed as every verb prints them (forkd.cli.main's codes)."""
-    from forkd.base.errors import ForkdError
-
     try:
         code = call()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
-    except ForkdError as exc:
-        fail(exc.message, exc.hint)
-        return exc.exit_code
-    except OSError as exc:  # an environment problem forkd did not anticipate: say what, without a traceback
-        fail(str(exc), None)
-        return 1
+    except Exception as exc:
+        from forkd.base.errors import ForkdError  # imported when needed: `forkd version` needs none
+
+        if isinstance(exc, ForkdError):
+            fail(exc.message, exc.hint)
+            return exc.exit_code
+        if isinstance(exc, OSError):  # an environment problem forkd did not anticipate: say what, no traceback
+            fail(str(exc), None)
+            return 1
+        raise
     return code if isinstance(code, int) else 0
 
 
@@ -182,6 +193,7 @@ ROOT_OPTIONS = [
 def root_help(width: int | None = None) -> str:
     """`forkd --help`: usage, what forkd is, the root's options, every verb with its summary (forkd.cli.verbs)."""
     import shutil
+    import textwrap
 
     from forkd.cli.verbs import VERBS
 
@@ -196,6 +208,8 @@ def root_help(width: int | None = None) -> str:
 
 def _rows(rows: list[tuple[str, str]], width: int, shorten: bool = False) -> list[str]:
     """Two columns: names, then their text wrapped beside them (or cut to one line, ending in '...')."""
+    import textwrap
+
     first = min(max(len(n) for n, _ in rows), 30) + 4
     out = []
     for name, text in rows:

@@ -1,10 +1,9 @@
-"""The verbs that only read: `forkd version`, `forkd ls`, `forkd snapshots`, without typer (forkd.cli.direct runs
+"""The verbs that only read: `forkd ls` and `forkd snapshots`, without typer (forkd.cli.direct runs
 them before the command tree is built; forkd.cli.main and forkd.cli.config declare them). Through a daemon they
 read with forkd.cli.daemon's light client, else in-process."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 from forkd.cli.daemon import reads
@@ -14,13 +13,6 @@ CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("RESIDENCY", "left"), ("SN
                  ("CLAIM", "left"), ("PID", "right"), ("RESTORE ms", "right"), ("READY ms", "right")]
 SNAPSHOT_COLUMNS = [("TAG", "left"), ("STATUS", "left"), ("MiB", "right"), ("ACCEL", "left"), ("STORED", "right"),
                     ("DISK", "right"), ("CREATED", "left")]
-
-
-def version() -> None:
-    """Print forkd's version."""
-    from forkd import __version__
-
-    sys.stdout.write(f"{__version__}\n")
 
 
 def children(label: list[str] | None = None, output: str = Fmt.table) -> None:
