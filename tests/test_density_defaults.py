@@ -36,6 +36,24 @@ def test_sleep_and_prime_are_on_by_default_and_each_opts_out(monkeypatch):
     assert "FORKD_PRIME='sometimes'" in exc.value.message
 
 
+def test_tests_that_need_unprimed_or_awake_children_get_them(unprimed, awake, settings_env):
+    """The conftest fixtures a test names when it counts on the old defaults turn exactly those off; a setting
+    that does not exist is refused, not set under a wrong name."""
+    assert (settings().prime, settings().idle_sleep) == (False, False)
+    with pytest.raises(AssertionError, match="no setting 'primed'"):
+        settings_env(primed=False)
+
+
+CI_RUN = ROOT / ".ci" / "run"
+
+
+def test_ci_sets_up_without_a_zram_swap():
+    """CI leaves its host's swap as it found it: its set-up passes --no-zram (tests that need swap make their own)."""
+    setup = [line for line in CI_RUN.read_text().splitlines() if "scripts/setup.sh" in line and not
+             line.lstrip().startswith("#")]
+    assert setup and all("--no-zram" in line for line in setup), setup
+
+
 # -- doctor's idle-pageout check --------------------------------------------------------------------------------
 @pytest.mark.parametrize("secs, devices, on_disk, disk_ok, swap_kib, status, says", [
     (60, [], [], False, 0, "WARN", "the host has no swap"),
