@@ -86,6 +86,11 @@ def test_what_direct_does_not_take_whole_goes_to_the_tree(argv):
     assert direct.run(list(argv)) is None
 
 
+def test_forkd_alone_prints_the_help_on_stderr_and_exits_2_as_the_tree_did(capsys):
+    assert direct.run([]) == 2
+    assert capsys.readouterr().err == direct.root_help()
+
+
 def test_root_help_lists_the_root_options_and_every_verb():
     root = command_tree()
     spelled = {o for p in root.params for o in (*p.opts, *p.secondary_opts)} | {"-h", "--help"}

@@ -123,9 +123,12 @@ def _positional(verb: Verb, words: list[str], values: dict[str, Any]) -> dict[st
 def run(argv: list[str]) -> int | None:
     """Run `argv` here if it is `--help` or one of DIRECT's verbs, parsed whole; its exit code, or None to leave
     it to the command tree."""
-    if argv in ([], ["--help"], ["-h"]):
+    if argv in (["--help"], ["-h"]):
         sys.stdout.write(root_help())
         return 0
+    if not argv:  # as click's no_args_is_help: the help on stderr, and a usage error's code
+        sys.stderr.write(root_help())
+        return 2
     verb = DIRECT.get(argv[0])
     if verb is None:
         return None
