@@ -86,6 +86,12 @@ def test_what_direct_does_not_take_whole_goes_to_the_tree(argv):
     assert direct.run(list(argv)) is None
 
 
+def test_shell_completion_goes_to_the_tree(monkeypatch):
+    """click answers completion from an empty command line and the words in the environment."""
+    monkeypatch.setenv("_FORKD_COMPLETE", "bash_complete")
+    assert direct.run([]) is None and direct.run(["ls"]) is None
+
+
 def test_forkd_alone_prints_the_help_on_stderr_and_exits_2_as_the_tree_did(capsys):
     assert direct.run([]) == 2
     assert capsys.readouterr().err == direct.root_help()

@@ -12,6 +12,7 @@ stay the tree's.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 TYPE_CHECKING = False  # typing's own flag, without importing typing
@@ -123,6 +124,8 @@ def _positional(verb: Verb, words: list[str], values: dict[str, Any]) -> dict[st
 def run(argv: list[str]) -> int | None:
     """Run `argv` here if it is `--help` or one of DIRECT's verbs, parsed whole; its exit code, or None to leave
     it to the command tree."""
+    if "_FORKD_COMPLETE" in os.environ:  # shell completion (click's): the tree answers it
+        return None
     if argv in (["--help"], ["-h"]):
         sys.stdout.write(root_help())
         return 0
