@@ -64,6 +64,7 @@ def parse(verb: Verb, words: list[str]) -> dict[str, Any]:
     defaults for what is not given; Unparsed for anything but a plain, valid command line."""
     values: dict[str, Any] = {p: [] if k == MANY else False if k == FLAG else None for p, k in verb.flags.values()}
     positional: list[str] = []
+    words = list(words)  # a cluster of short flags is split in place
     i = 0
     while i < len(words):
         word = words[i]
