@@ -38,12 +38,12 @@ VERBS = {
 
 
 def argv_for(name: str, python: str = sys.executable) -> list[str]:
-    """The installed `forkd` entry point beside `python` (what a user runs), else `-m forkd.cli`."""
+    """The installed `forkd` entry point beside `python` (what a user runs), else the same entry point by `-c`."""
     cmd = VERBS[name]
     if name.startswith("python"):
         return [python, *cmd[1:]]
     script = Path(python).parent / "forkd"
-    return [str(script), *cmd] if script.exists() else [python, "-m", "forkd.cli", *cmd]
+    return [str(script), *cmd] if script.exists() else [python, "-c", "from forkd.cli import main; main()", *cmd]
 
 
 def _cpu() -> float:

@@ -424,8 +424,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--n, --batch, --execs, --sample-execs and --rounds must be >= 1")
     if args.sleep and not args.pageout:
         ap.error("--sleep needs --pageout SECS (children sleep when the sweeper pages them out)")
-    if args.sleep:
-        os.environ["FORKD_IDLE_SLEEP"] = "1"  # read by forkd.core.idle in this process's sweeper
+    # this bench names what it primes (Spawn.prime, --prime, a variant's "prime") and when children sleep (--sleep,
+    # a variant's FORKD_IDLE_SLEEP): the defaults' own prime and sleep stay off unless asked for, so a variant means
+    # what its name says (bench/wake.py --defaults measures the defaults as shipped)
+    os.environ["FORKD_PRIME"] = "0"
+    os.environ["FORKD_IDLE_SLEEP"] = "1" if args.sleep else "0"  # read by forkd.core.idle in this process's sweeper
     return args
 
 

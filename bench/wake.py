@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""What waking an idle child costs the host, and what a host near its memory limit adds (issue 18).
+"""What waking an idle child costs the host, and what a host near its memory limit adds.
 
     python3 bench/wake.py [--home DIR] [--n 300] [--execs 100] [--rounds 2] [--leave-gib 2] [--report FILE]
     python3 bench/wake.py --short          # CI: 6 children, 6 execs, one round
+    python3 bench/wake.py --defaults [--n 12] [--rounds 2] [--idle 3]   # before/now defaults (bench/lib/first_exec.py)
+
+`--defaults` is another benchmark: an idle child's first exec (p50/p90/p99) and its memory while idle, as a fresh
+install gets it with the old defaults (no prime, no sleep; with and without a zram swap) and with this tree's (prime
+and sleep on, the zram swap scripts/setup.sh makes), side by side in one run. The rest of this text is the default
+benchmark's.
 
 Needs swap (zram) and root. Forks `--n` primed children (each ran `true` once), and keeps the daemon's sweeper
 running with FORKD_IDLE_SLEEP (forkd.core.idle): idle children are paged out and stopped. Then, side by side:
@@ -42,6 +48,7 @@ from forkd.vmm.pageout import PAGE_IN_MAX_KIB, meminfo_kib, page_in  # noqa: E40
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from density import ensure_snapshot, exec_latencies, parent_tag, pct  # noqa: E402
+from lib import first_exec  # noqa: E402
 from lib.cli import run_main  # noqa: E402
 from lib.density_probes import host_busy_ms, mem_available_kib  # noqa: E402
 from lib.sweeper import Sweeper, progress  # noqa: E402
@@ -130,12 +137,14 @@ def round_of(rt: Runtime, recs: list, execs: int, leave_gib: float | None) -> di
 
 
 def run(args: argparse.Namespace) -> dict:
-    os.environ["FORKD_IDLE_SLEEP"] = "1"  # the sweeper below stops what it pages out, as the daemon would
     rt = Runtime(Layout(Path(args.home).absolute()))
     image, _ = rt.build_image(progress)
     decision, _ = rt.accelerator(image, progress)
     machine = {"accel": decision.accel, "nproc": len(os.sched_getaffinity(0)), "guest_memory_mib": args.memory_mib,
                "qemu_version": rt.driver.version(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
+    if args.defaults:
+        return run_defaults(rt, args, machine)
+    os.environ["FORKD_IDLE_SLEEP"] = "1"  # the sweeper below stops what it pages out, as the daemon would
     if args.leave_gib is None:  # --short: hold back 1 GiB only
         args.leave_gib = round(max(0.5, mem_available_kib() / 2**20 - 1.0), 1)
     tag = parent_tag()
@@ -167,7 +176,18 @@ def run(args: argparse.Namespace) -> dict:
             "page_in_over_first_touch": round(pin_p50 / touch_p50, 2) if touch_p50 else None, "rounds": rows}
 
 
+def run_defaults(rt: Runtime, args: argparse.Namespace, machine: dict) -> dict:
+    tag = parent_tag()
+    ensure_snapshot(rt, tag, args.memory_mib)
+    out = first_exec.compare(rt, tag, args.n, args.rounds, args.idle)
+    machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return {"machine": machine, "n": args.n, "rounds": args.rounds, "idle_s": args.idle, "defaults": out,
+            "swap": Path("/proc/swaps").read_text().splitlines()[1:]}
+
+
 def table(r: dict) -> str:
+    if "defaults" in r:
+        return first_exec.table(r)
     pin = r["page_in"]
     lines = [f"forkd wake benchmark: {r['n']} primed, paged-out, sleeping children; {r['execs']} execs per round",
              f"  page fault on this host (first touch): {pct(r['first_touch_us_per_page'], 50):.2f} us per 4 KiB page "
@@ -187,7 +207,8 @@ def table(r: dict) -> str:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--home", default=str(settings().home), help="FORKD_HOME (default $FORKD_HOME)")
-    ap.add_argument("--n", type=int, default=300, help="children (default 300)")
+    ap.add_argument("--n", type=int, default=None, help="children (default 300; with --defaults: per variant and "
+                    "round, default 12)")
     ap.add_argument("--execs", type=int, default=100, help="execs per round, each on a random child (default 100)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both hosts (default 2)")
     ap.add_argument("--leave-gib", type=float, default=2.0, help="MemAvailable the squeezed host keeps (default 2)")
@@ -195,9 +216,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--memory-mib", type=int, default=512, help="guest memory (default 512)")
     ap.add_argument("--short", action="store_true", help="CI mode: 6 children (256 MiB), 6 execs, one round, 3 s "
                     "idle, 1 GiB held back")
+    ap.add_argument("--defaults", action="store_true", help="an idle child's first exec with the old defaults and "
+                    "this tree's, side by side (bench/lib/first_exec.py); uses --n, --rounds, --idle, --memory-mib")
     ap.add_argument("--report", help="also write the JSON report to this file")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args(argv)
+    args.n = args.n if args.n is not None else 12 if args.defaults else 300
     if args.n < 2 or args.execs < 1 or args.rounds < 1 or args.leave_gib < 0:
         ap.error("--n must be >= 2 (a few for the page-in, the rest for the rounds), --execs and --rounds >= 1, "
                  "--leave-gib >= 0")

@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine, run as root:
-#   Debian packages (QEMU, busybox, cpio, ...), a virtualenv in .venv with forkd installed,
+#   Debian packages (QEMU, busybox, cpio, ...), kernel settings, a zram swap sized for the machine (what the idle
+#   page-out and sleep defaults assume: scripts/zram.sh), a virtualenv in .venv with forkd installed,
 #   and the default guest image (Debian's cloud kernel + busybox + Python 3.11 + the forkd agent).
-# Usage: scripts/setup.sh [--dev]     --dev also installs the test and lint tools.
+# Usage: scripts/setup.sh [--dev] [--no-zram]
+#        scripts/setup.sh --undo-zram
+#   --dev        also install the test and lint tools
+#   --no-zram    make no zram swap (idle children then keep all their memory: forkd doctor, idle-pageout)
+#   --undo-zram  only remove the zram swap an earlier run made (nothing else), then stop
+# A host where zram cannot be loaded gets a warning and the rest of the set-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extra=""
-if [ "${1:-}" = "--dev" ]; then extra="[dev]"; fi
+extra="" zram=1
+for arg in "$@"; do
+  case "$arg" in
+    --dev) extra="[dev]";;
+    --no-zram) zram="";;
+    --undo-zram) zram="undo";;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
+    *) echo "setup.sh: unknown option $arg (see scripts/setup.sh --help)" >&2; exit 2;;
+  esac
+done
 if [ "$(id -u)" != 0 ]; then echo "setup.sh: run as root (it installs Debian packages)" >&2; exit 1; fi
+if [ "$zram" = undo ]; then exec scripts/zram.sh down; fi
 
 pkgs="qemu-system-x86 qemu-utils busybox-static cpio python3 python3-venv python3.11-minimal libpython3.11-stdlib \
 iproute2 util-linux ca-certificates nftables mmdebstrap skopeo"
@@ -43,6 +58,12 @@ fs.protected_symlinks = 1
 fs.protected_hardlinks = 1
 CONF
 sysctl -q -p /etc/sysctl.d/60-forkd.conf || echo "setup: warning: could not apply /etc/sysctl.d/60-forkd.conf now" >&2
+
+if [ -n "$zram" ]; then
+  echo "setup: a zram swap for idle children (scripts/zram.sh up; --no-zram skips it)"
+  scripts/zram.sh up || echo "setup: warning: no zram swap (scripts/zram.sh up failed, above): idle children will" \
+    "not be paged out; going on" >&2
+fi
 
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"

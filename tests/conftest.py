@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from forkd.base.paths import Layout, stale_flat_dirs
+from forkd.base.settings import env_name
 from forkd.core.requests import ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 
@@ -39,6 +40,33 @@ def remove_stale_flat_dirs() -> None:
     """Stores that tests created and deleted leave their flat images on tmpfs: give that RAM back."""
     for d in stale_flat_dirs():
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def settings_env(monkeypatch):
+    """settings_env(field=value, ...): this test runs with these forkd settings (forkd.base.settings field names,
+    checked; the variables restored after it)."""
+    from forkd.base.settings import Settings
+
+    def _set(**fields: object) -> None:
+        for field, value in fields.items():
+            assert field in Settings.model_fields, f"no setting {field!r} (forkd.base.settings.Settings)"
+            monkeypatch.setenv(env_name(field), "1" if value is True else "0" if value is False else str(value))
+    return _set
+
+
+@pytest.fixture
+def unprimed(settings_env):
+    """Children forked in this test run no default prime (FORKD_PRIME=0): for tests that count what a child wrote
+    or ran since its fork, which the default prime (one `true` before the child is ready) adds to."""
+    settings_env(prime=False)
+
+
+@pytest.fixture
+def awake(settings_env):
+    """Idle children of this test are paged out but never stopped (FORKD_IDLE_SLEEP=0): for tests that watch an
+    idle child's own CPU or clock."""
+    settings_env(idle_sleep=False)
 
 
 @pytest.fixture(scope="session")

@@ -287,10 +287,11 @@ def test_no_wait_live_branch_by_pages_returns_with_the_source_running(srt, sfork
 
 
 def test_live_branch_takes_write_protect_when_the_source_wrote_too_much_or_its_agent_is_held(srt, sfork,
-                                                                                               monkeypatch):
+                                                                                               monkeypatch, unprimed):
     """By default (auto) a live branch is taken by pages only while the source wrote at most 1/40 of its RAM and
     nobody else holds its agent; otherwise by write-protect, saying why. With FORKD_BRANCH_LIVE_CAPTURE=pages it
-    refuses instead (Conflict, nothing written)."""
+    refuses instead (Conflict, nothing written). Unprimed: the first branch counts what the source wrote since its
+    fork, which a prime adds to."""
     from forkd.vmm.agent_client import AgentClient
     from forkd.vmm.driver import RunFiles
 

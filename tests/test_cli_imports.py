@@ -29,8 +29,8 @@ NO_HEAVY_CLIENT = (*IN_PROCESS, "forkd.base.settings", "pydantic", "httpx", "for
                    "forkd_client.api", "forkd_client.models", "forkd.client.http", "forkd.client.remote")
 # nor the standard library's HTTP client and what it brings (email, ssl), nor logging (set up only in-process)
 NO_STDLIB_CLIENT = ("http.client", "email", "ssl", "logging")
-# nor rich (tables and messages are plain: forkd.cli.output)
-NO_HEAVY_CLIENT = (*NO_HEAVY_CLIENT, *NO_STDLIB_CLIENT, "rich")
+# nor rich (tables and messages are plain: forkd.cli.output), nor the command tree (forkd.cli.direct runs them)
+NO_HEAVY_CLIENT = (*NO_HEAVY_CLIENT, *NO_STDLIB_CLIENT, "rich", "typer", "click", "forkd.cli.tree")
 # exec and logs: the same, also when they fail
 NO_PRINTER = NO_HEAVY_CLIENT
 
@@ -73,8 +73,8 @@ class Answering(Draining):
 
 
 @pytest.mark.parametrize("argv,banned", [
-    (["--version"], NO_TREE), (["version"], (*NO_BACKEND, "rich", "logging", *other_verbs("version"))),
-    (["--help"], (*NO_BACKEND, "rich", "logging", *other_verbs(None))),  # lists the verbs from the table alone
+    (["--version"], NO_TREE), (["version"], (*NO_TREE, "logging", "forkd.cli.tree", *other_verbs("version"))),
+    (["--help"], (*NO_TREE, "logging", "forkd.cli.tree", *other_verbs(None))),  # the verbs from the table alone
     (["exec", "--help"], (*IN_PROCESS, "http.client", "email", "ssl", *other_verbs("exec"))),  # typer+rich help
     (["fork", "--help"], NO_CLIENT), (["apply", "--help"], (*NO_CLIENT, *other_verbs("apply")))])
 def test_version_and_help_load_no_backend(argv, banned, tmp_path):

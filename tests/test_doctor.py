@@ -50,6 +50,7 @@ def test_fresh_home_without_image(rt):
     assert set(names) == {"qemu", "image", "kernel", "accelerator", "userfaultfd-wp", "vmm-uids", "store-space",
                           "shm-space",
                           "cgroup", "netns", "snapshots", "kvm-device", "leftovers", "disk-tools", "pagemap-scan",
+                          "idle-pageout",
                           *SECURITY}
     for c in checks:
         assert c.status in STATUSES, c

@@ -180,11 +180,11 @@ def test_a_swap_that_is_not_zram_pages_nothing_out_unless_allowed(rt, fork, swap
 
 
 @pytest.mark.vm
-def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap):
+def test_an_idle_child_is_paged_out_and_answers_unchanged(rt, fork, swap, awake):
     """The idle child's VMM gives most of its private memory to swap (its own heap and code buffer, and the guest
     pages it copied from the snapshot); a busy sibling keeps its own; the paged-out
     child then answers with its state intact (a global from before, a file from before), and is not paged out
-    again until it has been idle once more."""
+    again until it has been idle once more. Page-out alone (`awake`): sleep is the test after next."""
     idle_rec, busy_rec = fork(2)
     assert rt.exec_code(idle_rec.id, "KEPT = 'before the page-out'")["error"] is None
     assert rt.exec(idle_rec.id, ["sh", "-c", "echo on-disk > /root/kept.txt"])["exit_code"] == 0
@@ -342,10 +342,11 @@ def _run_state(rt, rec) -> str:
 
 @pytest.mark.vm
 def test_idle_child_sleeps_and_its_next_request_wakes_it_with_the_right_clock(rt, fork, swap, monkeypatch):
-    """FORKD_IDLE_SLEEP=1 (forkd.sandbox.child): the sweeper stops an idle child's vCPUs before its page-out; the
-    stopped VMM uses no CPU; the next request through the one door resumes it and sets the guest's clock, which
-    stood still while it slept."""
-    monkeypatch.setenv("FORKD_IDLE_SLEEP", "1")
+    """FORKD_IDLE_SLEEP (on by default; forkd.sandbox.child): the sweeper stops an idle child's vCPUs before its
+    page-out; the stopped VMM uses no CPU; the next request through the one door resumes it and sets the guest's
+    clock, which stood still while it slept."""
+    monkeypatch.delenv("FORKD_IDLE_SLEEP", raising=False)
+    assert settings().idle_sleep is True
     (rec,) = fork(1)
     _settle(rec)
     reclaimer, deadline = IdleReclaimer(1.0), time.monotonic() + 60

@@ -1,16 +1,20 @@
 """Priming: shell commands each new child runs once, after its reseed and before it counts as ready (Spawn.prime,
-`forkd fork --prime`, ForkPool spec.child.prime), on the fake VMM driver (tests/fake_vmm.py)."""
+`forkd fork --prime`, ForkPool spec.child.prime; `true` when none are named, unless FORKD_PRIME=0), on the fake VMM
+driver (tests/fake_vmm.py)."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from forkd.base.errors import ForkdError, InvalidInput
-from forkd.core.requests import MAX_PRIME, Spawn
+from forkd.base.errors import ForkdError, InvalidInput, ProtocolViolation
+from forkd.core.requests import DEFAULT_PRIME, MAX_PRIME, Spawn, prime_of
 from forkd.reconciler.control import Control
+from forkd.sandbox.supervisor import Supervisor
 from forkd.spec.loader import load_text
+from forkd.vmm.agent_client import AgentTimeout
 from tests.conftest import BASE_TAG, forkd_cli, qemu_pids
 
 
@@ -45,7 +49,8 @@ def test_a_pool_with_too_many_prime_commands_is_refused_at_load():
     assert "child.prime" in str(errors[0]) and "pool.yaml" in str(errors[0])
 
 
-def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, fake_base):
+def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, fake_base, monkeypatch):
+    monkeypatch.setenv("FORKD_PRIME", "0")  # no default prime for the plain one
     plain = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
     primed = rt.fork(Spawn.of(tag=BASE_TAG, n=2, prime=(f"echo $$ >> {MARK}", "true")))
     try:
@@ -58,6 +63,61 @@ def test_a_primed_child_ran_its_commands_once_before_it_answered(rt, fake_base):
             assert rt.eval(r.id, "WARM_GLOBAL")["error"] is None  # the warm parent underneath
     finally:
         rt.kill([r.id for r in plain + primed])
+
+
+@pytest.mark.parametrize("given, default_on, expect", [
+    ((), True, DEFAULT_PRIME),  # none named: `true`, by default
+    ((), False, ()),  # FORKD_PRIME=0
+    (("pip list",), True, ("pip list",)),  # a spawn's own commands replace the default, never add to it
+    (("pip list",), False, ("pip list",)),
+])
+def test_which_prime_commands_a_spawn_runs(given, default_on, expect):
+    assert prime_of(given, default_on) == expect
+
+
+def test_by_default_a_child_is_primed_and_forkd_prime_0_opts_out(rt, fake_base, monkeypatch):
+    """FORKD_PRIME (on by default): a child whose spawn names no prime commands runs `true` before it answers."""
+    monkeypatch.delenv("FORKD_PRIME", raising=False)
+    assert DEFAULT_PRIME == ("true",)
+    (primed,) = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
+    monkeypatch.setenv("FORKD_PRIME", "0")
+    (plain,) = rt.fork(Spawn.of(tag=BASE_TAG, n=1))
+    try:
+        assert primed.timings_ms["prime"] > 0
+        assert "prime" not in plain.timings_ms
+    finally:
+        rt.kill([primed.id, plain.id])
+
+
+class _FailingAgent:
+    """Stands in for a guest agent whose exec of `/bin/sh -c CMD` fails with `exc` (a guest without /bin/sh, one
+    that hangs, one that breaks the protocol); the part under test is the supervisor's handling of it."""
+
+    def __init__(self, exc: Exception):
+        self.exc, self.ran = exc, []
+
+    def run_shell(self, cmd, timeout, what, hint=None):
+        self.ran.append(cmd)
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc, fatal, raised", [
+    (ForkdError("child c1: prime command 'true' exited 127: /bin/sh: not found"), True, True),
+    (ForkdError("child c1: prime command 'true' exited 127: /bin/sh: not found"), False, False),
+    (AgentTimeout("guest agent did not answer in time"), False, True),
+    (ProtocolViolation("a frame over the limit"), False, True),
+])
+def test_a_default_prime_that_cannot_run_leaves_the_child_unprimed(exc, fatal, raised):
+    """The default prime (fatal=False) that the guest cannot run ends the priming and the child answers; a named
+    prime that fails (fatal), or a guest that hangs or breaks the protocol, fails the spawn."""
+    agent = _FailingAgent(exc)
+    vm, rec = SimpleNamespace(agent=agent), SimpleNamespace(id="c1")
+    if raised:
+        with pytest.raises(type(exc)):
+            Supervisor._prime(vm, rec, ("true", "true"), 5.0, fatal=fatal)
+    else:
+        Supervisor._prime(vm, rec, ("true", "true"), 5.0, fatal=fatal)
+    assert agent.ran == ["true"]
 
 
 def test_a_failing_prime_fails_the_spawn_and_keeps_nothing(rt, fake_base, home):

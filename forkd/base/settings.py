@@ -170,11 +170,19 @@ class Settings(BaseModel):
     idle_pageout_disk: bool = _env(False, "also page idle children out to a swap that is not zram (a disk, a file): "
                                           "guest memory, a tenant's secrets included, then reaches that disk "
                                           "(SECURITY.md section 9); encrypt it")
-    idle_sleep: bool = _env(False, "with FORKD_IDLE_PAGEOUT_SECS: an idle child is also stopped (its vCPUs and its "
-                                   "clock) when it is paged out, so it costs no CPU and faults nothing back until "
-                                   "its next request, which resumes it and sets its clock first. Timers inside "
-                                   "the guest fire late by the time it slept: for children that only answer "
-                                   "requests (forkd.sandbox.child)")
+    idle_sleep: bool = _env(True, "with FORKD_IDLE_PAGEOUT_SECS: an idle child is also stopped (its vCPUs and its "
+                                  "clock) when it is paged out, so it costs no CPU and faults nothing back until its "
+                                  "next request, which resumes it and sets its clock first. Timers inside the guest "
+                                  "fire late by the time it slept, and a process waiting without CPU (on the "
+                                  "network) is frozen with it: 0 opts out for children that work between requests "
+                                  "(forkd.sandbox.child)")
+    prime: bool = _env(True, "each new child of a snapshot whose spawn names no prime commands of its own (ForkPool "
+                             "spec.child.prime, forkd fork --prime) runs `true` once before it answers as ready, so "
+                             "the guest code of a fork, an exec and a wait is translated at fork time, not on its "
+                             "first request (under TCG; a paged-out child pages that code back in instead). It "
+                             "costs each child that code in host memory (paged out with the rest when idle) and "
+                             "its fork a little longer; a guest that cannot run it (no /bin/sh) answers unprimed; 0 "
+                             "opts out (forkd.core.requests.PRIME_DOC)")
     page_in_on_request: bool = _env(True, "a request to a child whose VMM has memory in swap (idle page-out) first "
                                           "starts reading it back (FORKD_PAGE_IN_SCOPE) on another thread while "
                                           "the request runs (forkd.sandbox.child)")

@@ -26,13 +26,6 @@ def config(output: Fmt = OUTPUT) -> None:
         raise typer.Exit(2)
 
 
-def version() -> None:
-    """Print forkd's version."""
-    from forkd import __version__
-
-    typer.echo(__version__)
-
-
 def _cell(v: object) -> str:
     return "-" if v is None or v == "" else str(v)
 
@@ -83,5 +76,7 @@ def setup_logging() -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from forkd.cli.direct import version
+
     app.command("version")(version)
     app.command("config")(config)

@@ -12,11 +12,14 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Timeout, Unavailable
-from forkd.service.listing import ChildView
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from forkd.service.listing import ChildView
 
 RAW = {"url": "FORKD_URL", "token": "FORKD_TOKEN", "home": "FORKD_HOME", "no_daemon": "FORKD_NO_DAEMON",
        "ca": "FORKD_CA", "daemon_socket": "FORKD_DAEMON_SOCKET"}
@@ -160,6 +163,8 @@ class Reads:
         self.is_local = d.sock is not None  # a TCP daemon's agent sockets are on its host, not ours
 
     def children(self, labels: list[str] | None = None) -> list[ChildView]:
+        from forkd.service.listing import ChildView  # a dataclass: exec and logs need none
+
         got = self.d.request("GET", "/v1/children", params={"label": labels} if labels else None)
         views = [ChildView.from_json(v) for v in got]
         return views if self.is_local else [v.elsewhere() for v in views]

@@ -18,7 +18,7 @@ import typer
 
 from forkd.base.durations import EXAMPLES
 from forkd.cli import branch as branch_cli
-from forkd.cli.daemon import reads
+from forkd.cli import reading
 from forkd.cli.options import (
     CHILD,
     OLD_COUNT,
@@ -34,6 +34,7 @@ from forkd.cli.options import (
     timeout_option,
 )
 from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
+from forkd.cli.reading import CHILD_COLUMNS, child_rows
 from forkd.cli.tree import app, main  # noqa: F401 - the root (tests, the reference) and `python -m forkd.cli.main`
 from forkd.client import backend
 
@@ -98,18 +99,7 @@ def snapshot_create(
 @verbs.command()
 def snapshots(output: Fmt = OUTPUT) -> None:
     """List snapshots."""
-    data = reads().snapshots()
-    rows = []
-    for s in data:
-        if "tag" not in s:
-            rows.append(["?", "corrupt", "-", "-", "-", "-", s["error"]])
-            continue
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["created_at"]))
-        rows.append([s["tag"], s["status"], str(s["memory_mib"]), s["accel"], size(s["memory_stored_bytes"]),
-                     size(s["disk_bytes"]) if s.get("disk_sha256") else "-",
-                     created + (f"  {s['error']}" if s.get("error") else "")])
-    emit(data, output, [("TAG", "left"), ("STATUS", "left"), ("MiB", "right"), ("ACCEL", "left"),
-                        ("STORED", "right"), ("DISK", "right"), ("CREATED", "left")], rows)
+    reading.snapshots(output)
 
 
 @verbs.command("snapshot-info")
@@ -169,25 +159,6 @@ def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head t
 
 
 # -- children -------------------------------------------------------------------------------------
-def _child_rows(recs: list[dict]) -> list[list[str]]:
-    return [[r["id"], r["status"] + (" (VMM stopped)" if r.get("vmm_stopped") else ""), _residency(r), r["snapshot"],
-             r["pool"] or "-",
-             "claimed" if r["claimed_at"] else "idle" if r["pool"] else "-", str(r["pid"] or "-"),
-             ms(r["timings_ms"].get("restore")), ms(r["timings_ms"].get("ready"))] for r in recs]
-
-
-def _residency(r: dict) -> str:
-    """Where a running child's memory is (awake, paged, asleep), and how often a request woke it."""
-    if r["status"] != "running":
-        return "-"
-    wakes = r.get("wakes") or 0
-    return r.get("residency", "awake") + (f" (woke {wakes})" if wakes else "")
-
-
-CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("RESIDENCY", "left"), ("SNAPSHOT", "left"), ("POOL", "left"),
-                 ("CLAIM", "left"), ("PID", "right"), ("RESTORE ms", "right"), ("READY ms", "right")]
-
-
 @verbs.command()
 def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to fork from (with --from-sandbox: "
                                       "name the branch snapshot, which is then kept)",
@@ -224,7 +195,7 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         raise typer.Exit(2)
     if from_sandbox:
         recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=policy)
-        emit({"children": recs}, output, CHILD_COLUMNS, _child_rows(recs))
+        emit({"children": recs}, output, CHILD_COLUMNS, child_rows(recs))
         return
     from forkd.client import Spawn
 
@@ -233,7 +204,7 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
                    egress=policy or "none")
     recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
-    emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, _child_rows(recs))
+    emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, child_rows(recs))
     if output == Fmt.table:
         out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
 
@@ -285,8 +256,7 @@ def ls(label: list[str] | None = typer.Option(None, "--label", "-l", help="only 
                                               "key k); repeat to AND them"),
        output: Fmt = OUTPUT) -> None:
     """List children (running, dead = its VMM is gone, failed)."""
-    recs = reads().children(label) if label else reads().children()
-    emit(recs, output, CHILD_COLUMNS, _child_rows(recs))
+    reading.children(label, output)
 
 
 @verbs.command("eval")

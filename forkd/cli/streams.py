@@ -1,7 +1,8 @@
 """`forkd exec` and `forkd logs`: stream a command's output, or a child's console, through the daemon.
 
 With a daemon they go through the CLI's light client (forkd.cli.daemon); without one they run in-process
-(forkd.client.processes.LocalProcesses).
+(forkd.client.processes.LocalProcesses). Typer is imported only by register() (the verbs' declarations):
+forkd.cli.direct runs them without it.
 
 Exit codes of `forkd exec` (as docker's): the command's own code; 124 it timed out (--timeout); 125 forkd itself
 failed (no such child, no daemon, bad arguments, the child died); 126 the command cannot be run; 127 it was not
@@ -17,11 +18,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import typer
-
-from forkd.base.errors import ForkdError
+from forkd.base.errors import ForkdError, InvalidInput
 from forkd.cli.daemon import Daemon
-from forkd.cli.options import CHILD, timeout_option
 
 EXEC_HELP = " ".join(__doc__.split("Exit codes", 1)[1].split(":", 1)[1].split())
 EXEC_FAILED, CANNOT_RUN, NOT_FOUND, TIMED_OUT = 125, 126, 127, 124
@@ -95,7 +93,7 @@ def _env(pairs: list[str]) -> dict[str, str] | None:
     for kv in pairs:
         k, sep, v = kv.partition("=")
         if not sep or not k:
-            raise typer.BadParameter(f"{kv!r} is not KEY=VALUE (e.g. -e DEBUG=1)", param_hint="-e/--env")
+            raise InvalidInput(f"-e/--env: {kv!r} is not KEY=VALUE (e.g. -e DEBUG=1)")
         env[k] = v
     return env or None
 
@@ -168,7 +166,7 @@ def run_exec(args: Any) -> int:
     """Stream the command; its exit code (see the module's doc)."""
     argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not argv:
-        raise typer.BadParameter("exec needs a command: forkd exec ID -- CMD [ARGS...]")
+        raise InvalidInput("exec needs a command: forkd exec ID -- CMD [ARGS...]")
     procs = _procs()
     pty = None
     if args.tty:
@@ -227,42 +225,53 @@ def run_logs(child: str, follow: bool) -> None:
         time.sleep(0.5)  # a poll interval: the console has no change feed
 
 
-def exec_(child: str = CHILD,
-          cmd: list[str] = typer.Argument(None, metavar="-- CMD [ARGS...]", help="the command and its arguments"),
-          interactive: bool = typer.Option(False, "-i", "--interactive", help="pass this terminal's stdin to the "
-                                           "command"),
-          tty: bool = typer.Option(False, "-t", "--tty", help="run the command on a PTY sized like this terminal"),
-          env: list[str] = typer.Option([], "-e", "--env", metavar="K=V", help="set a variable (repeatable)"),
-          cwd: str | None = typer.Option(None, "-w", "--workdir", "--cwd", metavar="DIR",
-                                         help="working directory in the guest"),
-          user: str | None = typer.Option(None, "-u", "--user", help="run as this guest user (name or uid)"),
-          timeout: str | None = timeout_option(None, "how long before the command is killed (exit 124)")) -> None:
-    """Run a command in a child and stream its output: forkd exec [-i] [-t] [-e K=V] [-w DIR] [-u USER]
-    [--timeout DURATION] ID -- CMD [ARGS...]. Options go anywhere before `--`; without `--` the first word after
-    ID starts the command.
-
-    Exits with the command's code; 124 timed out, 125 forkd failed (no such child, no daemon, bad arguments),
-    126 cannot run, 127 not found, 128+N killed by signal N."""
+def exec_code(child: str, cmd: list[str] | None = None, interactive: bool = False, tty: bool = False,
+              env: list[str] | None = None, cwd: str | None = None, user: str | None = None,
+              timeout: float | None = None) -> int:
+    """`forkd exec`: the command's exit code; forkd's own failures raised with exit code 125 (EXEC_FAILED)."""
     import types
 
-    args = types.SimpleNamespace(child=child, cmd=cmd or [], interactive=interactive, tty=tty, env=_env(env),
-                                 cwd=cwd, user=user, timeout=timeout)
     try:
-        code = run_exec(args)
+        args = types.SimpleNamespace(child=child, cmd=cmd or [], interactive=interactive, tty=tty,
+                                     env=_env(env or []), cwd=cwd, user=user, timeout=timeout)
+        return run_exec(args)
     except ForkdError as exc:
         exc.exit_code = EXEC_FAILED  # forkd's own failure moves out of the way of the command's codes
         raise
-    raise typer.Exit(code)
 
 
-def logs(child: str = CHILD,
-         follow: bool = typer.Option(False, "-f", "--follow", help="keep printing what the console writes next")
-         ) -> None:
-    """Print a child's console log (its kernel and init messages, and whatever the guest writes to
-    /dev/console)."""
-    run_logs(child, follow)
+def register(app: Any) -> None:
+    """Declare `exec` and `logs` on `app` (a typer app): the flags forkd.cli.direct also parses."""
+    import typer
 
+    from forkd.cli.options import CHILD, timeout_option
 
-def register(app: typer.Typer) -> None:
-    app.command("exec", epilog="exit codes: " + EXEC_HELP)(exec_)
-    app.command("logs")(logs)
+    @app.command("exec", epilog="exit codes: " + EXEC_HELP)
+    def exec_(child: str = CHILD,
+              cmd: list[str] = typer.Argument(None, metavar="-- CMD [ARGS...]",
+                                              help="the command and its arguments"),
+              interactive: bool = typer.Option(False, "-i", "--interactive", help="pass this terminal's stdin to "
+                                               "the command"),
+              tty: bool = typer.Option(False, "-t", "--tty", help="run the command on a PTY sized like this "
+                                       "terminal"),
+              env: list[str] = typer.Option([], "-e", "--env", metavar="K=V", help="set a variable (repeatable)"),
+              cwd: str | None = typer.Option(None, "-w", "--workdir", "--cwd", metavar="DIR",
+                                             help="working directory in the guest"),
+              user: str | None = typer.Option(None, "-u", "--user", help="run as this guest user (name or uid)"),
+              timeout: str | None = timeout_option(None, "how long before the command is killed (exit 124)")
+              ) -> None:
+        """Run a command in a child and stream its output: forkd exec [-i] [-t] [-e K=V] [-w DIR] [-u USER]
+        [--timeout DURATION] ID -- CMD [ARGS...]. Options go anywhere before `--`; without `--` the first word
+        after ID starts the command.
+
+        Exits with the command's code; 124 timed out, 125 forkd failed (no such child, no daemon, bad arguments),
+        126 cannot run, 127 not found, 128+N killed by signal N."""
+        raise typer.Exit(exec_code(child, cmd, interactive, tty, env, cwd, user, timeout))  # type: ignore[arg-type]
+
+    @app.command("logs")
+    def logs(child: str = CHILD,
+             follow: bool = typer.Option(False, "-f", "--follow", help="keep printing what the console writes next")
+             ) -> None:
+        """Print a child's console log (its kernel and init messages, and whatever the guest writes to
+        /dev/console)."""
+        run_logs(child, follow)

@@ -15,29 +15,15 @@ import typer.core
 import typer.main as tm
 
 from forkd.cli import config
+from forkd.cli.direct import HELP, fail, root_help
 from forkd.cli.verbs import VERBS
-
-HELP = ("forkd: copy-on-write microVM sandboxes. Boot a parent once, snapshot it warm, fork children in "
-        "milliseconds.\n\nState lives in $FORKD_HOME (default /var/lib/forkd). Commands go to the daemon named "
-        "by $FORKD_URL (+ $FORKD_TOKEN), else to the one answering on $FORKD_HOME/forkd.sock, else run in-process "
-        "(FORKD_NO_DAEMON=1 forces that).")
 
 
 class Root(typer.core.TyperGroup):
-    """The root group: its help lists the verbs from the table (their summaries) without loading them."""
+    """The root group: its help is forkd.cli.direct's (the verbs listed from the table, none loaded)."""
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        click.Group.format_help(self, ctx, formatter)  # plain: no rich, no verb module loaded
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        limit = max(formatter.width - 6 - max(len(n) for n in VERBS), 20)
-        rows = [(name, _short(summary, limit)) for name, (_, summary) in VERBS.items()]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
-
-
-def _short(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 3].rsplit(" ", 1)[0] + "..."
+    def get_help(self, ctx: click.Context) -> str:
+        return root_help().rstrip("\n")
 
 
 app = typer.Typer(cls=Root, help=HELP, no_args_is_help=True, pretty_exceptions_enable=False, add_completion=True,
@@ -120,14 +106,9 @@ def main() -> None:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
     except ForkdError as exc:
-        _fail(exc.message, exc.hint)
+        fail(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except OSError as exc:  # an environment problem forkd did not anticipate: say what, without a traceback
-        _fail(str(exc), None)
+        fail(str(exc), None)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def _fail(message: str, hint: str | None) -> None:
-    """The error on stderr, plain (no rich to load on a failing verb; scripts read these lines too)."""
-    sys.stderr.write(f"error: {message}\n" + (f"hint: {hint}\n" if hint else ""))

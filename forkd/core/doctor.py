@@ -393,6 +393,17 @@ def check_leftovers(rt: Runtime) -> Check:
     return Check("leftovers", WARN, f"orphaned: {', '.join(kinds)}; {adopted}", "forkd gc")
 
 
+def check_idle_pageout() -> Check:
+    """Whether the swap the idle page-out and sleep defaults assume is there (forkd.core.idle.pageout_check)."""
+    from forkd.core.idle import pageout_check
+    from forkd.vmm.pageout import meminfo_kib, not_in_ram, swap_devices, swap_total_kib
+
+    s, devices = settings(), swap_devices()
+    status, detail, fix = pageout_check(s.idle_pageout_secs, s.idle_sleep, devices, not_in_ram(devices),
+                                        s.idle_pageout_disk, swap_total_kib(), meminfo_kib("MemTotal"))
+    return Check("idle-pageout", status, detail, fix)
+
+
 # -- security posture (SECURITY.md): each check named security:<what> ----------------------------------------
 def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s: None) -> list[Check]:
     """Run every host check in order; never raises."""
@@ -415,6 +426,7 @@ def run_checks(rt: Runtime, reprobe: bool = False, progress: Progress = lambda s
         ("leftovers", lambda: check_leftovers(rt)),
         ("snapshots", lambda: check_snapshots(rt)),
         ("kvm-device", check_kvm_device),
+        ("idle-pageout", check_idle_pageout),
         *security_steps(rt),
     ]
     results = []

@@ -1,11 +1,12 @@
 """Idle children cost less: once a running child's VMM has been idle for FORKD_IDLE_PAGEOUT_SECS, its
 private memory (TCG's translation buffer, QEMU's heap, the guest pages it copied) is paged out to the host's swap
-(forkd.vmm.pageout).
+(forkd.vmm.pageout), and the child is stopped until its next request (FORKD_IDLE_SLEEP, on by default).
 
 After 60 s by default (0 = never), and only to zram: with a zram swap device the pages stay in RAM, compressed; a
 swap that is not zram (a disk) is used only with FORKD_IDLE_PAGEOUT_DISK, since guest memory would reach the disk
-(SECURITY.md section 9). Without swap nothing is paged out. forkd never turns swap on: the host's admin does (`forkd
-doctor` says whether there is any).
+(SECURITY.md section 9). Without swap nothing is paged out. The daemon never turns swap on: scripts/setup.sh makes a
+zram swap sized for the host (scripts/zram.sh), and `forkd doctor` (idle-pageout) says whether the swap these
+defaults assume is there.
 
 Idle means: between two looks, the VMM used at most IDLE_CPU_PCT of a core (an idle TCG child uses ~0.05 %). A
 child is paged out once per idle stretch: when it runs again (a request, its own work), its pages fault back in and
@@ -29,6 +30,10 @@ from forkd.vmm.pageout import PagedOut, not_in_ram, swap_devices
 log = logging.getLogger(__name__)
 IDLE_CPU_PCT = 1.0  # at most this much of one core between two looks counts as idle
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+ZRAM_FIX = ("run scripts/setup.sh from a forkd checkout (or scripts/zram.sh up alone): it makes a zram swap sized for "
+            "this host, and scripts/setup.sh --undo-zram removes it; by hand: zramctl --find --size 4G (prints "
+            "/dev/zramN), then mkswap /dev/zramN && swapon /dev/zramN")
+GIB_KIB = 1 << 20
 
 
 def cpu_ticks(pid: int) -> int | None:
@@ -129,3 +134,29 @@ def _sleep(child: Any) -> None:
         child.sleep()
     except (ForkdError, OSError) as exc:
         log.warning("idle sleep of %s: %s", child.id, exc)
+
+
+def pageout_check(secs: float, sleep: bool, devices: list[str], on_disk: list[str], disk_ok: bool, swap_kib: int,
+                  mem_kib: int) -> tuple[str, str, str | None]:
+    """`forkd doctor`'s idle-pageout check, decided from what forkd.core.doctor.check_idle_pageout read: (PASS or
+    WARN, what was found, the fix). Whether the swap the density defaults assume is there: some swap, all zram
+    (unless `disk_ok`), at least half the host's memory in size (the compressed pages of a host full of idle
+    children)."""
+    what = f"idle children are paged out after {secs:g} s" + (" and put to sleep" if sleep else "")
+    if secs <= 0:
+        return "PASS", "idle page-out is off (FORKD_IDLE_PAGEOUT_SECS=0): idle children keep all their memory", None
+    if not devices:
+        return ("WARN", "the host has no swap: idle children are never paged out (nor put to sleep) and each keeps "
+                "all its memory; forkd's density defaults assume a zram swap", ZRAM_FIX)
+    if on_disk and not disk_ok:
+        return ("WARN", f"idle children are not paged out: {', '.join(on_disk)} is not zram (or a zram with a "
+                "backing device), and guest memory would reach a disk",
+                f"swapoff {' '.join(on_disk)} and {ZRAM_FIX}; or FORKD_IDLE_PAGEOUT_DISK=1 (guest memory then "
+                "reaches that disk: SECURITY.md section 9)")
+    found = f"{', '.join(devices)}, {swap_kib / GIB_KIB:.1f} GiB"
+    if swap_kib * 2 < mem_kib:
+        return ("WARN", f"{what} to {found}: under half of this host's {mem_kib / GIB_KIB:.1f} GiB of memory, so "
+                "page-out stops once it is full", "a larger zram swap: swapoff and zramctl --reset it, then "
+                "scripts/zram.sh up (sized for this host)")
+    return "PASS", f"{what} to {found}", None
+

@@ -13,6 +13,7 @@ from forkd.base.errors import ForkdError
 from forkd.base.procs import is_alive, run
 from forkd.base.settings import settings
 from forkd.core.doctor import PASS, UNPRIVILEGED_UFFD_SYSCTL, WARN, Check, _line, _sysctl
+from forkd.core.idle import ZRAM_FIX
 from forkd.sandbox import firewall
 from forkd.vmm.pageout import not_in_ram, swap_devices
 
@@ -176,7 +177,6 @@ def check_ksm(rt: Runtime) -> Check:
                  "timing side channel between children", "unset FORKD_VMM_KSM unless every child is one tenant's")
 
 
-ZRAM_FIX = "zramctl --find --size 4G (prints /dev/zramN), then mkswap /dev/zramN && swapon /dev/zramN"
 
 
 def check_swap() -> Check:
@@ -189,8 +189,8 @@ def check_swap() -> Check:
         return Check(SEC + "swap", PASS, f"idle children are never paged out (FORKD_IDLE_PAGEOUT_SECS=0; {found})",
                      None)
     if not devices:
-        return Check(SEC + "swap", PASS, "idle children are not paged out: the host has no swap (a zram swap would "
-                     f"page them out after {secs:g} s, about halving what one costs: {ZRAM_FIX})", None)
+        return Check(SEC + "swap", PASS, "idle children are not paged out: the host has no swap (the idle-pageout "
+                     "check says how to add the zram swap the defaults assume)", None)
     if on_disk and not s.idle_pageout_disk:
         return Check(SEC + "swap", PASS, f"idle children are not paged out: {', '.join(on_disk)} is not zram (or a "
                      "zram with a backing device), and guest memory would reach a disk (FORKD_IDLE_PAGEOUT_DISK=1 "
@@ -198,7 +198,7 @@ def check_swap() -> Check:
     if on_disk:
         return Check(SEC + "swap", WARN, f"idle children are paged out after {secs:g} s to {found}: "
                      f"{', '.join(on_disk)} is not zram, so guest memory reaches a disk (FORKD_IDLE_PAGEOUT_DISK=1)",
-                     "swapoff those devices and use zram (" + ZRAM_FIX + "), or encrypt that swap, or unset "
+                     "swapoff those devices and use zram (" + ZRAM_FIX + "); or encrypt that swap, or unset "
                      "FORKD_IDLE_PAGEOUT_DISK (then nothing is paged out while they are on)")
     return Check(SEC + "swap", PASS, f"idle children are paged out after {secs:g} s to compressed RAM ({found})", None)
 

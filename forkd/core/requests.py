@@ -34,9 +34,15 @@ MAX_PRIME = 8
 PRIME_DOC = ("shell commands each new child runs once, right after it is forked and before it answers as ready "
              "(before a pool counts or hands it out); a command that exits non-zero (or outlasts the spawn's "
              "timeout) fails the spawn, like any child that fails to start. Under TCG a child's first exec "
-             "translates the guest's fork/exec code (~250 ms): `true` here moves that to fork time, so its first "
-             "exec answers in ~40 ms, for ~14 MiB more host memory per child (README, Benchmarks). At most 8, each "
-             "1-4096 characters")
+             "translates the guest's fork/exec code: priming moves that to fork time, so its first exec answers "
+             "sooner, for more host memory per child while it is awake (docs/benchmarks.md). None given: `true` "
+             "(FORKD_PRIME=0 turns that default off). At most 8, each 1-4096 characters")
+DEFAULT_PRIME = ("true",)
+
+
+def prime_of(given: tuple[str, ...], default_on: bool) -> tuple[str, ...]:
+    """The prime commands a spawn runs: those it names, else DEFAULT_PRIME while FORKD_PRIME is on."""
+    return given or (DEFAULT_PRIME if default_on else ())
 
 
 def _module_name(name: str) -> str:

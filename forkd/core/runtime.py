@@ -24,7 +24,7 @@ from forkd.core.pipeline.branch import Conversions
 from forkd.core.pipeline.compaction import CompactJob
 from forkd.core.pipeline.layer import LayerJob
 from forkd.core.pipeline.parent import ParentJob
-from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json
+from forkd.core.requests import Branch, Compaction, LayerBuild, ParentBuild, Spawn, egress_json, prime_of
 from forkd.image.build import Image, build, default_image, stub_image
 from forkd.sandbox import cgroups
 from forkd.sandbox.child import ChildRecord, Children, Claim, Registry
@@ -210,7 +210,7 @@ class Runtime:
         machine = self.machine_for(snap)
         # checks every ancestor's manifest; builds the flat image only the first time (never re-hashes)
         memory, vmstate = self.store.materialize(tag), self.store.vmstate_path(tag)
-        sup = self.supervisor
+        sup, prime = self.supervisor, prime_of(req.prime, settings().prime)
         done: list[ChildRecord] = []
         errors: list[BaseException] = []
         # restores are CPU-bound (QEMU start-up and TCG translation): more in flight than twice the cores
@@ -219,7 +219,8 @@ class Runtime:
             futures = [workers.submit(sup.spawn, tag, machine, memory, vmstate, req.timeout, req.pool,
                                       memory_limit_mib=req.memory_limit_mib,
                                       allow_unconstrained=req.allow_unconstrained, cpu_weight=req.cpu_weight,
-                                      egress=egress_json(req.egress), claim=claim, prime=req.prime)
+                                      egress=egress_json(req.egress), claim=claim, prime=prime,
+                                      prime_is_default=bool(prime) and not req.prime)
                        for _ in range(n)]
             for fut in as_completed(futures):
                 try:

@@ -16,8 +16,8 @@ it runs, resumes a sleeping child first and sets its wall clock from the host's 
 its vCPUs; an agent of a snapshot older than the `clock` op is left as it is), and starts paging a paged-out VMM
 back in on another thread (forkd.sandbox.wake). Timers inside the guest fire late by the time it slept, and a
 process that works without CPU (waits on the network) is frozen with it: sleep is for children that only answer
-requests, and off by default. A guest that breaks the agent protocol is quarantined: its VMM stopped, its record
-kept `failed` with the reason."""
+requests (on by default; FORKD_IDLE_SLEEP=0 opts out). A guest that breaks the agent protocol is quarantined: its
+VMM stopped, its record kept `failed` with the reason."""
 
 from __future__ import annotations
 

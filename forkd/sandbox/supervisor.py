@@ -12,17 +12,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from forkd.base import idrange
-from forkd.base.errors import ForkdError
+from forkd.base.errors import ForkdError, ProtocolViolation
 from forkd.base.procs import kill_and_wait, start_time
 from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
 from forkd.sandbox.firewall import Egress
 from forkd.sandbox.registry import ChildRecord, Claim, Registry
+from forkd.vmm.agent_client import AgentTimeout
 from forkd.vmm.driver import Machine, RunFiles, Vm, VmmDriver
 
 log = logging.getLogger(__name__)
 
 ENTROPY_BYTES = 64
+DEFAULT_PRIME_TIMEOUT = 300.0  # the default prime is a first exec done early: it gets an exec's default timeout
 
 
 @contextmanager
@@ -45,7 +47,7 @@ class Supervisor:
               timeout: float = 30.0, pool: str | None = None, memory_limit_mib: int | None = None,
               allow_unconstrained: bool = False, cpu_weight: int = cgroups.DEFAULT_CPU_WEIGHT,
               egress: Egress = "none", claim: Claim | None = None,
-              prime: tuple[str, ...] = ()) -> tuple[ChildRecord, Vm]:
+              prime: tuple[str, ...] = (), prime_is_default: bool = False) -> tuple[ChildRecord, Vm]:
         """Restore one child, reseed it, and return once its agent answered. Recorded before it runs.
 
         Isolation: `machine.network == "isolated"` runs the VMM in its own network namespace (forkd.sandbox.netns);
@@ -56,7 +58,10 @@ class Supervisor:
         in the record) with no capabilities once its files, sockets and tap are open (not yet with a disk:
         the driver's may_drop). `claim`: the child is handed out from birth (its first record says so), so a
         pool never counts it as idle. `prime`: shell commands run once after the reseed, while the child is still
-        `starting` (forkd.core.requests.PRIME_DOC); one that exits non-zero fails the spawn."""
+        `starting` (forkd.core.requests.PRIME_DOC); one that exits non-zero fails the spawn, unless
+        `prime_is_default` (FORKD_PRIME's `true`, which a guest without /bin/sh cannot run): then the child answers
+        unprimed. The default prime has at least DEFAULT_PRIME_TIMEOUT: on a loaded TCG host a child's first exec
+        can outlast a short spawn timeout, and without the prime that exec would have had as long."""
         t0 = time.perf_counter()
         home = str(self.registry.layout.home)
         hier = cgroups.detect()
@@ -90,7 +95,8 @@ class Supervisor:
             self._reseed(vm, rec, timeout)
             if prime:
                 t = time.perf_counter()
-                self._prime(vm, rec, prime, timeout)
+                self._prime(vm, rec, prime, max(timeout, DEFAULT_PRIME_TIMEOUT) if prime_is_default else timeout,
+                            fatal=not prime_is_default)
                 setup_ms["prime"] = (time.perf_counter() - t) * 1000.0
         except BaseException as exc:
             self._abandon(rec, net, group, exc)
@@ -139,12 +145,22 @@ class Supervisor:
                       timeout=timeout)
 
     @staticmethod
-    def _prime(vm: Vm, rec: ChildRecord, prime: tuple[str, ...], timeout: float) -> None:
-        """Run the spawn's prime commands in the new child, each within `timeout`; the first that fails fails it."""
+    def _prime(vm: Vm, rec: ChildRecord, prime: tuple[str, ...], timeout: float, fatal: bool = True) -> None:
+        """Run the spawn's prime commands in the new child, each within `timeout`; the first that fails fails it
+        (`fatal`), or ends the priming with a log line (a guest that breaks the protocol or does not answer fails
+        it either way)."""
         for cmd in prime:
-            vm.agent.run_shell(cmd, timeout, what=f"child {rec.id}: prime command",
-                               hint="fix the command (ForkPool spec.child.prime, forkd fork --prime): it runs in "
-                                    "every new child before the child counts as ready")
+            try:
+                vm.agent.run_shell(cmd, timeout, what=f"child {rec.id}: prime command",
+                                   hint="fix the command (ForkPool spec.child.prime, forkd fork --prime): it runs "
+                                        "in every new child before the child counts as ready")
+            except (ProtocolViolation, AgentTimeout):
+                raise
+            except ForkdError as exc:
+                if fatal:
+                    raise
+                log.info("%s; the child answers unprimed (FORKD_PRIME=0 skips the default prime)", exc.message)
+                return
 
     def _abandon(self, rec: ChildRecord, net: netns.ChildNet | None, group: cgroups.ChildCgroup | None,
                  exc: BaseException) -> None:

@@ -1,0 +1,52 @@
+"""The verbs that only read: `forkd ls` and `forkd snapshots`, without typer (forkd.cli.direct runs
+them before the command tree is built; forkd.cli.main and forkd.cli.config declare them). Through a daemon they
+read with forkd.cli.daemon's light client, else in-process."""
+
+from __future__ import annotations
+
+import time
+
+from forkd.cli.daemon import reads
+from forkd.cli.output import Fmt, emit, ms, size
+
+CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("RESIDENCY", "left"), ("SNAPSHOT", "left"), ("POOL", "left"),
+                 ("CLAIM", "left"), ("PID", "right"), ("RESTORE ms", "right"), ("READY ms", "right")]
+SNAPSHOT_COLUMNS = [("TAG", "left"), ("STATUS", "left"), ("MiB", "right"), ("ACCEL", "left"), ("STORED", "right"),
+                    ("DISK", "right"), ("CREATED", "left")]
+
+
+def children(label: list[str] | None = None, output: str = Fmt.table) -> None:
+    """`forkd ls`: the children (only those with every label k=v or key k in `label`)."""
+    recs = reads().children(label) if label else reads().children()
+    emit(recs, Fmt(output or Fmt.table), CHILD_COLUMNS, child_rows(recs))
+
+
+def snapshots(output: str = Fmt.table) -> None:
+    """`forkd snapshots`: every snapshot, a corrupt one as '?' with why."""
+    data = reads().snapshots()
+    rows = []
+    for s in data:
+        if "tag" not in s:
+            rows.append(["?", "corrupt", "-", "-", "-", "-", s["error"]])
+            continue
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["created_at"]))
+        rows.append([s["tag"], s["status"], str(s["memory_mib"]), s["accel"], size(s["memory_stored_bytes"]),
+                     size(s["disk_bytes"]) if s.get("disk_sha256") else "-",
+                     created + (f"  {s['error']}" if s.get("error") else "")])
+    emit(data, Fmt(output or Fmt.table), SNAPSHOT_COLUMNS, rows)
+
+
+def child_rows(recs: list[dict]) -> list[list[str]]:
+    """A table row per child (CHILD_COLUMNS)."""
+    return [[r["id"], r["status"] + (" (VMM stopped)" if r.get("vmm_stopped") else ""), _residency(r), r["snapshot"],
+             r["pool"] or "-",
+             "claimed" if r["claimed_at"] else "idle" if r["pool"] else "-", str(r["pid"] or "-"),
+             ms(r["timings_ms"].get("restore")), ms(r["timings_ms"].get("ready"))] for r in recs]
+
+
+def _residency(r: dict) -> str:
+    """Where a running child's memory is (awake, paged, asleep), and how often a request woke it."""
+    if r["status"] != "running":
+        return "-"
+    wakes = r.get("wakes") or 0
+    return r.get("residency", "awake") + (f" (woke {wakes})" if wakes else "")

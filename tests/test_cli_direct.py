@@ -1,0 +1,108 @@
+"""forkd.cli.direct parses its verbs as their typer commands do, or leaves the command line to the command tree:
+its flags are the commands' own, spelling by spelling; a table of command lines parses to the same values both
+ways; what it does not take whole (help, unknown flags, bad values) it leaves. No VM, no daemon: parsing only
+(the part under test), against the real command tree."""
+
+from __future__ import annotations
+
+import click
+import pytest
+
+from forkd.cli import direct
+from forkd.cli.direct import DIRECT, DURATION, FLAG, MANY, OUTPUT, VALUE
+from forkd.cli.streams import docker_argv
+from forkd.cli.tree import _verb, command_tree
+
+
+def _kind(p: click.Option) -> str:
+    if p.is_flag:
+        return FLAG
+    if p.multiple:
+        return MANY
+    if isinstance(p.type, click.Choice):
+        return OUTPUT
+    return DURATION if p.name == "timeout" else VALUE
+
+
+def _declared(name: str) -> tuple[dict, tuple]:
+    """(flag -> (parameter, kind), positional parameters) of the verb's typer command."""
+    cmd = _verb(name)
+    flags = {o: (p.name, _kind(p)) for p in cmd.params if isinstance(p, click.Option)
+             for o in (*p.opts, *p.secondary_opts)}
+    args = tuple(p.name + ("*" if p.nargs == -1 else "") for p in cmd.params if isinstance(p, click.Argument))
+    return flags, args
+
+
+@pytest.mark.parametrize("name", sorted(DIRECT))
+def test_direct_spells_the_flags_of_the_typer_command(name):
+    flags, args = _declared(name)
+    flags = {k: v for k, v in flags.items() if k not in ("-h", "--help")}
+    assert (DIRECT[name].flags, DIRECT[name].args) == (flags, args)
+
+
+def test_the_output_choices_are_the_commands():
+    (opt,) = [p for p in _verb("ls").params if p.name == "output"]
+    assert tuple(opt.type.choices) == direct.OUTPUTS
+
+
+def _tree_values(name: str, words: list[str]) -> dict:
+    ctx = _verb(name).make_context(f"forkd {name}", list(words))
+    plain = {}
+    for k, v in ctx.params.items():
+        v = str(v) if k == "output" else v
+        plain[k] = list(v) if isinstance(v, tuple | list) else [] if v is None and k in ("label", "env", "cmd") else v
+    return plain
+
+
+LINES = [
+    ["version"], ["ls"], ["ls", "-o", "json"], ["ls", "--output=yaml"], ["ls", "-ojson"],
+    ["ls", "-l", "a=b", "--label", "c", "--label=d=e", "-lf"], ["snapshots", "-o", "table"],
+    ["logs", "c1"], ["logs", "-f", "c1"], ["logs", "c1", "--follow"],
+    ["exec", "c1", "true"], ["exec", "c1", "--", "ls", "-l", "--help"], ["exec", "-it", "c1", "sh"],
+    ["exec", "-ie", "A=1", "-e", "B=2=3", "--env=C=", "c1", "--", "env"],
+    ["exec", "-w", "/tmp", "--cwd=/", "-u", "0", "--timeout", "1m30s", "c1", "pwd"],
+    ["exec", "--workdir", "/x", "--user=nobody", "--timeout=90", "c1", "--", "-"], ["exec", "c1", "--"],
+]
+
+
+@pytest.mark.parametrize("argv", LINES, ids=" ".join)
+def test_direct_parses_a_command_line_as_the_tree_does(argv):
+    name, words = argv[0], argv[1:]
+    if name == "exec":
+        words = docker_argv(words)
+    got = direct.parse(DIRECT[name], list(words))
+    if "output" in got:
+        got["output"] = got["output"] or "table"  # the runners' default, as the command's
+    assert got == _tree_values(name, words)
+
+
+@pytest.mark.parametrize("argv", [
+    ["ls", "--help"], ["ls", "-h"], ["exec", "--help"], ["ls", "--lable", "x"], ["ls", "-o", "wide"],
+    ["ls", "-o"], ["ls", "extra"], ["logs"], ["logs", "-fx", "c1"], ["logs", "--follow=yes", "c1"],
+    ["exec", "--timeout", "soon", "c1", "true"], ["exec", "-z", "c1", "true"], ["exec"],
+    ["--log-level", "DEBUG", "ls"], ["get", "pools"], ["fork", "--help"],
+], ids=" ".join)
+def test_what_direct_does_not_take_whole_goes_to_the_tree(argv):
+    assert direct.run(list(argv)) is None
+
+
+def test_shell_completion_goes_to_the_tree(monkeypatch):
+    """click answers completion from an empty command line and the words in the environment."""
+    monkeypatch.setenv("_FORKD_COMPLETE", "bash_complete")
+    assert direct.run([]) is None and direct.run(["ls"]) is None
+
+
+def test_forkd_alone_prints_the_help_on_stderr_and_exits_2_as_the_tree_did(capsys):
+    assert direct.run([]) == 2
+    assert capsys.readouterr().err == direct.root_help()
+
+
+def test_root_help_lists_the_root_options_and_every_verb():
+    root = command_tree()
+    spelled = {o for p in root.params for o in (*p.opts, *p.secondary_opts)} | {"-h", "--help"}
+    listed = {s.split(" ")[0].rstrip(",") for n, _ in direct.ROOT_OPTIONS for s in n.split(", ")}
+    assert listed == spelled
+    text = direct.root_help(78)
+    assert all(f"\n  {name} " in text for name in root.commands)
+    ctx = click.Context(root, info_name="forkd")
+    assert root.get_help(ctx) + "\n" == direct.root_help()  # one help text, whichever way it is reached
