@@ -2,7 +2,7 @@
 // (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
 import type { Readable } from "node:stream";
 import type { EgressAllow, EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult,
-  PortGrant, SandboxInfo,
+  PortGrant, PortGrantInfo, SandboxInfo,
   SnapshotDetail, SnapshotInfo, Written } from "./wire.js";
 export type * from "./wire.js";
 
@@ -108,10 +108,12 @@ export class Controller {
   forkSandbox(id: string, n?: number, opts?: { tag?: string; keep?: boolean; lifetimeSecs?: number;
     labels?: Record<string, string>; egress?: Egress }): Promise<SandboxInfo[]>;
   listSandboxes(): Promise<SandboxInfo[]>;
-  /** An authenticated path through the daemon to TCP `port` in the sandbox. */
+  /** A new authenticated path through the daemon to TCP `port` in the sandbox (its token: in this answer only). */
   openPort(id: string, port: number): Promise<PortGrant>;
-  listPorts(id: string): Promise<PortGrant[]>;
-  closePort(id: string, port: number): Promise<void>;
+  /** The sandbox's port grants, without tokens. */
+  listPorts(id: string): Promise<PortGrantInfo[]>;
+  /** Revoke every grant of `port` (a number), or the one grant with that id (a string). */
+  closePort(id: string, port: number | string): Promise<void>;
   getSandbox(id: string): Promise<SandboxInfo>;
   killSandbox(id: string): Promise<void>;
   branchSandbox(id: string, opts?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }):

@@ -88,10 +88,16 @@ export class Controller {
     return this.request("POST", `/v1/sandboxes/${seg(id)}/fork`, { n, tag, keep, lifetimeSecs, labels, egress });
   }
   listSandboxes() { return this.request("GET", "/v1/sandboxes"); }
-  /** An authenticated path through the daemon to TCP `port` in the sandbox: { sandboxId, port, token, path }. */
+  /** A new authenticated path through the daemon to TCP `port` in the sandbox: { id, sandboxId, port, token, path };
+   * the token is in this answer only (the daemon keeps its hash). */
   openPort(id, port) { return this.request("POST", `/v1/sandboxes/${seg(id)}/ports`, { port }); }
+  /** The sandbox's port grants: { id, sandboxId, port, createdAt, path } (no tokens). */
   listPorts(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}/ports`); }
-  async closePort(id, port) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}/ports/${Number(port)}`); }
+  /** Revoke every grant of `port` (a number), or the one grant with that id (a string "g..."). */
+  async closePort(id, port) {
+    const which = typeof port === "number" ? String(Math.trunc(port)) : seg(port);
+    await this.request("DELETE", `/v1/sandboxes/${seg(id)}/ports/${which}`);
+  }
   getSandbox(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}`); }
   async killSandbox(id) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}`); }
   branchSandbox(id, { tag, mode = "live", wait = true } = {}) {
@@ -353,6 +359,7 @@ function result(out, ev) {
 export class Sandbox {
   constructor(info, controller, { owned = true, envs = {} } = {}) {
     Object.assign(this, { info, controller, owned, envs });
+    this.urls = new Map(); // port -> the URL this object opened (the daemon shows a token once)
     this.commands = {
       run: (cmd, opts = {}) => this.#run(cmd, opts),
       list: () => controller.listProcesses(this.id),
@@ -437,14 +444,18 @@ export class Sandbox {
   ping() { return this.controller.pingSandbox(this.id); }
   branch(opts) { return this.controller.branchSandbox(this.id, opts); }
   kill() { return this.controller.killSandbox(this.id); }
-  /** A URL through the daemon to TCP `port` in this sandbox (a token for that port only; closePort revokes it). */
+  /** A URL through the daemon to TCP `port` in this sandbox (a token for that port only; closePort revokes it).
+   * The first call for a port opens it; later ones give the same URL. */
   async getUrl(port) {
-    const grant = await this.controller.openPort(this.id, port);
-    return `${this.controller.baseUrl ?? "http://forkd"}${grant.path}`;
+    if (!this.urls.has(port)) {
+      const grant = await this.controller.openPort(this.id, port);
+      this.urls.set(port, `${this.controller.baseUrl ?? "http://forkd"}${grant.path}`);
+    }
+    return this.urls.get(port);
   }
   /** E2B's getHost: getUrl without its scheme. */
   async getHost(port) { return (await this.getUrl(port)).split("://")[1]; }
-  closePort(port) { return this.controller.closePort(this.id, port); }
+  closePort(port) { this.urls.delete(port); return this.controller.closePort(this.id, port); }
   async [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")]() {
     if (!this.owned) return;
     try { await this.kill(); } catch (e) { if (!(e instanceof NotFound)) throw e; }
