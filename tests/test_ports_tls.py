@@ -11,9 +11,11 @@ hold it; a grant is revoked by its id while the port's others stay; grants outli
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
+import shutil
 import socket
 import socketserver
 import ssl
@@ -37,6 +39,7 @@ from tests.test_ports import WS_ECHO
 from tests.test_ports_relay import _echo
 
 pytestmark = pytest.mark.timeout(600)
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -256,8 +259,25 @@ def test_a_token_is_shown_once_and_kept_nowhere(daemon, rt, tls):
         assert api.delete(f"/v1/sandboxes/{sb.id}/ports/gnope").status_code == 400  # neither a port nor an id
         assert api.delete(f"/v1/sandboxes/{sb.id}/ports/{port}").status_code == 204  # every grant of the port
         assert web.get(two.path + "b").status_code == 404 and ctrl.list_ports(sb.id) == []
+
+        url, same, host = asyncio.run(_async_urls(daemon, sb.id, port))  # the async SDK: once per port too
+        assert same == url and host == url.split("://", 1)[1] and web.get(url + "c").status_code == 404
     finally:
         sb.kill()
+
+
+async def _async_urls(daemon, sid: str, port: int) -> tuple[str, str, str]:
+    """AsyncSandbox's get_url twice and get_host (one grant: its page answers), then close_port."""
+    from forkd.sdk import AsyncController, AsyncSandbox
+
+    sb = await AsyncSandbox.connect(sid, controller=AsyncController(url=daemon.url, token=daemon.token))
+    url = await sb.get_url(port)
+    same, host = await sb.get_url(port), await sb.get_host(port)
+    assert [g.port for g in await sb.controller.list_ports(sid)] == [port]
+    async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=os.environ["FORKD_CA"])) as web:
+        assert (await web.get(url + "c", timeout=60)).text == "hello /c"
+    await sb.close_port(port)
+    return url, same, host
 
 
 def test_grants_outlive_a_daemon_restart(daemon, rt, tls):
@@ -278,3 +298,20 @@ def test_grants_outlive_a_daemon_restart(daemon, rt, tls):
         assert [g.id for g in ctrl.list_ports(sb.id)] == [kept.id]
     finally:
         Controller(url=daemon.url, token=daemon.token).kill_sandbox(sb.id)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_typescript_sdks_port_helpers_through_tls(daemon, rt, tls):
+    """sdk/typescript/test/ports.test.js against this daemon (Node trusts its certificate through
+    NODE_EXTRA_CA_CERTS): getUrl once per port, listPorts without tokens, closePort by grant id and by port."""
+    cert, _ = tls
+    sb = Sandbox.create(template=BASE_TAG, controller=Controller(url=daemon.url, token=daemon.token))
+    try:
+        srv = _serve_in(rt.child(sb.id).netns)
+        env = {**os.environ, "FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token, "NODE_EXTRA_CA_CERTS": str(cert),
+               "FORKD_TEST_PORT_SANDBOX": sb.id, "FORKD_TEST_PORT": str(srv.server_port)}
+        res = subprocess.run(["node", "--test", "test/ports.test.js"], cwd=REPO / "sdk" / "typescript", env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and "# pass 1" in res.stdout, res.stdout + res.stderr
+    finally:
+        sb.kill()
