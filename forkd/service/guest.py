@@ -61,7 +61,7 @@ class Guest:
     def close_port(self, child_id: str, which: str | int) -> list:
         """Revoke the grant with id `which`, or every grant of the port `which`; the ones revoked."""
         if not (isinstance(which, int) or (which.isascii() and which.isdigit()) or ports.is_grant_id(which)):
-            raise InvalidInput(f"{which!r} is neither a port nor a port grant id",
+            raise InvalidInput(f"{str(which)[:40]!r} is neither a port nor a port grant id",
                                hint="name a port (8000) or a grant id (g + 16 hex digits) from GET "
                                     "/v1/sandboxes/{id}/ports")
         gone = self.grants.revoke(self.rt.child(child_id), which)
