@@ -302,16 +302,17 @@ def test_grants_outlive_a_daemon_restart(daemon, rt, tls):
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_the_typescript_sdks_port_helpers_through_tls(daemon, rt, tls):
-    """sdk/typescript/test/ports.test.js against this daemon (Node trusts its certificate through
-    NODE_EXTRA_CA_CERTS): getUrl once per port, listPorts without tokens, closePort by grant id and by port."""
+    """sdk/typescript/test/ports.test.js against this daemon (the SDK trusts its certificate through FORKD_CA):
+    getUrl once per port, listPorts without tokens, closePort by grant id and by port."""
     cert, _ = tls
     sb = Sandbox.create(template=BASE_TAG, controller=Controller(url=daemon.url, token=daemon.token))
     try:
         srv = _serve_in(rt.child(sb.id).netns)
-        env = {**os.environ, "FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token, "NODE_EXTRA_CA_CERTS": str(cert),
+        env = {**os.environ, "FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token, "FORKD_CA": str(cert),
                "FORKD_TEST_PORT_SANDBOX": sb.id, "FORKD_TEST_PORT": str(srv.server_port)}
+        env.pop("NODE_EXTRA_CA_CERTS", None)
         res = subprocess.run(["node", "--test", "test/ports.test.js"], cwd=REPO / "sdk" / "typescript", env=env,
                              capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0 and "# pass 1" in res.stdout, res.stdout + res.stderr
+        assert res.returncode == 0 and "# pass 2" in res.stdout, res.stdout + res.stderr
     finally:
         sb.kill()

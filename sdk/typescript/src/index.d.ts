@@ -57,6 +57,8 @@ export interface ControllerOptions {
   /** The daemon's unix socket (default $FORKD_DAEMON_SOCKET or $FORKD_HOME/forkd.sock when it exists). */
   socketPath?: string;
   token?: string;
+  /** A PEM file an https daemon's certificate is checked against (default $FORKD_CA; unset: Node's CAs). */
+  ca?: string;
   timeoutMs?: number;
   /** Extra attempts after a connect error (any method) or a 503 (GET, HEAD, PUT, DELETE only). Default 3. */
   retries?: number;

@@ -8,7 +8,7 @@ import https from "node:https";
 import path from "node:path";
 import { createInterface } from "node:readline";
 
-import { ForkdError, NotFound, Timeout, Unavailable, apiError, checked } from "./errors.js";
+import { ForkdError, InvalidInput, NotFound, Timeout, Unavailable, apiError, checked } from "./errors.js";
 import { Filesystem, isChunkStream } from "./files.js";
 
 export { CommandExitError, Conflict, ControllerError, ForkdError, InvalidInput, NotFound, ProtocolViolation, Timeout,
@@ -46,10 +46,22 @@ export function findDaemon(opts = {}) {
   return { baseUrl: "http://127.0.0.1:8889", token, tried };
 }
 
+function readCa(file) {
+  try {
+    return fs.readFileSync(file);
+  } catch (e) {
+    throw new InvalidInput(`FORKD_CA=${JSON.stringify(file)} is not a readable file (${e.code ?? e.message})`,
+      { hint: "point FORKD_CA (or the ca option) at a PEM bundle: the daemon's --tls-cert or its CA; or unset it" });
+  }
+}
+
 export class Controller {
-  /** @param {{baseUrl?: string, socketPath?: string, token?: string, timeoutMs?: number, retries?: number}} [opts] */
+  /** @param {{baseUrl?: string, socketPath?: string, token?: string, ca?: string, timeoutMs?: number,
+   *   retries?: number}} [opts] */
   constructor(opts = {}) {
     Object.assign(this, findDaemon(opts));
+    const ca = opts.ca ?? env("FORKD_CA");
+    if (ca && this.baseUrl?.startsWith("https:")) this.ca = readCa(ca); // checked against it (else Node's CAs)
     this.timeoutMs = opts.timeoutMs ?? 600_000;
     this.retries = opts.retries ?? 3; // extra attempts after a connect error (any method) or a 503 (idempotent)
   }
@@ -264,7 +276,8 @@ export class Controller {
     })();
     const lib = target.protocol === "https:" ? https : http;
     return new Promise((resolve, reject) => {
-      const req = lib.request({ ...target, method, headers }, resolve);
+      const tls = lib === https && this.ca ? { ca: this.ca } : {};
+      const req = lib.request({ ...target, ...tls, method, headers }, resolve);
       req.on("error", reject);
       req.setTimeout(streaming && !chunks ? 0 : this.timeoutMs, () =>
         req.destroy(new Timeout(`${method} ${this.where}${p}: the daemon did not answer in ${this.timeoutMs} ms`)));
