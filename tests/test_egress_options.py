@@ -35,3 +35,17 @@ def test_sdk_egress_and_e2b_allow_internet_access():
         egress_of("internet", True, None)
     with pytest.raises(ValueError, match="pool's egress"):
         egress_of("internet", None, "agents")
+
+
+def test_a_claim_takes_its_pools_egress_and_cannot_ask_for_another():
+    """A claimed child is one of the pool's warm children, made with the pool's child.egress: a ForkClaim and the
+    REST claim refuse an egress of their own, naming the field."""
+    from pydantic import ValidationError
+
+    from forkd.service.wire import ClaimRequest
+    from forkd.spec.models import ForkClaimSpec
+
+    assert ForkClaimSpec(pool="agents").pool == "agents" and ClaimRequest().model_dump() is not None
+    for make in (lambda: ForkClaimSpec(pool="agents", egress="internet"), lambda: ClaimRequest(egress="internet")):
+        with pytest.raises(ValidationError, match="egress"):
+            make()

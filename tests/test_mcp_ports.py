@@ -105,14 +105,20 @@ def test_mcp_port_tools_reach_a_server_through_the_daemon(daemon, rt):
         opened, listed = _session(ours, daemon, ports)
         url = opened["url"]
         assert url.startswith(daemon.url + f"/v1/ports/{sb['id']}/{srv.server_port}/")
-        assert [p["port"] for p in listed["ports"]] == [srv.server_port]
+        assert [(p["port"], p["grant_id"]) for p in listed["ports"]] == [(srv.server_port, opened["grant_id"])]
+        token = url.rstrip("/").rsplit("/", 1)[1]
+        assert listed["ports"][0]["url"].endswith("/{token}/") and token not in json.dumps(listed)  # shown once
         assert httpx.get(url + "x?y=1", timeout=60).text == "hello /x?y=1"  # no bearer: the URL's token
         assert httpx.get(url.replace(f"/{srv.server_port}/", "/1/") + "x", timeout=60).status_code == 404
 
         async def close(s):
-            return _data(await s.call_tool("close_port", {"sandbox_id": sb["id"], "port": srv.server_port}))
+            neither = await s.call_tool("close_port", {"sandbox_id": sb["id"]})
+            return neither, _data(await s.call_tool("close_port", {"sandbox_id": sb["id"],
+                                                                   "grant_id": opened["grant_id"]}))
 
-        assert _session(ours, daemon, close)["closed"] is True
+        neither, closed = _session(ours, daemon, close)
+        assert neither.is_error and "port or grant_id" in neither.content[0].text, neither
+        assert closed["closed"] is True
         assert httpx.get(url + "x", timeout=60).status_code == 404
     finally:
         srv.shutdown()

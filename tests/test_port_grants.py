@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import shutil
 from pathlib import Path
@@ -13,8 +14,16 @@ import pytest
 from forkd.api.audit import Gate
 from forkd.api.auth import TRANSPORT_KEY
 from forkd.api.routes_ports import upstream_headers
-from forkd.base.errors import NotFound
-from forkd.core.ports import GRANTS, GRANTS_LOCK, MAX_GRANTS_FILE, PortGrants
+from forkd.base.errors import Conflict, NotFound
+from forkd.core.ports import (
+    GRANTS,
+    GRANTS_LOCK,
+    MAX_GRANTS_FILE,
+    MAX_GRANTS_PER_SANDBOX,
+    PortGrants,
+    digest,
+    is_grant_id,
+)
 
 
 def _child(tmp_path, cid: str, born: float) -> SimpleNamespace:
@@ -27,43 +36,106 @@ def _child(tmp_path, cid: str, born: float) -> SimpleNamespace:
 def test_a_token_opens_one_port_of_one_sandbox_until_revoked(tmp_path):
     g = PortGrants()
     ca, cb = _child(tmp_path, "ca", 1.0), _child(tmp_path, "cb", 2.0)
-    a = g.grant(ca, 8000)
-    assert g.grant(ca, 8000) == a  # the same grant while it stands
+    a, a2 = g.grant(ca, 8000), g.grant(ca, 8000)
+    assert a.token != a2.token and a.id != a2.id  # each open: a grant of its own
     b = g.grant(cb, 8000)
-    assert g.check(ca, 8000, a.token) and g.check(cb, 8000, b.token)
+    assert g.check(ca, 8000, a.token) and g.check(ca, 8000, a2.token) and g.check(cb, 8000, b.token)
     assert not g.check(cb, 8000, a.token) and not g.check(ca, 8001, a.token)  # other sandbox/port
     assert not g.check(ca, 8000, secrets.token_urlsafe(32)) and not g.check(ca, 8000, "")
+    assert not g.check(ca, 8000, a.token + "x") and not g.check(ca, 8000, a.token[:-1])
     later = SimpleNamespace(id="ca", dir=ca.dir, created_at=9.0)
     assert not g.check(later, 8000, a.token)  # a later child under the same id is not the one granted
-    assert [x.port for x in g.list(ca)] == [8000]
-    assert g.revoke(ca, 8000) and not g.check(ca, 8000, a.token) and not g.revoke(ca, 8000)
+    assert sorted(x.id for x in g.list(ca)) == sorted([a.id, a2.id])
+    assert [x.id for x in g.revoke(ca, a.id)] == [a.id]  # by id: that one only
+    assert not g.check(ca, 8000, a.token) and g.check(ca, 8000, a2.token) and g.revoke(ca, a.id) == []
+    assert [x.id for x in g.revoke(ca, "8000")] == [a2.id] and not g.check(ca, 8000, a2.token)  # by port: all
     g.drop(cb)  # the child is gone
     assert not g.check(cb, 8000, b.token) and g.list(cb) == []
     assert g.grant(cb, 8000).token != b.token  # granted again: a new token
 
 
+def test_no_token_is_kept_or_listed_in_clear(tmp_path):
+    """The token is given once; the file keeps its hash, bound to the sandbox and port, and the listing none."""
+    ca = _child(tmp_path, "ca", 1.0)
+    g = PortGrants()
+    made = [g.grant(ca, p) for p in (8000, 8000, 8001)]
+    kept = (Path(ca.dir) / GRANTS).read_text()
+    for m in made:
+        assert m.token and m.token not in kept and m.token[:16] not in kept, kept
+        assert digest("ca", m.port, m.token) in kept
+    assert digest("cb", 8000, made[0].token) not in kept and digest("ca", 8001, made[0].token) not in kept
+    listed = g.list(ca)
+    assert [x.token for x in listed] == [None] * 3 and [x.port for x in listed] == [8000, 8000, 8001]
+    assert {x.id for x in listed} == {m.id for m in made} and all(is_grant_id(x.id) for x in listed)
+
+
 def test_grants_outlive_the_daemon_and_revoked_ones_stay_revoked(tmp_path):
-    """A new PortGrants is what a restarted daemon has: it reads each child's grants from its directory."""
+    """A new PortGrants is what a restarted daemon has: it reads each child's grants (hashes) from its
+    directory."""
     ca = _child(tmp_path, "ca", 1.0)
     first = PortGrants()
     a, b = first.grant(ca, 8000), first.grant(ca, 8001)
-    first.revoke(ca, 8001)
+    first.revoke(ca, b.id)
     again = PortGrants()
-    assert again.check(ca, 8000, a.token) and again.grant(ca, 8000) == a
+    assert again.check(ca, 8000, a.token) and [x.id for x in again.list(ca)] == [a.id]
     assert not again.check(ca, 8001, b.token) and [x.port for x in again.list(ca)] == [8000]
     f = Path(ca.dir) / GRANTS
-    assert f.stat().st_mode & 0o777 == 0o600  # tokens: for the daemon's user only
+    assert f.stat().st_mode & 0o777 == 0o600  # hashes of tokens: for the daemon's user only
     assert not [p for p in Path(ca.dir).iterdir() if p.name not in (GRANTS, GRANTS_LOCK)]  # replaced, no temp left
 
 
-@pytest.mark.parametrize("content", [b"[]", b"{not json", b'{"born": 1.0, "ports": []}',
-                                     b'{"born": 1.0, "ports": {"80": 5, "x": "t"}}', b" " * (MAX_GRANTS_FILE + 1)])
+def test_an_older_daemons_tokens_in_clear_keep_working_and_leave_the_file(tmp_path):
+    """A grants file an older daemon wrote (port -> token in clear): its URLs still open, and the first read
+    replaces it with the tokens' hashes."""
+    ca = _child(tmp_path, "ca", 1.0)
+    old = secrets.token_urlsafe(32)
+    (Path(ca.dir) / GRANTS).write_text(json.dumps({"born": 1.0, "ports": {"8000": old}}))
+    g = PortGrants()
+    assert g.check(ca, 8000, old) and not g.check(ca, 8001, old)
+    assert old not in (Path(ca.dir) / GRANTS).read_text()
+    (listed,) = g.list(ca)
+    assert listed.port == 8000 and listed.token is None and g.check(ca, 8000, old)
+    assert g.revoke(ca, listed.id) and not g.check(ca, 8000, old)
+
+
+def test_a_sandbox_has_a_bounded_number_of_grants(tmp_path):
+    ca = _child(tmp_path, "ca", 1.0)
+    g = PortGrants()
+    first = [g.grant(ca, 8000) for _ in range(MAX_GRANTS_PER_SANDBOX)]
+    with pytest.raises(Conflict, match="revoke"):
+        g.grant(ca, 8001)
+    g.revoke(ca, first[0].id)
+    assert g.check(ca, 8001, g.grant(ca, 8001).token)
+
+
+def _file(grants: dict) -> bytes:
+    return json.dumps({"born": 1.0, "grants": grants}).encode()
+
+
+GOOD = {"port": 80, "sha256": digest("ca", 80, "t"), "at": 1.0}
+
+
+@pytest.mark.parametrize("content", [
+    b"[]", b"{not json", b'{"born": 1.0, "ports": []}', b'{"born": 1.0, "ports": {"80": 5, "x": "t"}}',
+    b" " * (MAX_GRANTS_FILE + 1), _file([]),
+    _file({"80": GOOD}), _file({"g" + "0" * 15: GOOD}), _file({"g" + "Z" * 16: GOOD}),  # not a grant id
+    _file({"g" + "0" * 16: {**GOOD, "port": "80"}}), _file({"g" + "0" * 16: {**GOOD, "port": 0}}),
+    _file({"g" + "0" * 16: {**GOOD, "sha256": "t"}}), _file({"g" + "0" * 16: {**GOOD, "token": "t"}}),
+    json.dumps({"born": 2.0, "grants": {"g" + "0" * 16: GOOD}}).encode(),  # another child under the same id
+])
 def test_a_grants_file_that_is_not_ours_opens_nothing(tmp_path, content):
     ca = _child(tmp_path, "ca", 1.0)
     (Path(ca.dir) / GRANTS).write_bytes(content)
     g = PortGrants()
     assert g.list(ca) == [] and not g.check(ca, 80, "t") and not g.check(ca, 80, "5")
     assert g.grant(ca, 80).token  # and a grant replaces it
+
+
+def test_a_well_formed_grants_file_opens_its_port(tmp_path):
+    """(The control of the table above: the same file, well formed, opens port 80 with the token "t".)"""
+    ca = _child(tmp_path, "ca", 1.0)
+    (Path(ca.dir) / GRANTS).write_bytes(_file({"g" + "0" * 16: GOOD}))
+    assert PortGrants().check(ca, 80, "t") and not PortGrants().check(ca, 81, "t")
 
 
 def test_a_child_whose_directory_is_gone_has_no_grants(tmp_path):

@@ -19,7 +19,7 @@ from forkd.sdk import Controller, Sandbox
 from tests.conftest import BASE_TAG
 from tests.test_api import start_api_daemon, stop_api_daemon
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(1800)]  # two children and their servers under TCG
 
 ECHO = """
 import http.server, json
@@ -90,7 +90,7 @@ def _serve(sb: Sandbox, name: str) -> None:
     sb.files.write("/root/ws.py", WS_ECHO)
     sb.commands.run("exec python3 /root/ws.py", background=True, timeout=None)
     for port in (8000, 8001, 8002):
-        sb.commands.run(LISTENING.format(port=port), timeout=60)
+        sb.commands.run(LISTENING.format(port=port), timeout=300)  # TCG under load: servers start slowly
 
 
 def _ws(url: str, texts: list[str]) -> tuple[int, list[str]]:
@@ -126,8 +126,8 @@ def test_a_port_through_the_daemon(daemon):
     from tests.test_isolation import NET_TAG
 
     ctrl = Controller(url=daemon.url, token=daemon.token)
-    a = Sandbox.create(template=NET_TAG, controller=ctrl)
-    b = Sandbox.create(template=NET_TAG, controller=ctrl)
+    a = Sandbox.create(template=NET_TAG, timeout=3600, controller=ctrl)  # (setting up servers takes minutes)
+    b = Sandbox.create(template=NET_TAG, timeout=3600, controller=ctrl)
     try:
         _serve(a, "a")
         _serve(b, "b")

@@ -1,14 +1,15 @@
 """Ports of a sandbox over HTTP through the daemon (the service holds the
 grants and makes the connection: forkd.service.guest):
 
-  POST   /v1/sandboxes/{id}/ports {port}      open one: 201 {sandbox_id, port, token, path}
-  GET    /v1/sandboxes/{id}/ports             the open ones
-  DELETE /v1/sandboxes/{id}/ports/{port}      revoke (204)
+  POST   /v1/sandboxes/{id}/ports {port}      open one: 201 {id, sandbox_id, port, token, path} (a new grant)
+  GET    /v1/sandboxes/{id}/ports             the grants, without tokens
+  DELETE /v1/sandboxes/{id}/ports/{grant}     revoke one grant (its id), or every grant of a port (a number): 204
   ANY    /v1/ports/{id}/{port}/{token}/{path} the guest's http://10.42.0.2:{port}/{path}
 
 The first three are API calls (the daemon's bearer token over TCP). The last is authenticated by the grant's token
-alone (the Gate lets PORT_PREFIX through without the bearer, which is never forwarded to the guest): whoever holds
-the URL reaches that one port of that one sandbox until the grant is revoked or the child dies. HTTP/1.1: the
+alone (shown once, in the POST's answer: the daemon keeps only its hash; the Gate lets PORT_PREFIX through without
+the bearer, which is never forwarded to the guest): whoever holds the URL reaches that one port of that one
+sandbox until the grant is revoked or the child dies. HTTP/1.1: the
 request body is read whole first (at most MAX_BODY bytes), the answer streams. A WebSocket to the same URL is
 relayed message by message to a WebSocket handshake with the guest's server (`relay_websocket`); one that asks
 for the subprotocol TCP_SUBPROTOCOL carries the port's raw TCP bytes instead (`tunnel_tcp`: `forkd port-forward`).
@@ -25,7 +26,7 @@ from typing import Any
 import h11
 from fastapi import APIRouter, Request, Response, WebSocket
 from fastapi.responses import StreamingResponse
-from forkd_client.models import PortGrant
+from forkd_client.models import PortGrant, PortGrantInfo
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
@@ -47,8 +48,13 @@ class PortRequest(Strict):
 
 
 def _view(g) -> PortGrant:
-    return PortGrant(sandbox_id=g.sandbox_id, port=g.port, token=g.token,
+    return PortGrant(id=g.id, sandbox_id=g.sandbox_id, port=g.port, token=g.token, created_at=g.created_at,
                      path=f"{PORT_PREFIX}{g.sandbox_id}/{g.port}/{g.token}/")
+
+
+def _info(g) -> PortGrantInfo:
+    return PortGrantInfo(id=g.id, sandbox_id=g.sandbox_id, port=g.port, created_at=g.created_at,
+                         path=f"{PORT_PREFIX}{g.sandbox_id}/{g.port}/{{token}}/")
 
 
 def build_ports_router(s: Service) -> APIRouter:
@@ -56,16 +62,19 @@ def build_ports_router(s: Service) -> APIRouter:
 
     @r.post("/v1/sandboxes/{id}/ports", status_code=201, tags=["sandboxes"])
     def open_port(id: str, req: PortRequest) -> PortGrant:
-        """An authenticated path through the daemon to `port` in the sandbox (E2B's get_host)."""
+        """A new authenticated path through the daemon to `port` in the sandbox (E2B's get_host). Its token is in
+        this answer only: the daemon keeps its hash."""
         return _view(s.open_port(id, req.port))
 
     @r.get("/v1/sandboxes/{id}/ports", tags=["sandboxes"])
-    def list_ports(id: str) -> list[PortGrant]:
-        return [_view(g) for g in s.open_ports(id)]
+    def list_ports(id: str) -> list[PortGrantInfo]:
+        """The sandbox's port grants: ids, ports, paths with the placeholder {token}; never a token."""
+        return [_info(g) for g in s.open_ports(id)]
 
-    @r.delete("/v1/sandboxes/{id}/ports/{port}", status_code=204, tags=["sandboxes"])
-    def close_port(id: str, port: int) -> Response:
-        s.close_port(id, port)
+    @r.delete("/v1/sandboxes/{id}/ports/{grant}", status_code=204, tags=["sandboxes"])
+    def close_port(id: str, grant: str) -> Response:
+        """Revoke the grant with this id, or every grant of this port (a number): their URLs stop working."""
+        s.close_port(id, grant)
         return Response(status_code=204)
 
     async def granted(id: str, port: int, token: str) -> Any:

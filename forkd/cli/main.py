@@ -222,11 +222,12 @@ def set_timeout(child: str = typer.Argument(..., help="id of a running child"),
 
 @verbs.command("port")
 def port_(child: str = CHILD, port: int = typer.Argument(..., min=1, max=65535, help="a TCP port the guest listens on"),
-          close: bool = typer.Option(False, "--close", help="revoke it: its URL stops working"),
+          close: bool = typer.Option(False, "--close", help="revoke every URL of PORT: they stop working"),
           output: Fmt = OUTPUT) -> None:
     """Open TCP PORT of CHILD through the daemon: prints a URL (a path under the daemon's address over the unix
     socket) that reaches the guest's HTTP server on PORT, for whoever holds it, until --close or the child dies.
-    Needs the daemon and a child with a NIC (its parent built with --network isolated; any egress)."""
+    Each run opens a new URL (its token is shown this once: the daemon keeps a hash). Needs the daemon; any
+    child, with a NIC or not, on any egress."""
     res = backend().port(child, port, close=close)
     if close:
         emit(res, output, [("ID", "left"), ("PORT", "right"), ("CLOSED", "left")], [[child, str(port), "yes"]])

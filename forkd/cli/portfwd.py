@@ -12,9 +12,9 @@ HELP = """Listen on a local TCP port and carry each connection to TCP PORT in sa
   forkd port-forward ID 5432                 a free local port, printed
   forkd port-forward ID 5432 --local 15432   127.0.0.1:15432 -> port 5432 in ID
 
-It opens the port through the daemon (as `forkd port`) and tunnels each connection in a WebSocket on the port's
-URL; it runs until interrupted, and the grant stays open until `forkd port ID PORT --close` or the sandbox dies.
-Works for every sandbox, with a network device or not. Needs the daemon.
+It opens the port through the daemon (as `forkd port`: a grant of its own) and tunnels each connection in a
+WebSocket on the port's URL; it runs until interrupted, then revokes its grant (other grants of the port stay).
+Works for every sandbox, with a network device or not. Needs the daemon (over https: trusted through FORKD_CA).
 Exit codes: 0 interrupted, 3 no such sandbox, 6 the daemon is not running."""
 
 
@@ -28,6 +28,7 @@ def port_forward(child: str = typer.Argument(..., help="id of a running sandbox"
                  output: Fmt = typer.Option(Fmt.table, "-o", "--output", help="table, json (one line) or yaml: "
                                                                                   "where it listens")) -> None:
     import json
+    import signal
     import socket
     import sys
 
@@ -35,24 +36,37 @@ def port_forward(child: str = typer.Argument(..., help="id of a running sandbox"
     from forkd.client.portfwd import open_tunnel, serve
 
     b = backend()
-    grant = b.port(child, port)
-    endpoint = b.api.endpoint
     listener = socket.create_server((address, local))
-    host, bound = listener.getsockname()[:2]
-    where = {"sandbox_id": child, "port": port, "listen": f"{host}:{bound}"}
-    if output == Fmt.json:  # one line: a script reads it and learns where to connect
-        print(json.dumps(where), flush=True)
-    else:
-        emit(where, output, [("ID", "left"), ("PORT", "right"), ("LISTEN", "left")],
-             [[child, str(port), f"{host}:{bound}"]])
-        sys.stdout.flush()
+    grant: dict = {}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped as a service is: revoke the grant too
     try:
-        serve(listener, lambda: open_tunnel(endpoint.base_url, endpoint.socket, grant["path"]),
+        grant = b.port(child, port)
+        host, bound = listener.getsockname()[:2]
+        where = {"sandbox_id": child, "port": port, "listen": f"{host}:{bound}"}
+        if output == Fmt.json:  # one line: a script reads it and learns where to connect
+            print(json.dumps(where), flush=True)
+        else:
+            emit(where, output, [("ID", "left"), ("PORT", "right"), ("LISTEN", "left")],
+                 [[child, str(port), f"{host}:{bound}"]])
+            sys.stdout.flush()
+        serve(listener, lambda: open_tunnel(b.api.endpoint.base_url, b.api.endpoint.socket, grant["path"]),
               lambda exc: err.print(f"port-forward: {exc}"))
     except KeyboardInterrupt:
         pass
     finally:
         listener.close()
+        _revoke(b, child, grant.get("id"))
+
+
+def _revoke(b, child: str, grant_id: str | None) -> None:
+    """This run's grant, revoked as it stops (an older daemon gives no id: its grant stays)."""
+    import contextlib
+
+    from forkd.base.errors import ForkdError
+
+    if grant_id:
+        with contextlib.suppress(ForkdError):
+            b.api.close_port(child, grant_id)
 
 
 def register(app: typer.Typer) -> None:

@@ -101,7 +101,7 @@ class LocalBackend:
         return child_view(self.service.set_timeout(child, seconds))
 
     def port(self, child: str, port: int, close: bool = False) -> dict[str, Any]:
-        """Ports are served by a running daemon (its grants live in its memory): refused here."""
+        """Ports are served by a running daemon (it answers their URLs): refused here."""
         raise Unavailable(f"opening port {port} of {child} needs the daemon: it serves the port's URL",
                           hint="start it with 'forkd serve' (add --bind HOST:PORT --token-file F for TCP), or set "
                                "FORKD_URL/FORKD_TOKEN to one that runs")

@@ -1,8 +1,9 @@
 """`forkd port-forward`: a local TCP port whose connections reach a sandbox's port as raw TCP, each one a WebSocket
 tunnel through the daemon (subprotocol `forkd.tcp`: forkd.api.ports_tcp) on the port's granted URL.
 
-The tunnel speaks WebSocket with wsproto over a plain socket: the daemon's unix socket, or TCP (TLS for https).
-The grant's token is in the path; the daemon's bearer token is sent too when known (the port route ignores it).
+The tunnel speaks WebSocket with wsproto over a plain socket: the daemon's unix socket, or TCP (TLS for https,
+verified as every client of the daemon verifies it: against `$FORKD_CA` when set, else the system's CAs). The
+grant's token is in the path.
 """
 
 from __future__ import annotations
@@ -31,7 +32,17 @@ def dial(base_url: str, unix_socket: str | None, timeout: float = 30.0) -> socke
     u = urlsplit(base_url)
     s = socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout)
     if u.scheme == "https":
-        s = ssl.create_default_context().wrap_socket(s, server_hostname=u.hostname)
+        from forkd_client.http import Endpoint, tls_verify
+
+        verify = tls_verify(Endpoint(base_url))
+        ctx = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
+        try:
+            s = ctx.wrap_socket(s, server_hostname=u.hostname)
+        except ssl.SSLCertVerificationError as exc:
+            s.close()
+            raise Unavailable(f"the forkd daemon at {base_url} has a TLS certificate this client does not trust: "
+                              f"{exc.verify_message}",
+                              hint="set FORKD_CA to the PEM file of the daemon's certificate or its CA") from None
     return s
 
 

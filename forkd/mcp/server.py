@@ -104,10 +104,13 @@ def _sandboxes(infos: list) -> S.Sandboxes:
     return S.Sandboxes(sandboxes=[S.Sandbox.of(i) for i in infos])
 
 
-def _port(grant: Any) -> S.Port:
+def _url(path: str) -> str:
     ep = controller().endpoint
-    url = grant.path if ep.socket else ep.base_url.rstrip("/") + grant.path
-    return S.Port(sandbox_id=grant.sandbox_id, port=grant.port, url=url)
+    return path if ep.socket else ep.base_url.rstrip("/") + path
+
+
+def _port(grant: Any) -> S.Port:
+    return S.Port(sandbox_id=grant.sandbox_id, port=grant.port, url=_url(grant.path), grant_id=grant.id)
 
 
 def build() -> MCPServer:
@@ -283,19 +286,25 @@ def _port_tools(tool) -> None:
     @tool(CREATE)
     async def open_port(sandbox_id: str, port: int) -> S.Port:
         """A URL through the daemon to a TCP port a server in the sandbox listens on (HTTP and WebSocket), for
-        whoever holds it, until close_port or the sandbox dies. Any sandbox, with a network device or not."""
+        whoever holds it, until close_port or the sandbox dies. Any sandbox, with a network device or not. Keep
+        the URL: its token is shown this once (each call opens a new one)."""
         return _port(await controller().open_port(sandbox_id, port))
 
     @tool(READ)
     async def list_ports(sandbox_id: str) -> S.Ports:
-        """The ports of a sandbox opened with open_port, with their URLs."""
-        return S.Ports(ports=[_port(g) for g in await controller().list_ports(sandbox_id)])
+        """The port grants of a sandbox opened with open_port: ports and grant ids; the URLs with the placeholder
+        {token}, since a token is shown only by the open_port that made it."""
+        return S.Ports(ports=[S.PortInfo(sandbox_id=g.sandbox_id, port=g.port, grant_id=g.id, url=_url(g.path))
+                              for g in await controller().list_ports(sandbox_id)])
 
     @tool(REMOVING)
-    async def close_port(sandbox_id: str, port: int) -> S.PortClosed:
-        """Revoke an opened port: its URL stops working."""
-        await controller().close_port(sandbox_id, port)
-        return S.PortClosed(sandbox_id=sandbox_id, port=port, closed=True)
+    async def close_port(sandbox_id: str, port: int | None = None, grant_id: str | None = None) -> S.PortClosed:
+        """Revoke opened URLs: every one of `port`, or the one with `grant_id` (give one of the two); they stop
+        working."""
+        if (port is None) == (grant_id is None):
+            raise ToolError("close_port takes port or grant_id (one of the two)")
+        await controller().close_port(sandbox_id, port if grant_id is None else grant_id)
+        return S.PortClosed(sandbox_id=sandbox_id, port=port, grant_id=grant_id, closed=True)
 
 
 def main() -> None:

@@ -139,13 +139,24 @@ class Port(Shape):
     sandbox_id: str
     port: int
     url: str  # with the daemon's TCP address; over its unix socket, the path under it
+    grant_id: str | None = None  # to revoke just this URL (close_port's grant_id)
+
+
+class PortInfo(Shape):
+    """A port as listed: its URL's token is not shown again (the placeholder {token} stands for it)."""
+
+    sandbox_id: str
+    port: int
+    grant_id: str
+    url: str
 
 
 class Ports(Shape):
-    ports: list[Port]
+    ports: list[PortInfo]
 
 
 class PortClosed(Shape):
     sandbox_id: str
-    port: int
+    port: int | None = None
+    grant_id: str | None = None
     closed: bool

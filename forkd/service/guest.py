@@ -49,17 +49,25 @@ class Guest:
 
     # -- ports -------------------------------------------------------------------------------------
     def open_port(self, child_id: str, port: int) -> Any:
-        """A grant for `port` of a running child (the existing one, or a new token), on any network mode."""
+        """A new grant for `port` of a running child, on any network mode: its token is in this answer only."""
         rec = self.rt.child(child_id)
         ports.reachable(rec)
         return self.grants.grant(rec, port)
 
     def open_ports(self, child_id: str) -> list:
+        """The child's grants, without their tokens."""
         return self.grants.list(self.rt.child(child_id))
 
-    def close_port(self, child_id: str, port: int) -> None:
-        if not self.grants.revoke(self.rt.child(child_id), port):
-            raise NotFound(f"port {port} of sandbox {child_id} is not open", hint="GET /v1/sandboxes/{id}/ports")
+    def close_port(self, child_id: str, which: str | int) -> list:
+        """Revoke the grant with id `which`, or every grant of the port `which`; the ones revoked."""
+        if not (isinstance(which, int) or (which.isascii() and which.isdigit()) or ports.is_grant_id(which)):
+            raise InvalidInput(f"{str(which)[:40]!r} is neither a port nor a port grant id",
+                               hint="name a port (8000) or a grant id (g + 16 hex digits) from GET "
+                                    "/v1/sandboxes/{id}/ports")
+        gone = self.grants.revoke(self.rt.child(child_id), which)
+        if not gone:
+            raise NotFound(f"no port grant {which} of sandbox {child_id}", hint="GET /v1/sandboxes/{id}/ports")
+        return gone
 
     def granted(self, child_id: str, port: int, token: str) -> ports.Target:
         """Where the child's `port` is reached when `token` opens it; NotFound (one answer for every refusal)

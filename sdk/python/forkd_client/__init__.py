@@ -25,7 +25,7 @@ _WHERE = {
     "NotFound": "errors", "ProtocolViolation": "errors", "Timeout": "errors", "Unavailable": "errors",
     "Endpoint": "http", "Retry": "http",
     "BranchResult": "models", "EvalResult": "models", "ExecResult": "models", "FileWritten": "models",
-    "PingResult": "models", "PortGrant": "models",
+    "PingResult": "models", "PortGrant": "models", "PortGrantInfo": "models",
     "SandboxInfo": "models", "SnapshotDetail": "models", "SnapshotInfo": "models",
     "EntryInfo": "files", "Filesystem": "files", "AsyncFilesystem": "files", "WatchEvent": "files",
     "WatchHandle": "files",

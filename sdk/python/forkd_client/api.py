@@ -16,7 +16,7 @@ from forkd_client.http import AsyncHttp, Call, Endpoint, Retry, SyncHttp, find_d
 
 _SNAPS = TypeAdapter(list[wire.SnapshotInfo])
 _SBXS = TypeAdapter(list[wire.SandboxInfo])
-_PORTS = TypeAdapter(list[wire.PortGrant])
+_PORTS = TypeAdapter(list[wire.PortGrantInfo])
 
 
 class ApiCalls:
@@ -92,16 +92,20 @@ class ApiCalls:
                                json={k: v for k, v in body.items() if v is not None}, parse=_SBXS.validate_python))
 
     def open_port(self, sandbox_id: str, port: int) -> wire.PortGrant:
-        """An authenticated path through the daemon to TCP `port` in the sandbox (`path`: append to base_url)."""
+        """A new authenticated path through the daemon to TCP `port` in the sandbox (`path`: append to base_url).
+        Its token is in this answer only (the daemon keeps its hash)."""
         return self._send(Call("POST", f"/v1/sandboxes/{quote(sandbox_id)}/ports", json={"port": port},
                                parse=wire.PortGrant.model_validate))
 
-    def list_ports(self, sandbox_id: str) -> list[wire.PortGrant]:
+    def list_ports(self, sandbox_id: str) -> list[wire.PortGrantInfo]:
+        """The sandbox's port grants (ids, ports; no tokens)."""
         return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}/ports", parse=_PORTS.validate_python))
 
-    def close_port(self, sandbox_id: str, port: int) -> None:
-        """Revoke the grant: its URL stops working."""
-        return self._send(Call("DELETE", f"/v1/sandboxes/{quote(sandbox_id)}/ports/{int(port)}"))
+    def close_port(self, sandbox_id: str, port: int | str) -> None:
+        """Revoke every grant of `port` (a number), or the one grant with that id (a str like 'g...'): their URLs
+        stop working."""
+        which = str(int(port)) if isinstance(port, int) else quote(port)
+        return self._send(Call("DELETE", f"/v1/sandboxes/{quote(sandbox_id)}/ports/{which}"))
 
     def get_sandbox(self, sandbox_id: str) -> wire.SandboxInfo:
         return self._send(Call("GET", f"/v1/sandboxes/{quote(sandbox_id)}", parse=wire.SandboxInfo.model_validate))

@@ -97,10 +97,24 @@ class BranchResult(SnapshotInfo):
 
 
 class PortGrant(Wire):
+    """A port just opened: its token is shown here only (the daemon keeps its hash)."""
+
     sandbox_id: str
     port: int
     token: str
     path: str  # /v1/ports/{id}/{port}/{token}/: append to the daemon's base URL
+    id: str | None = None  # the grant's id, to revoke just this one (older servers: none)
+    created_at: float | None = None
+
+
+class PortGrantInfo(Wire):
+    """An open port as listed: no token (it was shown once, when opened)."""
+
+    id: str
+    sandbox_id: str
+    port: int
+    created_at: float
+    path: str  # /v1/ports/{id}/{port}/{token}/ with the literal placeholder {token}
 
 
 class FileWritten(Wire):

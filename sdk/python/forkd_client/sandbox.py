@@ -78,6 +78,7 @@ class _Sandbox:
     def __init__(self, info: wire.SandboxInfo, controller: Any, owned: bool = True,
                  envs: dict[str, str] | None = None):
         self.info, self.controller, self.owned, self.envs = info, controller, owned, dict(envs or {})
+        self._urls: dict[int, str] = {}  # port -> the URL this object opened (the daemon shows a token once)
         commands, files = self._parts
         self.commands, self.files = commands(self), files(self)
 
@@ -165,16 +166,21 @@ class Sandbox(_Sandbox):
 
     def get_url(self, port: int) -> str:
         """A URL through the daemon to TCP `port` in this sandbox (its server's root), carrying a token for that
-        port of this sandbox only; it stops working at close_port(port) or when the sandbox dies. Over the unix
+        port of this sandbox only; it stops working at close_port(port) or when the sandbox dies. The first call
+        for a port opens it, later ones give the same URL (the daemon shows a token only once). Over the unix
         socket the host is a placeholder: send with this client's transport."""
-        grant = self.controller.open_port(self.id, port)
-        return self.controller.base_url.rstrip("/") + grant.path
+        if port not in self._urls:
+            grant = self.controller.open_port(self.id, port)
+            self._urls[port] = self.controller.base_url.rstrip("/") + grant.path
+        return self._urls[port]
 
     def get_host(self, port: int) -> str:
         """E2B's get_host: get_url without its scheme (host[:port]/v1/ports/...); prefix the daemon's scheme."""
         return self.get_url(port).split("://", 1)[1]
 
     def close_port(self, port: int) -> None:
+        """Revoke every grant of `port` of this sandbox (whoever opened it): their URLs stop working."""
+        self._urls.pop(port, None)
         self.controller.close_port(self.id, port)
 
     def kill(self) -> None:
@@ -251,13 +257,16 @@ class AsyncSandbox(_Sandbox):
         return [type(self)(info, self.controller, envs=self.envs) for info in infos]
 
     async def get_url(self, port: int) -> str:
-        grant = await self.controller.open_port(self.id, port)
-        return self.controller.base_url.rstrip("/") + grant.path
+        if port not in self._urls:
+            grant = await self.controller.open_port(self.id, port)
+            self._urls[port] = self.controller.base_url.rstrip("/") + grant.path
+        return self._urls[port]
 
     async def get_host(self, port: int) -> str:
         return (await self.get_url(port)).split("://", 1)[1]
 
     async def close_port(self, port: int) -> None:
+        self._urls.pop(port, None)
         await self.controller.close_port(self.id, port)
 
     async def kill(self) -> None:

@@ -2,7 +2,7 @@
 // (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
 import type { Readable } from "node:stream";
 import type { EgressAllow, EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult,
-  PortGrant, SandboxInfo,
+  PortGrant, PortGrantInfo, SandboxInfo,
   SnapshotDetail, SnapshotInfo, Written } from "./wire.js";
 export type * from "./wire.js";
 
@@ -57,6 +57,8 @@ export interface ControllerOptions {
   /** The daemon's unix socket (default $FORKD_DAEMON_SOCKET or $FORKD_HOME/forkd.sock when it exists). */
   socketPath?: string;
   token?: string;
+  /** A PEM file an https daemon's certificate is checked against (default $FORKD_CA; unset: Node's CAs). */
+  ca?: string;
   timeoutMs?: number;
   /** Extra attempts after a connect error (any method) or a 503 (GET, HEAD, PUT, DELETE only). Default 3. */
   retries?: number;
@@ -108,10 +110,12 @@ export class Controller {
   forkSandbox(id: string, n?: number, opts?: { tag?: string; keep?: boolean; lifetimeSecs?: number;
     labels?: Record<string, string>; egress?: Egress }): Promise<SandboxInfo[]>;
   listSandboxes(): Promise<SandboxInfo[]>;
-  /** An authenticated path through the daemon to TCP `port` in the sandbox. */
+  /** A new authenticated path through the daemon to TCP `port` in the sandbox (its token: in this answer only). */
   openPort(id: string, port: number): Promise<PortGrant>;
-  listPorts(id: string): Promise<PortGrant[]>;
-  closePort(id: string, port: number): Promise<void>;
+  /** The sandbox's port grants, without tokens. */
+  listPorts(id: string): Promise<PortGrantInfo[]>;
+  /** Revoke every grant of `port` (a number), or the one grant with that id (a string). */
+  closePort(id: string, port: number | string): Promise<void>;
   getSandbox(id: string): Promise<SandboxInfo>;
   killSandbox(id: string): Promise<void>;
   branchSandbox(id: string, opts?: { tag?: string; mode?: "full" | "diff" | "live"; wait?: boolean }):

@@ -8,7 +8,7 @@ import https from "node:https";
 import path from "node:path";
 import { createInterface } from "node:readline";
 
-import { ForkdError, NotFound, Timeout, Unavailable, apiError, checked } from "./errors.js";
+import { ForkdError, InvalidInput, NotFound, Timeout, Unavailable, apiError, checked } from "./errors.js";
 import { Filesystem, isChunkStream } from "./files.js";
 
 export { CommandExitError, Conflict, ControllerError, ForkdError, InvalidInput, NotFound, ProtocolViolation, Timeout,
@@ -46,10 +46,22 @@ export function findDaemon(opts = {}) {
   return { baseUrl: "http://127.0.0.1:8889", token, tried };
 }
 
+function readCa(file) {
+  try {
+    return fs.readFileSync(file);
+  } catch (e) {
+    throw new InvalidInput(`FORKD_CA=${JSON.stringify(file)} is not a readable file (${e.code ?? e.message})`,
+      { hint: "point FORKD_CA (or the ca option) at a PEM bundle: the daemon's --tls-cert or its CA; or unset it" });
+  }
+}
+
 export class Controller {
-  /** @param {{baseUrl?: string, socketPath?: string, token?: string, timeoutMs?: number, retries?: number}} [opts] */
+  /** @param {{baseUrl?: string, socketPath?: string, token?: string, ca?: string, timeoutMs?: number,
+   *   retries?: number}} [opts] */
   constructor(opts = {}) {
     Object.assign(this, findDaemon(opts));
+    const ca = opts.ca ?? env("FORKD_CA");
+    if (ca && this.baseUrl?.startsWith("https:")) this.ca = readCa(ca); // checked against it (else Node's CAs)
     this.timeoutMs = opts.timeoutMs ?? 600_000;
     this.retries = opts.retries ?? 3; // extra attempts after a connect error (any method) or a 503 (idempotent)
   }
@@ -88,10 +100,16 @@ export class Controller {
     return this.request("POST", `/v1/sandboxes/${seg(id)}/fork`, { n, tag, keep, lifetimeSecs, labels, egress });
   }
   listSandboxes() { return this.request("GET", "/v1/sandboxes"); }
-  /** An authenticated path through the daemon to TCP `port` in the sandbox: { sandboxId, port, token, path }. */
+  /** A new authenticated path through the daemon to TCP `port` in the sandbox: { id, sandboxId, port, token, path };
+   * the token is in this answer only (the daemon keeps its hash). */
   openPort(id, port) { return this.request("POST", `/v1/sandboxes/${seg(id)}/ports`, { port }); }
+  /** The sandbox's port grants: { id, sandboxId, port, createdAt, path } (no tokens). */
   listPorts(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}/ports`); }
-  async closePort(id, port) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}/ports/${Number(port)}`); }
+  /** Revoke every grant of `port` (a number), or the one grant with that id (a string "g..."). */
+  async closePort(id, port) {
+    const which = typeof port === "number" ? String(Math.trunc(port)) : seg(port);
+    await this.request("DELETE", `/v1/sandboxes/${seg(id)}/ports/${which}`);
+  }
   getSandbox(id) { return this.request("GET", `/v1/sandboxes/${seg(id)}`); }
   async killSandbox(id) { await this.request("DELETE", `/v1/sandboxes/${seg(id)}`); }
   branchSandbox(id, { tag, mode = "live", wait = true } = {}) {
@@ -258,7 +276,8 @@ export class Controller {
     })();
     const lib = target.protocol === "https:" ? https : http;
     return new Promise((resolve, reject) => {
-      const req = lib.request({ ...target, method, headers }, resolve);
+      const tls = lib === https && this.ca ? { ca: this.ca } : {};
+      const req = lib.request({ ...target, ...tls, method, headers }, resolve);
       req.on("error", reject);
       req.setTimeout(streaming && !chunks ? 0 : this.timeoutMs, () =>
         req.destroy(new Timeout(`${method} ${this.where}${p}: the daemon did not answer in ${this.timeoutMs} ms`)));
@@ -353,6 +372,7 @@ function result(out, ev) {
 export class Sandbox {
   constructor(info, controller, { owned = true, envs = {} } = {}) {
     Object.assign(this, { info, controller, owned, envs });
+    this.urls = new Map(); // port -> the URL this object opened (the daemon shows a token once)
     this.commands = {
       run: (cmd, opts = {}) => this.#run(cmd, opts),
       list: () => controller.listProcesses(this.id),
@@ -437,14 +457,18 @@ export class Sandbox {
   ping() { return this.controller.pingSandbox(this.id); }
   branch(opts) { return this.controller.branchSandbox(this.id, opts); }
   kill() { return this.controller.killSandbox(this.id); }
-  /** A URL through the daemon to TCP `port` in this sandbox (a token for that port only; closePort revokes it). */
+  /** A URL through the daemon to TCP `port` in this sandbox (a token for that port only; closePort revokes it).
+   * The first call for a port opens it; later ones give the same URL. */
   async getUrl(port) {
-    const grant = await this.controller.openPort(this.id, port);
-    return `${this.controller.baseUrl ?? "http://forkd"}${grant.path}`;
+    if (!this.urls.has(port)) {
+      const grant = await this.controller.openPort(this.id, port);
+      this.urls.set(port, `${this.controller.baseUrl ?? "http://forkd"}${grant.path}`);
+    }
+    return this.urls.get(port);
   }
   /** E2B's getHost: getUrl without its scheme. */
   async getHost(port) { return (await this.getUrl(port)).split("://")[1]; }
-  closePort(port) { return this.controller.closePort(this.id, port); }
+  closePort(port) { this.urls.delete(port); return this.controller.closePort(this.id, port); }
   async [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")]() {
     if (!this.owned) return;
     try { await this.kill(); } catch (e) { if (!(e instanceof NotFound)) throw e; }

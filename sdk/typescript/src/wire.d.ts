@@ -305,6 +305,16 @@ export interface PortGrant {
   port: number;
   token: string;
   path: string;
+  id?: string | null;
+  createdAt?: number | null;
+}
+
+export interface PortGrantInfo {
+  id: string;
+  sandboxId: string;
+  port: number;
+  createdAt: number;
+  path: string;
 }
 
 export interface PortRequest {
