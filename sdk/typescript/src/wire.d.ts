@@ -469,7 +469,7 @@ export interface Spawn {
   memoryLimitMib?: number | null;
   allowUnconstrained?: boolean;
   cpuWeight?: number;
-  /** shell commands each new child runs once, right after it is forked and before it answers as ready (before a pool counts or hands it out); a command that exits non-zero (or outlasts the spawn's timeout) fails the spawn, like any child that fails to start. Under TCG a child's first exec translates the guest's fork/exec code (~250 ms): `true` here moves that to fork time, so its first exec answers in ~40 ms, for ~14 MiB more host memory per child (README, Benchmarks). At most 8, each 1-4096 characters */
+  /** shell commands each new child runs once, right after it is forked and before it answers as ready (before a pool counts or hands it out); a command that exits non-zero (or outlasts the spawn's timeout) fails the spawn, like any child that fails to start. Under TCG a child's first exec translates the guest's fork/exec code: priming moves that to fork time, so its first exec answers sooner, for more host memory per child while it is awake (docs/benchmarks.md). None given: `true` (FORKD_PRIME=0 turns that default off). At most 8, each 1-4096 characters */
   prime?: string[];
 }
 
