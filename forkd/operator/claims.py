@@ -25,6 +25,8 @@ from forkd.operator.combine import LOST
 from forkd.operator.crdgen import GROUP, VERSION
 
 LABEL = "forkd.dev/claim"
+CLIENT_POD_LABEL = "forkd.dev/sandbox-client"  # on a pod that uses a claim's Secret
+CLIENT_NAMESPACE_LABEL = "forkd.dev/sandbox-clients"  # on that pod's namespace
 
 
 def secret_name(claim: str) -> str:
