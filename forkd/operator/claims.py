@@ -67,7 +67,8 @@ def publish_token(body: Mapping[str, Any], status: dict[str, Any]) -> None:
     name = secret_name(str(meta.get("name")))
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ForkClaim", "name": meta.get("name"),
              "uid": meta.get("uid"), "controller": True, "blockOwnerDeletion": False}
-    kube().put_secret(str(meta.get("namespace")), name, data, owner, {LABEL: str(meta.get("name"))})
+    fresh = not (body.get("status") or {}).get("tokenSecret")  # never written for this claim: create, no look
+    kube().put_secret(str(meta.get("namespace")), name, data, owner, {LABEL: str(meta.get("name"))}, fresh)
     status["tokenSecret"] = name
 
 

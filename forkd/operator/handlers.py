@@ -44,7 +44,7 @@ import pydantic
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.settings import read_one
 from forkd.client.remote import RemoteBackend
-from forkd.operator import claims, distribute, placement  # noqa: F401 (placement: tests reach it here)
+from forkd.operator import claims, distribute, placement, serial  # noqa: F401 (placement: tests reach it here)
 from forkd.operator.combine import claim_status, cond, pool_status, shown
 from forkd.operator.crdgen import GROUP, VERSION, plural
 from forkd.operator.placement import (  # noqa: F401 (re-exported: the tests and callers name them here)
@@ -78,6 +78,7 @@ INTERVAL: float = read_one("operator_interval")
 RETRY: float = read_one("operator_retry")
 DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the delete handler
 CANCELLATION_POLL = 1.0  # seconds between kopf's checks that a deleted resource's timer has exited
+SETTLE_POLL = 0.1  # seconds between looks at the daemon's status after an apply
 
 _STARTED = time.time()
 _posted: dict[str, float] = {}  # "uid@node" -> time of the newest daemon event published as a Kubernetes Event
@@ -273,11 +274,20 @@ def _apply_on(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], meta: 
                  meta.get("generation"))
     cur = b.get(obj.kind, daemon_key(obj))[0]
     deadline = time.monotonic() + settle
-    while (cur.status is None or cur.status.observedGeneration != cur.metadata.generation) \
-            and time.monotonic() < deadline:  # the daemon's loop was woken by the apply: one pass
-        time.sleep(0.2)
+    while not settled(cur) and time.monotonic() < deadline:  # the daemon's loop was woken by the apply
+        time.sleep(SETTLE_POLL)
         cur = b.get(obj.kind, daemon_key(obj))[0]
     return k8s_status(cur, status)
+
+
+def settled(cur: ForkObject) -> bool:
+    """Whether the daemon's status of `cur` is worth copying now: computed from its generation and, for a claim,
+    no longer in progress (a claim's first pass says WaitingForPool or Claiming and the next, a moment later, has
+    its children: copying the first would leave the claim pending until the timer's next tick)."""
+    st = cur.status
+    if st is None or st.observedGeneration != cur.metadata.generation:
+        return False
+    return cur.kind != "ForkClaim" or not any(c.type == "Reconciling" and c.status == "True" for c in st.conditions)
 
 
 def publish_events(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], node: str, log) -> int:
@@ -351,6 +361,26 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
         _raise(exc)
 
 
+def on_change(body: Mapping[str, Any], **kw: Any) -> None:
+    """Create / update / resume: reconcile, once the resource's reconcile in flight (a timer tick) is done."""
+    with serial.held(body):
+        reconcile(body=body, **kw)
+
+
+def on_tick(body: Mapping[str, Any], **kw: Any) -> None:
+    """The timer: reconcile, unless a reconcile of the resource is in flight (forkd.operator.serial)."""
+    with serial.held(body, wait=False) as got:
+        if got:
+            reconcile(body=body, **kw)
+
+
+def on_delete(body: Mapping[str, Any], **kw: Any) -> None:
+    """The finalizer: release, once the resource's reconcile in flight is done."""
+    with serial.held(body):
+        release(body=body, **kw)
+    serial.forget(body)
+
+
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """Keep kopf's bookkeeping in annotations (the status schema is structural: it has no room for it); release
     a deleted resource as soon as its timer has exited."""
@@ -370,9 +400,9 @@ def register(registry: kopf.OperatorRegistry | None = None) -> kopf.OperatorRegi
     kopf.on.startup(registry=reg)(configure)
     for kind in KINDS:
         res = {"group": GROUP, "version": VERSION, "plural": plural(kind), "registry": reg}
-        kopf.on.create(**res, id="reconcile-create")(reconcile)
-        kopf.on.update(**res, id="reconcile-update")(reconcile)
-        kopf.on.resume(**res, id="reconcile-resume")(reconcile)
-        kopf.timer(**res, id="reconcile-timer", interval=INTERVAL, initial_delay=INTERVAL)(reconcile)
-        kopf.on.delete(**res, id="release")(release)
+        kopf.on.create(**res, id="reconcile-create")(on_change)
+        kopf.on.update(**res, id="reconcile-update")(on_change)
+        kopf.on.resume(**res, id="reconcile-resume")(on_change)
+        kopf.timer(**res, id="reconcile-timer", interval=INTERVAL, initial_delay=INTERVAL)(on_tick)
+        kopf.on.delete(**res, id="release")(on_delete)
     return reg

@@ -117,8 +117,8 @@ class Operator:
     def __init__(self, api: ApiServer, nodes: list[Node] | None, workdir: Path, **env: str) -> None:
         """`nodes`: listed in FORKD_NODES; None: found from their pods (give FORKD_NODE_PODS in `env`)."""
         self.env = dict(os.environ, KUBECONFIG=str(api.kubeconfig(workdir / "kubeconfig")),
-                        FORKD_OPERATOR_INTERVAL="1", FORKD_OPERATOR_RETRY="1", FORKD_OPERATOR_DELETE_WAIT="30",
-                        **env)
+                        FORKD_OPERATOR_INTERVAL="1", FORKD_OPERATOR_RETRY="1", FORKD_OPERATOR_DELETE_WAIT="30")
+        self.env.update(env)
         for var in ("FORKD_DAEMON_SOCKET", "FORKD_NODES", "FORKD_NODE_PODS", "FORKD_URL"):
             if var not in env:
                 self.env.pop(var, None)
