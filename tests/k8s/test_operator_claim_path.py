@@ -16,13 +16,13 @@ import threading
 import kopf
 import pytest
 
-from forkd.base.errors import NotFound
+from forkd.base.errors import NotFound, Unavailable
 from forkd.client.backends import RemoteBackend
-from forkd.client.remote import RemoteBackend as Remote
 from forkd.operator import handlers, serial
+from forkd.spec.models import MODELS
 from forkd.spec.namespaces import qname
 from tests.k8s.apiserver import GROUP, VERSION
-from tests.k8s.conftest import Node, Operator, free_port, wait_for
+from tests.k8s.conftest import Node, Operator, wait_for
 
 NS = "team-c"
 TOKEN = secrets.token_urlsafe(32)
@@ -80,24 +80,54 @@ def test_a_claim_is_ready_from_its_create_handler_alone(api, fake_node, workdir)
         op.stop()
 
 
+def _daemon_obj(kind: str, generation: int, observed: int | None, reconciling: str | None) -> object:
+    spec = {"ForkClaim": {"pool": "p", "count": 1}, "ForkPool": {"from": "b", "warm": 1}}[kind]
+    doc = {"apiVersion": "forkd.dev/v1alpha1", "kind": kind, "metadata": {"name": "x", "generation": generation},
+           "spec": spec}
+    if observed is not None:
+        doc["status"] = {"observedGeneration": observed, "conditions": [] if reconciling is None else [
+            {"type": "Reconciling", "status": reconciling, "reason": "WaitingForPool"}]}
+    return MODELS[kind].model_validate(doc)
+
+
+@pytest.mark.parametrize("kind,generation,observed,reconciling,expect", [
+    ("ForkClaim", 1, None, None, False),  # not reconciled yet
+    ("ForkClaim", 2, 1, "False", False),  # an older generation's status
+    ("ForkClaim", 1, 1, "True", False),  # WaitingForPool / Claiming: its children are a moment away
+    ("ForkClaim", 1, 1, "False", True),  # claimed (or failed for good)
+    ("ForkPool", 1, 1, "True", True),  # a pool warming takes minutes: its status is copied as it goes
+], ids=["unreconciled", "old-generation", "claim-in-progress", "claim-done", "pool-warming"])
+def test_which_daemon_status_the_handler_copies(kind, generation, observed, reconciling, expect):
+    assert handlers.settled(_daemon_obj(kind, generation, observed, reconciling)) is expect
+
+
+class Recorder:
+    """A node daemon that records that it was asked and does not answer (the reconcile then fails)."""
+
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    def get(self, *_: object) -> None:
+        self.order.append("ran")
+        raise Unavailable("this stand-in daemon never answers")
+
+
 def _claim_body(uid: str) -> dict:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ForkClaim",
             "metadata": {"name": "one", "namespace": NS, "uid": uid, "generation": 1},
             "spec": {"pool": "p", "count": 1}, "status": {}}
 
 
-def _nowhere() -> Remote:
-    return Remote(url=f"http://127.0.0.1:{free_port()}", token=TOKEN, timeout=5.0)  # nothing listens there
-
-
 def test_a_timer_tick_is_skipped_while_the_resource_is_reconciled():
-    """With the resource's reconcile in flight, its timer tick returns at once, touching no daemon; without, the
-    tick reconciles (and here fails: the daemon it is given does not answer)."""
-    body = _claim_body("uid-tick")
+    """With the resource's reconcile in flight, its timer tick returns at once, asking no daemon; without, the
+    tick reconciles."""
+    body, order = _claim_body("uid-tick"), []
     with serial.held(body):
-        handlers.on_tick(body=body, patch=kopf.Patch(), backend=_nowhere())  # skipped: no error
+        handlers.on_tick(body=body, patch=kopf.Patch(), backend=Recorder(order))  # skipped: no error
+    assert order == []
     with pytest.raises(kopf.TemporaryError):
-        handlers.on_tick(body=body, patch=kopf.Patch(), backend=_nowhere())
+        handlers.on_tick(body=body, patch=kopf.Patch(), backend=Recorder(order))
+    assert order == ["ran"]
     serial.forget(body)
 
 
@@ -105,10 +135,8 @@ def test_a_change_handler_waits_for_the_reconcile_in_flight():
     body, order = _claim_body("uid-change"), []
 
     def change() -> None:
-        try:
-            handlers.on_change(body=body, patch=kopf.Patch(), backend=_nowhere())
-        except kopf.TemporaryError:
-            order.append("ran")
+        with pytest.raises(kopf.TemporaryError):
+            handlers.on_change(body=body, patch=kopf.Patch(), backend=Recorder(order))
 
     with serial.held(body):
         worker = threading.Thread(target=change)
