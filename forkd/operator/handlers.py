@@ -7,7 +7,10 @@ snapshots and keeps pools warm, and the status it computes is copied back into t
 
 - Level-triggered: create / update / resume handlers, plus a timer per object (every FORKD_OPERATOR_INTERVAL
   seconds, default 10) that re-applies (a no-op when nothing changed: the daemon says "unchanged") and copies the
-  status again. A daemon restart or lost object is healed by the next tick.
+  status again. A daemon restart or lost object is healed by the next tick. One reconcile of a resource at a time
+  (forkd.operator.serial): a tick that meets a change handler's reconcile is skipped. After an apply the handler
+  copies the daemon's status once it is computed for this generation and, for a claim, no longer in progress
+  (settled), waiting for that a few seconds at most: a claim is Ready from its create handler, not a tick later.
 - Ownership: the daemon records `forkd.dev/managed-by: operator` on what the operator applies and refuses (409)
   a CLI apply over it, and vice versa; the operator reports such a conflict in the resource's conditions and
   retries. The daemon keys objects by namespace/name as Kubernetes does, so two namespaces may use the same name on
@@ -316,11 +319,19 @@ def _idle_children(backend: RemoteBackend, pool: str) -> list[dict[str, Any]]:
     return [c for c in info.get("children") or [] if not c.get("claimed")]
 
 
+def _users(backend: RemoteBackend, source: str) -> list[str]:
+    """The pools and layers on the daemon that fork from `source` (its key): deleting it first would strand them
+    (a pool whose source is gone is Stalled, and its idle children are never retired)."""
+    return [f"{o.kind}/{o.metadata.name}" for kind in ("ForkPool", "ForkLayer") for o in backend.get(kind)
+            if daemon_key(o) != source and qname(o.metadata.namespace, o.spec.from_) == source]
+
+
 def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter | None = None,
             backend: RemoteBackend | None = None, wait: float | None = None, **_: Any) -> None:
     """Delete (the finalizer): release what the daemon holds for this resource, then let Kubernetes delete it.
 
-    Objects the operator does not manage (the CLI's, another namespace's) are left alone."""
+    Objects the operator does not manage (the CLI's, another namespace's) are left alone. A parent or layer waits
+    for the pools and layers on the node that fork from it (a `kubectl delete -f` of both deletes them at once)."""
     if backend is None:  # every node: placement may have changed since the object was applied
         for sock in nodes().values():
             release(body, logger=logger, backend=daemon(sock), wait=wait)
@@ -353,6 +364,9 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
                     raise kopf.TemporaryError(f"waiting for {len(idle)} children of pool {name} to be retired",
                                               delay=5)
                 time.sleep(0.3)
+        if kind in ("ForkParent", "ForkLayer") and (users := _users(b, name)):
+            raise kopf.TemporaryError(f"{kind}/{name} is still the source of {', '.join(users)} on this node: "
+                                      "deleted after them", delay=2)
         b.delete(kind, name)
         log.info("%s/%s deleted from the node daemon", kind, name)
     except NotFound:
