@@ -2,18 +2,24 @@
 """Kubernetes path: claim latency through the operator vs the node daemon, convergence after a node is lost, and
 exec from a pod through a claim's endpoint with its scoped token vs the node's full token.
 
-    python3 bench/k8s.py [--image-from HOME] [--claims 5] [--execs 20] [-o json] [--out bench/reports]
+    python3 bench/k8s.py [--image-from HOME] [--driver qemu|fake] [--claims 5] [--execs 20] [-o json]
+                         [--out bench/reports]
 
 The rig: the Kubernetes API server stand-in of the tests (kmock's KubernetesEmulator, tests/k8s/apiserver.py: not
 a real API server), three real node daemons s1-s3 (`forkd serve` over TCP on loopback with one bearer token, found
 from their pods as the DaemonSet's), the real operator process (`python -m forkd.operator run`), real VMs. Each
 node offers room for two children of 128 MiB (FORKD_NODE_MEMORY_MIB=300), so a pool of 3 warm children of a 256 MiB
-parent does not fit one node and is split 1+1+1 (a pool that fits one node goes to one node).
+parent does not fit one node and is split 1+1+1 (a pool that fits one node goes to one node). `--driver fake` runs
+the nodes' VMs as the fake driver's host processes (forkd/vmm/fake.py): the claim and node-loss figures are then
+the operator's and daemons' own cost without QEMU's; the exec figures are not a VM's.
 
 (a) Claim latency, side by side (operator, daemon, operator, daemon, ...): through the operator, from the
     ForkClaim's create to its status Ready with its children and Secret (polled every 20 ms: that is the
     resolution); through the daemon, one POST /v1/pools/NAME/claim. Both claim one warm child: before each sample
-    the pool is back at its target (the claim deleted or the child killed, the pool refilled), not timed.
+    the pool is back at its target (the claim deleted or the child killed, the pool refilled), not timed. With
+    `--baseline TREE`, the same is then done through the operator of that checkout (run from it: `python -m`
+    imports its forkd) in place of this one, against the same daemons; after each operator starts, one claim is
+    made untimed (its resume of every resource is not a claim's cost).
 (b) Node loss, once: with a claim holding a child on one node, that node's daemon is SIGKILLed and its pod marked
     not Ready (what the kubelet reports once the readiness probe fails; the probe's own delay is not in the
     figure). Timed from the kill: the claim's status Degraded with reason NodeLost, and the pool's status back at
@@ -98,14 +104,26 @@ def reason(obj: dict | None, type_: str) -> str | None:
 class Rig:
     """API server stand-in, three node daemons found from their pods, the operator, a parent and a pool."""
 
-    def __init__(self, image_home: Path, workdir: Path, warm: int = 3) -> None:
+    def __init__(self, image_home: Path, workdir: Path, warm: int = 3, baseline: Path | None = None) -> None:
         from tests.k8s.apiserver import ApiServer
         from tests.k8s.conftest import Operator
 
         self.image_home, self.warm, self.workdir, self.token = image_home, warm, workdir, secrets.token_urlsafe(32)
         self.api = ApiServer().start()
         self.nodes = {name: self.node(name) for name in ("s1", "s2", "s3")}
-        self.op = Operator(self.api, None, workdir, FORKD_NODE_PODS=SELECTOR, FORKD_TOKEN=self.token).start()
+        env = {"FORKD_NODE_PODS": SELECTOR, "FORKD_TOKEN": self.token}
+        self.ops = {"this": Operator(self.api, None, workdir, cwd=Path(__file__).resolve().parent.parent, **env)}
+        if baseline is not None:  # another checkout's operator, run in turns with this one (one at a time)
+            (workdir / "baseline").mkdir()
+            self.ops["baseline"] = Operator(self.api, None, workdir / "baseline", cwd=baseline, **env)
+        self.side = "this"
+        self.op = self.ops["this"].start()
+
+    def use(self, side: str) -> None:
+        """Run `side`'s operator (stopping the other): it resumes every resource, as after a restart."""
+        if side != self.side:
+            self.op.stop()
+            self.side, self.op = side, self.ops[side].start()
 
     def node(self, name: str):
         from forkd.base.paths import Layout
@@ -143,7 +161,8 @@ class Rig:
         until("the pool Ready at its target", self.pool_full, 3600)
 
     def stop(self) -> None:
-        self.op.stop()
+        for op in self.ops.values():
+            op.stop()
         for n in self.nodes.values():
             n.stop()
         self.api.stop()
@@ -172,14 +191,22 @@ def claim_via_daemon(rig: Rig) -> float:
 
 
 def bench_claims(rig: Rig, n: int) -> dict:
-    op, direct = [], []
-    for i in range(n):
+    """Per operator (this tree's, then the baseline's), one untimed claim after it starts (its resume of every
+    resource is not a claim's cost), then `n` claims through it alternating with `n` through the daemon."""
+    out: dict[str, list[float]] = {"operator_ms": [], "daemon_ms": [], "baseline_ms": []}
+    for side in rig.ops:
+        rig.use(side)
         until("the pool refilled", rig.pool_full, 900)
-        op.append(claim_via_operator(rig, i))
-        until("the pool refilled", rig.pool_full, 900)
-        direct.append(claim_via_daemon(rig))
-        log(f"claim {i}: operator {op[-1]:.0f} ms, daemon {direct[-1]:.0f} ms")
-    return {"operator_ms": op, "daemon_ms": direct}
+        claim_via_operator(rig, len(out["operator_ms"]) + len(out["baseline_ms"]) + 100)  # warm-up, not counted
+        for i in range(n):
+            until("the pool refilled", rig.pool_full, 900)
+            took = claim_via_operator(rig, len(out["operator_ms"]) + len(out["baseline_ms"]))
+            out["operator_ms" if side == "this" else "baseline_ms"].append(took)
+            until("the pool refilled", rig.pool_full, 900)
+            out["daemon_ms"].append(claim_via_daemon(rig))
+            log(f"claim {i}: {side} operator {took:.0f} ms, daemon {out['daemon_ms'][-1]:.0f} ms")
+    rig.use("this")
+    return out
 
 
 def pod_execs(children: list[dict], token: str, n: int) -> list[float]:
@@ -238,18 +265,24 @@ def summary(xs: list[float]) -> dict:
 
 def markdown(result: dict, argv: str) -> str:
     c, x, lost = result["claims"], result["exec"], result["node_loss"]
-    rows = [("claim via operator (ForkClaim -> Ready)", c["operator"]), ("claim via daemon (POST claim)", c["daemon"]),
+    rows = [("claim via operator (ForkClaim -> Ready)", c["operator"]),
+            *([(f"claim via the baseline's operator ({c['baseline_rev']})", c["baseline"])] if c.get("baseline")
+              else []),
+            ("claim via daemon (POST claim)", c["daemon"]),
             ("exec from the pod, scoped token", x["scoped"]), ("exec from the pod, full token", x["full"])]
     lines = [f"# Kubernetes path: claims, node loss, exec from a pod, {result['host']['at'][:10]}", "",
              f"`{argv}` (see bench/k8s.py for the rig: kmock's API server emulator, three real node daemons, "
-             "the real operator process, real VMs under TCG).", "",
+             + ("the real operator process, real VMs under TCG)." if result["driver"] == "qemu" else
+                "the real operator process; VMs of the fake driver: host processes, no QEMU)."), "",
              f"**Host.** {result['host']['cpus']} CPUs shared with other sessions; 1-minute load "
              f"{result['host']['load_1m']} before, {result['host_after']['load_1m']} after; "
              f"{result['host']['qemu_processes']} QEMU processes running at the start.", "",
              "| what | n | p50 ms | p90 ms |", "|---|---|---|---|"]
     lines += [f"| {name} | {s['n']} | {fmt(s['p50_ms'], '.0f')} | {fmt(s['p90_ms'], '.0f')} |" for name, s in rows]
     lines += ["", f"Ratio operator / daemon (p50): **{fmt(c['ratio_p50'], '.1f')}x**. "
-              f"Ratio scoped / full token exec (p50): **{fmt(x['ratio_p50'], '.2f')}x**.", "",
+              f"Ratio scoped / full token exec (p50): **{fmt(x['ratio_p50'], '.2f')}x**."
+              + (f" Ratio baseline operator / this operator (p50): **{fmt(c['baseline_ratio_p50'], '.1f')}x**."
+                 if c.get("baseline") else ""), "",
               "| node lost | claim NodeLost after (ms) | pool back at target on the other nodes after (ms) |",
               "|---|---|---|"]
     lines += [f"| {r['node']} | {fmt(r.get('node_lost_ms'), '.0f')} | {fmt(r.get('refilled_ms'), '.0f')} |"
@@ -262,18 +295,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--image-from", type=Path, default=Path(os.environ.get("FORKD_HOME", "~/.forkd")).expanduser(),
                     help="a forkd home whose guest image the nodes copy (default: $FORKD_HOME)")
+    ap.add_argument("--driver", choices=("qemu", "fake"), default="qemu",
+                    help="the nodes' VMM driver (default qemu; fake: host processes, see above)")
+    ap.add_argument("--baseline", type=Path, default=None, metavar="TREE",
+                    help="also claim through the operator of this checkout (e.g. a worktree of main), in turns "
+                         "with this tree's, one operator running at a time")
     ap.add_argument("--claims", type=int, default=5, help="claims through each path (default 5)")
     ap.add_argument("--execs", type=int, default=20, help="execs with each token (default 20)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "reports")
     ap.add_argument("--no-report", action="store_true", help="print only")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
-    if not (args.image_from / "images" / "default").exists():
+    if args.driver == "qemu" and not (args.image_from / "images" / "default").exists():
         raise SystemExit(f"bench/k8s.py: no guest image in {args.image_from}/images (build one: FORKD_HOME="
                          f"{args.image_from} forkd build image, or pass --image-from HOME)")
+    os.environ["FORKD_VMM_DRIVER"] = args.driver  # the node daemons inherit it
     host = host_facts()
     workdir = Path(tempfile.mkdtemp(prefix="bench-k8s-"))
-    rig = Rig(args.image_from, workdir)
+    rig = Rig(args.image_from, workdir, baseline=args.baseline)
     try:
         log("building the parent on each node, filling the pool")
         rig.up()
@@ -291,11 +330,17 @@ def main() -> None:
         raise
     finally:
         rig.stop()
-    result = {"host": host, "host_after": host_facts(), "warm": rig.warm,
+    result = {"host": host, "host_after": host_facts(), "warm": rig.warm, "driver": args.driver,
               "claims": {"operator": summary(claims["operator_ms"]), "daemon": summary(claims["daemon_ms"]),
                          "raw": claims},
               "exec": {"scoped": summary(execs["scoped_ms"]), "full": summary(execs["full_ms"]), "raw": execs},
               "node_loss": losses}
+    if claims["baseline_ms"]:
+        rev = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip() or str(args.baseline)
+        result["claims"].update(baseline=summary(claims["baseline_ms"]), baseline_rev=rev,
+                                baseline_ratio_p50=ratio(percentile(claims["baseline_ms"], 50),
+                                                         percentile(claims["operator_ms"], 50)))
     result["claims"]["ratio_p50"] = ratio(result["claims"]["operator"]["p50_ms"], result["claims"]["daemon"]["p50_ms"])
     result["exec"]["ratio_p50"] = ratio(result["exec"]["scoped"]["p50_ms"], result["exec"]["full"]["p50_ms"])
     text = markdown(result, "python3 bench/k8s.py " + " ".join(sys.argv[1:]))
@@ -304,7 +349,7 @@ def main() -> None:
     else:
         print(text)
     if not args.no_report:
-        for p in write_report(args.out, "k8s", result, text):
+        for p in write_report(args.out, "k8s" if args.driver == "qemu" else f"k8s-{args.driver}", result, text):
             log(f"wrote {p}")
     shutil.rmtree(workdir, ignore_errors=True)
 

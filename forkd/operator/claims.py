@@ -25,6 +25,8 @@ from forkd.operator.combine import LOST
 from forkd.operator.crdgen import GROUP, VERSION
 
 LABEL = "forkd.dev/claim"
+CLIENT_POD_LABEL = "forkd.dev/sandbox-client"  # on a pod that uses a claim's Secret
+CLIENT_NAMESPACE_LABEL = "forkd.dev/sandbox-clients"  # on that pod's namespace
 
 
 def secret_name(claim: str) -> str:
@@ -65,7 +67,8 @@ def publish_token(body: Mapping[str, Any], status: dict[str, Any]) -> None:
     name = secret_name(str(meta.get("name")))
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ForkClaim", "name": meta.get("name"),
              "uid": meta.get("uid"), "controller": True, "blockOwnerDeletion": False}
-    kube().put_secret(str(meta.get("namespace")), name, data, owner, {LABEL: str(meta.get("name"))})
+    fresh = not (body.get("status") or {}).get("tokenSecret")  # never written for this claim: create, no look
+    kube().put_secret(str(meta.get("namespace")), name, data, owner, {LABEL: str(meta.get("name"))}, fresh)
     status["tokenSecret"] = name
 
 

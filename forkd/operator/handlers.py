@@ -7,7 +7,10 @@ snapshots and keeps pools warm, and the status it computes is copied back into t
 
 - Level-triggered: create / update / resume handlers, plus a timer per object (every FORKD_OPERATOR_INTERVAL
   seconds, default 10) that re-applies (a no-op when nothing changed: the daemon says "unchanged") and copies the
-  status again. A daemon restart or lost object is healed by the next tick.
+  status again. A daemon restart or lost object is healed by the next tick. One reconcile of a resource at a time
+  (forkd.operator.serial): a tick that meets a change handler's reconcile is skipped. After an apply the handler
+  copies the daemon's status once it is computed for this generation and, for a claim, no longer in progress
+  (settled), waiting for that a few seconds at most: a claim is Ready from its create handler, not a tick later.
 - Ownership: the daemon records `forkd.dev/managed-by: operator` on what the operator applies and refuses (409)
   a CLI apply over it, and vice versa; the operator reports such a conflict in the resource's conditions and
   retries. The daemon keys objects by namespace/name as Kubernetes does, so two namespaces may use the same name on
@@ -44,7 +47,7 @@ import pydantic
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.settings import read_one
 from forkd.client.remote import RemoteBackend
-from forkd.operator import claims, distribute, placement  # noqa: F401 (placement: tests reach it here)
+from forkd.operator import claims, distribute, placement, serial  # noqa: F401 (placement: tests reach it here)
 from forkd.operator.combine import claim_status, cond, pool_status, shown
 from forkd.operator.crdgen import GROUP, VERSION, plural
 from forkd.operator.placement import (  # noqa: F401 (re-exported: the tests and callers name them here)
@@ -78,6 +81,7 @@ INTERVAL: float = read_one("operator_interval")
 RETRY: float = read_one("operator_retry")
 DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the delete handler
 CANCELLATION_POLL = 1.0  # seconds between kopf's checks that a deleted resource's timer has exited
+SETTLE_POLL = 0.1  # seconds between looks at the daemon's status after an apply
 
 _STARTED = time.time()
 _posted: dict[str, float] = {}  # "uid@node" -> time of the newest daemon event published as a Kubernetes Event
@@ -273,11 +277,20 @@ def _apply_on(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], meta: 
                  meta.get("generation"))
     cur = b.get(obj.kind, daemon_key(obj))[0]
     deadline = time.monotonic() + settle
-    while (cur.status is None or cur.status.observedGeneration != cur.metadata.generation) \
-            and time.monotonic() < deadline:  # the daemon's loop was woken by the apply: one pass
-        time.sleep(0.2)
+    while not settled(cur) and time.monotonic() < deadline:  # the daemon's loop was woken by the apply
+        time.sleep(SETTLE_POLL)
         cur = b.get(obj.kind, daemon_key(obj))[0]
     return k8s_status(cur, status)
+
+
+def settled(cur: ForkObject) -> bool:
+    """Whether the daemon's status of `cur` is worth copying now: computed from its generation and, for a claim,
+    no longer in progress (a claim's first pass says WaitingForPool or Claiming and the next, a moment later, has
+    its children: copying the first would leave the claim pending until the timer's next tick)."""
+    st = cur.status
+    if st is None or st.observedGeneration != cur.metadata.generation:
+        return False
+    return cur.kind != "ForkClaim" or not any(c.type == "Reconciling" and c.status == "True" for c in st.conditions)
 
 
 def publish_events(b: RemoteBackend, obj: ForkObject, body: Mapping[str, Any], node: str, log) -> int:
@@ -306,11 +319,19 @@ def _idle_children(backend: RemoteBackend, pool: str) -> list[dict[str, Any]]:
     return [c for c in info.get("children") or [] if not c.get("claimed")]
 
 
+def _users(backend: RemoteBackend, source: str) -> list[str]:
+    """The pools and layers on the daemon that fork from `source` (its key): deleting it first would strand them
+    (a pool whose source is gone is Stalled, and its idle children are never retired)."""
+    return [f"{o.kind}/{o.metadata.name}" for kind in ("ForkPool", "ForkLayer") for o in backend.get(kind)
+            if daemon_key(o) != source and qname(o.metadata.namespace, o.spec.from_) == source]
+
+
 def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter | None = None,
             backend: RemoteBackend | None = None, wait: float | None = None, **_: Any) -> None:
     """Delete (the finalizer): release what the daemon holds for this resource, then let Kubernetes delete it.
 
-    Objects the operator does not manage (the CLI's, another namespace's) are left alone."""
+    Objects the operator does not manage (the CLI's, another namespace's) are left alone. A parent or layer waits
+    for the pools and layers on the node that fork from it (a `kubectl delete -f` of both deletes them at once)."""
     if backend is None:  # every node: placement may have changed since the object was applied
         for sock in nodes().values():
             release(body, logger=logger, backend=daemon(sock), wait=wait)
@@ -343,12 +364,35 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
                     raise kopf.TemporaryError(f"waiting for {len(idle)} children of pool {name} to be retired",
                                               delay=5)
                 time.sleep(0.3)
+        if kind in ("ForkParent", "ForkLayer") and (users := _users(b, name)):
+            raise kopf.TemporaryError(f"{kind}/{name} is still the source of {', '.join(users)} on this node: "
+                                      "deleted after them", delay=2)
         b.delete(kind, name)
         log.info("%s/%s deleted from the node daemon", kind, name)
     except NotFound:
         return
     except ForkdError as exc:
         _raise(exc)
+
+
+def on_change(body: Mapping[str, Any], **kw: Any) -> None:
+    """Create / update / resume: reconcile, once the resource's reconcile in flight (a timer tick) is done."""
+    with serial.held(body):
+        reconcile(body=body, **kw)
+
+
+def on_tick(body: Mapping[str, Any], **kw: Any) -> None:
+    """The timer: reconcile, unless a reconcile of the resource is in flight (forkd.operator.serial)."""
+    with serial.held(body, wait=False) as got:
+        if got:
+            reconcile(body=body, **kw)
+
+
+def on_delete(body: Mapping[str, Any], **kw: Any) -> None:
+    """The finalizer: release, once the resource's reconcile in flight is done."""
+    with serial.held(body):
+        release(body=body, **kw)
+    serial.forget(body)
 
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -370,9 +414,9 @@ def register(registry: kopf.OperatorRegistry | None = None) -> kopf.OperatorRegi
     kopf.on.startup(registry=reg)(configure)
     for kind in KINDS:
         res = {"group": GROUP, "version": VERSION, "plural": plural(kind), "registry": reg}
-        kopf.on.create(**res, id="reconcile-create")(reconcile)
-        kopf.on.update(**res, id="reconcile-update")(reconcile)
-        kopf.on.resume(**res, id="reconcile-resume")(reconcile)
-        kopf.timer(**res, id="reconcile-timer", interval=INTERVAL, initial_delay=INTERVAL)(reconcile)
-        kopf.on.delete(**res, id="release")(release)
+        kopf.on.create(**res, id="reconcile-create")(on_change)
+        kopf.on.update(**res, id="reconcile-update")(on_change)
+        kopf.on.resume(**res, id="reconcile-resume")(on_change)
+        kopf.timer(**res, id="reconcile-timer", interval=INTERVAL, initial_delay=INTERVAL)(on_tick)
+        kopf.on.delete(**res, id="release")(on_delete)
     return reg

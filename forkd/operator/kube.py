@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import kopf
 
-from forkd.base.errors import ForkdError, NotFound, Unavailable, first_line
+from forkd.base.errors import Conflict, ForkdError, NotFound, Unavailable, first_line
 
 _lock = threading.Lock()
 _client: Kube | None = None
@@ -48,6 +48,8 @@ class Kube:
             raise Unavailable(f"Kubernetes API {method} {path}: {first_line(exc)}") from exc
         if r.status_code == 404:
             raise NotFound(f"Kubernetes API {method} {path}: not found")
+        if r.status_code == 409:
+            raise Conflict(f"Kubernetes API {method} {path}: {r.status_code} {r.text[:300]}")
         if r.status_code >= 300:
             raise ForkdError(f"Kubernetes API {method} {path}: {r.status_code} {r.text[:300]}",
                              hint="check the operator's RBAC (deploy/kubernetes/rbac.yaml)")
@@ -63,14 +65,22 @@ class Kube:
             return None
 
     def put_secret(self, namespace: str, name: str, data: dict[str, str], owner: dict[str, Any],
-                   labels: dict[str, str]) -> bool:
-        """Create or replace the Secret when its data differ; True when written."""
+                   labels: dict[str, str], create_first: bool = False) -> bool:
+        """Create or replace the Secret when its data differ; True when written. `create_first`: the caller
+        believes it does not exist yet, so it is created without a look first (one round trip on a new claim's
+        path); when it does exist after all (409), it is read and replaced as usual."""
         enc = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        doc = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": enc,
+               "metadata": {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [owner]}}
+        if create_first:
+            try:
+                self.call("POST", f"/api/v1/namespaces/{namespace}/secrets", json=doc)
+                return True
+            except Conflict:
+                pass
         cur = self.secret(namespace, name)
         if cur is not None and cur.get("data") == enc:
             return False
-        doc = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": enc,
-               "metadata": {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [owner]}}
         if cur is None:
             self.call("POST", f"/api/v1/namespaces/{namespace}/secrets", json=doc)
         else:

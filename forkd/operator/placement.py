@@ -22,6 +22,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Unavailable, first_line
@@ -100,12 +101,25 @@ def holders(known: Mapping[str, str], kind: str, name: str, namespace: str) -> d
     cannot be asked might hold it: Unavailable (retried), never "no"."""
     out: dict[str, Any] = {}
     key = qname(namespace or DEFAULT_NAMESPACE, name)  # the daemon keys objects by namespace and name
-    for node in sorted(known):
+
+    def ask(node: str) -> list[Any] | ForkdError:
         try:
-            objs = daemon(known[node]).get(kind, key)
+            return daemon(known[node]).get(kind, key)
         except NotFound:
-            continue
+            return []
         except ForkdError as exc:
+            return exc
+
+    names = sorted(known)
+    if len(names) > 1:  # every node at once: a claim's placement waits for the slowest answer, not their sum
+        with ThreadPoolExecutor(max_workers=min(len(names), 8), thread_name_prefix="holders") as pool:
+            answers = dict(zip(names, pool.map(ask, names), strict=True))
+    else:
+        answers = {n: ask(n) for n in names}
+    for node in names:
+        objs = answers[node]
+        if isinstance(objs, ForkdError):
+            exc = objs
             raise Unavailable(f"node {node} did not answer whether it holds {kind}/{name} of namespace {namespace} "
                               f"({first_line(exc)}): placing it now could place it twice",
                               hint=f"retried; bring node {node} back, or remove it from FORKD_NODES") from exc

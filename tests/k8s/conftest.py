@@ -45,10 +45,11 @@ def free_port() -> int:
 class Node:
     """A real `forkd serve` daemon on a store of its own, reached over its unix socket, or (with `token`) over TCP
     on loopback with that bearer token, as the DaemonSet's daemons share one; `memory_mib` is what it offers
-    (FORKD_NODE_MEMORY_MIB); with `logdir` its log is kept there (`<name>-daemon.log`) after the node is gone."""
+    (FORKD_NODE_MEMORY_MIB); with `logdir` its log is kept there (`<name>-daemon.log`) after the node is gone;
+    `driver`: its FORKD_VMM_DRIVER (default: this process's)."""
 
     def __init__(self, name: str, images: Path | None = None, token: str | None = None,
-                 memory_mib: int | None = None, logdir: Path | None = None) -> None:
+                 memory_mib: int | None = None, logdir: Path | None = None, driver: str | None = None) -> None:
         self.name, self.token, self.port = name, token, None
         self.home = Path(tempfile.mkdtemp(prefix=f"fk8s{name}", dir="/tmp"))
         self.layout = Layout(self.home).ensure()
@@ -69,6 +70,8 @@ class Node:
         env = dict(os.environ, FORKD_HOME=str(self.home))
         if memory_mib is not None:
             env["FORKD_NODE_MEMORY_MIB"] = str(memory_mib)
+        if driver is not None:
+            env["FORKD_VMM_DRIVER"] = driver
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
         wait_for(f"node {name}'s socket", lambda: self.proc.poll() is not None or (
             self.layout.daemon_socket.exists() and (self.port is None or _listening(self.port))),
@@ -114,11 +117,14 @@ def _listening(port: int) -> bool:
 class Operator:
     """The operator as a process of its own (`python -m forkd.operator run`) against the stand-in's kubeconfig."""
 
-    def __init__(self, api: ApiServer, nodes: list[Node] | None, workdir: Path, **env: str) -> None:
-        """`nodes`: listed in FORKD_NODES; None: found from their pods (give FORKD_NODE_PODS in `env`)."""
+    def __init__(self, api: ApiServer, nodes: list[Node] | None, workdir: Path, cwd: Path | None = None,
+                 **env: str) -> None:
+        """`nodes`: listed in FORKD_NODES; None: found from their pods (give FORKD_NODE_PODS in `env`); `cwd`:
+        run from there (`python -m` imports the forkd of that checkout first: a benchmark's baseline)."""
+        self.cwd = cwd
         self.env = dict(os.environ, KUBECONFIG=str(api.kubeconfig(workdir / "kubeconfig")),
-                        FORKD_OPERATOR_INTERVAL="1", FORKD_OPERATOR_RETRY="1", FORKD_OPERATOR_DELETE_WAIT="30",
-                        **env)
+                        FORKD_OPERATOR_INTERVAL="1", FORKD_OPERATOR_RETRY="1", FORKD_OPERATOR_DELETE_WAIT="30")
+        self.env.update(env)
         for var in ("FORKD_DAEMON_SOCKET", "FORKD_NODES", "FORKD_NODE_PODS", "FORKD_URL"):
             if var not in env:
                 self.env.pop(var, None)
@@ -129,7 +135,7 @@ class Operator:
 
     def start(self) -> Operator:
         self.proc = subprocess.Popen([sys.executable, "-m", "forkd.operator", "run", "--verbose"], env=self.env,
-                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT, cwd=self.cwd)
         return self
 
     def stop(self) -> None:

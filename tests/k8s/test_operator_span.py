@@ -1,9 +1,14 @@
 """A pool across two nodes, and a claim a pod can reach: the real operator process against the API server stand-in
 (kmock's KubernetesEmulator, tests/k8s/apiserver.py: not a real API server), two real node daemons over TCP on
-loopback (one bearer token, found from their pods), real VMs. Each node offers room for one child, so `warm: 2` is
-split one per node, and a claim of two takes one warm child from each. The pod is simulated by a subprocess that
-has nothing but the claim Secret's token and endpoints (no FORKD_TOKEN, no FORKD_HOME): it execs in its children
-through the Python SDK and is refused for another child.
+loopback (one bearer token, found from their pods). Each node offers room for one child, so `warm: 2` is split one
+per node, and a claim of two takes one warm child from each. The pod is simulated by a subprocess that has nothing
+but the claim Secret's token and endpoints (no FORKD_TOKEN, no FORKD_HOME): it execs in its children through the
+Python SDK and is refused for another child.
+
+Run twice: with the fake VMM driver (forkd/vmm/fake.py: each child is the real guest agent as host processes; it
+passes tests/test_driver_contract.py), in the default tier, since what is checked (placement over two daemons, the
+claim's status and Secret, the scoped token at each daemon's API) is above the driver; and with real VMs in the VM
+tier's long run (two parents built under TCG take minutes).
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from forkd.client.backends import RemoteBackend
 from tests.k8s.apiserver import GROUP, VERSION
 from tests.k8s.conftest import Node, Operator, wait_for
 
-pytestmark = [pytest.mark.vm, pytest.mark.long]  # passes end to end; ~10 min with its own two nodes: the long tier
 NS = "agents"
 SYSTEM = "forkd-system"
 TOKEN = secrets.token_urlsafe(32)
@@ -46,15 +50,19 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def two(rt, tmp_path_factory):
-    rt.build_image()
+@pytest.fixture(scope="module", params=["fake", pytest.param("qemu", marks=[pytest.mark.vm, pytest.mark.long])])
+def two(request, tmp_path_factory):
+    rt = None
+    if request.param == "qemu":
+        rt = request.getfixturevalue("rt")
+        rt.build_image()  # the session's (cached); each node's store gets a copy
     made = []
     logs = tmp_path_factory.mktemp("span-nodes")
     for name in ("s1", "s2"):
         # room for one child of 128 MiB; the logs kept for a failure
-        node = Node(name, images=rt.layout.images, token=TOKEN, memory_mib=200, logdir=logs)
-        if rt.layout.accel_cache.exists():
+        node = Node(name, images=rt.layout.images if rt else None, token=TOKEN, memory_mib=200, logdir=logs,
+                    driver=request.param)
+        if rt is not None and rt.layout.accel_cache.exists():
             shutil.copy(rt.layout.accel_cache, node.layout.accel_cache)
         made.append(node)
     yield made
