@@ -17,7 +17,7 @@ from forkd.base.atomic import write_json
 from forkd.base.locks import Flock
 from forkd.base.paths import Layout
 from forkd.base.procs import start_time
-from forkd.cli.main import _child_rows
+from forkd.cli.reading import child_rows
 from forkd.client.wire import child_view
 from forkd.core.runtime import Runtime
 from forkd.sandbox import lockpaths
@@ -135,7 +135,7 @@ def test_residency_is_shown_by_ls_the_api_view_and_metrics(local):
     views = {r.id: child_view(r) for r in rt.children()}
     assert {cid: (v["residency"], v["wakes"]) for cid, v in views.items()} == {
         awake.id: ("awake", 0), paged.id: ("paged", 0), asleep.id: ("asleep", 1)}
-    rows = {row[0]: row[2] for row in _child_rows(list(views.values()))}
+    rows = {row[0]: row[2] for row in child_rows(list(views.values()))}
     assert rows == {awake.id: "awake", paged.id: "paged", asleep.id: "asleep (woke 1)"}
     by_res, wakes = list(_residency(rt.children()))
     assert {s.labels["residency"]: s.value for s in by_res.samples} == {"awake": 1, "paged": 1, "asleep": 1}
