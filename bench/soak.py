@@ -294,6 +294,19 @@ class Report:
             durable=False)
 
 
+def tracemalloc_diff(a: Path, b: Path, top: int = 15) -> int:
+    """What grew from snapshot `a` to `b` (bench/lib/tracemalloc_site), by the line that allocated it."""
+    import tracemalloc
+
+    skip = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._*>")]
+    sa, sb = (tracemalloc.Snapshot.load(str(p)).filter_traces(skip) for p in (a, b))
+    print(f"traced: {sum(t.size for t in sa.traces) / 2**20:.1f} -> {sum(t.size for t in sb.traces) / 2**20:.1f} MiB")
+    for st in sb.compare_to(sa, "traceback")[:top]:
+        print(f"{st.size_diff / 2**20:+8.2f} MiB {st.count_diff:+7d} blocks (now {st.size / 2**20:.2f} MiB)")
+        print("\n".join("      " + line for line in st.traceback.format()[-8:]))
+    return 0
+
+
 def _stop(signum, _frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -317,8 +330,20 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="directory of the dated report (default: bench/reports; none with "
                                              "--short unless given)")
     ap.add_argument("--label", default="", help="report name suffix: <out>/soak-<UTC date>[-LABEL].md")
+    ap.add_argument("--tracemalloc", type=Path, metavar="DIR",
+                    help="trace the daemon's Python allocations: a snapshot in DIR every 30 s from its first minute "
+                         "(bench/lib/tracemalloc_site); slows the daemon")
+    ap.add_argument("--tracemalloc-diff", nargs=2, type=Path, metavar=("A", "B"),
+                    help="print what grew from snapshot A to snapshot B, by line, and exit")
     ap.add_argument("-o", "--output", choices=["table", "json"], default="table")
     args = ap.parse_args()
+    if args.tracemalloc_diff:
+        return tracemalloc_diff(*args.tracemalloc_diff)
+    if args.tracemalloc:
+        args.tracemalloc.mkdir(parents=True, exist_ok=True)
+        os.environ["FORKD_SOAK_TRACEMALLOC"] = str(args.tracemalloc.absolute())
+        site = Path(__file__).resolve().parent / "lib" / "tracemalloc_site"  # the rig's daemon inherits PYTHONPATH
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     if args.short:
         args.minutes, args.interval = 1.0, 10.0
     signal.signal(signal.SIGTERM, _stop)

@@ -51,7 +51,7 @@ def test_soak_short_mode_samples_every_series(rt):
                           "-o", "json"], capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
-    assert set(out["slopes_per_min"]) == {"rss_mib", "fds", "tmpfs_mib", "leftovers"}
+    assert set(out["slopes_per_min"]) == {"rss_mib", "swap_mib", "fds", "tmpfs_mib", "leftovers"}
     assert out["cycles"] > 1 and out["branches"] >= 1 and len(out["samples"]) >= 3, res.stderr[-3000:]
     assert out["failures"] == 0, res.stderr[-3000:]
     assert out["samples"][-1]["leftovers"] == 0, out["samples"][-1]

@@ -74,3 +74,21 @@ def test_a_sample_reads_the_daemons_resident_and_swapped_memory(tmp_path):
     assert got["swap_mib"] == pytest.approx(int(status["VmSwap"].split()[0]) / 1024, abs=2.0)
     assert got["rss_mib"] == pytest.approx(int(status["VmRSS"].split()[0]) / 1024, rel=0.5)
     assert (got["leftovers"], got["tmpfs_mib"]) == (0, 0.0)
+
+
+def test_the_tracemalloc_diff_names_the_line_that_grew(tmp_path, capsys):
+    """`--tracemalloc-diff A B`: what was allocated between two snapshots, by the line that allocated it."""
+    import tracemalloc
+
+    tracemalloc.start(4)
+    try:
+        tracemalloc.take_snapshot().dump(str(tmp_path / "a.snap"))
+        held = bytearray(8 << 20)  # the growth: this line
+        tracemalloc.take_snapshot().dump(str(tmp_path / "b.snap"))
+    finally:
+        tracemalloc.stop()
+    assert soak.tracemalloc_diff(tmp_path / "a.snap", tmp_path / "b.snap", top=3) == 0
+    out = capsys.readouterr().out
+    first = out.split(" MiB ", 2)[1]  # the biggest growth, listed first
+    assert out.splitlines()[1].lstrip().startswith("+8.00 MiB") and "held = bytearray(8 << 20)" in first, out
+    assert len(held) == 8 << 20
