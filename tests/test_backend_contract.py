@@ -150,7 +150,8 @@ def test_the_snapshot_listing_is_one_typed_view_through_both_doors(doors, fake_b
     assert here == there and here[BASE_TAG].status == "ready"
     assert remote._call("GET", f"/v1/snapshots/{BASE_TAG}") == here[BASE_TAG].to_json()
     upstream = wire.SnapshotInfo.model_validate(remote._call("GET", f"/v1/snapshots/{BASE_TAG}"))
-    assert upstream.model_dump() == local.service.info(fake_base).model_dump()
+    keys = set(wire.SnapshotInfo.model_fields)
+    assert upstream.model_dump(include=keys) == local.service.info(fake_base).model_dump(include=keys)
     assert local.snapshot_info(BASE_TAG) == remote.snapshot_info(BASE_TAG)
     built = {}
     for name, b in doors.items():
