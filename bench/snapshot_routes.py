@@ -137,7 +137,10 @@ def main() -> int:
         print(table(result))
     if a.report:
         md = (f"# Snapshot routes: old URLs beside new\n\n{a.snapshots} snapshots (a chain), {a.calls} calls per "
-              f"route, interleaved; `before` is the code before the change, `after` this tree.\n\n{table(result)}\n")
+              f"route, interleaved; `before` is the code before the change, `after` this tree. Host: "
+              f"{facts_before['cpus']} CPUs shared with other sessions, load {facts_before['load_1m']} before and "
+              f"{result['host_after']['load_1m']} after, {facts_before['qemu_processes']} QEMU processes of others "
+              f"running.\n\n{table(result)}\n")
         for p in write_report(REPO / "bench" / "reports", "snapshot-routes", result, md):
             print(p, file=sys.stderr)
     return 0
