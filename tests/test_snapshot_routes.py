@@ -6,8 +6,12 @@ built over a Service on a home whose snapshot records are written by hand (the a
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -22,6 +26,7 @@ from forkd.store import chain
 from forkd.store.snapshot import MANIFEST, MEMORY, VMSTATE, Snapshot
 
 SHA = "0" * 64
+FORKD = str(Path(sys.executable).with_name("forkd"))
 
 
 def _record(tag: str, **kw) -> Snapshot:
@@ -114,3 +119,16 @@ def test_deleting_through_each_url(client, service):
     assert client.delete("/v1/manifests/gone-3").json() == {"deleted": ["gone-3"]}
     assert client.get("/v1/snapshots/gone-3").status_code == 404
     assert client.post("/v1/snapshots/gone-3/delete").status_code == 404
+
+
+def test_the_cli_lists_the_views_and_names_a_corrupt_one(service):
+    """`forkd snapshots` (in-process here) prints the views: the table names an unreadable record by its directory,
+    and `-o json` is the views' JSON."""
+    env = dict(os.environ, FORKD_HOME=str(service.rt.layout.home), FORKD_NO_DAEMON="1", COLUMNS="200")
+    table = subprocess.run([FORKD, "snapshots"], env=env, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if "mangled" in line)
+    assert "corrupt" in row
+    listed = json.loads(subprocess.run([FORKD, "snapshots", "-o", "json"], env=env, capture_output=True, text=True,
+                                       timeout=120, check=True).stdout)
+    assert {s["tag"]: s for s in listed}["base"] == service.snapshot("base").to_json()
