@@ -127,8 +127,8 @@ def test_the_cli_lists_the_views_and_names_a_corrupt_one(service):
     env = dict(os.environ, FORKD_HOME=str(service.rt.layout.home), FORKD_NO_DAEMON="1", COLUMNS="200")
     table = subprocess.run([FORKD, "snapshots"], env=env, capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
-    row = next(line for line in table.stdout.splitlines() if "mangled" in line)
-    assert "corrupt" in row
+    rows = {line.split()[0]: line.split()[1] for line in table.stdout.splitlines()[1:] if line.strip()}
+    assert rows == {"base": "ready", "layer": "ready", "mangled": "corrupt"}, table.stdout
     listed = json.loads(subprocess.run([FORKD, "snapshots", "-o", "json"], env=env, capture_output=True, text=True,
                                        timeout=120, check=True).stdout)
     assert {s["tag"]: s for s in listed}["base"] == service.snapshot("base").to_json()
