@@ -2,12 +2,13 @@
 and `/v1/snapshots` routes, LocalBackend, RemoteBackend and the CLI's light client), standard-library dataclasses so
 `forkd ls` and `forkd snapshots` through a daemon load no pydantic.
 
-Its fields are the child's record (forkd.sandbox.registry.ChildRecord, kept in step by
-tests/test_child_listing.py) plus what a reader cannot work out from the record alone: `status`, `vmm_stopped` and
+A ChildView is the child's record (forkd.sandbox.registry.ChildRecord, kept in step by
+tests/test_url_space.py) plus what a reader cannot work out from the record alone: `status`, `vmm_stopped` and
 `agent_socket` (None where the socket is on another host). A SnapshotView is the snapshot's record
 (forkd.store.snapshot.Snapshot, kept in step by tests/test_snapshot_routes.py) plus upstream's `dir`,
-`created_at_unix` and `branched_from`, so it is also upstream's SnapshotInfo, field for field. An answer from a
-newer daemon may carry fields this one does not know: they are dropped, never an error.
+`created_at_unix` and `branched_from` (so it is also upstream's SnapshotInfo, field for field) and `corrupt` (a
+record that cannot be read, listed by its directory's name as `failed`). An answer from a newer daemon may carry
+fields this one does not know: they are dropped, never an error.
 """
 
 from __future__ import annotations
