@@ -45,9 +45,10 @@ def service(tmp_path_factory):
         (d / MANIFEST).write_text(json.dumps(snap.to_json()))
         for name in (MEMORY, VMSTATE, chain.PAGES_FILE, chain.DATA_FILE):  # present, as a ready record says
             (d / name).touch()
-    bad = s.rt.store.dir("mangled")
-    bad.mkdir()
-    (bad / MANIFEST).write_text("{not json")
+    for name in ("mangled", "Not_A_Tag"):  # unreadable; the second is not even named as a tag
+        bad = s.rt.store.root / name
+        bad.mkdir()
+        (bad / MANIFEST).write_text("{not json")
     return s
 
 
@@ -79,7 +80,7 @@ def test_the_view_is_upstreams_snapshot_info(service):
 
 def test_an_unreadable_record_is_listed_failed_and_named(client):
     got = {s["tag"]: s for s in client.get("/v1/snapshots").json()}
-    assert set(got) == {"base", "layer", "mangled"}
+    assert set(got) == {"base", "layer", "mangled", "Not_A_Tag"}
     assert got["mangled"]["corrupt"] and got["mangled"]["status"] == "failed" and "unreadable" in got["mangled"][
         "error"]
     assert not got["base"]["corrupt"]
@@ -128,7 +129,7 @@ def test_the_cli_lists_the_views_and_names_a_corrupt_one(service):
     table = subprocess.run([FORKD, "snapshots"], env=env, capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
     rows = {line.split()[0]: line.split()[1] for line in table.stdout.splitlines()[1:] if line.strip()}
-    assert rows == {"base": "ready", "layer": "ready", "mangled": "corrupt"}, table.stdout
+    assert rows == {"base": "ready", "layer": "ready", "mangled": "corrupt", "Not_A_Tag": "corrupt"}, table.stdout
     listed = json.loads(subprocess.run([FORKD, "snapshots", "-o", "json"], env=env, capture_output=True, text=True,
                                        timeout=120, check=True).stdout)
     assert {s["tag"]: s for s in listed}["base"] == service.snapshot("base").to_json()

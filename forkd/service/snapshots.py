@@ -29,8 +29,8 @@ class Snapshots:
 
     def snap_view(self, snap: Any) -> SnapshotView:
         """A snapshot record as every door lists it (its directory is on this host)."""
-        tag = getattr(snap, "tag", None) or getattr(snap, "dirname", None)
-        return wire.snapshot_view(snap, str(self.rt.store.dir(tag)) if tag else None)
+        name = getattr(snap, "tag", None) or getattr(snap, "dirname", None)  # a corrupt one's may be no tag
+        return wire.snapshot_view(snap, str(self.rt.store.root / name) if name else None)
 
     def info(self, snap: Any) -> wire.SnapshotInfo:
         """A snapshot as upstream's SnapshotInfo (inside a branch's answer)."""
