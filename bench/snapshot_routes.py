@@ -96,12 +96,16 @@ def measure(sides: dict[str, tuple[str, str]], head: str, calls: int) -> dict[st
     return out
 
 
+def summary(ms: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    return {side: {name: {"calls": len(xs), "p50": percentile(xs, 50), "p90": percentile(xs, 90), "min": min(xs),
+                          "max": max(xs)} for name, xs in routes.items()} for side, routes in ms.items()}
+
+
 def table(result: dict) -> str:
     rows = ["| daemon | route | calls | p50 ms | p90 ms |", "|---|---|---|---|---|"]
     for side, routes in result["ms"].items():
-        for name, xs in routes.items():
-            rows.append(f"| {side} | `{ROUTES[name][1]}` | {len(xs)} | {fmt(percentile(xs, 50))} | "
-                        f"{fmt(percentile(xs, 90))} |")
+        for name, x in routes.items():
+            rows.append(f"| {side} | `{ROUTES[name][1]}` | {x['calls']} | {fmt(x['p50'])} | {fmt(x['p90'])} |")
     return "\n".join(rows)
 
 
@@ -128,13 +132,9 @@ def main() -> int:
             for p in procs:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=30)
-    result = {"snapshots": a.snapshots, "calls": a.calls, "head": head, "ms": ms,
+    result = {"snapshots": a.snapshots, "calls": a.calls, "head": head, "ms": summary(ms),
               "host_before": facts_before, "host_after": host_facts()}
-    if a.output == "json":
-        print(json.dumps({**result, "ms": {s: {n: {"p50": percentile(x, 50), "p90": percentile(x, 90)}
-                                               for n, x in r.items()} for s, r in ms.items()}}, indent=2))
-    else:
-        print(table(result))
+    print(json.dumps(result, indent=2) if a.output == "json" else table(result))
     if a.report:
         md = (f"# Snapshot routes: old URLs beside new\n\n{a.snapshots} snapshots (a chain), {a.calls} calls per "
               f"route, interleaved; `before` is the code before the change, `after` this tree. Host: "
