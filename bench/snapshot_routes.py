@@ -96,6 +96,14 @@ def measure(sides: dict[str, tuple[str, str]], head: str, calls: int) -> dict[st
     return out
 
 
+def commit(code: Path) -> str:
+    """The checkout's commit (`+` when its tree has changes)."""
+    head = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(code), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return head.stdout.strip() + ("+" if dirty else "")
+
+
 def summary(ms: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
     return {side: {name: {"calls": len(xs), "p50": percentile(xs, 50), "p90": percentile(xs, 90), "min": min(xs),
                           "max": max(xs)} for name, xs in routes.items()} for side, routes in ms.items()}
@@ -133,11 +141,13 @@ def main() -> int:
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=30)
     result = {"snapshots": a.snapshots, "calls": a.calls, "head": head, "ms": summary(ms),
+              "code": {side: commit(code) for side, code in codes.items()},
               "host_before": facts_before, "host_after": host_facts()}
     print(json.dumps(result, indent=2) if a.output == "json" else table(result))
     if a.report:
         md = (f"# Snapshot routes: old URLs beside new\n\n{a.snapshots} snapshots (a chain), {a.calls} calls per "
-              f"route, interleaved; `before` is the code before the change, `after` this tree. Host: "
+              f"route, interleaved; `before` is the code before the change, `after` this tree (commits: "
+              f"{', '.join(f'{k} {v}' for k, v in result['code'].items())}). Host: "
               f"{facts_before['cpus']} CPUs shared with other sessions, load {facts_before['load_1m']} before and "
               f"{result['host_after']['load_1m']} after, {facts_before['qemu_processes']} QEMU processes of others "
               f"running.\n\n{table(result)}\n")
