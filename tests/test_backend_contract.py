@@ -135,3 +135,31 @@ def test_the_child_listing_is_one_typed_view_through_both_doors(doors, fake_base
         assert remote._call("GET", f"/v1/children/{kid.id}") == here.to_json()  # the daemon's own host view
     finally:
         local.kill([kid.id])
+
+
+def test_the_snapshot_listing_is_one_typed_view_through_both_doors(doors, fake_base):
+    """snapshots() answers forkd.service.listing.SnapshotView in-process and through the daemon, field for field;
+    a build answers the view too; upstream's `/v1/snapshots/{tag}` and SnapshotInfo read the same snapshot."""
+    from forkd.core.requests import Compaction
+    from forkd.service.listing import SnapshotView
+
+    local, remote = doors["local"], doors["remote"]
+    here = {s.tag: s for s in local.snapshots()}
+    there = {s.tag: s for s in remote.snapshots()}
+    assert all(type(s) is SnapshotView for s in [*here.values(), *there.values()])
+    assert here == there and here[BASE_TAG].status == "ready"
+    assert remote._call("GET", f"/v1/snapshots/{BASE_TAG}") == here[BASE_TAG].to_json()
+    upstream = wire.SnapshotInfo.model_validate(remote._call("GET", f"/v1/snapshots/{BASE_TAG}"))
+    keys = set(wire.SnapshotInfo.model_fields)
+    assert upstream.model_dump(include=keys) == local.service.info(fake_base).model_dump(include=keys)
+    assert local.snapshot_info(BASE_TAG) == remote.snapshot_info(BASE_TAG)
+    built = {}
+    for name, b in doors.items():
+        view = b.compact(Compaction.of(from_tag=BASE_TAG, to_tag=f"contract-flat-{name}"))
+        try:
+            assert type(view) is SnapshotView and view == {s.tag: s for s in b.snapshots()}[view.tag], name
+            built[name] = {k: v for k, v in view.to_json().items() if k not in ("tag", "dir", "created_at",
+                                                                                  "created_at_unix", "timings_ms")}
+        finally:
+            assert b.rmi(view.tag) == [view.tag]
+    assert built["local"] == built["remote"]

@@ -85,7 +85,7 @@ def test_version_and_help_load_no_backend(argv, banned, tmp_path):
 
 @pytest.mark.parametrize("argv,path,answer", [
     (["ls"], "/v1/children", b"[]"),
-    (["snapshots"], "/v1/manifests", b"[]"),
+    (["snapshots"], "/v1/snapshots", b"[]"),
     (["ls", "-o", "json"], "/v1/children", b"[]"),
     (["logs", "cnosuch"], "/v1/children/cnosuch/logs", b'{"data": "", "offset": 0}'),
     (["exec", "cnosuch", "true"], "/v1/children/cnosuch/processes", b'{"type": "exit", "exit_code": 0}'),

@@ -33,8 +33,8 @@ from forkd.reconciler.control import Control
 
 # forkd's own verbs: builds and forks boot VMs; gc sweeps host-wide leftovers by name; doctor probes with a boot;
 # pack/unpack/pull/push read and write the paths they are given; snapshots/push|pull reach the registry they name
-EXCLUDED = (r"^/v1/(sandboxes|snapshots(/[^/]+/compact|/push|/pull)?|pools/[^/]+/claim|sandboxes/[^/]+/branch"
-            r"|build/[a-z-]+|children|gc|doctor|pack|unpack|pull|push)$")
+EXCLUDED = (r"^/v1/(sandboxes|snapshots(/[^/]+/compact|/push|/pull|/build/[a-z-]+)?|pools/[^/]+/claim"
+            r"|sandboxes/[^/]+/branch|build/[a-z-]+|images/[a-z-]+|children|gc|doctor|pack|unpack|pull|push)$")
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,10 @@ see forkd.api.auth; every request passes forkd.api.audit.Gate first). Its routes
 one service (forkd.service.Service: the verbs LocalBackend calls in-process) and return JSON; errors are problem
 details (application/problem+json) with the status code of their kind.
 
-One route table per resource: routes_snapshots (upstream's `/v1/snapshots`, forkd's `/v1/manifests` and
-`/v1/build/*`), routes_children (the native `/v1/children` and host verbs), routes_sandboxes (the compatibility
-layer `/v1/sandboxes`: upstream's and the SDKs', an adapter over the same service verbs), routes_kinds
+One route table per resource: routes_snapshots (`/v1/snapshots`, upstream's URLs among them, and `/v1/images`;
+the previous release's `/v1/manifests` and `/v1/build/*` as deprecated aliases), routes_children (the native
+`/v1/children` and host verbs), routes_sandboxes (the compatibility layer `/v1/sandboxes`: upstream's and the
+SDKs', an adapter over the same service verbs), routes_kinds
 (`/v1/pools`... and claim), routes_objects (apply, diff, wait), routes_process, routes_files, routes_ports. The
 calls on one child are one handler under both `/v1/children/{id}/` and `/v1/sandboxes/{id}/`. docs/rest.md is
 generated from these tables (forkd.api.reference)."""

@@ -20,9 +20,11 @@ has one native family, the one forkd's own clients (the CLI, `forkd.client.Remot
 - **declarative kinds**: `/v1/parents`, `/v1/layers`, `/v1/pools`, `/v1/branches`, `/v1/claims`, one
   collection each (list, apply, get, put, delete, status, describe); `/v1/apply`, `/v1/diff` and `/v1/wait`
   act on many objects at once.
-- **snapshots**: upstream's `/v1/snapshots` (typed `SnapshotInfo`) beside forkd's `/v1/manifests` (the stored
-  manifests, as `forkd snapshots` prints them) and `/v1/build/*` (builds that take forkd's build requests):
-  these three are not yet one family.
+- **snapshots**: `/v1/snapshots`, answering the snapshot's view (`forkd.service.listing.SnapshotView`, the same
+  type in-process and through a daemon). The view holds every field of upstream's `SnapshotInfo`, so upstream's
+  URLs in this family (list, get, `POST /v1/snapshots`, `DELETE /v1/snapshots/{tag}` with its 204, `/info`,
+  `/compact`) are the native routes themselves. forkd's own build requests go to `/v1/snapshots/build/*`
+  (they block until the snapshot is ready); guest images are built under `/v1/images`.
 
 **Compatibility layer.** `/v1/sandboxes` is upstream forkd's REST surface (spawn, list, get, delete, ping, exec,
 eval, branch) and the calls the E2B-style SDKs make (forkd_client, the TypeScript SDK, `forkd-mcp`: files,
@@ -32,17 +34,19 @@ one child are the very handlers mounted under `/v1/children/{id}/` (tests/test_u
 claim's children open only this layer's calls on those children (forkd.api.scoped).
 
 **Deprecated aliases** (marked `deprecated` in `/openapi.json`, kept for clients of the previous release, removed
-in a later one): `/v1/objects/{kind}[/{name}[/describe]]`, the same Control calls as the kind's collection.
+in a later one): `/v1/objects/{kind}[/{name}[/describe]]`, the same Control calls as the kind's collection;
+`/v1/manifests[/{tag}]` and `/v1/build/*`, the very handlers of the snapshot and image routes each names (they
+answer as those do: views where the previous release answered bare manifests).
 """
 
 FAMILIES = [
     ("Children (native)", ("/v1/children",)),
     ("Declarative kinds (native)", ("/v1/parents", "/v1/layers", "/v1/pools", "/v1/branches", "/v1/claims",
                                     "/v1/apply", "/v1/diff", "/v1/wait", "/v1/node")),
-    ("Snapshots", ("/v1/snapshots", "/v1/manifests", "/v1/build")),
+    ("Snapshots (native)", ("/v1/snapshots", "/v1/images")),
     ("Host", ("/v1/gc", "/v1/doctor", "/v1/audit", "/v1/pack", "/v1/unpack", "/v1/pull", "/v1/push")),
     ("Compatibility layer: upstream and the SDKs", ("/v1/sandboxes", "/v1/ports")),
-    ("Deprecated aliases", ("/v1/objects",)),
+    ("Deprecated aliases", ("/v1/objects", "/v1/manifests", "/v1/build")),
     ("Status", ("/healthz", "/version", "/metrics")),
 ]
 

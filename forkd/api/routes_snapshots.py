@@ -1,10 +1,15 @@
-"""Snapshot routes: upstream's `/v1/snapshots` (answers forkd.service.wire's SnapshotInfo) and forkd's own
-`/v1/manifests` and `/v1/build/*` (the CLI's RemoteBackend: LocalBackend's JSON). Each handler parses and calls
-the service (forkd.service.Service); paths in bodies (OCI layouts) are on the daemon's host.
+"""Snapshot routes: one family under `/v1/snapshots` (and guest images under `/v1/images`). Each handler parses
+and calls the service (forkd.service.Service) that LocalBackend calls in-process, and a snapshot answers as its
+typed view (forkd.service.listing.SnapshotView), which holds every field of upstream's SnapshotInfo, so upstream's
+clients read it unchanged. Paths in bodies (OCI layouts) are on the daemon's host.
 
-  GET  /v1/manifests[/{tag}]   snapshots / snapshot-info        DELETE /v1/manifests/{tag}   rmi
-  POST /v1/build/parent|layer|compaction   snapshot create / snapshot-diff / snapshot-compact
-  POST /v1/build/image|debian|from-image   image build / from-image
+  GET  /v1/snapshots               snapshots            POST /v1/snapshots              build (upstream's body)
+  GET  /v1/snapshots/{tag}         one snapshot         DELETE /v1/snapshots/{tag}      rmi (204, as upstream)
+  GET  /v1/snapshots/{tag}/info    snapshot-info        POST /v1/snapshots/{tag}/delete rmi, answering the tags
+  POST /v1/snapshots/{tag}/compact upstream's compaction
+  POST /v1/snapshots/build/parent|layer|compaction|from-image   forkd's build requests (snapshot, snapshot-diff...)
+  POST /v1/images/build|debian     image build (the base image, a Debian one)
+`ALIASES`: the previous release's `/v1/manifests` and `/v1/build/*`, the very handlers mounted again, deprecated.
 """
 
 from __future__ import annotations
@@ -12,18 +17,32 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Response
+from fastapi.routing import APIRoute
 
 from forkd.base.errors import InvalidInput
 from forkd.core.requests import Compaction, LayerBuild, ParentBuild
 from forkd.service import Service, wire
+from forkd.service.listing import SnapshotView
 
 UPSTREAM_REFUSED = {
     "kernel": "forkd boots its own guest kernel (virtio drivers, its agent as PID 1); a user kernel is not booted",
     "rootfs": "a user ext4 rootfs is not booted: forkd would have to read an untrusted filesystem to inject its "
-              "agent, and it does not mount images; build from an OCI image instead (POST /v1/build/from-image, "
-              "`forkd from-image`)",
+              "agent, and it does not mount images; build from an OCI image instead (POST "
+              "/v1/snapshots/build/from-image, `forkd from-image`)",
     "tap": "forkd makes each child's network itself (per-child namespace and tap, spawn with per_child_netns); "
            "it does not attach a host tap you name",
+}
+# (method, deprecated path) -> (method, native path): the same endpoint, mounted under both
+ALIASES = {
+    ("GET", "/v1/manifests"): ("GET", "/v1/snapshots"),
+    ("GET", "/v1/manifests/{tag}"): ("GET", "/v1/snapshots/{tag}/info"),
+    ("DELETE", "/v1/manifests/{tag}"): ("POST", "/v1/snapshots/{tag}/delete"),
+    ("POST", "/v1/build/parent"): ("POST", "/v1/snapshots/build/parent"),
+    ("POST", "/v1/build/layer"): ("POST", "/v1/snapshots/build/layer"),
+    ("POST", "/v1/build/compaction"): ("POST", "/v1/snapshots/build/compaction"),
+    ("POST", "/v1/build/from-image"): ("POST", "/v1/snapshots/build/from-image"),
+    ("POST", "/v1/build/image"): ("POST", "/v1/images/build"),
+    ("POST", "/v1/build/debian"): ("POST", "/v1/images/debian"),
 }
 
 
@@ -34,92 +53,106 @@ class Unprocessable(InvalidInput):
 
 
 def build_snapshot_router(s: Service) -> APIRouter:
-    r = APIRouter()
-    _upstream_routes(r, s)
-    _manifest_routes(r, s)
+    r = APIRouter(tags=["snapshots"])
+    _snapshot_routes(r, s)
+    _upstream_builds(r, s)
     _build_routes(r, s)
-    return r
+    return deprecated_aliases(r)
 
 
-def _upstream_routes(r: APIRouter, s: Service) -> None:
-    tags = ["snapshots"]
+def _snapshot_routes(r: APIRouter, s: Service) -> None:
+    @r.get("/v1/snapshots")
+    def snapshots() -> list[SnapshotView]:
+        """`forkd snapshots`: every snapshot; one whose record cannot be read is listed `failed`, `corrupt`."""
+        return s.snapshots()
 
-    @r.get("/v1/snapshots", tags=tags)
-    def list_snapshots() -> list[wire.SnapshotInfo]:
-        return s.snapshot_infos()
-
-    @r.post("/v1/snapshots", status_code=201, tags=tags)
-    def create_snapshot(req: wire.CreateSnapshotRequest) -> wire.SnapshotInfo:
-        """Boot a parent, warm it and snapshot it (blocks until ready); with `from_tag`, build a diff layer.
-        Upstream's `kernel`, `rootfs`, `tap` and `rw: false` are refused (422, with the reason); `boot_wait_secs`
-        is the parent's boot timeout; `rw: true` is what every forkd child has (a private writable disk)."""
-        _refuse_upstream_build(req)
-        if req.from_tag:
-            return s.info(s.snapshot_diff(LayerBuild.of(
-                tag=req.tag, parent_tag=req.from_tag, run=tuple(req.warm_run), imports=tuple(req.warm_imports),
-                code=tuple(req.warm_exec), labels=req.labels)))
-        extra = {"boot_timeout": req.boot_wait_secs} if req.boot_wait_secs else {}
-        return s.info(s.create_snapshot(ParentBuild.of(
-            tag=req.tag, memory_mib=req.memory_mib, vcpus=req.vcpus, warm_imports=tuple(req.warm_imports),
-            warm_run=tuple(req.warm_run), warm_exec=tuple(req.warm_exec), labels=req.labels, **extra)))
-
-    @r.get("/v1/snapshots/{tag}", tags=tags)
-    def get_snapshot(tag: str) -> wire.SnapshotInfo:
+    @r.get("/v1/snapshots/{tag}")
+    def snapshot(tag: str) -> SnapshotView:
+        """One snapshot (poll it while a `wait: false` branch is `writing`)."""
         return s.snapshot(tag)
 
-    @r.get("/v1/snapshots/{tag}/info", tags=tags)
+    @r.get("/v1/snapshots/{tag}/info")
     def snapshot_info(tag: str) -> wire.SnapshotDetail:
+        """`forkd snapshot-info`: the snapshot, its chain, dependents, running children, sizes and hashes."""
         return s.snapshot_detail(tag)
 
-    @r.delete("/v1/snapshots/{tag}", status_code=204, tags=tags)
+    @r.delete("/v1/snapshots/{tag}", status_code=204)
     def delete_snapshot(tag: str, cascade: bool = False, force: bool = False) -> Response:
         """409 while children of it run or layers depend on it (named), unless `cascade` or `force`."""
         s.rmi(tag, force=force, cascade=cascade)
         return Response(status_code=204)
 
-    @r.post("/v1/snapshots/{tag}/compact", status_code=201, tags=tags)
-    def compact(tag: str, req: wire.CompactRequest) -> wire.SnapshotInfo:
-        return s.info(s.compact(Compaction.of(from_tag=tag, to_tag=req.to)))
-
-
-def _manifest_routes(r: APIRouter, s: Service) -> None:
-    @r.get("/v1/manifests", tags=["forkd"])
-    def snapshots() -> list[dict[str, Any]]:
-        return [wire.snapshot_view(x) for x in s.snapshots()]
-
-    @r.get("/v1/manifests/{tag}", tags=["forkd"])
-    def snapshot_info(tag: str) -> dict[str, Any]:
-        return s.snapshot_info(tag)
-
-    @r.delete("/v1/manifests/{tag}", tags=["forkd"])
-    def rmi(tag: str, force: bool = False, cascade: bool = False) -> dict[str, Any]:
+    @r.post("/v1/snapshots/{tag}/delete")
+    def rmi(tag: str, cascade: bool = False, force: bool = False) -> dict[str, list[str]]:
+        """`forkd rmi`: as DELETE, answering the tags it deleted (with `cascade`, the layers built on it too)."""
         return {"deleted": s.rmi(tag, force=force, cascade=cascade)}
 
 
+def _upstream_builds(r: APIRouter, s: Service) -> None:
+    @r.post("/v1/snapshots", status_code=201)
+    def create_snapshot(req: wire.CreateSnapshotRequest) -> SnapshotView:
+        """Boot a parent, warm it and snapshot it (blocks until ready); with `from_tag`, build a diff layer.
+        Upstream's `kernel`, `rootfs`, `tap` and `rw: false` are refused (422, with the reason); `boot_wait_secs`
+        is the parent's boot timeout; `rw: true` is what every forkd child has (a private writable disk)."""
+        _refuse_upstream_build(req)
+        if req.from_tag:
+            return s.snapshot_diff(LayerBuild.of(
+                tag=req.tag, parent_tag=req.from_tag, run=tuple(req.warm_run), imports=tuple(req.warm_imports),
+                code=tuple(req.warm_exec), labels=req.labels))
+        extra = {"boot_timeout": req.boot_wait_secs} if req.boot_wait_secs else {}
+        return s.create_snapshot(ParentBuild.of(
+            tag=req.tag, memory_mib=req.memory_mib, vcpus=req.vcpus, warm_imports=tuple(req.warm_imports),
+            warm_run=tuple(req.warm_run), warm_exec=tuple(req.warm_exec), labels=req.labels, **extra))
+
+    @r.post("/v1/snapshots/{tag}/compact", status_code=201)
+    def compact_to(tag: str, req: wire.CompactRequest) -> SnapshotView:
+        """Upstream's compaction: write the chain head `tag` as a new base snapshot `to`."""
+        return s.compact(Compaction.of(from_tag=tag, to_tag=req.to))
+
+
 def _build_routes(r: APIRouter, s: Service) -> None:
-    @r.post("/v1/build/parent", status_code=201, tags=["forkd"])
-    def create_snapshot(req: ParentBuild) -> dict[str, Any]:
-        return s.create_snapshot(req).to_json()
+    @r.post("/v1/snapshots/build/parent", status_code=201)
+    def build_parent(req: ParentBuild) -> SnapshotView:
+        """`forkd snapshot`: boot, warm and pause a parent (forkd's build request)."""
+        return s.create_snapshot(req)
 
-    @r.post("/v1/build/layer", status_code=201, tags=["forkd"])
-    def snapshot_diff(req: LayerBuild) -> dict[str, Any]:
-        return s.snapshot_diff(req).to_json()
+    @r.post("/v1/snapshots/build/layer", status_code=201)
+    def build_layer(req: LayerBuild) -> SnapshotView:
+        """`forkd snapshot-diff`: a layer of the pages some steps change on `parent_tag`."""
+        return s.snapshot_diff(req)
 
-    @r.post("/v1/build/compaction", status_code=201, tags=["forkd"])
-    def compact(req: Compaction) -> dict[str, Any]:
-        return s.compact(req).to_json()
+    @r.post("/v1/snapshots/build/compaction", status_code=201)
+    def build_compaction(req: Compaction) -> SnapshotView:
+        """`forkd snapshot-compact`: a chain head written as a base snapshot."""
+        return s.compact(req)
 
-    @r.post("/v1/build/image", tags=["forkd"])
+    @r.post("/v1/snapshots/build/from-image", status_code=201)
+    def from_image(req: wire.FromImageRequest) -> dict[str, Any]:
+        """`forkd from-image`: build the image for an OCI reference and snapshot it (the view and the image)."""
+        return s.from_image(req)
+
+    @r.post("/v1/images/build", tags=["images"])
     def build_image(req: wire.ImageBuildRequest | None = Body(None)) -> dict[str, Any]:
+        """`forkd image build`: the base guest image (cached unless `force`)."""
         return s.build_image(force=bool(req and req.force))
 
-    @r.post("/v1/build/debian", tags=["forkd"])
+    @r.post("/v1/images/debian", tags=["images"])
     def build_debian(req: wire.DebianBuildRequest) -> dict[str, Any]:
+        """`forkd image build --debian-packages`: a guest image from Debian packages (cached unless `force`)."""
         return s.build_debian(req)
 
-    @r.post("/v1/build/from-image", status_code=201, tags=["forkd"])
-    def from_image(req: wire.FromImageRequest) -> dict[str, Any]:
-        return s.from_image(req)
+
+def deprecated_aliases(r: APIRouter) -> APIRouter:
+    """`r` with each of `ALIASES` mounted as its native route's endpoint again, marked deprecated: one handler,
+    so an old URL cannot answer differently from the new one."""
+    native = {(m, route.path): route for route in r.routes if isinstance(route, APIRoute) for m in route.methods}
+    for (method, old), key in ALIASES.items():
+        route = native[key]
+        r.add_api_route(
+            old, route.endpoint, methods=[method], name=f"deprecated_{route.name}", deprecated=True,
+            tags=["deprecated"], response_model=route.response_model, status_code=route.status_code,
+            summary=route.summary, description=f"Deprecated: use `{key[0]} {key[1]}`. {route.description}")
+    return r
 
 
 def _refuse_upstream_build(req: wire.CreateSnapshotRequest) -> None:

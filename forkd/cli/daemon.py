@@ -19,7 +19,7 @@ from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Time
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from forkd.service.listing import ChildView
+    from forkd.service.listing import ChildView, SnapshotView
 
 RAW = {"url": "FORKD_URL", "token": "FORKD_TOKEN", "home": "FORKD_HOME", "no_daemon": "FORKD_NO_DAEMON",
        "ca": "FORKD_CA", "daemon_socket": "FORKD_DAEMON_SOCKET"}
@@ -169,8 +169,10 @@ class Reads:
         views = [ChildView.from_json(v) for v in got]
         return views if self.is_local else [v.elsewhere() for v in views]
 
-    def snapshots(self) -> list[dict[str, Any]]:
-        return self.d.request("GET", "/v1/manifests")
+    def snapshots(self) -> list[SnapshotView]:
+        from forkd.service.listing import SnapshotView  # a dataclass, as children's
+
+        return [SnapshotView.from_json(s) for s in self.d.request("GET", "/v1/snapshots")]
 
 
 def reads() -> Any:

@@ -22,17 +22,16 @@ def children(label: list[str] | None = None, output: str = Fmt.table) -> None:
 
 
 def snapshots(output: str = Fmt.table) -> None:
-    """`forkd snapshots`: every snapshot, a corrupt one as '?' with why."""
+    """`forkd snapshots`: every snapshot's view, a corrupt one named by its directory, with why."""
     data = reads().snapshots()
     rows = []
     for s in data:
-        if "tag" not in s:
-            rows.append(["?", "corrupt", "-", "-", "-", "-", s["error"]])
+        if s.corrupt:
+            rows.append([s.tag, "corrupt", "-", "-", "-", "-", s.error or ""])
             continue
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["created_at"]))
-        rows.append([s["tag"], s["status"], str(s["memory_mib"]), s["accel"], size(s["memory_stored_bytes"]),
-                     size(s["disk_bytes"]) if s.get("disk_sha256") else "-",
-                     created + (f"  {s['error']}" if s.get("error") else "")])
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at))
+        rows.append([s.tag, s.status, str(s.memory_mib), s.accel or "-", size(s.memory_stored_bytes),
+                     size(s.disk_bytes) if s.disk_sha256 else "-", created + (f"  {s.error}" if s.error else "")])
     emit(data, Fmt(output or Fmt.table), SNAPSHOT_COLUMNS, rows)
 
 

@@ -2,8 +2,8 @@
 on the caller's own Runtime and Control), so a verb means the same in-process and through a daemon (a fork's
 lifetime, an unnamed branch's label, the release of a fork's snapshot).
 
-Results are plain JSON data (the shapes `forkd ... -o json` prints), the same the daemon's forkd-native routes
-return: both convert the service's answers with forkd.service.wire.
+Results are the service's typed views and wire models (forkd.service.listing, forkd.service.wire) or plain JSON
+data (the shapes `forkd ... -o json` prints), the same the daemon's native routes return.
 The snapshot and child producers take the core's typed requests (forkd.core.requests), validated once there.
 """
 
@@ -17,9 +17,9 @@ from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBu
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.service import wire
-from forkd.service.listing import ChildView
+from forkd.service.listing import ChildView, SnapshotView
 from forkd.service.service import Service
-from forkd.service.wire import child_view, snapshot_view
+from forkd.service.wire import child_view
 
 Progress = Callable[[str], None]
 
@@ -74,20 +74,20 @@ class LocalBackend:
         return self.service.from_image(req, progress=progress)
 
     # -- snapshots -----------------------------------------------------------------------------------
-    def snapshots(self) -> list[dict[str, Any]]:
-        return [snapshot_view(s) for s in self.service.snapshots()]
+    def snapshots(self) -> list[SnapshotView]:
+        return self.service.snapshots()
 
     def snapshot_info(self, tag: str) -> dict[str, Any]:
-        return self.service.snapshot_info(tag)
+        return self.service.snapshot_detail(tag).model_dump(mode="json")
 
-    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> dict[str, Any]:
-        return self.service.create_snapshot(req, progress=progress).to_json()
+    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> SnapshotView:
+        return self.service.create_snapshot(req, progress=progress)
 
-    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> dict[str, Any]:
-        return self.service.snapshot_diff(req, progress=progress).to_json()
+    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> SnapshotView:
+        return self.service.snapshot_diff(req, progress=progress)
 
-    def compact(self, req: Compaction, progress: Progress = _quiet) -> dict[str, Any]:
-        return self.service.compact(req, progress=progress).to_json()
+    def compact(self, req: Compaction, progress: Progress = _quiet) -> SnapshotView:
+        return self.service.compact(req, progress=progress)
 
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
         return self.service.rmi(tag, force=force, cascade=cascade)

@@ -1,7 +1,7 @@
 """RemoteBackend: every verb through a running daemon (`forkd serve`), over its unix socket or over TCP with a
-bearer token. It calls the native routes (`/v1/children`, `/v1/{plural}`, forkd's snapshot routes: docs/rest.md),
-whose answers are LocalBackend's (child listings are forkd.service.listing.ChildView on both sides); failures are
-forkd.base.errors types. Only opening a port goes through the SDK's client (forkd.client.api.Client).
+bearer token. It calls the native routes (`/v1/children`, `/v1/{plural}`, `/v1/snapshots`: docs/rest.md), whose
+answers are LocalBackend's (child and snapshot listings are forkd.service.listing's views on both sides); failures
+are forkd.base.errors types. Only opening a port goes through the SDK's client (forkd.client.api.Client).
 
 Long verbs report one progress line (the daemon does the work and answers when it is done)."""
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from forkd.client.http import UNREACHABLE, Call, Endpoint, SyncHttp, quote
-from forkd.service.listing import ChildView
+from forkd.service.listing import ChildView, SnapshotView
 
 if TYPE_CHECKING:  # loaded by the verbs that take or return them (declarative objects), not by every verb
     from forkd.core.requests import Branch, Compaction, Egress, LayerBuild, ParentBuild, Spawn
@@ -132,33 +132,37 @@ class RemoteBackend:
 
     # -- images --------------------------------------------------------------------------------------
     def build_image(self, force: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/build/image", {"force": force})
+        return self._long(progress, "POST", "/v1/images/build", {"force": force})
 
     def build_debian(self, req: DebianBuildRequest, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/build/debian", req.model_dump(mode="json"))
+        return self._long(progress, "POST", "/v1/images/debian", req.model_dump(mode="json"))
 
     def from_image(self, req: FromImageRequest, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/build/from-image", req.model_dump(mode="json"))
+        return self._long(progress, "POST", "/v1/snapshots/build/from-image", req.model_dump(mode="json"))
 
     # -- snapshots -----------------------------------------------------------------------------------
-    def snapshots(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/manifests")
+    def snapshots(self) -> list[SnapshotView]:
+        return [SnapshotView.from_json(s) for s in self._call("GET", "/v1/snapshots")]
 
     def snapshot_info(self, tag: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/manifests/{quote(tag)}")
+        return self._call("GET", f"/v1/snapshots/{quote(tag)}/info")
 
-    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/build/parent", req.model_dump(mode="json"))
+    def _build(self, progress: Progress, what: str, req: Any) -> SnapshotView:
+        return SnapshotView.from_json(self._long(progress, "POST", f"/v1/snapshots/build/{what}",
+                                                 req.model_dump(mode="json")))
 
-    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/build/layer", req.model_dump(mode="json"))
+    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> SnapshotView:
+        return self._build(progress, "parent", req)
 
-    def compact(self, req: Compaction, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/build/compaction", req.model_dump(mode="json"))
+    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> SnapshotView:
+        return self._build(progress, "layer", req)
+
+    def compact(self, req: Compaction, progress: Progress = _quiet) -> SnapshotView:
+        return self._build(progress, "compaction", req)
 
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
         params = {k: "true" for k, v in (("cascade", cascade), ("force", force)) if v}
-        return self._call("DELETE", f"/v1/manifests/{quote(tag)}", params=params)["deleted"]
+        return self._call("POST", f"/v1/snapshots/{quote(tag)}/delete", params=params)["deleted"]
 
     # -- children ------------------------------------------------------------------------------------
     def children(self, labels: list[str] | None = None) -> list[ChildView]:

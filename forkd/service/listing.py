@@ -1,20 +1,53 @@
-"""`ChildView`: a child as every door lists it (the service, the `/v1/children` routes, LocalBackend, RemoteBackend
-and the CLI's light client), a standard-library dataclass so `forkd ls` through a daemon loads no pydantic.
+"""`ChildView` and `SnapshotView`: a child and a snapshot as every door lists them (the service, the `/v1/children`
+and `/v1/snapshots` routes, LocalBackend, RemoteBackend and the CLI's light client), standard-library dataclasses so
+`forkd ls` and `forkd snapshots` through a daemon load no pydantic.
 
-Its fields are the child's record (forkd.sandbox.registry.ChildRecord, kept in step by
-tests/test_child_listing.py) plus what a reader cannot work out from the record alone: `status`, `vmm_stopped` and
-`agent_socket` (None where the socket is on another host). An answer from a newer daemon may carry fields this
-one does not know: they are dropped, never an error.
+A ChildView is the child's record (forkd.sandbox.registry.ChildRecord, kept in step by
+tests/test_url_space.py) plus what a reader cannot work out from the record alone: `status`, `vmm_stopped` and
+`agent_socket` (None where the socket is on another host). A SnapshotView is the snapshot's record
+(forkd.store.snapshot.Snapshot, kept in step by tests/test_snapshot_routes.py) plus upstream's `dir`,
+`created_at_unix` and `branched_from` (so it is also upstream's SnapshotInfo, field for field) and `corrupt` (a
+record that cannot be read, listed by its directory's name as `failed`). An answer from a newer daemon may carry
+fields this one does not know: they are dropped, never an error.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
+
+
+class _View:
+    """What both views share: JSON both ways, and the wire models' ways of reading (`view["id"]`, `.get`)."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Any:
+        """A view from its JSON (a daemon's answer); fields this version does not know are dropped."""
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    def model_dump(self, mode: str = "json", **_: Any) -> dict[str, Any]:
+        """The wire models' dump, so printers and FastAPI treat a view like them."""
+        return self.to_json()
+
+    def __getitem__(self, key: str) -> Any:
+        """Dict-style access, as the wire models allow (`view["id"]`)."""
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.__dataclass_fields__  # type: ignore[attr-defined]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self.__dataclass_fields__ else default  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
-class ChildView:
+class ChildView(_View):
     id: str
     snapshot: str
     created_at: float
@@ -53,18 +86,6 @@ class ChildView:
     vmm_stopped: bool = False
     agent_socket: str | None = None
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ChildView:
-        """A view from its JSON (a daemon's answer); fields this version does not know are dropped."""
-        return cls(**{k: v for k, v in data.items() if k in _NAMES})
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def model_dump(self, mode: str = "json", **_: Any) -> dict[str, Any]:
-        """The wire models' dump, so printers and FastAPI treat a view like them."""
-        return self.to_json()
-
     def elsewhere(self) -> ChildView:
         """The view as a client on another host sees it: no agent socket (that path is on the daemon's host)."""
         return replace(self, agent_socket=None)
@@ -73,14 +94,41 @@ class ChildView:
     def claimed(self) -> bool:
         return self.claimed_at is not None
 
-    def __getitem__(self, key: str) -> Any:
-        """Dict-style access, as the wire models allow (`view["id"]`)."""
-        if key not in _NAMES:
-            raise KeyError(key)
-        return getattr(self, key)
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in _NAMES else default
-
-
-_NAMES = frozenset(f.name for f in fields(ChildView))
+@dataclass(frozen=True)
+class SnapshotView(_View):
+    tag: str
+    status: Literal["writing", "ready", "failed"]
+    created_at: float = 0.0
+    memory_mib: int = 0
+    vcpus: int = 1
+    accel: str | None = None
+    image_id: str | None = None
+    kernel_sha256: str | None = None
+    qemu_version: str | None = None
+    warm_imports: list[str] = field(default_factory=list)
+    warm_run: list[str] = field(default_factory=list)
+    warm_exec: list[str] = field(default_factory=list)
+    memory_sha256: str | None = None
+    vmstate_sha256: str | None = None
+    memory_bytes: int = 0
+    memory_stored_bytes: int = 0
+    vmstate_bytes: int = 0
+    parent_tag: str | None = None
+    parent_content_hash: str | None = None
+    diff_pages: int = 0
+    diff_sha256: str | None = None
+    writer_pid: int | None = None
+    writer_started: int | None = None
+    error: str | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    network: str = "none"
+    disk_sha256: str | None = None
+    disk_bytes: int = 0
+    format: int = 1
+    # not on the record: upstream's SnapshotInfo fields, and a record that cannot be read
+    dir: str | None = None
+    created_at_unix: int = 0
+    branched_from: str | None = None
+    corrupt: bool = False

@@ -1,5 +1,6 @@
 """Snapshots and images through the service: list, describe, build (parent, layer, compaction, images), remove.
-Upstream's `/v1/snapshots` and forkd's `/v1/manifests`, `/v1/build/*` and LocalBackend call these."""
+The `/v1/snapshots` and `/v1/images` routes and LocalBackend call these; a snapshot answers as its typed view
+(forkd.service.listing.SnapshotView), which is also upstream's SnapshotInfo."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from typing import Any
 
 from forkd.core.requests import Compaction, LayerBuild, ParentBuild
 from forkd.service import wire
+from forkd.service.listing import SnapshotView
 
 Progress = Callable[[str], None]
-DETAIL_KEYS = ("depth", "ancestors", "dependents", "children", "logical_bytes", "stored_bytes", "chain_ok",
-               "chain_error", "materialized", "memory_sha256", "diff_pages", "warm_imports", "qemu_version")
 
 
 def _quiet(_: str) -> None:
@@ -23,39 +23,36 @@ class Snapshots:
 
     rt: Any
 
-    def snapshots(self) -> list:
-        """Every snapshot's manifest, and an error entry for one that cannot be read."""
-        return self.rt.snapshots()
+    def snapshots(self) -> list[SnapshotView]:
+        """Every snapshot, and a `failed`, `corrupt` entry (named by its directory) for one that cannot be read."""
+        return [self.snap_view(s) for s in self.rt.snapshots()]
+
+    def snap_view(self, snap: Any) -> SnapshotView:
+        """A snapshot record as every door lists it (its directory is on this host)."""
+        name = getattr(snap, "tag", None) or getattr(snap, "dirname", None)  # a corrupt one's may be no tag
+        return wire.snapshot_view(snap, str(self.rt.store.root / name) if name else None)
 
     def info(self, snap: Any) -> wire.SnapshotInfo:
-        """A snapshot as the `/v1/snapshots` routes answer it."""
+        """A snapshot as upstream's SnapshotInfo (inside a branch's answer)."""
         return wire.snapshot_info(snap, str(self.rt.store.dir(snap.tag)))
 
-    def snapshot_infos(self) -> list[wire.SnapshotInfo]:
-        return [self.info(s) for s in self.rt.snapshots() if hasattr(s, "tag")]
-
-    def snapshot(self, tag: str) -> wire.SnapshotInfo:
-        return self.info(self.rt.store.get(tag))
-
-    def snapshot_info(self, tag: str) -> dict[str, Any]:
-        """`forkd snapshot-info`: chain, dependents, sizes, hashes."""
-        return self.rt.snapshot_info(tag)
+    def snapshot(self, tag: str) -> SnapshotView:
+        return self.snap_view(self.rt.store.get(tag))
 
     def snapshot_detail(self, tag: str) -> wire.SnapshotDetail:
-        """The manifest and its chain (upstream's `/v1/snapshots/{tag}/info`)."""
+        """`forkd snapshot-info` and upstream's `/v1/snapshots/{tag}/info`: the snapshot's view, its chain,
+        dependents, running children, sizes and hashes."""
         info = self.rt.snapshot_info(tag)
-        base = self.snapshot(tag).model_dump()
-        base.update({k: info.get(k) for k in DETAIL_KEYS if k in info})
-        return wire.SnapshotDetail(**base)
+        return wire.SnapshotDetail(**dict(self.snapshot(tag).to_json(), **info))
 
-    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> Any:
-        return self.rt.create_snapshot(req, progress=progress)
+    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> SnapshotView:
+        return self.snap_view(self.rt.create_snapshot(req, progress=progress))
 
-    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> Any:
-        return self.rt.snapshot_diff(req, progress=progress)
+    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> SnapshotView:
+        return self.snap_view(self.rt.snapshot_diff(req, progress=progress))
 
-    def compact(self, req: Compaction, progress: Progress = _quiet) -> Any:
-        return self.rt.compact(req, progress=progress)
+    def compact(self, req: Compaction, progress: Progress = _quiet) -> SnapshotView:
+        return self.snap_view(self.rt.compact(req, progress=progress))
 
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
         """409 while children run on it or layers depend on it (named), unless `cascade` or `force`."""
@@ -81,4 +78,4 @@ class Snapshots:
                                         tuple(req.warm_imports), tuple(req.warm_run), pip=tuple(req.pip),
                                         apt=tuple(req.apt), progress=progress, rootfs=req.rootfs,
                                         registry=req.registry.model_dump() if req.registry else None)
-        return dict(snap.to_json(), image=dict(image.meta, built_now=built))
+        return dict(self.snap_view(snap).to_json(), image=dict(image.meta, built_now=built))

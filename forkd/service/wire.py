@@ -18,7 +18,7 @@ from forkd_client.models import EvalResult, ExecResult, FileWritten, PingResult,
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from forkd.core.requests import EGRESS_DOC, Egress
-from forkd.service.listing import ChildView
+from forkd.service.listing import ChildView, SnapshotView
 
 SnapshotStatus = Literal["writing", "ready", "failed"]
 BranchMode = Literal["full", "diff", "live"]
@@ -272,9 +272,14 @@ def child_view(rec: Any) -> ChildView:
                                     vmm_stopped=rec.vmm_stopped))
 
 
-def snapshot_view(snap: Any) -> dict[str, Any]:
-    """A listed snapshot as the CLI shows it: its manifest, or {"error": ...} for one that cannot be read."""
-    return snap.to_json() if hasattr(snap, "to_json") else {"error": snap.message}
+def snapshot_view(snap: Any, layout_dir: str | None = None) -> SnapshotView:
+    """A snapshot's record (or the CorruptManifest a listing holds for one that cannot be read: `failed`, `corrupt`,
+    named by its directory) as every door lists it (forkd.service.listing)."""
+    if not hasattr(snap, "to_json"):
+        return SnapshotView(tag=snap.dirname or "?", status="failed", error=snap.message, dir=layout_dir,
+                            corrupt=True)
+    return SnapshotView.from_json(dict(snap.to_json(), dir=layout_dir, created_at_unix=int(snap.created_at),
+                                       branched_from=snap.labels.get("forkd.dev/branch-of")))
 
 
 def sandbox_info(rec: ChildView) -> SandboxInfo:

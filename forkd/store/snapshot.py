@@ -27,7 +27,9 @@ _TAG_RE = re.compile(TAG_PATTERN)
 
 
 class CorruptManifest(ForkdError):
-    pass
+    """A snapshot record that cannot be read; `dirname`: its directory's name (the tag it would have)."""
+
+    dirname: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,14 @@ class Snapshot:
 
     @classmethod
     def from_file(cls, path: Path) -> Snapshot:
+        try:
+            return cls._read(path)
+        except CorruptManifest as exc:
+            exc.dirname = path.parent.name
+            raise
+
+    @classmethod
+    def _read(cls, path: Path) -> Snapshot:
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError:

@@ -3,8 +3,11 @@
 import type { Readable } from "node:stream";
 import type { EgressAllow, EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult,
   PortGrant, PortGrantInfo, SandboxInfo,
-  SnapshotDetail, SnapshotInfo, Written } from "./wire.js";
+  SnapshotDetail, SnapshotView, Written } from "./wire.js";
 export type * from "./wire.js";
+
+/** A snapshot as /v1/snapshots answers it: every field of upstream's SnapshotInfo, and its record's. */
+export type SnapshotInfo = SnapshotView;
 
 /** What a sandbox may reach on the network: "none" (the default), "internet" (public IPv4 only), or
  * { allow: ["CIDR:port", ...] } (exactly those). */

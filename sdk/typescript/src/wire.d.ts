@@ -421,22 +421,6 @@ export interface SnapshotDetail {
   chainError?: string | null;
 }
 
-export interface SnapshotInfo {
-  tag: string;
-  status: "writing" | "ready" | "failed";
-  dir?: string | null;
-  createdAtUnix?: number;
-  parentTag?: string | null;
-  branchedFrom?: string | null;
-  memoryMib?: number;
-  vcpus?: number;
-  accel?: string | null;
-  memoryBytes?: number;
-  memoryStoredBytes?: number;
-  error?: string | null;
-  labels?: Record<string, string>;
-}
-
 export interface SnapshotPullRequest {
   /** [docker://]HOST[:PORT]/NAME@sha256:DIGEST (or :TAG) */
   ref: string;
@@ -457,6 +441,43 @@ export interface SnapshotPushRequest {
   level?: number;
   /** allow tags the reconciler owns (for a puller that pins the digest) */
   owned?: boolean;
+}
+
+export interface SnapshotView {
+  tag: string;
+  status: "writing" | "ready" | "failed";
+  createdAt?: number;
+  memoryMib?: number;
+  vcpus?: number;
+  accel?: string | null;
+  imageId?: string | null;
+  kernelSha256?: string | null;
+  qemuVersion?: string | null;
+  warmImports?: string[];
+  warmRun?: string[];
+  warmExec?: string[];
+  memorySha256?: string | null;
+  vmstateSha256?: string | null;
+  memoryBytes?: number;
+  memoryStoredBytes?: number;
+  vmstateBytes?: number;
+  parentTag?: string | null;
+  parentContentHash?: string | null;
+  diffPages?: number;
+  diffSha256?: string | null;
+  writerPid?: number | null;
+  writerStarted?: number | null;
+  error?: string | null;
+  timingsMs?: Record<string, number>;
+  labels?: Record<string, string>;
+  network?: string;
+  diskSha256?: string | null;
+  diskBytes?: number;
+  format?: number;
+  dir?: string | null;
+  createdAtUnix?: number;
+  branchedFrom?: string | null;
+  corrupt?: boolean;
 }
 
 export interface Spawn {
