@@ -15,7 +15,11 @@ run rather than warning:
   in a fixture or in the test itself) errors at teardown, naming the marker to add.
 A VM booted by a subprocess the test starts (a daemon, the CLI, a benchmark script) is not seen by the second check:
 such tests are marked by hand. The reverse (marked `vm`, booted nothing here) is listed at the end of the run, since
-a subprocess may have booted what this process did not see.
+a subprocess may have booted what this process did not see (that list is printed by a run without pytest-xdist
+workers: a worker's summary is not shown).
+
+Under pytest-xdist (`--dist loadgroup`, scripts/test.sh) each test gets an `xdist_group` at collection
+(`worker_group`): its module, so one worker runs a module's tests and sets its module fixtures up once.
 """
 
 from __future__ import annotations
