@@ -3,9 +3,11 @@
 #   1. lint:  import-linter (layer order), ruff, the docs site (mkdocs build --strict)
 #   2. fast:  every test that boots no VM (-m "not vm and not bench and not long"), on FORKD_TEST_WORKERS
 #             pytest-xdist workers (default 4: most of these wait on subprocesses and daemons, not on a CPU)
-#   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long") on FORKD_VM_WORKERS workers (default 2,
-#             each with its own FORKD_HOME and warm base), then the benchmark scripts' short modes, one at a time
-#             (-m "bench and not long": they measure the host and hold its memory)
+#   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long"), on FORKD_VM_WORKERS workers (default 0:
+#             one process; 2 halves the wall time of a module pair but is not yet proven free of interference
+#             between homes), then the benchmark scripts' short modes in one process (-m "bench and not long": they
+#             measure the host and hold its memory)
+# In each tier the tests marked `serial` (they sweep host-wide state: gc --grace 0) run alone after the others.
 # Workers take whole modules (--dist loadgroup, groups from tests/markers.py), so a module fixture is set up once.
 # Markers (what a test boots) are declared in pyproject.toml and checked in tests/markers.py.
 #   scripts/test.sh           the default tiers above (what .ci/run and the README run)
@@ -37,12 +39,22 @@ fi
 workers() {  # pytest-xdist options for N workers (none for 0)
   if (($1)); then echo "-n $1 --dist loadgroup"; fi
 }
+tier() {  # tier WORKERS MARKERS: the tests of MARKERS on WORKERS workers, then those of them marked serial alone
+  local rc=0
+  if (($1 == 0)); then
+    "${PYTEST[@]}" -m "$2"
+    return
+  fi
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" $(workers "$1") -m "($2) and not serial" || rc=$?
+  ((rc == 0 || rc == 5)) || return "$rc"  # 5: nothing selected
+  "${PYTEST[@]}" -m "($2) and serial" || rc=$?
+  ((rc == 0 || rc == 5)) || return "$rc"
+}
 echo "== tier 2: tests that boot no VM"
-# shellcheck disable=SC2046
-"${PYTEST[@]}" $(workers "${FORKD_TEST_WORKERS:-4}") -m "not vm and not bench and not long"
+tier "${FORKD_TEST_WORKERS:-4}" "not vm and not bench and not long"
 echo "== tier 3: tests that boot VMs"
-# shellcheck disable=SC2046
-"${PYTEST[@]}" $(workers "${FORKD_VM_WORKERS:-2}") -m "vm and not bench and not long"
+tier "${FORKD_VM_WORKERS:-0}" "vm and not bench and not long"
 echo "== tier 3: benchmark smoke"
 "${PYTEST[@]}" -m "bench and not long"
 if ((long)); then

@@ -17,7 +17,7 @@ from forkd.sandbox import cgroups, gc, netns
 from tests.conftest import forkd_cli, qemu_pids
 from tests.test_isolation import NET_TAG, net_snapshot
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.serial]  # gc --grace 0 (serial: pyproject.toml)
 
 SPAWNER = """
 import os, sys, time
