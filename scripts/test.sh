@@ -7,8 +7,9 @@
 #             one process; 2 halves the wall time of a module pair but is not yet proven free of interference
 #             between homes), then the benchmark scripts' short modes in one process (-m "bench and not long": they
 #             measure the host and hold its memory)
-# In each tier the tests marked `serial` (they sweep host-wide state: gc --grace 0) run alone after the others.
-# Workers take whole modules (--dist loadgroup, groups from tests/markers.py), so a module fixture is set up once.
+# In each tier the tests marked `serial` (they sweep or swap off host-wide state: gc --grace 0, a zram swap) run alone
+# after the others.
+# Workers take whole modules (--dist loadfile), so a module fixture is set up once and torn down before the next.
 # Markers (what a test boots) are declared in pyproject.toml and checked in tests/markers.py.
 #   scripts/test.sh           the default tiers above (what .ci/run and the README run)
 #   scripts/test.sh --long    the default tiers, then the long tier (-m long: minutes each even when right)
@@ -37,7 +38,7 @@ if (($#)); then
   exec "${PYTEST[@]}" "$@"
 fi
 workers() {  # pytest-xdist options for N workers (none for 0)
-  if (($1)); then echo "-n $1 --dist loadgroup"; fi
+  if (($1)); then echo "-n $1 --dist loadfile"; fi
 }
 tier() {  # tier WORKERS MARKERS: the tests of MARKERS on WORKERS workers, then those of them marked serial alone
   local rc=0

@@ -18,8 +18,8 @@ such tests are marked by hand. The reverse (marked `vm`, booted nothing here) is
 a subprocess may have booted what this process did not see (that list is printed by a run without pytest-xdist
 workers: a worker's summary is not shown).
 
-Under pytest-xdist (`--dist loadgroup`, scripts/test.sh) each test gets an `xdist_group` at collection
-(`worker_group`): its module, so one worker runs a module's tests and sets its module fixtures up once.
+Users of the swap fixture (`SHARED_SWAP`) get `serial` at collection: scripts/test.sh runs `serial` tests alone,
+after a tier's pytest-xdist workers (`--dist loadfile`: a worker runs a module whole) are done.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import pytest
 VM_FIXTURES = frozenset({"base", "fork", "srt", "sfork"})
 # fixtures that build a rootfs from the default image's packages (tests.oci_images): their users get `image`
 IMAGE_FIXTURES = frozenset({"layers", "layout_dir"})
-# fixtures of a host-wide resource one module sets up and tears down (tests.swap): their users share a worker
+# fixtures of a host-wide resource one module sets up and tears down (tests.swap): their users get `serial`, so
+# one module's zram device is never swapped off under another worker's paged-out children
 SHARED_SWAP = frozenset({"swap"})
 _BOOTS = [0]
 _BEFORE = pytest.StashKey[int]()
@@ -57,27 +58,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_QUIET_VM] = []
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group markers added here
+@pytest.hookimpl(tryfirst=True)  # before the -m selection, which reads the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda it: it.get_closest_marker("bench") is not None)  # benchmark smoke last (stable)
     for it in items:
         if IMAGE_FIXTURES & set(getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.image)
-        it.add_marker(pytest.mark.xdist_group(worker_group(it)))
+        if SHARED_SWAP & set(getattr(it, "fixturenames", ())):
+            it.add_marker(pytest.mark.serial)
     wrong = [f"{it.nodeid} (uses {', '.join(sorted(VM_FIXTURES & set(it.fixturenames)))})"
              for it in items if VM_FIXTURES & set(getattr(it, "fixturenames", ())) and not it.get_closest_marker("vm")]
     if wrong:
         raise pytest.UsageError("these tests use a fixture that boots a VM but are not marked vm; add "
                                 "@pytest.mark.vm:\n  " + "\n  ".join(wrong))
-
-
-def worker_group(item: pytest.Item) -> str:
-    """The tests one pytest-xdist worker runs in turn (`--dist loadgroup`): a module's tests together, so its
-    module fixtures are set up once; the modules that use host-wide swap (`SHARED_SWAP`) all on one worker, so one
-    module's zram device is never swapped off under another's paged-out children."""
-    if SHARED_SWAP & set(getattr(item, "fixturenames", ())):
-        return "swap"
-    return item.nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(tryfirst=True)
