@@ -4,9 +4,9 @@
 #   2. fast:  every test that boots no VM (-m "not vm and not bench and not long"), on FORKD_TEST_WORKERS
 #             pytest-xdist workers (default 4: most of these wait on subprocesses and daemons, not on a CPU)
 #   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long"), on FORKD_VM_WORKERS workers (default 0:
-#             one process; 2 halves the wall time of a module pair but is not yet proven free of interference
-#             between homes), then the benchmark scripts' short modes in one process (-m "bench and not long": they
-#             measure the host and hold its memory)
+#             one process; a whole VM tier on 2 workers has not passed yet, bench/reports/*-ci-tiers.md), then the
+#             benchmark scripts' short modes in one process (-m "bench and not long": they measure the host and hold
+#             its memory)
 # In each tier the tests marked `serial` (they sweep or swap off host-wide state: gc --grace 0, a zram swap) run alone
 # after the others.
 # Workers take whole modules (--dist loadfile), so a module fixture is set up once and torn down before the next.
