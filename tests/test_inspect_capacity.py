@@ -12,8 +12,6 @@ from forkd_client.inspect_provider import CHILD_MIB, ForkdSandboxEnvironment
 
 from tests.chaos.rig import Rig
 
-pytestmark = pytest.mark.serial  # a Rig's clean-up runs gc --grace 0 (serial: pyproject.toml)
-
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 
 from tests.chaos.harness import Chaos, Config, Report
 
-pytestmark = [pytest.mark.vm, pytest.mark.serial]  # gc --grace 0 (serial: pyproject.toml)
+pytestmark = pytest.mark.vm
 
 SEED = 7
 KILLS = 3

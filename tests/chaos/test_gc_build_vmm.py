@@ -51,7 +51,6 @@ def private_home():
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.mark.serial  # gc with grace 0 (serial: pyproject.toml)
 def test_gc_kills_the_vmm_of_a_dead_builder_and_spares_a_live_ones(private_home, monkeypatch):
     monkeypatch.setenv("FORKD_HOME", str(private_home))
     layout = Layout(private_home)
