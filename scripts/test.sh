@@ -4,12 +4,12 @@
 #   2. fast:  every test that boots no VM (-m "not vm and not bench and not long"), on FORKD_TEST_WORKERS
 #             pytest-xdist workers (default 4: most of these wait on subprocesses and daemons, not on a CPU)
 #   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long"), on FORKD_VM_WORKERS workers (default 0:
-#             one process; a whole VM tier on 2 workers has not passed yet, bench/reports/*-ci-tiers.md), then the
-#             benchmark scripts' short modes in one process (-m "bench and not long": they measure the host and hold
-#             its memory)
-# In each tier the tests marked `serial` (they sweep or swap off host-wide state: gc --grace 0, a zram swap) run alone
-# after the others.
-# Workers take whole modules (--dist loadfile), so a module fixture is set up once and torn down before the next.
+#             one process; a whole VM tier on 2 workers has not passed yet, bench/reports/*-ci-tiers.md; each worker
+#             builds its own base snapshot), then the benchmark scripts' short modes in one process
+#             (-m "bench and not long": they measure the host and hold its memory)
+# In each tier the tests marked `serial` (they swap off host-wide state: the zram swap of tests/swap.py) run alone
+# after the others. Workers take whole modules (--dist loadfile), so a module fixture is set up once and torn down
+# before the next; a run gets a short --basetemp (tests/basetemp.py: a daemon's socket fits beneath tmp_path).
 # Markers (what a test boots) are declared in pyproject.toml and checked in tests/markers.py.
 #   scripts/test.sh           the default tiers above (what .ci/run and the README run)
 #   scripts/test.sh --long    the default tiers, then the long tier (-m long: minutes each even when right)
