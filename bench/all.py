@@ -36,9 +36,8 @@ ROOT = BENCH.parent
 # name -> (arguments in --short mode, arguments otherwise, flag that makes it print JSON)
 SUITE: dict[str, tuple[list[str], list[str], list[str]]] = {
     "plan": (["--runs", "3"], [], []),
-    "fork": (["--cold", "2", "--forks", "5", "--fanout", "8"], [], ["-o", "json"]),
-    "density": (["--n", "8", "--batch", "4", "--idle-s", "5", "--sample-s", "2", "--execs", "10",
-                 "--sample-execs", "5", "--memory-mib", "256"], [], ["-o", "json"]),
+    "fork": (["--cold", "2", "--forks", "3", "--fanout", "4"], [], ["-o", "json"]),
+    "density": (["--short"], [], ["-o", "json"]),
     "branch": (["--sizes", "512", "--reps", "2"], [], ["-o", "json"]),
     "chain": (["--spawns", "2", "--memory-mib", "256"], [], ["-o", "json"]),
     "pool": (["--claims", "3"], [], ["-o", "json"]),

@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Runs every check CI runs, in tiers; a failing tier stops the run (later tiers would only take longer to say so):
 #   1. lint:  import-linter (layer order), ruff, the docs site (mkdocs build --strict)
-#   2. fast:  every test that boots no VM (pytest -m "not vm and not bench and not long")
-#   3. vm:    the tests that boot QEMU, then the benchmark scripts' short modes last (-m "(vm or bench) and not long")
+#   2. fast:  every test that boots no VM (-m "not vm and not bench and not long"), on FORKD_TEST_WORKERS
+#             pytest-xdist workers (default 4: most of these wait on subprocesses and daemons, not on a CPU)
+#   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long"), on FORKD_VM_WORKERS workers (default 0:
+#             one process; a whole VM tier on 2 workers has not passed yet, bench/reports/*-ci-tiers.md; each worker
+#             builds its own base snapshot), then the benchmark scripts' short modes in one process
+#             (-m "bench and not long": they measure the host and hold its memory)
+# In each tier the tests marked `serial` (they swap off host-wide state: the zram swap of tests/swap.py) run alone
+# after the others. Workers take whole modules (--dist loadfile), so a module fixture is set up once and torn down
+# before the next; a run gets a short --basetemp (tests/basetemp.py: a daemon's socket fits beneath tmp_path).
 # Markers (what a test boots) are declared in pyproject.toml and checked in tests/markers.py.
 #   scripts/test.sh           the default tiers above (what .ci/run and the README run)
 #   scripts/test.sh --long    the default tiers, then the long tier (-m long: minutes each even when right)
-#   scripts/test.sh ARGS...   one pytest run with ARGS (a file, -k, -m ...), after the lint tier
-# Each pytest run prints its 25 slowest steps (--durations=25). Needs scripts/setup.sh --dev first.
+#   scripts/test.sh ARGS...   one pytest run with ARGS (a file, -k, -m, -n 2 ...), after the lint tier
+# Each pytest run prints its 25 slowest steps (--durations=25). FORKD_TEST_WORKERS=0 runs a tier in one process.
+# Needs scripts/setup.sh --dev first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -29,10 +37,27 @@ if (($#)); then
   echo "== pytest $*"
   exec "${PYTEST[@]}" "$@"
 fi
+workers() {  # pytest-xdist options for N workers (none for 0)
+  if (($1)); then echo "-n $1 --dist loadfile"; fi
+}
+tier() {  # tier WORKERS MARKERS: the tests of MARKERS on WORKERS workers, then those of them marked serial alone
+  local rc=0
+  if (($1 == 0)); then
+    "${PYTEST[@]}" -m "$2"
+    return
+  fi
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" $(workers "$1") -m "($2) and not serial" || rc=$?
+  ((rc == 0 || rc == 5)) || return "$rc"  # 5: nothing selected
+  "${PYTEST[@]}" -m "($2) and serial" || rc=$?
+  ((rc == 0 || rc == 5)) || return "$rc"
+}
 echo "== tier 2: tests that boot no VM"
-"${PYTEST[@]}" -m "not vm and not bench and not long"
-echo "== tier 3: tests that boot VMs, then benchmark smoke"
-"${PYTEST[@]}" -m "(vm or bench) and not long"
+tier "${FORKD_TEST_WORKERS:-4}" "not vm and not bench and not long"
+echo "== tier 3: tests that boot VMs"
+tier "${FORKD_VM_WORKERS:-0}" "vm and not bench and not long"
+echo "== tier 3: benchmark smoke"
+"${PYTEST[@]}" -m "bench and not long"
 if ((long)); then
   echo "== long tier"
   "${PYTEST[@]}" -m long

@@ -128,16 +128,23 @@ def forkd_cli(*args: str, check: bool = False, input: str | None = None) -> subp
     return res
 
 
+from tests.basetemp import pytest_sessionfinish, short_basetemp  # noqa: E402,F401 - short tmp_path (unix sockets)
 from tests.branching import sfork, srt  # noqa: E402,F401 - fixtures: a runtime on tmpfs for BRANCH tests
 from tests.fake_vmm import fake_base, fake_home, fake_rt  # noqa: E402,F401 - fixtures: the no-VM tier's fake-driver runtime
 from tests.markers import (  # noqa: E402,F401 - hooks: the vm marker checked both ways
     pytest_collection_modifyitems,
-    pytest_configure,
     pytest_runtest_logreport,
     pytest_runtest_setup,
     pytest_runtest_teardown,
     pytest_terminal_summary,
 )
+from tests.markers import pytest_configure as configure_markers  # noqa: E402
 from tests.oci_images import layers, layout_dir  # noqa: E402,F401 - session fixtures: OCI test images
 from tests.registries import registry_http, registry_layout, registry_tls  # noqa: E402,F401 - loopback registries
 from tests.swap import swap  # noqa: E402,F401 - a module's swap device, for the tests that page children out
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    short_basetemp(config)
+    configure_markers(config)

@@ -15,7 +15,11 @@ run rather than warning:
   in a fixture or in the test itself) errors at teardown, naming the marker to add.
 A VM booted by a subprocess the test starts (a daemon, the CLI, a benchmark script) is not seen by the second check:
 such tests are marked by hand. The reverse (marked `vm`, booted nothing here) is listed at the end of the run, since
-a subprocess may have booted what this process did not see.
+a subprocess may have booted what this process did not see (that list is printed by a run without pytest-xdist
+workers: a worker's summary is not shown).
+
+Users of the swap fixture (`SHARED_SWAP`) get `serial` at collection: scripts/test.sh runs `serial` tests alone,
+after a tier's pytest-xdist workers (`--dist loadfile`: a worker runs a module whole) are done.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import pytest
 VM_FIXTURES = frozenset({"base", "fork", "srt", "sfork"})
 # fixtures that build a rootfs from the default image's packages (tests.oci_images): their users get `image`
 IMAGE_FIXTURES = frozenset({"layers", "layout_dir"})
+# fixtures of a host-wide resource one module sets up and tears down (tests.swap): their users get `serial`, so
+# one module's zram device is never swapped off under another worker's paged-out children
+SHARED_SWAP = frozenset({"swap"})
 _BOOTS = [0]
 _BEFORE = pytest.StashKey[int]()
 _QUIET_VM = pytest.StashKey[list]()
@@ -51,11 +58,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_QUIET_VM] = []
 
 
+@pytest.hookimpl(tryfirst=True)  # before the -m selection, which reads the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda it: it.get_closest_marker("bench") is not None)  # benchmark smoke last (stable)
     for it in items:
         if IMAGE_FIXTURES & set(getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.image)
+        if SHARED_SWAP & set(getattr(it, "fixturenames", ())):
+            it.add_marker(pytest.mark.serial)
     wrong = [f"{it.nodeid} (uses {', '.join(sorted(VM_FIXTURES & set(it.fixturenames)))})"
              for it in items if VM_FIXTURES & set(getattr(it, "fixturenames", ())) and not it.get_closest_marker("vm")]
     if wrong:

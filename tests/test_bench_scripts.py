@@ -41,14 +41,16 @@ def test_pool_bench_registry_only_short_mode():
 
 @pytest.mark.vm
 @pytest.mark.bench
-def test_soak_short_mode_samples_every_series(rt):
-    """bench/soak.py --short: a minute of claim/exec/branch/release churn against a real daemon; every series is
-    sampled, a slope printed for each, nothing left over at the end."""
+def test_soak_short_mode_samples_every_series(rt, tmp_path):
+    """bench/soak.py for half a minute, a sample every 5 s (--short's code path, half its length): claim/exec/branch/
+    release churn against a real daemon with faults; every series is sampled, a slope printed for each, nothing left
+    over at the end, and the dated report pair written."""
     import json
 
     rt.build_image()  # copied into the soak's private home
-    res = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--short", "--image-from", str(rt.layout.home),
-                          "-o", "json"], capture_output=True, text=True, timeout=1200)
+    res = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--minutes", "0.5", "--interval", "5",
+                          "--image-from", str(rt.layout.home), "--out", str(tmp_path), "--label", "ci", "-o", "json"],
+                         capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
     assert set(out["slopes_per_min"]) == {"rss_mib", "swap_mib", "fds", "tmpfs_mib", "leftovers"}
@@ -56,6 +58,7 @@ def test_soak_short_mode_samples_every_series(rt):
     assert out["failures"] == 0, res.stderr[-3000:]
     assert out["samples"][-1]["leftovers"] == 0, out["samples"][-1]
     assert out["leaked_qemu_at_end"] == []
+    assert len(list(tmp_path.glob("soak-*-ci.md"))) == 1 and len(list(tmp_path.glob("soak-*-ci.json"))) == 1
 
 
 @pytest.mark.vm  # through the script, in a subprocess
@@ -69,9 +72,9 @@ def test_bench_all_short_writes_one_report_and_the_plots(home, tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert {n: r["exit_code"] for n, r in report["benchmarks"].items()} == {"plan": 0, "fork": 0, "density": 0}
     density = report["benchmarks"]["density"]["result"]
-    assert density["final"]["n"] == 8 and len(density["levels"]) == 2
-    assert density["final"]["exec_ms"]["n"] == 10 and density["limits"]["measured_up_to_n"] == 8
-    assert report["benchmarks"]["fork"]["result"]["fanout"]["n"] == 8
+    assert density["final"]["n"] == 4 and len(density["levels"]) == 2
+    assert density["final"]["exec_ms"]["n"] == 5 and density["limits"]["measured_up_to_n"] == 4
+    assert report["benchmarks"]["fork"]["result"]["fanout"]["n"] == 4
     for png in ("fork-latency-cdf.png", "fanout-timeline.png", "memory-per-child.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     assert not [c for c in Runtime(Layout(home)).children() if c.snapshot.startswith(("bench-density", "bench-fork"))]

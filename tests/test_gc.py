@@ -33,7 +33,7 @@ time.sleep(600)
 def leftovers(rt, ids):
     home = str(rt.layout.home)
     return {
-        "netns": [n for n in netns.list_netns() if n[len(netns.NETNS_PREFIX):] in ids],
+        "netns": [n for n in netns.list_netns() if netns.child_of(n) in ids],
         "veths": [v for v in netns.host_links() if v in {netns.host_if_name(i) for i in ids}],
         "leases": [lease.addr for _, lease in netns.leases() if lease and lease.child in ids],
         "cgroups": [str(g) for g in cgroups.home_groups(home) if g.name in ids],
@@ -86,8 +86,8 @@ def test_kill_9_mid_spawn_leaves_nothing_unaccounted(rt, home):
     # whatever is left belongs to an adopted, answering child
     for i in live:
         assert rt.ping(i)["pong"] is True
-    mine = [n for n in netns.list_netns() if (rt.layout.children / n[len(netns.NETNS_PREFIX):]).exists()]
-    assert {n[len(netns.NETNS_PREFIX):] for n in mine} <= live
+    mine = [n for n in netns.list_netns() if (rt.layout.children / netns.child_of(n)).exists()]
+    assert {netns.child_of(n) for n in mine} <= live
     assert {g.name for g in cgroups.home_groups(str(home))} <= live
     assert len(qemu_pids(home)) == len(live)
     if live:  # killed before any child answered: nothing left to adopt

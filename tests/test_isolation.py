@@ -95,7 +95,7 @@ def http_get(rt, cid, url, timeout=5):
 
 def test_isolated_child_reaches_host_service_and_listens_on_nothing(rt, nfork, host_http):
     (c,) = nfork(1, egress=host_allow(host_http))
-    assert c.network == "isolated" and c.netns == f"forkd-{c.id}" and netns.exists(c.netns)
+    assert c.network == "isolated" and c.netns == netns.netns_name(c.id, str(rt.layout.home)) and netns.exists(c.netns)
     assert "hello-from-host" in http_get(rt, c.id, host_http)
     # the guest keeps the parent's address and MAC
     res = sh(rt, c.id, "cat /sys/class/net/eth0/address; ip -4 addr show eth0")

@@ -1,12 +1,14 @@
-"""The kopf operator's handlers against a real node daemon with real VMs.
+"""The kopf operator's handlers against a real node daemon on the fake VMM driver (tests/fake_vmm.py).
 
 No Kubernetes API server can be installed on this machine, so these tests are a stand-in for it (not a real
 one): they call the kopf handler functions directly with resource bodies shaped like the ones kopf passes
 (apiVersion/kind/metadata with namespace, uid, generation/spec/status; a kopf.Patch; a logger) and merge the
 status patch back into the body
-the way the API server's status subresource would. Everything below the API server is real: a `forkd serve`
-daemon process on the session's FORKD_HOME, reached over its unix socket (FORKD_DAEMON_SOCKET), builds a real
-parent snapshot and forks real QEMU children. Kubernetes Events are caught where kopf's event API puts them (its
+the way the API server's status subresource would. Everything below the API server is real but the VMM: a `forkd
+serve` daemon process on the module's FORKD_HOME, reached over its unix socket (FORKD_DAEMON_SOCKET), builds a
+parent snapshot and forks children on the fake driver, which passes the same contract tests as QEMU (handlers,
+reconciler and daemon are logic above the driver; what only a VM shows is tested in tests/k8s/test_operator_vm.py
+and the other vm-marked modules). Kubernetes Events are caught where kopf's event API puts them (its
 posting queue, which a running operator drains into the API server): the `k8s_events` fixture installs that queue.
 """
 
@@ -32,7 +34,17 @@ from forkd.operator import handlers
 from forkd.reconciler.objects import MANAGED_BY
 from tests.conftest import forkd_cli
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
 LOG = logging.getLogger("test-operator")
 
 
@@ -124,7 +136,7 @@ def node_daemon(home):
     proc = subprocess.Popen([sys.executable, "-m", "forkd.api", "serve", "--interval", "1"],
                             env=dict(os.environ, FORKD_HOME=str(home)), stdout=log, stderr=log)
     sock = home / "forkd.sock"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a bound on a hang, not a speed check
     while not sock.exists():
         assert proc.poll() is None, (home / "operator-daemon.log").read_text()[-2000:]
         assert time.monotonic() < deadline, "daemon socket never appeared"

@@ -5,9 +5,11 @@ Policy (decided, and tested in tests/test_gc.py):
     its namespace and cgroup kept; `forkd kill` removes it like any other;
   * a child whose spawner died mid-start, or that is dead / OOM-killed / failed, is REAPED: its VMM is killed if
     the recorded pid + start time still match, then its namespace, veth, tap, lease, cgroup and files go;
-  * kernel objects named by our prefixes whose owning child record is gone are removed: namespaces forkd-<id>
-    and their leases (only those leased for this FORKD_HOME, or for a home that no longer exists), host veths
-    fkh<id> without a lease, cgroups under this home's forkd/<home-hash>/ subtree. A process inside such an
+  * kernel objects named by our prefixes whose owning child record is gone are removed: namespaces
+    forkd-<home key>-<id> and their leases (only those leased for this FORKD_HOME, or for a home that no longer
+    exists; a namespace without a lease only when its name is this home's), host veths fkh<id> with neither a
+    lease nor a namespace, cgroups under this home's forkd/<home-hash>/ subtree. Another home's namespace is
+    never touched, whatever the grace: its own gc removes it. A process inside such an
     orphaned namespace or cgroup can only be a VMM we put there, so it is killed (found by namespace inode or
     cgroup membership, never by name);
   * child directories without a record (sockets, logs) are deleted whatever their age: a record is born
@@ -34,9 +36,11 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forkd.base.errors import ForkdError
 from forkd.base.mounts import remove_tree
 from forkd.base.owners import dead_under, owner_alive
 from forkd.base.paths import Layout, stale_flat_dirs
@@ -44,6 +48,7 @@ from forkd.base.private import UnsafePath, check_private_dir
 from forkd.base.procs import is_alive, kill_and_wait, kill_pidfd, pidfd_of, start_time
 from forkd.base.settings import settings
 from forkd.sandbox import cgroups, netns
+from forkd.sandbox.netlayout import leases_dir
 from forkd.sandbox.registry import RECORD, ChildRecord, Registry
 from forkd.sandbox.supervisor import release_isolation
 
@@ -134,7 +139,7 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
             registry.remove(rec.id)
     _collect_child_vmms(layout, registry, report, dry_run, grace)
     _collect_child_dirs(layout, keep, report, dry_run)
-    _collect_network(home, keep, report, dry_run, grace)
+    _collect_network(home, keep, lambda cid: cid in keep or _owned_now(registry, cid, grace), report, dry_run, grace)
     _collect_cgroups(home, keep, report, dry_run)
     _collect_files(layout, report, dry_run, grace)
     _collect_build_vmms(layout, report, dry_run)
@@ -144,6 +149,15 @@ def collect(layout: Layout, dry_run: bool = False, grace: float = GRACE_SECONDS)
         if not dry_run:
             _remove(d)
     return report
+
+
+def _owned_now(registry: Registry, child_id: str, grace: float) -> bool:
+    """Whether a child is someone's by its record as it is now: a spawn that began after the registry was read
+    saved its record before it took a lease or made a namespace."""
+    try:
+        return _owned(registry.get(child_id), grace)
+    except ForkdError:
+        return False
 
 
 def _collect_child_dirs(layout: Layout, keep: set[str], report: GcReport, dry_run: bool) -> None:
@@ -205,39 +219,62 @@ def _held_dirs(proc: Path, root: Path) -> set[str]:
     return names
 
 
-def _child_of(name: str) -> str:
-    return name[len(netns.NETNS_PREFIX):]
+def _collect_network(home: str, keep: set[str], owns: Callable[[str], bool], report: GcReport, dry_run: bool,
+                     grace: float) -> None:
+    """Namespaces, veths and leases of this home that no child owns. The kernel's objects are listed before the
+    leases are read: a lease is taken before its namespace and veth exist and dropped after they are gone
+    (forkd.sandbox.netns), so whatever was listed and is still a child's, of any home, has its lease in the read
+    that follows. Another home's namespace is never taken, leased or not (its name carries its home), unless its
+    lease names a home that no longer exists."""
+    links = netns.host_links()  # before the namespaces: a veth is made after its namespace
+    names = netns.list_netns()
+    leased = _collect_leases(home, owns, report, dry_run)
+    mine = cgroups.home_key(home)
+    for name in names:
+        owner, child = netns.parse_netns(name)
+        if name in leased or name in report.netns or (owner is not None and owner != mine) or owns(child):
+            continue
+        # no lease: a leftover of this home's (or, by an older forkd's name, of no known home: judged by age alone)
+        if _age(netns.NETNS_DIR / name) <= (grace if owner is not None else max(grace, GRACE_SECONDS)):
+            continue
+        _teardown(netns.ChildNet(name, netns.host_if_name(child), "", "", child), report, dry_run)
+    _collect_veths(links, names, leased, keep, report, dry_run)
 
 
-def _collect_network(home: str, keep: set[str], report: GcReport, dry_run: bool, grace: float) -> None:
+def _collect_leases(home: str, owns: Callable[[str], bool], report: GcReport,
+                    dry_run: bool) -> dict[str, netns.ChildNet]:
+    """Tear down this home's leased children that no record owns, and any lease whose home is gone; return the
+    leases that stay, by namespace. A lease that cannot be read names no home (an older forkd wrote them in place,
+    so one may be half-written this instant): it goes only after GRACE_SECONDS, whatever the caller's grace. A
+    lease being written (an owned temporary, forkd.base.owners) goes once its writer is gone."""
     leased: dict[str, netns.ChildNet] = {}
+    for path in dead_under(leases_dir(), 1):
+        report.leases.append(path.name)
+        if not dry_run:
+            path.unlink(missing_ok=True)
     for path, lease in netns.leases():
         if lease is None:
-            if _age(path) > grace:
+            if _age(path) > GRACE_SECONDS:
                 report.leases.append(path.name)
                 if not dry_run:
                     path.unlink(missing_ok=True)
             continue
         mine = os.path.realpath(lease.home) == os.path.realpath(home)
-        home_gone = not os.path.isdir(lease.home)
-        if (mine and lease.child not in keep) or home_gone:
+        if (mine and not owns(lease.child)) or not os.path.isdir(lease.home):
             _teardown(lease, report, dry_run)
         else:
             leased[lease.netns] = lease
-    live_host_ifs = {lease.host_if for lease in leased.values()}
-    for name in netns.list_netns():
-        if name in leased or _child_of(name) in keep:
-            continue
-        if name in report.netns:
-            continue
-        if _age(netns.NETNS_DIR / name) <= grace:
-            continue  # no lease yet: may be a spawn in progress
-        _teardown(netns.ChildNet(name, netns.host_if_name(_child_of(name)), "", "", _child_of(name)), report,
-                  dry_run)
-    for ifname in netns.host_links():
-        if ifname in live_host_ifs or ifname in report.veths:
-            continue
-        if any(netns.host_if_name(c) == ifname for c in keep):
+    return leased
+
+
+def _collect_veths(links: list[str], names: list[str], leased: dict[str, netns.ChildNet], keep: set[str],
+                   report: GcReport, dry_run: bool) -> None:
+    """Host veths no lease names whose namespace is gone (a namespace a process still holds after its name was
+    removed keeps its veth). A veth whose namespace is still there is judged with it: another home's is left."""
+    live = {lease.host_if for lease in leased.values()} | {netns.host_if_name(c) for c in keep}
+    named = {netns.host_if_name(netns.child_of(n)) for n in names if n not in report.netns}
+    for ifname in links:
+        if ifname in live or ifname in named or ifname in report.veths:
             continue
         report.veths.append(ifname)
         if not dry_run:

@@ -15,9 +15,12 @@ fenced off from the host and from each other.
 The nftables tables and the host grants live in forkd.sandbox.firewall; the bridge's names and addresses, the
 leases' directory and NetworkError in forkd.sandbox.netlayout.
 
-Per-child addresses are leased with O_EXCL files under /run/forkd/leases/ (tmpfs: gone with the namespaces at
-reboot); each lease names its namespace, host veth and FORKD_HOME, which is how `gc` tells its own leftovers from
-another home's live children.
+Per-child addresses are leased with files under /run/forkd/leases/ (tmpfs: gone with the namespaces at reboot),
+each written whole before it takes its name (link(2) of a finished file: a reader never sees half a lease). A lease
+is taken before its namespace and veth exist and dropped after they are gone, and names its namespace, host veth and
+FORKD_HOME: that is how `gc` tells its own leftovers from another home's live children. A namespace's name carries
+its home too (forkd-<home key>-<child>, the key of the home's cgroups), so one found without a lease is still known
+to be another home's and left to that home.
 
 Namespace work runs in the calling thread after setns(2) (which moves only that thread): no helper processes,
 safe with the thread pool that spawns children in parallel.
@@ -31,6 +34,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 import struct
 import threading
@@ -42,7 +46,9 @@ from pathlib import Path
 from forkd.base import nsthread
 from forkd.base.errors import ForkdError
 from forkd.base.locks import file_lock
+from forkd.base.owners import owned_name, owner_of
 from forkd.base.settings import settings
+from forkd.sandbox.cgroups import home_key
 from forkd.sandbox.firewall import Egress, ensure_host_table, grant, load_rules, netns_rules, revoke
 from forkd.sandbox.netlayout import BRIDGE, BRIDGE_ADDR, BRIDGE_NET, BRIDGE_PREFIX, INNER_VETH, NetworkError, leases_dir
 from forkd.vmm.driver import TAP_NAME
@@ -71,8 +77,23 @@ def _iproute():
     return IPRoute()
 
 
-def netns_name(child_id: str) -> str:
-    return NETNS_PREFIX + child_id
+_TAGGED = re.compile(r"^(h[0-9a-f]{10})-(.+)$")  # forkd-<home key>-<child>; an older forkd's: forkd-<child>
+
+
+def netns_name(child_id: str, home: str) -> str:
+    """The child's namespace: forkd-<home key>-<child> (a home's key as its cgroups', forkd.sandbox.cgroups)."""
+    return f"{NETNS_PREFIX}{home_key(home)}-{child_id}"
+
+
+def parse_netns(name: str) -> tuple[str | None, str]:
+    """(home key, child id) of a namespace named by netns_name; (None, child id) for an older forkd's name."""
+    rest = name[len(NETNS_PREFIX):]
+    m = _TAGGED.match(rest)
+    return (m[1], m[2]) if m else (None, rest)
+
+
+def child_of(name: str) -> str:
+    return parse_netns(name)[1]
 
 
 def host_if_name(child_id: str) -> str:
@@ -142,22 +163,43 @@ def _addr(index: int) -> str:
     return f"10.200.{index >> 8}.{index & 255}"
 
 
-def _lease(net: ChildNet) -> ChildNet:
+@contextlib.contextmanager
+def _lease_writer(net: ChildNet) -> Iterator[Path]:
+    """A finished lease file under an owned temporary name (forkd.base.owners: gc removes it once its maker is
+    gone), for the caller to link(2) to the lease's name: taken whole or not at all."""
     leases_dir().mkdir(parents=True, exist_ok=True)
     os.chmod(settings().run_dir, 0o700)
-    start = secrets.randbelow(65000) + 2
-    for k in range(65530):
-        index = 2 + (start + k) % 65530
-        addr = _addr(index)
-        try:
-            fd = os.open(leases_dir() / addr, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            continue
-        net = ChildNet(net.netns, net.host_if, addr, net.home, net.child, time.time())
+    tmp = leases_dir() / owned_name(".lease")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
         with os.fdopen(fd, "w") as f:
             json.dump(net.to_json(), f)
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _take(tmp: Path, name: str) -> bool:
+    """Give the finished lease `tmp` the name `name`, unless that name is taken (False)."""
+    try:
+        os.link(tmp, leases_dir() / name)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _lease(net: ChildNet) -> ChildNet:
+    start = secrets.randbelow(65000) + 2
+    for k in range(65530):
+        addr = _addr(2 + (start + k) % 65530)
+        if (leases_dir() / addr).exists():
+            continue
+        leased = ChildNet(net.netns, net.host_if, addr, net.home, net.child, time.time())
+        with _lease_writer(leased) as tmp:
+            if not _take(tmp, addr):
+                continue
         revoke(addr)  # grants a crashed owner of this address left behind are not this child's
-        return net
+        return leased
     raise NetworkError(f"no free address left in {BRIDGE_NET}")
 
 
@@ -168,8 +210,8 @@ def leases() -> list[tuple[Path, ChildNet | None]]:
     except FileNotFoundError:
         return out
     for n in names:
-        if n.endswith(".grants"):  # an address's host grants: goes with its lease (release / the next _lease)
-            continue
+        if n.endswith(".grants") or owner_of(n) is not None:  # an address's host grants: go with its lease
+            continue  # (release / the next _lease); a lease being written (_lease_writer)
         p = leases_dir() / n
         try:
             raw = json.loads(p.read_text())
@@ -251,12 +293,10 @@ def create_empty(child_id: str, home: str) -> ChildNet:
     neither the host's loopback services nor its abstract unix sockets, nor any other VMM's. Only `lo`, down (the
     VMM has no capability to raise it). Leased under its own name before it exists (no address), so every home's
     gc knows whose it is; removed like an isolated child's (teardown)."""
-    net = ChildNet(netns_name(child_id), "", "", home, child_id, time.time())
-    leases_dir().mkdir(parents=True, exist_ok=True)
-    os.chmod(settings().run_dir, 0o700)
-    fd = os.open(leases_dir() / net.netns, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(net.to_json(), f)
+    net = ChildNet(netns_name(child_id, home), "", "", home, child_id, time.time())
+    with _lease_writer(net) as tmp:
+        if not _take(tmp, net.netns):
+            raise NetworkError(f"network namespace {net.netns} is leased already")
     try:
         with _new_netns(net.netns):
             pass
@@ -273,7 +313,7 @@ def setup(child_id: str, home: str, egress: Egress = "none") -> tuple[ChildNet, 
     timings: dict[str, float] = {}
     ensure_host()
     timings["host"] = (time.perf_counter() - t0) * 1000.0
-    net = _lease(ChildNet(netns_name(child_id), host_if_name(child_id), "", home, child_id))
+    net = _lease(ChildNet(netns_name(child_id, home), host_if_name(child_id), "", home, child_id))
     try:
         t1 = time.perf_counter()
         with _new_netns(net.netns) as host_fd, _iproute() as ipr:
@@ -369,10 +409,6 @@ def teardown(net: ChildNet) -> None:
         else:  # an empty namespace's lease, under its own name (create_empty)
             with contextlib.suppress(FileNotFoundError):
                 (leases_dir() / net.netns).unlink()
-
-
-def teardown_child(child_id: str, addr: str | None) -> None:
-    teardown(ChildNet(netns_name(child_id), host_if_name(child_id), addr or "", "", child_id))
 
 
 def host_links() -> list[str]:

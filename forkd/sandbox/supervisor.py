@@ -112,7 +112,7 @@ class Supervisor:
             id=cid, snapshot=snapshot, created_at=time.time(), dir="", memory_mib=machine.memory_mib,
             vcpus=machine.vcpus, accel=machine.accel, driver=self.driver.name, pool=pool,
             spawner_pid=os.getpid(), spawner_started=start_time(os.getpid()), network=machine.network,
-            netns=netns.netns_name(cid) if machine.network != "none" or settings().vmm_jail else None,
+            netns=netns.netns_name(cid, home) if machine.network != "none" or settings().vmm_jail else None,
             cgroup=planned_cg,
             memory_limit_mib=memory_limit_mib, runas=runas_identity(cid) if runas else None,
             claimed_at=claim.at if claim else None, expires_at=claim.expires_at if claim else None,

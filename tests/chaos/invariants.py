@@ -128,7 +128,7 @@ def _orphan_kernel_objects(layout: Layout, recs: dict, seen: set[str]) -> list[s
             out.append(f"network lease {path} ({lease.netns}, {lease.host_if}) has no child record")
     gone = seen - set(recs)
     for name in netns.list_netns():
-        if name[len(netns.NETNS_PREFIX):] in gone:
+        if netns.child_of(name) in gone:
             out.append(f"network namespace {name} of killed child outlived it")
     host_ifs = {netns.host_if_name(c): c for c in gone}
     for ifname in netns.host_links():

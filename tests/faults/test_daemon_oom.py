@@ -30,7 +30,7 @@ from forkd.core.runtime import Runtime
 from tests.chaos import invariants as inv
 from tests.chaos.rig import Rig
 
-pytestmark = [pytest.mark.vm, pytest.mark.faults("long"),
+pytestmark = [pytest.mark.vm, pytest.mark.faults("long"), pytest.mark.serial,  # Rig: gc --grace 0
               pytest.mark.skipif(os.geteuid() != 0, reason="making a memory cgroup needs root")]
 
 SPEC = """\

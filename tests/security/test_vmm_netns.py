@@ -52,7 +52,7 @@ def test_a_vmm_without_a_nic_reaches_no_host_loopback_service_nor_a_sibling(rt, 
     host_ns = os.stat("/proc/self/ns/net").st_ino
     inodes = {c.id: os.stat(f"/proc/{c.pid}/ns/net").st_ino for c in (a, b)}
     assert host_ns not in inodes.values() and len(set(inodes.values())) == 2  # its own, each
-    assert a.netns == netns.netns_name(a.id) and netns.exists(a.netns)
+    assert a.netns == netns.netns_name(a.id, str(rt.layout.home)) and netns.exists(a.netns)
     links = subprocess.run(["ip", "-n", a.netns, "-o", "link"], capture_output=True, text=True, check=True).stdout
     assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"]
     listener = socket.create_server(("127.0.0.1", 0))
