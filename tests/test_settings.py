@@ -21,7 +21,7 @@ from forkd.base.errors import InvalidInput
 from forkd.base.settings import NAMES, describe, read_one, settings
 
 ROOT = Path(__file__).resolve().parent.parent
-NAME_RE = re.compile(r"FORKD_[A-Z0-9_]*[A-Z0-9]")
+NAME_RE = re.compile(r"(?<![A-Za-z0-9_])FORKD_[A-Z0-9_]*[A-Z0-9]")  # not click's _FORKD_COMPLETE
 ENV_READ_RE = re.compile(r"(os\.environ(\.get)?[\[(]|os\.getenv\()\s*[\"']FORKD_")
 
 
