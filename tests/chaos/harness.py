@@ -197,7 +197,7 @@ class Chaos:
         r.violations["errors"] = self.state.errors[errors_before:]
         for res in gap_res:  # nobody killed it: a CLI build must survive a daemon (re)start beside it
             if res.returncode != 0:
-                last = (res.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
+                last = " | ".join((res.stderr.strip().splitlines() or ["(no stderr)"])[-4:])[:900]
                 r.violations["errors"].append(f"an in-process `forkd snapshot-diff` running while the daemon "
                                               f"restarted failed (exit {res.returncode}): {last}")
         with self.state.lock:  # a lost child is reported once

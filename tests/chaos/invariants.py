@@ -216,7 +216,10 @@ def check_pools(pools: list[dict]) -> list[str]:
         status = p.get("status") or {}
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
         if status.get("warm") != want or not ready:
-            out.append(f"pool {name}: warm {status.get('warm')} of target {want}, Ready={ready}")
+            why = "; ".join(f"{c.get('type')}={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}"[:300]
+                            for c in status.get("conditions", []) if c.get("status") != "True")
+            out.append(f"pool {name}: warm {status.get('warm')} of target {want}, Ready={ready}"
+                       + (f" ({why})" if why else ""))
     return out
 
 
