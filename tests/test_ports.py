@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from pathlib import Path
 
 import httpx
 import pytest
@@ -93,9 +94,11 @@ def _serve(sb: Sandbox, name: str) -> None:
         sb.commands.run(LISTENING.format(port=port), timeout=300)  # TCG under load: servers start slowly
 
 
-def _ws(url: str, texts: list[str]) -> tuple[int, list[str]]:
-    """A WebSocket client (wsproto over a plain socket): (the handshake's status, the replies to `texts`)."""
+def _ws(url: str, texts: list[str], cafile: Path | None = None) -> tuple[int, list[str]]:
+    """A WebSocket client (wsproto; over TLS trusting `cafile` when given): (the handshake's status, the replies
+    to `texts`)."""
     import socket
+    import ssl
     from urllib.parse import urlsplit
 
     from wsproto import ConnectionType, WSConnection
@@ -103,7 +106,10 @@ def _ws(url: str, texts: list[str]) -> tuple[int, list[str]]:
 
     u = urlsplit(url)
     conn, got = WSConnection(ConnectionType.CLIENT), []
-    with socket.create_connection((u.hostname, u.port), timeout=60) as s:
+    raw = socket.create_connection((u.hostname, u.port), timeout=60)
+    if cafile is not None:
+        raw = ssl.create_default_context(cafile=cafile).wrap_socket(raw, server_hostname=u.hostname)
+    with raw as s:
         s.sendall(conn.send(Request(host=u.netloc, target=u.path + (f"?{u.query}" if u.query else ""))))
         status, sent = 0, False
         while len(got) < len(texts):

@@ -35,7 +35,7 @@ from tests.conftest import BASE_TAG
 from tests.security.test_daemon_api import _self_signed
 from tests.test_api import Daemon, stop_api_daemon
 from tests.test_mcp_ports import _serve_in
-from tests.test_ports import WS_ECHO
+from tests.test_ports import WS_ECHO, _ws
 from tests.test_ports_relay import _echo
 
 pytestmark = pytest.mark.timeout(600)
@@ -145,35 +145,6 @@ def _wait_listening(ns: str, port: int) -> None:
             time.sleep(0.05)
 
 
-def _wss(url: str, cafile: Path, texts: list[str]) -> tuple[int, list[str]]:
-    """A WebSocket client over TLS (wsproto): (the handshake's status, the replies to `texts`)."""
-    from urllib.parse import urlsplit
-
-    from wsproto import ConnectionType, WSConnection
-    from wsproto.events import AcceptConnection, CloseConnection, Message, RejectConnection, Request, TextMessage
-
-    u = urlsplit(url)
-    conn, got = WSConnection(ConnectionType.CLIENT), []
-    ctx = ssl.create_default_context(cafile=cafile)
-    with ctx.wrap_socket(socket.create_connection((u.hostname, u.port), timeout=60), server_hostname=u.hostname) as s:
-        s.sendall(conn.send(Request(host=u.netloc, target=u.path)))
-        status, sent = 0, False
-        while len(got) < len(texts):
-            conn.receive_data(s.recv(65536) or None)
-            for ev in conn.events():
-                if isinstance(ev, AcceptConnection):
-                    status = 101
-                elif isinstance(ev, RejectConnection):
-                    return ev.status_code, got
-                elif isinstance(ev, TextMessage):
-                    got.append(ev.data)
-            if status == 101 and not sent:
-                s.sendall(b"".join(conn.send(Message(data=t)) for t in texts))
-                sent = True
-        s.sendall(conn.send(CloseConnection(code=1000)))
-    return status, got
-
-
 def _port_forward(daemon, child: str, port: int, ca: Path | None) -> subprocess.Popen:
     env = {**os.environ, "FORKD_URL": daemon.url, "FORKD_TOKEN": daemon.token}
     env.pop("FORKD_CA", None)
@@ -203,9 +174,9 @@ def test_http_websocket_and_port_forward_through_tls(daemon, rt, tls):
         with pytest.raises(httpx.ConnectError):  # a client that does not trust the certificate gets nothing
             httpx.get(url + "x", timeout=30)
         ws = sb.get_url(ports["ws"]).replace("https://", "wss://")
-        assert _wss(ws + "chat", cert, ["hi", "there"]) == (101, ["echo /chat hi", "echo /chat there"])
+        assert _ws(ws + "chat", ["hi", "there"], cert) == (101, ["echo /chat hi", "echo /chat there"])
         token = ws.rstrip("/").rsplit("/", 1)[1]
-        assert _wss(ws.replace(token, secrets.token_urlsafe(32)) + "chat", cert, ["hi"])[0] == 403
+        assert _ws(ws.replace(token, secrets.token_urlsafe(32)) + "chat", ["hi"], cert)[0] == 403
 
         refused = _port_forward(daemon, sb.id, ports["tcp"], ca=None)  # the daemon's certificate is not trusted
         _, err = refused.communicate(timeout=120)
