@@ -167,7 +167,7 @@ def test_refused_up_front_past_the_depth_cap(srt, sfork, monkeypatch):
     monkeypatch.setattr(branch_diff, "MAX_DEPTH", 0)
     with pytest.raises(branch_diff.DiffUnavailable, match="layers deep") as ei:
         branch(srt, Branch.of(child_id=c.id, tag="diff-deep", mode="diff"))
-    assert "snapshot-compact" in ei.value.hint
+    assert "snapshot compact" in ei.value.hint
     assert "diff-deep" not in {s.tag for s in srt.store.list()}
     assert srt.ping(c.id)["child_id"] == c.id
 

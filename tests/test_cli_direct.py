@@ -24,9 +24,18 @@ def _kind(p: click.Option) -> str:
     return DURATION if p.name == "timeout" else VALUE
 
 
+def _command(name: str) -> click.Command:
+    """The tree's command for `name`: a verb, or a group's verb ("snapshot ls")."""
+    first, *rest = name.split()
+    cmd = _verb(first)
+    for word in rest:
+        cmd = cmd.commands[word]
+    return cmd
+
+
 def _declared(name: str) -> tuple[dict, tuple]:
     """(flag -> (parameter, kind), positional parameters) of the verb's typer command."""
-    cmd = _verb(name)
+    cmd = _command(name)
     flags = {o: (p.name, _kind(p)) for p in cmd.params if isinstance(p, click.Option)
              for o in (*p.opts, *p.secondary_opts)}
     args = tuple(p.name + ("*" if p.nargs == -1 else "") for p in cmd.params if isinstance(p, click.Argument))
@@ -46,7 +55,7 @@ def test_the_output_choices_are_the_commands():
 
 
 def _tree_values(name: str, words: list[str]) -> dict:
-    ctx = _verb(name).make_context(f"forkd {name}", list(words))
+    ctx = _command(name).make_context(f"forkd {name}", list(words))
     plain = {}
     for k, v in ctx.params.items():
         v = str(v) if k == "output" else v
@@ -57,6 +66,7 @@ def _tree_values(name: str, words: list[str]) -> dict:
 LINES = [
     ["version"], ["ls"], ["ls", "-o", "json"], ["ls", "--output=yaml"], ["ls", "-ojson"],
     ["ls", "-l", "a=b", "--label", "c", "--label=d=e", "-lf"], ["snapshots", "-o", "table"],
+    ["snapshot", "ls", "-o", "json"],
     ["logs", "c1"], ["logs", "-f", "c1"], ["logs", "c1", "--follow"],
     ["exec", "c1", "true"], ["exec", "c1", "--", "ls", "-l", "--help"], ["exec", "-it", "c1", "sh"],
     ["exec", "-ie", "A=1", "-e", "B=2=3", "--env=C=", "c1", "--", "env"],
@@ -67,7 +77,8 @@ LINES = [
 
 @pytest.mark.parametrize("argv", LINES, ids=" ".join)
 def test_direct_parses_a_command_line_as_the_tree_does(argv):
-    name, words = argv[0], argv[1:]
+    name = " ".join(argv[:2]) if " ".join(argv[:2]) in DIRECT else argv[0]
+    words = argv[len(name.split()):]
     if name == "exec":
         words = docker_argv(words)
     got = direct.parse(DIRECT[name], list(words))
@@ -80,7 +91,8 @@ def test_direct_parses_a_command_line_as_the_tree_does(argv):
     ["ls", "--help"], ["ls", "-h"], ["exec", "--help"], ["ls", "--lable", "x"], ["ls", "-o", "wide"],
     ["ls", "-o"], ["ls", "extra"], ["logs"], ["logs", "-fx", "c1"], ["logs", "--follow=yes", "c1"],
     ["exec", "--timeout", "soon", "c1", "true"], ["exec", "-z", "c1", "true"], ["exec"],
-    ["--log-level", "DEBUG", "ls"], ["get", "pools"], ["fork", "--help"],
+    ["--log-level", "DEBUG", "ls"], ["get", "pools"], ["fork", "--help"], ["snapshot", "ls", "--help"],
+    ["snapshot", "info", "t"], ["snapshot"],
 ], ids=" ".join)
 def test_what_direct_does_not_take_whole_goes_to_the_tree(argv):
     assert direct.run(list(argv)) is None
@@ -103,6 +115,7 @@ def test_root_help_lists_the_root_options_and_every_verb():
     listed = {s.split(" ")[0].rstrip(",") for n, _ in direct.ROOT_OPTIONS for s in n.split(", ")}
     assert listed == spelled
     text = direct.root_help(78)
-    assert all(f"\n  {name} " in text for name in root.commands)
+    assert all(f"\n  {name} " in text for name in root.commands if not root.commands[name].hidden)
+    assert not any(f"\n  {name} " in text for name in root.commands if root.commands[name].hidden)
     ctx = click.Context(root, info_name="forkd")
     assert root.get_help(ctx) + "\n" == direct.root_help()  # one help text, whichever way it is reached

@@ -53,10 +53,20 @@ def test_count_and_its_old_spelling(tmp_path):
     assert "`-n N` is the old spelling of `--count N`" in old.stderr.replace("\n", " "), old.stderr
 
 
-def test_rmi_force_short_flag_is_an_old_spelling(tmp_path):
-    res = _forkd(tmp_path, "rmi", "-f", "nosuch")
+def test_rm_force_short_flag_is_an_old_spelling(tmp_path):
+    res = _forkd(tmp_path, "snapshot", "rm", "-f", "nosuch")
     assert res.returncode == 3 and "--force" in res.stderr, res
-    assert "-f" not in _forkd(tmp_path, "rmi", "--help").stdout.split("--force")[0].split("Options")[-1]
+    assert "-f" not in _forkd(tmp_path, "snapshot", "rm", "--help").stdout.split("--force")[0].split("Options")[-1]
+
+
+@pytest.mark.parametrize(("old", "new"), [(["snapshots"], ["snapshot", "ls"]),
+                                          (["snapshot-info", "nosuch"], ["snapshot", "info", "nosuch"]),
+                                          (["rmi", "nosuch"], ["snapshot", "rm", "nosuch"])])
+def test_the_old_snapshot_verbs_run_the_new_ones_with_a_warning(tmp_path, old, new):
+    was, now = _forkd(tmp_path, *old), _forkd(tmp_path, *new)
+    assert (was.returncode, was.stdout) == (now.returncode, now.stdout), (was, now)
+    assert f"`forkd {old[0]}` is the old spelling of `forkd {' '.join(new[:2])}`" in was.stderr.replace("\n", " ")
+    assert "old spelling" not in now.stderr, now
 
 
 def test_output_is_a_format_everywhere_and_old_paths_still_work(tmp_path):

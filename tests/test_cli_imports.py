@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from forkd.cli.verbs import VERBS
+from forkd.cli.verbs import OLD_NOUNS, VERBS
 from tests.http_stub import Draining, serving
 
 # what a verb that talks to a daemon must not load: the in-process side of forkd and its big dependencies
@@ -42,7 +42,7 @@ DRAWS_ON = {None: {"config"}, "main": {"config", "branch"}}
 
 def other_verbs(verb: str | None) -> tuple[str, ...]:
     """The modules of every verb but `verb` (forkd.cli.verbs): running a verb imports its own module alone."""
-    own = VERBS[verb][0] if verb else None
+    own = (VERBS.get(verb) or OLD_NOUNS[verb])[0] if verb else None
     allowed = {own} | DRAWS_ON.get(own, DRAWS_ON[None])
     return tuple(sorted({f"forkd.cli.{m}" for m, _ in VERBS.values() if m not in allowed}))
 
@@ -85,7 +85,8 @@ def test_version_and_help_load_no_backend(argv, banned, tmp_path):
 
 @pytest.mark.parametrize("argv,path,answer", [
     (["ls"], "/v1/children", b"[]"),
-    (["snapshots"], "/v1/snapshots", b"[]"),
+    (["snapshot", "ls"], "/v1/snapshots", b"[]"),
+    (["snapshots"], "/v1/snapshots", b"[]"),  # the old spelling, as fast
     (["ls", "-o", "json"], "/v1/children", b"[]"),
     (["logs", "cnosuch"], "/v1/children/cnosuch/logs", b'{"data": "", "offset": 0}'),
     (["exec", "cnosuch", "true"], "/v1/children/cnosuch/processes", b'{"type": "exit", "exit_code": 0}'),

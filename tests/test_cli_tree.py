@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import warnings
 
 import typer
 import typer.main as tm
 
 from forkd.cli.tree import command_tree
-from forkd.cli.verbs import VERBS
+from forkd.cli.verbs import OLD_NOUNS, VERBS
 
 
 def _first_sentence(text: str) -> str:
@@ -37,7 +38,20 @@ def _registered() -> dict[str, str]:
 
 
 def test_every_registered_verb_is_in_the_table_under_its_module():
-    assert _registered() == {name: module for name, (module, _) in VERBS.items()}
+    listed = {name: module for name, (module, _) in VERBS.items()}
+    assert _registered() == {**listed, **{old: module for old, (module, _) in OLD_NOUNS.items()}}
+
+
+def test_the_snapshot_verbs_are_grouped_and_their_old_spellings_hidden_aliases():
+    """`forkd snapshot ls|info|rm|diff|compact`; each old top-level spelling runs the same command, hidden from
+    --help, and is not listed among the verbs."""
+    root = command_tree()
+    group = root.commands["snapshot"]
+    for old, (_, new) in OLD_NOUNS.items():
+        alias = root.commands[old]
+        assert alias.hidden and old not in VERBS, old
+        assert inspect.unwrap(alias.callback) is inspect.unwrap(group.commands[new].callback), (old, new)
+        assert [p.name for p in alias.params] == [p.name for p in group.commands[new].params], (old, new)
 
 
 def test_each_summary_is_the_first_sentence_of_the_verbs_help():

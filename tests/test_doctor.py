@@ -115,10 +115,10 @@ def test_snapshot_problems_are_warnings(rt):
     snap = rt.store.begin(Snapshot(tag="broken", status="writing", created_at=time.time(), memory_mib=256, vcpus=1,
                                    accel="tcg", image_id="x", kernel_sha256="y", qemu_version="7.2"))
     c = doctor.check_snapshots(rt)
-    assert c.status == "WARN" and "broken (writing)" in c.detail and "forkd rmi" in c.fix
+    assert c.status == "WARN" and "broken (writing)" in c.detail and "forkd snapshot rm" in c.fix
     rt.store.fail(snap, "boom")
     c = doctor.check_snapshots(rt)
-    assert c.status == "WARN" and "1 failed" in c.detail and "forkd rmi" in c.fix and "broken" in c.fix
+    assert c.status == "WARN" and "1 failed" in c.detail and "forkd snapshot rm" in c.fix and "broken" in c.fix
     bad = rt.layout.snapshots / "mangled"
     bad.mkdir()
     (bad / "snapshot.json").write_text("{not json")

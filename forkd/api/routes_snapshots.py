@@ -63,7 +63,7 @@ def build_snapshot_router(s: Service) -> APIRouter:
 def _snapshot_routes(r: APIRouter, s: Service) -> None:
     @r.get("/v1/snapshots")
     def snapshots() -> list[SnapshotView]:
-        """`forkd snapshots`: every snapshot; one whose record cannot be read is listed `failed`, `corrupt`."""
+        """`forkd snapshot ls`: every snapshot; one whose record cannot be read is listed `failed`, `corrupt`."""
         return s.snapshots()
 
     @r.get("/v1/snapshots/{tag}")
@@ -73,7 +73,7 @@ def _snapshot_routes(r: APIRouter, s: Service) -> None:
 
     @r.get("/v1/snapshots/{tag}/info")
     def snapshot_info(tag: str) -> wire.SnapshotDetail:
-        """`forkd snapshot-info`: the snapshot, its chain, dependents, running children, sizes and hashes."""
+        """`forkd snapshot info`: the snapshot, its chain, dependents, running children, sizes and hashes."""
         return s.snapshot_detail(tag)
 
     @r.delete("/v1/snapshots/{tag}", status_code=204)
@@ -84,7 +84,7 @@ def _snapshot_routes(r: APIRouter, s: Service) -> None:
 
     @r.post("/v1/snapshots/{tag}/delete")
     def rmi(tag: str, cascade: bool = False, force: bool = False) -> dict[str, list[str]]:
-        """`forkd rmi`: as DELETE, answering the tags it deleted (with `cascade`, the layers built on it too)."""
+        """`forkd snapshot rm`: as DELETE, answering the tags it deleted (`cascade`: the layers on it too)."""
         return {"deleted": s.rmi(tag, force=force, cascade=cascade)}
 
 
@@ -118,12 +118,12 @@ def _build_routes(r: APIRouter, s: Service) -> None:
 
     @r.post("/v1/snapshots/build/layer", status_code=201)
     def build_layer(req: LayerBuild) -> SnapshotView:
-        """`forkd snapshot-diff`: a layer of the pages some steps change on `parent_tag`."""
+        """`forkd snapshot diff`: a layer of the pages some steps change on `parent_tag`."""
         return s.snapshot_diff(req)
 
     @r.post("/v1/snapshots/build/compaction", status_code=201)
     def build_compaction(req: Compaction) -> SnapshotView:
-        """`forkd snapshot-compact`: a chain head written as a base snapshot."""
+        """`forkd snapshot compact`: a chain head written as a base snapshot."""
         return s.compact(req)
 
     @r.post("/v1/snapshots/build/from-image", status_code=201)

@@ -51,7 +51,7 @@ def tmpfs() -> Path | None:
 
 
 def stale_flat_dirs(shm: Path | None = None) -> list[Path]:
-    """Flat-image directories on tmpfs whose FORKD_HOME no longer exists (a store deleted without `forkd rmi`):
+    """Flat-image directories on tmpfs whose FORKD_HOME no longer exists (a store deleted without `forkd snapshot rm`):
     their memory is RAM nobody can use any more. Only directories of forkd's own user that nobody else could write
     into are considered (another user's `forkd-*` is not ours to judge or delete)."""
     shm = shm or settings().shm

@@ -22,5 +22,5 @@ def require_room(directory: Path, need_bytes: int, what: str) -> None:
     if st.f_blocks and free < need_bytes:  # f_blocks 0: no size limit (ramfs, tmpfs size=0): not checked
         raise Unavailable(f"{what} needs {need_bytes / MIB:.0f} MiB in {directory}, whose filesystem has "
                           f"{free / MIB:.0f} MiB free",
-                          hint="make room: delete snapshots nothing uses ('forkd rmi TAG'; 'forkd gc' removes flat "
-                               "images no snapshot needs), or set FORKD_SHM to a larger tmpfs")
+                          hint="make room: delete snapshots nothing uses ('forkd snapshot rm TAG'; 'forkd gc' removes "
+                               "flat images no snapshot needs), or set FORKD_SHM to a larger tmpfs")

@@ -45,7 +45,8 @@ _OUT = _spell("output", OUTPUT, "-o", "--output")
 DIRECT: dict[str, Verb] = {
     "version": Verb("direct:version", {}),
     "ls": Verb("reading:children", {**_spell("label", MANY, "-l", "--label"), **_OUT}),
-    "snapshots": Verb("reading:snapshots", _OUT),
+    "snapshot ls": Verb("reading:snapshots", _OUT),
+    "snapshots": Verb("reading:snapshots", _OUT),  # the old spelling (forkd.cli.verbs.OLD_NOUNS), warned
     "logs": Verb("streams:run_logs", _spell("follow", FLAG, "-f", "--follow"), ("child",)),
     "exec": Verb("streams:exec_code", {**_spell("interactive", FLAG, "-i", "--interactive"),
                                        **_spell("tty", FLAG, "-t", "--tty"), **_spell("env", MANY, "-e", "--env"),
@@ -53,6 +54,15 @@ DIRECT: dict[str, Verb] = {
                                        **_spell("user", VALUE, "-u", "--user"),
                                        **_spell("timeout", DURATION, "--timeout")}, ("child", "cmd*")),
 }
+
+
+def _warn_old_spelling(name: str) -> None:
+    """The warning forkd.cli.options.old_spelling prints, for a verb spelled the old way."""
+    from forkd.cli.verbs import OLD_NOUNS
+
+    if name in OLD_NOUNS:
+        new = f"forkd snapshot {OLD_NOUNS[name][1]}"
+        sys.stderr.write(f"warning: `forkd {name}` is the old spelling of `{new}`; it still works, but use `{new}`\n")
 
 
 class Unparsed(Exception):
@@ -133,10 +143,11 @@ def run(argv: list[str]) -> int | None:
     if not argv:  # as click's no_args_is_help: the help on stderr, and a usage error's code
         sys.stderr.write(root_help())
         return 2
-    verb = DIRECT.get(argv[0])
+    name = " ".join(argv[:2]) if " ".join(argv[:2]) in DIRECT else argv[0]
+    verb = DIRECT.get(name)
     if verb is None:
         return None
-    words = argv[1:]
+    words = argv[len(name.split()):]
     if argv[0] == "exec":
         from forkd.cli.streams import docker_argv
 
@@ -145,6 +156,7 @@ def run(argv: list[str]) -> int | None:
         values = parse(verb, words)  # -h and --help are no flags of DIRECT's: the tree answers them
     except Unparsed:
         return None
+    _warn_old_spelling(name)
     module, func = verb.run.split(":")
     return guarded(lambda: getattr(importlib.import_module(f"forkd.cli.{module}"), func)(**values))
 

@@ -9,10 +9,12 @@ as docker's: 124 timed out, 125 forkd failed, 126 cannot run, 127 not found, 128
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -39,7 +41,8 @@ from forkd.cli.tree import app, main  # noqa: F401 - the root (tests, the refere
 from forkd.client import backend
 
 verbs = typer.Typer()  # this module's verbs; register() adds them to the root (forkd.cli.verbs)
-snapshot_app = typer.Typer(help="Create warm snapshots, or branch a running child (--from-sandbox).")
+snapshot_app = typer.Typer(help="Snapshots: create, ls, info, diff (a layer), compact, rm, push, pull; or branch a "
+                                "running child (--from-sandbox).")
 # upstream's spelling: forkd snapshot --from-sandbox ID --tag T [--live|--diff]
 snapshot_app.callback(invoke_without_command=True)(branch_cli.snapshot_from_sandbox)
 
@@ -96,13 +99,13 @@ def snapshot_create(
            f"{size(snap['memory_stored_bytes'])} of {size(snap['memory_bytes'])}"]])
 
 
-@verbs.command()
+@snapshot_app.command("ls")
 def snapshots(output: Fmt = OUTPUT) -> None:
     """List snapshots."""
     reading.snapshots(output)
 
 
-@verbs.command("snapshot-info")
+@snapshot_app.command("info")
 def snapshot_info(tag: str = SNAPSHOT, output: Fmt = OUTPUT) -> None:
     """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
     info = backend().snapshot_info(tag)
@@ -113,7 +116,7 @@ def snapshot_info(tag: str = SNAPSHOT, output: Fmt = OUTPUT) -> None:
     emit(info, output, [("FIELD", "left"), ("VALUE", "left")], [[k, str(info.get(k))] for k in keys])
 
 
-@verbs.command()
+@snapshot_app.command("rm")
 def rmi(tag: str = SNAPSHOT,
         force: bool = typer.Option(False, "--force", help="delete even while children of it run (they keep "
                                                           "running) or layers depend on it"),
@@ -121,12 +124,12 @@ def rmi(tag: str = SNAPSHOT,
         cascade: bool = typer.Option(False, "--cascade", help="also delete the layers built on it")) -> None:
     """Delete a snapshot. Refused while children of it run or layers depend on it (409-style exit 4)."""
     if force_old:
-        old_spelling("rmi -f", "rmi --force")
+        old_spelling("snapshot rm -f", "snapshot rm --force")
     for t in backend().rmi(tag, force=force or force_old, cascade=cascade):
         out.print(f"deleted {t}")
 
 
-@verbs.command("snapshot-diff")
+@snapshot_app.command("diff")
 def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the new layer"),
                   from_: str = typer.Option(..., "--from", help="snapshot to build on (a base or a layer)"),
                   run: list[str] = typer.Option([], "--run", help="shell command to run (repeat)"),
@@ -145,7 +148,7 @@ def snapshot_diff(tag: str = typer.Option(..., "--tag", "-t", help="name of the 
            size(snap["memory_bytes"]), ms(sum(snap["timings_ms"].values()))]])
 
 
-@verbs.command("snapshot-compact")
+@snapshot_app.command("compact")
 def snapshot_compact(from_: str = typer.Option(..., "--from", help="chain head to compact"),
                      to: str = typer.Option(..., "--to", help="tag of the new base snapshot"),
                      output: Fmt = OUTPUT) -> None:
@@ -359,11 +362,27 @@ def audit_verify() -> None:
         raise typer.Exit(1)
 
 
+def _old_noun(old: str, new: str, command: Any) -> Any:
+    """`command` under its old top-level name: hidden from --help, warning that `forkd snapshot NEW` is the spelling."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        old_spelling(f"forkd {old}", f"forkd snapshot {new}")
+        return command(*args, **kwargs)
+
+    return run
+
+
 def register(root: typer.Typer) -> None:
-    """Add this module's verbs and groups to the root."""
+    """Add this module's verbs and groups to the root, and the snapshot verbs' old spellings (OLD_NOUNS), hidden."""
     from forkd.cli import distribute
+    from forkd.cli.verbs import OLD_NOUNS
 
     root.registered_commands += verbs.registered_commands
+    nouns = {info.name: info.callback for info in snapshot_app.registered_commands}
+    for old, (module, new) in OLD_NOUNS.items():
+        if module == "main":
+            root.command(old, hidden=True, help=nouns[new].__doc__)(_old_noun(old, new, nouns[new]))
     distribute.register(snapshot_app)
     root.add_typer(snapshot_app, name="snapshot")
     root.add_typer(audit_app, name="audit")

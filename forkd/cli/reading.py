@@ -1,4 +1,4 @@
-"""The verbs that only read: `forkd ls` and `forkd snapshots`, without typer (forkd.cli.direct runs
+"""The verbs that only read: `forkd ls` and `forkd snapshot ls`, without typer (forkd.cli.direct runs
 them before the command tree is built; forkd.cli.main and forkd.cli.config declare them). Through a daemon they
 read with forkd.cli.daemon's light client, else in-process."""
 
@@ -22,7 +22,7 @@ def children(label: list[str] | None = None, output: str = Fmt.table) -> None:
 
 
 def snapshots(output: str = Fmt.table) -> None:
-    """`forkd snapshots`: every snapshot's view, a corrupt one named by its directory, with why."""
+    """`forkd snapshot ls`: every snapshot's view, a corrupt one named by its directory, with why."""
     data = reads().snapshots()
     rows = []
     for s in data:

@@ -16,7 +16,7 @@ import typer.main as tm
 
 from forkd.cli import config
 from forkd.cli.direct import HELP, fail, root_help
-from forkd.cli.verbs import VERBS
+from forkd.cli.verbs import OLD_NOUNS, VERBS
 
 
 class Root(typer.core.TyperGroup):
@@ -61,7 +61,7 @@ def _registered(module: str) -> typer.Typer:
 
 def _verb(name: str) -> click.Command:
     """The click command of one verb, converted from its module's typer definition."""
-    holder = _registered(VERBS[name][0])
+    holder = _registered(VERBS[name][0] if name in VERBS else OLD_NOUNS[name][0])
     opts = {"pretty_exceptions_short": app.pretty_exceptions_short, "rich_markup_mode": app.rich_markup_mode}
     for info in holder.registered_commands:
         if (info.name or tm.get_command_name(info.callback.__name__)) == name:
@@ -69,13 +69,13 @@ def _verb(name: str) -> click.Command:
     for group in holder.registered_groups:
         if group.name == name:
             return tm.get_group_from_info(group, suggest_commands=app.suggest_commands, **opts)
-    raise LookupError(f"forkd.cli.{VERBS[name][0]}.register() adds no verb {name!r}: fix forkd/cli/verbs.py")
+    raise LookupError(f"forkd.cli's register() adds no verb {name!r}: fix forkd/cli/verbs.py")
 
 
 def command_tree(root: typer.Typer = app) -> Any:
     """The click group of `root` (the `forkd` app), its verbs converted lazily."""
     group = tm.get_command(root)
-    group.commands = LazyCommands({name: functools.partial(_verb, name) for name in VERBS})
+    group.commands = LazyCommands({name: functools.partial(_verb, name) for name in [*VERBS, *OLD_NOUNS]})
     return group
 
 

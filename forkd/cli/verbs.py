@@ -10,12 +10,6 @@ VERBS: dict[str, tuple[str, str]] = {
     "version": ("config", "Print forkd's version."),
     "doctor": ("main", "Check this host: QEMU, kernel and image, accelerator (real boot probe), userfaultfd, space, "
                        "cgroups, netns."),
-    "snapshots": ("main", "List snapshots."),
-    "snapshot-info": ("main", "Show one snapshot: status, sizes, hashes, warm-up, the children using it."),
-    "rmi": ("main", "Delete a snapshot."),
-    "snapshot-diff": ("main", "Build a layer: fork one child of --from, run the steps, and store only the pages that "
-                              "changed."),
-    "snapshot-compact": ("main", "Write a chain head as a base snapshot (flat memory + device state, no ancestors)."),
     "fork": ("main", "Fork N children of a snapshot (--tag), or of a running child as it is now (--from-sandbox ID); "
                      "returns when every child answered."),
     "set-timeout": ("main", "Keepalive: a child made through the daemon expires DURATION from now (the daemon kills it "
@@ -68,7 +62,17 @@ VERBS: dict[str, tuple[str, str]] = {
     "logs": ("streams", "Print a child's console log (its kernel and init messages, and whatever the guest writes to "
                         "/dev/console)."),
     "image": ("images", "Guest images (kernel + initramfs with Python and the forkd agent)."),
-    "snapshot": ("main", "Create warm snapshots, or branch a running child (--from-sandbox)."),
+    "snapshot": ("main", "Snapshots: create, ls, info, diff (a layer), compact, rm, push, pull; or branch a running "
+                         "child (--from-sandbox)."),
     "audit": ("main", "The daemon's hash-chained audit log ($FORKD_HOME/audit.log)."),
     "hub": ("packs", "Serve a directory as a forkd hub."),
+}
+
+# old spelling -> (module, the `forkd snapshot` verb it now is): still run, hidden from --help, with a warning
+OLD_NOUNS: dict[str, tuple[str, str]] = {
+    "snapshots": ("main", "ls"),
+    "snapshot-info": ("main", "info"),
+    "rmi": ("main", "rm"),
+    "snapshot-diff": ("main", "diff"),
+    "snapshot-compact": ("main", "compact"),
 }

@@ -373,10 +373,10 @@ def check_snapshots(rt: Runtime) -> Check:
     bad = [s for s in snaps if s.status in ("failed", "writing")]
     if corrupt:
         return Check("snapshots", WARN, f"{summary}; unreadable manifest: {', '.join(corrupt)}",
-                     f"forkd rmi --force TAG (for {', '.join(corrupt)})")
+                     f"forkd snapshot rm --force TAG (for {', '.join(corrupt)})")
     if bad:
         return Check("snapshots", WARN, f"{summary}; not ready: {', '.join(_status_label(s) for s in bad)}",
-                     f"forkd rmi TAG (for {', '.join(s.tag for s in bad)})")
+                     f"forkd snapshot rm TAG (for {', '.join(s.tag for s in bad)})")
     return Check("snapshots", PASS, summary, None)
 
 

@@ -177,7 +177,7 @@ def from_image(rt: Runtime, ref: str, tag: str, memory_mib: int = 512, vcpus: in
         old = None
     if old is not None and old.status != "failed":
         raise Conflict(f"snapshot {tag!r} already exists ({old.status})",
-                       hint=f"forkd rmi {tag}, or pick another --tag")
+                       hint=f"forkd snapshot rm {tag}, or pick another --tag")
     image, built = build_oci(rt, ref, memory_mib=memory_mib, pip=pip, progress=progress, rootfs=rootfs,
                              any_path=True, registry=registry)
     source = image.meta.get("source") or {}

@@ -1,6 +1,6 @@
 """`ChildView` and `SnapshotView`: a child and a snapshot as every door lists them (the service, the `/v1/children`
 and `/v1/snapshots` routes, LocalBackend, RemoteBackend and the CLI's light client), standard-library dataclasses so
-`forkd ls` and `forkd snapshots` through a daemon load no pydantic.
+`forkd ls` and `forkd snapshot ls` through a daemon load no pydantic.
 
 A ChildView is the child's record (forkd.sandbox.registry.ChildRecord, kept in step by
 tests/test_url_space.py) plus what a reader cannot work out from the record alone: `status`, `vmm_stopped` and

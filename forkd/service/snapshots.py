@@ -40,7 +40,7 @@ class Snapshots:
         return self.snap_view(self.rt.store.get(tag))
 
     def snapshot_detail(self, tag: str) -> wire.SnapshotDetail:
-        """`forkd snapshot-info` and upstream's `/v1/snapshots/{tag}/info`: the snapshot's view, its chain,
+        """`forkd snapshot info` and upstream's `/v1/snapshots/{tag}/info`: the snapshot's view, its chain,
         dependents, running children, sizes and hashes."""
         info = self.rt.snapshot_info(tag)
         return wire.SnapshotDetail(**dict(self.snapshot(tag).to_json(), **info))

@@ -103,7 +103,7 @@ class Snapshot:
             raise
         except (OSError, ValueError) as exc:
             raise CorruptManifest(f"snapshot manifest {path} is unreadable: {exc}",
-                                  hint=f"remove it with 'forkd rmi --force {path.parent.name}'") from exc
+                                  hint=f"remove it with 'forkd snapshot rm --force {path.parent.name}'") from exc
         try:
             if not isinstance(raw, dict):
                 raise ValueError("not a JSON object")
@@ -115,7 +115,7 @@ class Snapshot:
             return cls(**{k: v for k, v in raw.items() if k in known})
         except (TypeError, ValueError) as exc:
             raise CorruptManifest(f"snapshot manifest {path} is invalid: {exc}",
-                                  hint=f"remove it with 'forkd rmi --force {path.parent.name}'") from exc
+                                  hint=f"remove it with 'forkd snapshot rm --force {path.parent.name}'") from exc
 
 
 def is_sha256(value: object) -> bool:

@@ -76,7 +76,7 @@ class SnapshotStore:
             return Snapshot.from_file(path)
         except FileNotFoundError:
             raise NotFound(f"no snapshot tagged {tag!r}",
-                           hint="list them with 'forkd snapshots'; create one with 'forkd snapshot create'") from None
+                           hint="list them with 'forkd snapshot ls'; create one with 'forkd snapshot create'") from None
 
     def get_ready(self, tag: str) -> Snapshot:
         """The snapshot, if it can be restored from: ready, with its data files present."""
@@ -84,13 +84,13 @@ class SnapshotStore:
         if snap.status != "ready":
             why = f": {snap.error}" if snap.error else ""
             raise Conflict(f"snapshot {tag!r} is {snap.status}, not ready{why}",
-                           hint="wait for it to finish, or delete it with 'forkd rmi' and create it again")
+                           hint="wait for it to finish, or delete it with 'forkd snapshot rm' and create it again")
         needed = (chain.PAGES_FILE, chain.DATA_FILE, VMSTATE) if snap.is_layer else (MEMORY, VMSTATE)
         needed += (DISK,) if snap.has_disk else ()
         for p in (self.dir(tag) / f for f in needed):
             if not p.exists():
                 raise CorruptManifest(f"snapshot {tag!r} is marked ready but {p} is missing",
-                                      hint=f"delete it with 'forkd rmi --force {tag}' and create it again")
+                                      hint=f"delete it with 'forkd snapshot rm --force {tag}' and create it again")
         return snap
 
     def list(self) -> list[Snapshot | CorruptManifest]:
@@ -122,7 +122,7 @@ class SnapshotStore:
                 old = None
             if old is not None and old.status != "failed":
                 raise Conflict(f"snapshot {snap.tag!r} already exists ({old.status})",
-                               hint=f"delete it first with 'forkd rmi {snap.tag}' or pick another tag")
+                               hint=f"delete it first with 'forkd snapshot rm {snap.tag}' or pick another tag")
             self._remove_dir(d)
         make_private_dir(d)  # 0700: nobody else may read the RAM and device state written into it
         snap = snap.with_(status="writing", writer_pid=os.getpid(), writer_started=start_time(os.getpid()))
@@ -189,7 +189,7 @@ class SnapshotStore:
     def remove(self, tag: str) -> None:
         d = self.dir(tag)
         if not d.exists():
-            raise NotFound(f"no snapshot tagged {tag!r}", hint="list them with 'forkd snapshots'")
+            raise NotFound(f"no snapshot tagged {tag!r}", hint="list them with 'forkd snapshot ls'")
         try:
             gone = self.get(tag)
         except CorruptManifest:
@@ -218,7 +218,8 @@ class SnapshotStore:
                                  hint="unpack the chain it was built on, or delete the other parent first")
         if d.exists():
             raise Conflict(f"snapshot {snap.tag!r} already exists",
-                           hint=f"delete it first with 'forkd rmi {snap.tag}' or unpack into another FORKD_HOME")
+                           hint=f"delete it first with 'forkd snapshot rm {snap.tag}' or unpack into another "
+                                "FORKD_HOME")
         staging = snap.with_(status="writing", writer_pid=os.getpid(), writer_started=start_time(os.getpid()))
         write_json(staged / MANIFEST, staging.to_json())
         os.chmod(staged, 0o700)  # private from the start; commit() seals the files
@@ -236,7 +237,7 @@ class SnapshotStore:
         """The cached flat image of a content hash; only a hex sha256 names one (never a path from a record)."""
         if not is_sha256(content_hash):
             raise CorruptManifest(f"content hash {content_hash!r} is not a sha256 hex digest: it names no file",
-                                  hint="delete the snapshot that records it with 'forkd rmi --force'")
+                                  hint="delete the snapshot that records it with 'forkd snapshot rm --force'")
         return self.layout.flat_cache / f"{content_hash}.mem"
 
     def adopt_flat(self, image: Path, content_hash: str) -> Path:
@@ -355,14 +356,15 @@ class SnapshotStore:
                 if chain.diff_hash(self.dir(layer.tag)) != layer.diff_sha256:
                     raise ChainError(f"snapshot {tag!r}: layer {layer.tag!r} was altered (its diff files no longer "
                                      "match their recorded hash)",
-                                     hint=f"delete it with 'forkd rmi --force --cascade {layer.tag}' and rebuild")
+                                     hint=f"delete it with 'forkd snapshot rm --force --cascade {layer.tag}' and "
+                                          "rebuild")
                 chain.apply_diff(self.dir(layer.tag), fd)
             # a base's copy is trusted (hashed when it was written or unpacked); a composed image is checked
             got = chain.hash_fd(fd) if head.is_layer else head.memory_sha256
             if got != head.memory_sha256:
                 raise ChainError(f"snapshot {tag!r}: its layers do not add up to the recorded content "
                                  f"({got[:12]} != {(head.memory_sha256 or '?')[:12]}): a layer was altered",
-                                 hint=f"delete it with 'forkd rmi --force {tag}' and rebuild")
+                                 hint=f"delete it with 'forkd snapshot rm --force {tag}' and rebuild")
         return target
 
     def _remove_dir(self, d: Path) -> None:

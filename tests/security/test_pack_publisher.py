@@ -308,7 +308,7 @@ def test_a_pack_claiming_a_reconciler_tag_is_refused(target, tmp_path):
     tag = world.parent_tag(_parent())
     with pytest.raises(PackError, match="reconciler owns") as err:
         unpack(target, _write(tmp_path / "evil.tar.zst", _files(_root(tag))))
-    assert "snapshot-compact" in (err.value.hint or "")
+    assert "snapshot compact" in (err.value.hint or "")
     _nothing_installed(target)
 
 

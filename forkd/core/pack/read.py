@@ -60,7 +60,7 @@ def _plan(rt: Runtime, stage: Path, m: dict, snaps: list[Snapshot],
                 existing = None
             if existing is None or not same_snapshot(existing, s):
                 raise Conflict(f"snapshot {s.tag!r} already exists with different content",
-                               hint=f"delete it with 'forkd rmi {s.tag}' or unpack into another FORKD_HOME")
+                               hint=f"delete it with 'forkd snapshot rm {s.tag}' or unpack into another FORKD_HOME")
             skipped.append(s.tag)
         else:
             plan.append((stage / "snapshots" / s.tag, target, s.tag))

@@ -73,7 +73,7 @@ def check_unowned_tag(tag: str) -> str:
         raise PackError(f"pack snapshot tag {tag!r} has the shape of a tag the reconciler owns ('<name>-<10 hex "
                         "digits>' or 'cmp-<16 hex digits>'): a pack may not claim it, or the reconciler would "
                         "adopt the pack's snapshot as the one it builds from a spec",
-                        hint="ask the publisher to copy it under another tag and pack that ('forkd snapshot-compact "
+                        hint="ask the publisher to copy it under another tag and pack that ('forkd snapshot compact "
                              f"--from {tag} --to NAME'), or build it here from the spec")
     return tag
 

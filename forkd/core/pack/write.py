@@ -65,15 +65,15 @@ def _check_unchanged(rt: Runtime, snaps: list[Snapshot], image_ids: list[str], l
     for s in snaps:  # refuse to pack what no longer matches its own manifest
         if not s.is_layer and by[f"snapshots/{s.tag}/{MEMORY}"] != s.memory_sha256:
             raise ForkdError(f"snapshot {s.tag!r}: its memory file no longer matches its recorded hash",
-                             hint=f"delete it with 'forkd rmi --force {s.tag}' and create it again")
+                             hint=f"delete it with 'forkd snapshot rm --force {s.tag}' and create it again")
         if s.is_layer and chainmod.diff_hash(rt.store.dir(s.tag)) != s.diff_sha256:
             raise ForkdError(f"snapshot {s.tag!r}: its diff files no longer match their recorded hash",
-                             hint=f"delete it with 'forkd rmi --force --cascade {s.tag}' and rebuild")
+                             hint=f"delete it with 'forkd snapshot rm --force --cascade {s.tag}' and rebuild")
     # disks: each matches its recorded hash and names its backing file relatively, as the unpacking side demands
     problem = disk_problem(snaps, {i: rt.image(i).meta for i in image_ids}, by, rt.store.dir)
     if problem:
         raise ForkdError(f"cannot pack {snaps[-1].tag!r}: {problem}",
-                         hint="delete what no longer matches with 'forkd rmi --force' and build it again")
+                         hint="delete what no longer matches with 'forkd snapshot rm --force' and build it again")
 
 
 def _write(out: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[dict], progress: Progress,

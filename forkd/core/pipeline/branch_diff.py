@@ -7,8 +7,8 @@ to a copy of the snapshot's flat image, the store keeps the ones that differ and
 flat image (its children then map it at no extra cost). A disk-backed child's overlay is copied while it is paused
 and kept as the layer's overlay, backed by its snapshot's disk, as a layer build's is.
 
-So the result depends on its source's snapshot (`parent_tag`, which `forkd rmi` then refuses to delete), as every
-layer does; `forkd snapshot-compact` writes it as a base when that is unwanted. The other modes write a
+So the result depends on its source's snapshot (`parent_tag`, which `forkd snapshot rm` then refuses to delete), as
+every layer does; `forkd snapshot compact` writes it as a base when that is unwanted. The other modes write a
 self-contained snapshot: live by pages (forkd.core.pipeline.branch_paged: this capture, then flattened) or, where
 it cannot, by write-protect, which pauses the source longer as its RAM grows; full for the whole copy.
 
@@ -80,7 +80,7 @@ class ByPages:
             raise DiffUnavailable(f"child {cid} runs from {tag!r}, already {depth} layers deep: a diff "
                                   f"branch would be layer {depth + 1} (at most {MAX_DEPTH})",
                                   hint=f"branch it with --mode live or full (a self-contained snapshot), or compact "
-                                       f"{tag!r} ('forkd snapshot-compact') and fork from that")
+                                       f"{tag!r} ('forkd snapshot compact') and fork from that")
 
     def agent_busy(self, job: BranchJob, exc: AgentBusy) -> Exception:
         if not self.layer:  # taken by another client since the probe said it was free

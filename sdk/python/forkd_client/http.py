@@ -147,7 +147,7 @@ def transport_error(exc: httpx.HTTPError, ep: Endpoint, method: str | Call, path
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         return Timeout(f"{where}: the daemon did not answer in time ({type(exc).__name__})",
                        hint="the operation may still be running on the daemon; check it (e.g. 'forkd ls' or "
-                            "'forkd snapshots'), or raise the client's timeout")
+                            "'forkd snapshot ls'), or raise the client's timeout")
     if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
         return Unavailable(f"the forkd daemon at {ep.where} has a TLS certificate this client does not trust: {exc}",
                            hint="set FORKD_CA to the PEM file of the daemon's certificate or its CA")
