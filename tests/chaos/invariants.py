@@ -9,7 +9,8 @@ Each check returns a list of violations (one sentence each, naming the file, chi
   orphans    no QEMU process of this home without a live record; no cgroup of this home, network lease / namespace
              / veth of a child without a record; no tmpfs file that no snapshot owns; no child directory (sockets)
              without a record; nothing left in $FORKD_HOME/tmp; this home's tmpfs directory marked as its own;
-             `forkd gc --dry-run --grace 0` finds nothing of this home (another home's tmpfs directory is not)
+             `forkd gc --dry-run --grace 0` finds nothing of this home (another home's tmpfs directory, network
+             and the VMMs in it, which gc takes once that home is gone, are not)
   pools      every pool is back at its target (status.warm == spec.warm, Ready)
   audit      `forkd audit verify` says OK
   errors     no CLI command failed with exit 1 (an internal error, HTTP 500) while one daemon stayed up for its
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from forkd.base.hashing import sha256_file
@@ -204,9 +206,55 @@ def check_orphans(rt: Runtime, seen: set[str]) -> list[str]:
     # gc's flat_dirs are the tmpfs directories of homes gone from this host: never this home's (it exists), but
     # another's (a test that deleted its home). This home's own directory is judged by its marker, above.
     found = {k: v for k, v in rep.items() if isinstance(v, list) and v and k not in ("adopted", "flat_dirs")}
+    found = this_homes(found, others_network(rt.layout.home), lambda pid: holds_beneath(pid, rt.layout.home))
     if found:
         out.append(f"forkd gc --dry-run --grace 0 would still remove: {found}")
     return out
+
+
+def this_homes(found: dict[str, list], others: set[str], holds: Callable[[int], bool | None]) -> dict[str, list]:
+    """What of gc's dry-run report is this home's: gc also takes the network of homes that no longer exist and the
+    processes in it (forkd.sandbox.gc), which is host-wide garbage, not this home's leftover. `others` names other
+    homes' namespaces, veths and lease addresses; `holds(pid)` says whether a VMM holds a file beneath this home
+    (None: it is gone, so nothing is left)."""
+    kept = {}
+    for key, items in found.items():
+        if key == "processes":
+            items = [pid for pid in items if holds(pid)]
+        elif key in ("netns", "veths", "leases"):
+            items = [name for name in items if name not in others]
+        if items:
+            kept[key] = items
+    return kept
+
+
+def others_network(home: Path) -> set[str]:
+    """The namespaces, host veths and lease addresses of homes other than `home` (by lease, or by the home key a
+    namespace's name carries)."""
+    mine, names = cgroups.home_key(str(home)), set()
+    for _path, lease in netns.leases():
+        if lease is not None and os.path.realpath(lease.home) != os.path.realpath(home):
+            names |= {lease.netns, lease.host_if, lease.addr}
+    for name in netns.list_netns():
+        owner, child = netns.parse_netns(name)
+        if owner is not None and owner != mine:
+            names |= {name, netns.host_if_name(child)}
+    return names
+
+
+def holds_beneath(pid: int, home: Path) -> bool | None:
+    """Whether process `pid` holds a file open beneath `home` (a VMM holds its log in its child's directory); None
+    when it is gone."""
+    prefix = os.path.realpath(home) + "/"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                return True
+    return False
 
 
 def check_pools(pools: list[dict]) -> list[str]:
