@@ -210,7 +210,7 @@ class Chaos:
         r.violations["errors"] = self.state.errors[errors_before:]
         for res in gap_res:  # nobody killed it: a CLI build must survive a daemon (re)start beside it
             if res.returncode != 0:
-                r.violations["errors"].append(f"an in-process `forkd snapshot-diff` running while the daemon "
+                r.violations["errors"].append(f"an in-process `forkd snapshot diff` running while the daemon "
                                               f"restarted failed (exit {res.returncode}): {error_text(res)}")
         with self.state.lock:  # a lost child is reported once
             self.state.claimed &= {c.id for c in self.rt.registry.list()}

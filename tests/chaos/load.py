@@ -141,7 +141,7 @@ class Load:
 
     def layer(self, rng: random.Random, what: str = "layer"):
         tag = self.s.next_tag("ly")
-        res = self._run(what, "snapshot-diff", "--tag", tag, "--from", self.s.parent_tag, "--run",
+        res = self._run(what, "snapshot", "diff", "--tag", tag, "--from", self.s.parent_tag, "--run",
                         f"echo {tag} > /root/layer")
         self._made(tag, res)
         return res
@@ -150,7 +150,7 @@ class Load:
         src = self.s.pick(rng, [t for t in self.s.tags if t.startswith("ly-")])
         if src:
             tag = self.s.next_tag("cp")
-            self._made(tag, self._run("compact", "snapshot-compact", "--from", src, "--to", tag))
+            self._made(tag, self._run("compact", "snapshot", "compact", "--from", src, "--to", tag))
 
     def pack(self, rng: random.Random) -> None:
         src = self.s.pick(rng, [t for t in self.s.tags if t.startswith(("cp-", "br-"))])
@@ -169,7 +169,7 @@ class Load:
         for prefix in ("ly-", "cp-", "br-"):
             mine = [t for t in self.s.tags if t.startswith(prefix)]
             for tag in mine[:-KEEP_PER_KIND]:
-                if self._run("rmi", "rmi", tag).returncode in (0, 3):
+                if self._run("rmi", "snapshot", "rm", tag).returncode in (0, 3):
                     with self.s.lock:
                         if tag in self.s.tags:
                             self.s.tags.remove(tag)

@@ -1,5 +1,5 @@
 """A daemon's start-up recovery beside a layer build another live process runs in-process (the crash harness's
-gap build: `forkd snapshot-diff` started while no daemon answered, a daemon started beside it) takes nothing of
+gap build: `forkd snapshot diff` started while no daemon answered, a daemon started beside it) takes nothing of
 that build: its `writing` snapshot, its work directory in tmp/, its scratch guest RAM on tmpfs and its VMM stay;
 once the builder is killed, the next recovery removes every one of them.
 
