@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,7 +104,11 @@ def check_children(rt: Runtime, claimed: set[str]) -> list[str]:
     for r in recs.values():
         status = r.status
         if status == "starting" and r.spawner_pid and is_alive(r.spawner_pid, r.spawner_started):
-            continue  # a spawn in progress (the daemon refilling a pool)
+            if (age := time.time() - r.created_at) < recovery.SPAWN_BOUND_S:
+                continue  # a spawn in progress (the daemon refilling a pool)
+            out.append(f"child {r.id} (pool {r.pool}) has been starting for {age:.0f} s under its live spawner "
+                       f"(pid {r.spawner_pid}): a spawn its own timeouts should have ended; its pool counts it")
+            continue
         if status != "running":
             out.append(f"child {r.id} (pool {r.pool}) is {status} after recovery, not reaped: {r.error or ''}")
             continue

@@ -8,11 +8,14 @@ refill until one is killed (test_pool_status_full.py): that is the pool's promis
 
 from __future__ import annotations
 
+import os
+import time
 from types import SimpleNamespace
 
 from tests.chaos import recovery
 from tests.chaos.invariants import check_pools
 from tests.chaos.load import error_text
+from tests.chaos.test_gc_build_vmm import private_home  # noqa: F401 - a fixture
 
 NOW = 1_800_000_000.0
 
@@ -70,3 +73,20 @@ def test_a_failed_commands_error_keeps_the_step_and_the_files():
     text = error_text(res)
     assert text.startswith("error: restore: step 'connect' failed") and text.endswith("console.log")
     assert len(text) < 4100
+
+
+def test_a_child_starting_past_any_spawns_timeouts_is_a_violation_though_its_spawner_lives(private_home):  # noqa: F811
+    from forkd.base.paths import Layout
+    from forkd.base.procs import start_time
+    from forkd.core.runtime import Runtime
+    from forkd.sandbox.registry import ChildRecord
+    from tests.chaos.invariants import check_children
+
+    rt = Runtime(Layout(private_home))
+    me = os.getpid()
+    for cid, age in (("c0000000001", 10.0), ("c0000000002", recovery.SPAWN_BOUND_S + 60)):
+        rt.registry.save(ChildRecord(id=cid, snapshot="s", created_at=time.time() - age, dir="", memory_mib=256,
+                                     vcpus=1, accel="tcg", driver="qemu", pool="cx-i", spawner_pid=me,
+                                     spawner_started=start_time(me)))
+    [v] = check_children(rt, set())
+    assert "c0000000002" in v and "has been starting for" in v and f"pid {me}" in v
