@@ -1,10 +1,10 @@
 """How the crash harness judges a pool short of its target after a restart (no VM: pools as the daemon's API
 gives them, children as plain values shaped like the registry's records).
 
-Two rounds of the second 500-kill run reported the isolated pool (warm 1, maxChildren 3) "warm 0 of target 1"
-for the whole wait with no spawn failure in the daemon's log; both held on replay, which starts from a fresh home
-without the claimed children earlier rounds leave. A pool whose maxChildren is taken by claimed children cannot
-refill until one is killed (test_pool_status_full.py): that is the pool's promise, not a violation of it."""
+A pool whose maxChildren is taken by claimed children cannot refill until one is killed
+(tests/test_pool_status_full.py): that is the pool's promise, not a violation of it. The harness leaves such
+children itself (claims and kills killed mid-way; docs/faults.md), and a replay, starting from a fresh home
+without them, does not."""
 
 from __future__ import annotations
 

@@ -5,9 +5,7 @@ once the builder is killed, the next recovery removes every one of them.
 
 The build is made exactly as LayerJob makes it, up to its VMM running, by a helper process that then waits (a
 build mid-way); the VMM is a real QEMU (`-M none`) holding its log in the work directory as the driver's does.
-What the second 500-kill run's seed 507 round 43 reported (the build failing with its QEMU alive) is not this:
-that restart's recovery failed no snapshot and removed nothing (its daemon log), while the host could not give
-two other seeds' parent boots their QMP socket in 10 s; the harness now keeps the failed build's whole error."""
+A gap build the harness saw fail with its QEMU alive was not this (docs/faults.md says what it was)."""
 
 from __future__ import annotations
 
