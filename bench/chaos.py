@@ -79,7 +79,7 @@ def markdown(day: str, t: dict, fails: list, replays: dict, cmdline: str, progre
         again = replays.get(f"{seed}:{n}")
         told = "not replayed" if again is None else "violated again" if again else "held on replay (timing)"
         lines.append(f"- seed {seed} round {n} ({told}; replay: `python -m tests.chaos --seed {seed} --round {n}`)")
-        lines += [f"    - {v[:400]}" for v in vs]
+        lines += [f"    - {v[:2000]}" for v in vs]  # whole in the .json
     return "\n".join(lines) + "\n"
 
 

@@ -32,6 +32,7 @@ from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
 from forkd.api.auth import TagTransport, allowed_hosts, check_bind, load_or_create_token, parse_bind, peer_checked
+from forkd.base import heap
 from forkd.base.atomic import write_bytes
 from forkd.base.errors import Conflict, InvalidInput, Unavailable
 from forkd.base.locks import Flock, holder_note, try_lock
@@ -238,6 +239,7 @@ def serve(layout: Layout, watch: Path | None = None, interval: float = 2.0, bind
 
 def _serve(service: Service, watch: Path | None, interval: float, tcp: Tcp | None) -> None:
     rt, layout = service.rt, service.rt.layout
+    heap.limit_arenas()  # before the daemon's threads: its RSS then follows what it holds (forkd.base.heap)
     service.recover()
     sock = layout.daemon_socket
     usock = bind_unix(sock, layout.tmp)  # before any thread starts (umask)

@@ -2,19 +2,23 @@
 thread that enforces sandbox lifetimes and the branch-snapshot policy
 (forkd.core.lifetimes.sweep) every FORKD_SWEEP_INTERVAL seconds, so a sandbox dies on time even if the caller that
 made it vanished. Each expiry is an audit event (`sweeper expire <id>`). The same pass pages out children idle
-FORKD_IDLE_PAGEOUT_SECS (60 s; 0 = never), to zram only by default (forkd.core.idle)."""
+FORKD_IDLE_PAGEOUT_SECS (60 s; 0 = never), to zram only by default (forkd.core.idle), and once a minute hands the
+memory the daemon's threads freed back to the kernel (forkd.base.heap)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
+from forkd.base import heap
 from forkd.base.settings import settings
 from forkd.core.audit import AuditLog
 from forkd.core.idle import IdleReclaimer
 from forkd.core.lifetimes import sweep
 
 log = logging.getLogger(__name__)
+TRIM_EVERY_S = 60.0  # malloc_trim walks every arena: once a minute is enough for a slope measured per minute
 
 
 def _record(audit: AuditLog | None, action: str, target: str, **extra) -> None:
@@ -28,8 +32,12 @@ def _record(audit: AuditLog | None, action: str, target: str, **extra) -> None:
 
 def run(rt, stop: threading.Event, audit: AuditLog | None = None) -> None:
     idle = IdleReclaimer(settings().idle_pageout_secs)
+    trimmed = time.monotonic()
     while not stop.is_set():
         s = settings()
+        if time.monotonic() - trimmed >= TRIM_EVERY_S:  # memory the daemon's threads freed goes back to the kernel
+            heap.trim()
+            trimmed = time.monotonic()
         try:
             for cid, paged in idle.tick(rt).items():
                 log.info("paged out idle child %s: %d KiB of its VMM to swap", cid, paged.moved_kib)

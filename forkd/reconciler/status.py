@@ -150,13 +150,18 @@ def _pool_conditions(pool: ForkPool, w: World) -> tuple[Cond, Cond, Cond]:
         rec: Cond = (True, "WaitingForSnapshot", f"waiting for snapshot {target} of ForkParent {pool.spec.from_}")
     elif kids.idle_old:
         rec = (True, "RollingOut", f"replacing {len(kids.idle_old)} idle children from older snapshots with {target}")
+    elif len(kids.idle_current) < warm and kids.live >= pool.spec.maxChildren:  # plan_pool has no room to spawn
+        rec = (True, "MaxChildrenReached", f"{n_current} of {warm} warm children ready: maxChildren "
+                                           f"({pool.spec.maxChildren}) is reached by {kids.live} live children "
+                                           f"({len(kids.claimed)} claimed); it refills as children are released")
     elif len(kids.idle_current) != warm or n_current != len(kids.idle_current):
         rec = (True, "Scaling", f"{n_current} of {warm} warm children ready")
     else:
         rec = (False, "WarmPoolReady", "")
     if w.ready(target) and n_current >= warm:
         return (True, "WarmPoolReady", f"{n_current} of {warm} warm children ready on {target}"), rec, deg
-    return (False, rec[1], f"{n_current} of {warm} warm children ready"), rec, deg
+    return (False, rec[1], rec[2] if rec[1] == "MaxChildrenReached" else f"{n_current} of {warm} warm children "
+                                                                         "ready"), rec, deg
 
 
 def pool_status(pool: ForkPool, w: World, previous: dict[str, Status | None], stamp: str) -> ForkPoolStatus:

@@ -98,10 +98,10 @@ class Supervisor:
                 self._prime(vm, rec, prime, max(timeout, DEFAULT_PRIME_TIMEOUT) if prime_is_default else timeout,
                             fatal=not prime_is_default)
                 setup_ms["prime"] = (time.perf_counter() - t) * 1000.0
+            return self._running(rec, vm, setup_ms, t0, t_restored), vm  # its record failing to say so fails it
         except BaseException as exc:
             self._abandon(rec, net, group, exc)
             raise
-        return self._running(rec, vm, setup_ms, t0, t_restored), vm
 
     def _record(self, snapshot: str, machine: Machine, pool: str | None, memory_limit_mib: int | None, home: str,
                 hier: cgroups.Hierarchy | None, runas: bool, claim: Claim | None = None) -> ChildRecord:
@@ -164,14 +164,26 @@ class Supervisor:
 
     def _abandon(self, rec: ChildRecord, net: netns.ChildNet | None, group: cgroups.ChildCgroup | None,
                  exc: BaseException) -> None:
-        """Undo a spawn that failed: its VMM, namespace and group go; its record stays, failed, with the error."""
-        if rec.pid:
-            kill_and_wait(rec.pid, rec.started)
-        if net is not None:
-            netns.teardown(net)
-        if group is not None:
-            group.remove()
-        self.registry.save(rec.with_(state="failed", error=str(exc), pid=None))
+        """Undo a spawn that failed: its VMM, namespace and group go; its record stays, failed, with the error.
+
+        Whatever fails on the way is added to `exc` as a note, and the record is never left `starting`: a
+        starting child belongs to its spawner while that process lives (nobody else may stop, reap or retire it),
+        and its pool counts it, so one left behind by a live daemon blocked that pool's refill until the daemon
+        died. A record that cannot be written `failed` (a full $FORKD_HOME) is removed instead (a rename);
+        whatever of its namespace or group is left then has no record, and gc removes it."""
+        steps = [("stopping its VMM", lambda: kill_and_wait(rec.pid, rec.started) if rec.pid else None),
+                 ("removing its network namespace", lambda: netns.teardown(net) if net is not None else None),
+                 ("removing its cgroup", lambda: group.remove() if group is not None else None)]
+        for what, step in steps:
+            try:
+                step()
+            except Exception as cleanup:  # noqa: BLE001 - the spawn's own error is the one raised
+                exc.add_note(f"child {rec.id}: {what} after the failed spawn failed too: {cleanup}")
+        try:
+            self.registry.save(rec.with_(state="failed", error=str(exc), pid=None))
+        except OSError as cannot:
+            exc.add_note(f"child {rec.id}: its record could not say it failed ({cannot}): removed instead")
+            self.registry.remove(rec.id)
 
     def _running(self, rec: ChildRecord, vm: Vm, setup_ms: dict[str, float], t0: float,
                  t_restored: float) -> ChildRecord:

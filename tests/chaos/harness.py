@@ -20,8 +20,10 @@ from pathlib import Path
 
 from forkd.base.paths import Layout
 from forkd.core.runtime import Runtime
+from forkd.reconciler.objects import ObjectStore
 from tests.chaos import invariants as inv
-from tests.chaos.load import POOL, Load, LoadState, spec_text
+from tests.chaos import recovery
+from tests.chaos.load import POOL, Load, LoadState, error_text, spec_text
 from tests.chaos.rig import Rig, log
 
 
@@ -35,7 +37,8 @@ class Config:
     gap_op_p: float = 0.3
     workers: int = 2
     isolated: bool = True  # also a pool of isolated, memory-limited children (netns, veth, tap, cgroup)
-    recover_timeout: float = 240.0
+    recover_timeout: float = 240.0  # a pool short of its target with nothing about it changing this long: stalled
+    recover_cap: float = 900.0  # ... and one still changing (a slow host) is given this long in all
     start_timeout: float = 240.0  # a restarted daemon must answer within this (a niced run on a loaded host is slow)
     home: Path | None = None
     image_from: Path | None = None
@@ -51,6 +54,7 @@ class Round:
     gap_op: bool = False
     daemon_up_s: float | None = None
     recover_s: float | None = None
+    recover_note: str = ""  # why the pools were not back: stalled (for how long) or still moving at the cap
     violations: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -141,21 +145,28 @@ class Chaos:
         res = self.rig.apply(spec_text(2, self.cfg.isolated))
         if res.returncode != 0:
             raise RuntimeError(f"forkd apply failed: {res.stderr[-2000:]}")
-        if self.wait_pools(900.0) is None:
+        if self.wait_pools(900.0, 900.0)[0] is None:
             raise RuntimeError(f"the pools never filled: {self.rig.pools()} {self.rig.daemon_log_tail()}")
         status, body = self.rig.http_get("/v1/objects/ForkParent/cx-p")
         self.state.parent_tag = body["items"][0]["status"]["snapshot"]
 
-    def wait_pools(self, timeout: float) -> float | None:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
+    def wait_pools(self, stall: float, cap: float) -> tuple[float | None, str]:
+        """Wait until every pool is back at its target (as check_pools judges it); returns (seconds, "") or, once
+        the pools short of it did not move for `stall` seconds, or `cap` seconds passed in all, (None, why)."""
+        t0, watch, still = time.monotonic(), recovery.Watch(), 0.0
+        while (waited := time.monotonic() - t0) < cap:
             try:
-                if not inv.check_pools(self.rig.pools()):
-                    return time.monotonic() - t0
+                pools, children = self.rig.pools(), self.rt.registry.list()
+                if not inv.check_pools(pools, children):
+                    return waited, ""
+                short = [p for p in pools if inv.check_pools([p], children)]
+                still = watch.see(short, children)
+                if still >= stall:
+                    return None, f"stalled: nothing about the pools short of their target changed for {still:.0f} s"
             except OSError:
                 pass
             time.sleep(0.25)
-        return None
+        return None, f"still changing after {cap:.0f} s (last change {still:.0f} s before): slow, not stalled"
 
     def round(self, n: int) -> Round:
         rng = random.Random(f"{self.cfg.seed}:{n}")
@@ -191,15 +202,16 @@ class Chaos:
         t_restart = time.monotonic() - r.daemon_up_s
         for t in workers + ([gap] if gap else []):
             t.join()
-        left = self.wait_pools(self.cfg.recover_timeout)
+        left, r.recover_note = self.wait_pools(self.cfg.recover_timeout, self.cfg.recover_cap)
         r.recover_s = None if left is None else time.monotonic() - t_restart
         r.violations = self.check()
+        if r.recover_note:
+            r.violations["pools"] = [f"{v} ({r.recover_note})" for v in r.violations.get("pools", [])]
         r.violations["errors"] = self.state.errors[errors_before:]
         for res in gap_res:  # nobody killed it: a CLI build must survive a daemon (re)start beside it
             if res.returncode != 0:
-                last = " | ".join((res.stderr.strip().splitlines() or ["(no stderr)"])[-4:])[:900]
-                r.violations["errors"].append(f"an in-process `forkd snapshot-diff` running while the daemon "
-                                              f"restarted failed (exit {res.returncode}): {last}")
+                r.violations["errors"].append(f"an in-process `forkd snapshot diff` running while the daemon "
+                                              f"restarted failed (exit {res.returncode}): {error_text(res)}")
         with self.state.lock:  # a lost child is reported once
             self.state.claimed &= {c.id for c in self.rt.registry.list()}
         return r
@@ -228,7 +240,8 @@ class Chaos:
         out = {"snapshots": inv.check_snapshots(self.rt), "children": inv.check_children(self.rt, claimed)}
         out["orphans"] = inv.check_orphans(self.rt, seen | {c.id for c in self.rt.registry.list()})
         try:
-            out["pools"] = inv.check_pools(self.rig.pools())
+            out["pools"] = inv.check_pools(self.rig.pools(), self.rt.registry.list(),
+                                           lambda name: ObjectStore(self.rt.layout).events("ForkPool", name))
         except OSError as exc:
             out["pools"] = [f"the daemon does not answer: {exc}"]
         out["audit"] = inv.check_audit(self.rig.home)

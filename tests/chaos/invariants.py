@@ -11,7 +11,8 @@ Each check returns a list of violations (one sentence each, naming the file, chi
              without a record; nothing left in $FORKD_HOME/tmp; this home's tmpfs directory marked as its own;
              `forkd gc --dry-run --grace 0` finds nothing of this home (another home's tmpfs directory, network
              and the VMMs in it, which gc takes once that home is gone, are not)
-  pools      every pool is back at its target (status.warm == spec.warm, Ready)
+  pools      every pool is back at its target (status.warm == spec.warm, Ready), or has every warm child its
+             maxChildren leaves room for beside its claimed children (a claimed child lives until killed)
   audit      `forkd audit verify` says OK
   errors     no CLI command failed with exit 1 (an internal error, HTTP 500) while one daemon stayed up for its
              whole run (conflicts, not-found and unavailable, exits 2-6, are answers, not errors); a CLI layer
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from forkd.sandbox.claims import CLAIMS
 from forkd.sandbox.registry import RECORD
 from forkd.store import chain
 from forkd.store.snapshot import DISK, MEMORY, VMSTATE, CorruptManifest, Snapshot
+from tests.chaos import recovery
 
 REGISTRY_LOCK = ".lock"  # the registry's lock file (kept)
 CATEGORIES = ("snapshots", "children", "orphans", "pools", "audit", "errors")
@@ -101,7 +104,11 @@ def check_children(rt: Runtime, claimed: set[str]) -> list[str]:
     for r in recs.values():
         status = r.status
         if status == "starting" and r.spawner_pid and is_alive(r.spawner_pid, r.spawner_started):
-            continue  # a spawn in progress (the daemon refilling a pool)
+            if (age := time.time() - r.created_at) < recovery.SPAWN_BOUND_S:
+                continue  # a spawn in progress (the daemon refilling a pool)
+            out.append(f"child {r.id} (pool {r.pool}) has been starting for {age:.0f} s under its live spawner "
+                       f"(pid {r.spawner_pid}): a spawn its own timeouts should have ended; its pool counts it")
+            continue
         if status != "running":
             out.append(f"child {r.id} (pool {r.pool}) is {status} after recovery, not reaped: {r.error or ''}")
             continue
@@ -257,17 +264,26 @@ def holds_beneath(pid: int, home: Path) -> bool | None:
     return False
 
 
-def check_pools(pools: list[dict]) -> list[str]:
+def check_pools(pools: list[dict], children: list | None = None,
+                events: Callable[[str], list[dict]] | None = None) -> list[str]:
+    """Every pool at its target, Ready; given the children's records, a pool whose maxChildren is taken by claimed
+    (or stopping) children need only have what room is left (tests/chaos/recovery.py), and a violation names the
+    pool's children and (given `events`) its last events."""
     out = []
     for p in pools:
         name, want = p["metadata"]["name"], p["spec"]["warm"]
         status = p.get("status") or {}
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
-        if status.get("warm") != want or not ready:
-            why = "; ".join(f"{c.get('type')}={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}"[:300]
-                            for c in status.get("conditions", []) if c.get("status") != "True")
-            out.append(f"pool {name}: warm {status.get('warm')} of target {want}, Ready={ready}"
-                       + (f" ({why})" if why else ""))
+        if status.get("warm") == want and ready:
+            continue
+        if children is not None and (can := recovery.attainable(p, children)) < want and \
+                (status.get("warm") or 0) >= can:
+            continue  # full: it refills once the claimed children are killed
+        why = "; ".join(f"{c.get('type')}={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}"[:300]
+                        for c in status.get("conditions", []) if c.get("status") != "True")
+        more = f" [{recovery.describe(p, children, events(name) if events else [])}]" if children is not None else ""
+        out.append(f"pool {name}: warm {status.get('warm')} of target {want}, Ready={ready}"
+                   + (f" ({why})" if why else "") + more)
     return out
 
 

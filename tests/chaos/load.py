@@ -17,6 +17,7 @@ from tests.chaos.rig import ISOLATED, SPEC, Rig
 POOL, PARENT = "cx-a", "cx-p"
 KEEP_PER_KIND = 2  # generated snapshots kept per kind (ly-, cp-, br-): bounds the RAM and disk they hold
 MAX_CLAIMED = 3  # claimed children the load keeps at once
+ERROR_CHARS = 4000  # of a failed command's stderr kept in a violation
 
 
 @dataclass
@@ -59,6 +60,13 @@ class LoadState:
         return rng.choice(items) if items else None
 
 
+def error_text(res, limit: int = ERROR_CHARS) -> str:
+    """A failed command's whole error (stderr, lines joined with ' | '); longer than `limit`, its start and its end
+    (the first line names the step that failed, the last the files to read)."""
+    text = " | ".join(line for line in res.stderr.strip().splitlines() if line.strip()) or "(no stderr)"
+    return text if len(text) <= limit else f"{text[:limit // 2]} [...] {text[-limit // 2:]}"
+
+
 def spec_text(warm: int, isolated: bool) -> str:
     return SPEC.format(warm=warm, max_children=8) + (ISOLATED if isolated else "")
 
@@ -85,8 +93,7 @@ class Load:
         with self.s.lock:
             self.s.outcomes[(op, key)] += 1
             if res.returncode == 1 and alive and self.rig.daemon_pid() is not None and gen == self.rig.starts:
-                last = (res.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
-                self.s.errors.append(f"{' '.join(args[:3])}: exit {res.returncode}: {last}")
+                self.s.errors.append(f"{' '.join(args[:3])}: exit {res.returncode}: {error_text(res)}")
         return res
 
     def claim(self, rng: random.Random, pool: str | None = None) -> str | None:
@@ -134,7 +141,7 @@ class Load:
 
     def layer(self, rng: random.Random, what: str = "layer"):
         tag = self.s.next_tag("ly")
-        res = self._run(what, "snapshot-diff", "--tag", tag, "--from", self.s.parent_tag, "--run",
+        res = self._run(what, "snapshot", "diff", "--tag", tag, "--from", self.s.parent_tag, "--run",
                         f"echo {tag} > /root/layer")
         self._made(tag, res)
         return res
@@ -143,7 +150,7 @@ class Load:
         src = self.s.pick(rng, [t for t in self.s.tags if t.startswith("ly-")])
         if src:
             tag = self.s.next_tag("cp")
-            self._made(tag, self._run("compact", "snapshot-compact", "--from", src, "--to", tag))
+            self._made(tag, self._run("compact", "snapshot", "compact", "--from", src, "--to", tag))
 
     def pack(self, rng: random.Random) -> None:
         src = self.s.pick(rng, [t for t in self.s.tags if t.startswith(("cp-", "br-"))])
@@ -162,7 +169,7 @@ class Load:
         for prefix in ("ly-", "cp-", "br-"):
             mine = [t for t in self.s.tags if t.startswith(prefix)]
             for tag in mine[:-KEEP_PER_KIND]:
-                if self._run("rmi", "rmi", tag).returncode in (0, 3):
+                if self._run("rmi", "snapshot", "rm", tag).returncode in (0, 3):
                     with self.s.lock:
                         if tag in self.s.tags:
                             self.s.tags.remove(tag)

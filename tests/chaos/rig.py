@@ -237,7 +237,9 @@ class Rig:
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(self.home, ignore_errors=True)
-        for p in self.home.parent.glob(f"{self.home.name}-*"):
+        # beside the home: its spec and pack files, and the temporaries of a `forkd pack` killed mid-write
+        # (`.<home>-<tag>.tar.zst.tmp-<owner>`: beside an output file, where no gc of the home looks)
+        for p in [*self.home.parent.glob(f"{self.home.name}-*"), *self.home.parent.glob(f".{self.home.name}-*")]:
             if p.is_file() and p != self.log_path:
                 p.unlink(missing_ok=True)
         return leaked
