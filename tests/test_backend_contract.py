@@ -6,7 +6,11 @@ compared here is the logic above the driver."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +18,7 @@ from forkd.base.errors import ForkdError
 from forkd.base.paths import Layout
 from forkd.client.local import LocalBackend
 from forkd.client.remote import RemoteBackend
-from forkd.core.requests import Branch, Spawn
+from forkd.core.requests import Branch, Compaction, Spawn
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.service import wire
@@ -61,6 +65,7 @@ VERBS_ON_NOTHING = {
     "branch": lambda b: b.branch(Branch.of(child_id=MISSING, tag="contract-none")),
     "fork_from": lambda b: b.fork_from(MISSING, 1),
     "fork": lambda b: b.fork(Spawn.of(tag="no-such-snapshot", n=1)),
+    "compact": lambda b: b.compact(Compaction.of(from_tag="no-such-snapshot", to_tag="contract-never")),  # a job
 }
 
 
@@ -140,7 +145,6 @@ def test_the_child_listing_is_one_typed_view_through_both_doors(doors, fake_base
 def test_the_snapshot_listing_is_one_typed_view_through_both_doors(doors, fake_base):
     """snapshots() answers forkd.service.listing.SnapshotView in-process and through the daemon, field for field;
     a build answers the view too; upstream's `/v1/snapshots/{tag}` and SnapshotInfo read the same snapshot."""
-    from forkd.core.requests import Compaction
     from forkd.service.listing import SnapshotView
 
     local, remote = doors["local"], doors["remote"]
@@ -163,3 +167,44 @@ def test_the_snapshot_listing_is_one_typed_view_through_both_doors(doors, fake_b
         finally:
             assert b.rmi(view.tag) == [view.tag]
     assert built["local"] == built["remote"]
+
+
+def test_the_python_sdk_waits_on_build_jobs(doors, fake_base):
+    """Client and AsyncClient build through a job and wait on it (each new phase reported); a failed build raises
+    the kind a blocking call raised; the job stays listed with its result."""
+    from forkd_client import AsyncClient, Client, NotFound
+
+    ep = doors["remote"].endpoint
+    phases: list[str] = []
+    with Client(url=ep.base_url, token=ep.token) as c:
+        info = c.compact_snapshot(BASE_TAG, "contract-sdk")
+        job = c.submit_compaction(BASE_TAG, "contract-sdk-2")
+        done = c.wait_job(job.id, timeout=120, on_phase=phases.append)
+        try:
+            assert info.tag == "contract-sdk" and info.status == "ready"
+            assert done.state == "succeeded" and done.result["tag"] == "contract-sdk-2"
+            assert done.phase is None or phases[-1] == done.phase
+            assert {job.id} <= {j.id for j in c.list_jobs()}
+            with pytest.raises(NotFound):
+                c.compact_snapshot("no-such-snapshot", "contract-never")
+        finally:
+            c.delete_snapshot("contract-sdk")
+            c.delete_snapshot("contract-sdk-2")
+
+    async def run() -> str:
+        async with AsyncClient(url=ep.base_url, token=ep.token) as a:
+            got = await a.compact_snapshot(BASE_TAG, "contract-sdk-async")
+            await a.delete_snapshot(got.tag)
+            return got.tag
+
+    assert asyncio.run(run()) == "contract-sdk-async"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_typescript_sdk_waits_on_build_jobs(doors, fake_base):
+    ep = doors["remote"].endpoint
+    env = dict(os.environ, FORKD_URL=ep.base_url, FORKD_TOKEN=ep.token, FORKD_TEST_SNAPSHOT=BASE_TAG)
+    res = subprocess.run(["node", "--test", "test/jobs.test.js"], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent / "sdk" / "typescript", timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "# fail 0" in res.stdout and "# skipped 0" in res.stdout and "# pass 1" in res.stdout

@@ -15,6 +15,7 @@ from forkd.reconciler.control import Control
 from forkd.service.children import Children
 from forkd.service.guest import Guest
 from forkd.service.host import Host
+from forkd.service.jobs import Jobs
 from forkd.service.snapshots import Snapshots
 
 
@@ -25,6 +26,7 @@ class Service(Children, Snapshots, Guest, Host):
         self.control = control or Control(Runtime())
         self.grants = PortGrants()
         self.relay = Relay(self.rt)
+        self._jobs: Jobs | None = None
 
     @classmethod
     def on(cls, layout: Layout) -> Service:
@@ -37,6 +39,13 @@ class Service(Children, Snapshots, Guest, Host):
 
         self.control = Control(self.rt, reconciler=Reconciler(self.rt, on_action=on_action))
         return self.control
+
+    @property
+    def jobs(self) -> Jobs:
+        """The builds running as jobs (forkd.service.jobs), recorded under the home's jobs directory."""
+        if self._jobs is None:
+            self._jobs = Jobs(self.rt.layout.jobs)
+        return self._jobs
 
     @property
     def rt(self) -> Runtime:
