@@ -59,6 +59,7 @@ VERBS_ON_NOTHING = {
     "snapshot_info": lambda b: b.snapshot_info("no-such-snapshot"),
     "rmi": lambda b: b.rmi("no-such-snapshot"),
     "set_timeout": lambda b: b.set_timeout(MISSING, 10),
+    "child": lambda b: b.child(MISSING),
     "eval": lambda b: b.eval(MISSING, "1"),
     "exec": lambda b: b.exec(MISSING, ["true"]),
     "ping": lambda b: b.ping(MISSING),
@@ -133,8 +134,11 @@ def test_the_child_listing_is_one_typed_view_through_both_doors(doors, fake_base
     try:
         here = {c.id: c for c in local.children()}[kid.id]
         there = {c.id: c for c in remote.children()}[kid.id]
-        assert type(here) is type(there) is ChildView
+        assert type(here) is type(there) is type(kid) is ChildView
         assert here.elsewhere() == there
+        assert local.child(kid.id) == here and remote.child(kid.id) == there  # get: the listing's view
+        longer = {name: b.set_timeout(kid.id, 600) for name, b in doors.items()}
+        assert all(type(v) is ChildView and v.id == kid.id for v in longer.values())
         compat = {s["id"]: s for s in remote._call("GET", "/v1/sandboxes")}[kid.id]
         assert compat == wire.sandbox_info(there).model_dump(mode="json")
         assert remote._call("GET", f"/v1/children/{kid.id}") == here.to_json()  # the daemon's own host view
@@ -208,3 +212,4 @@ def test_the_typescript_sdk_waits_on_build_jobs(doors, fake_base):
                          cwd=Path(__file__).resolve().parent.parent / "sdk" / "typescript", timeout=300)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "# fail 0" in res.stdout and "# skipped 0" in res.stdout and "# pass 1" in res.stdout
+

@@ -178,6 +178,9 @@ class RemoteBackend:
     def children(self, labels: list[str] | None = None) -> list[ChildView]:
         return self._here(self._call("GET", "/v1/children", params={"label": labels} if labels else None))
 
+    def child(self, child_id: str) -> ChildView:
+        return self._here([self._call("GET", f"/v1/children/{quote(child_id)}")])[0]
+
     def set_timeout(self, child: str, seconds: float) -> ChildView:
         return self._here([self._call("POST", self._child(child, "timeout"), json={"timeout_secs": seconds})])[0]
 

@@ -16,7 +16,9 @@ from forkd.service.children import Children
 from forkd.service.guest import Guest
 from forkd.service.host import Host
 from forkd.service.jobs import Jobs
+from forkd.service.listing import ChildView
 from forkd.service.snapshots import Snapshots
+from forkd.service.wire import child_view
 
 
 class Service(Children, Snapshots, Guest, Host):
@@ -55,6 +57,6 @@ class Service(Children, Snapshots, Guest, Host):
         """The snapshot tag `name` stands for: a snapshot, or a ForkParent/ForkLayer/ForkBranch's ready one."""
         return self.control.template(name)
 
-    def claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list:
+    def claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list[ChildView]:
         """`n` ready children of `pool`, each living `lifetime` (default the pool's ttl, else the node's)."""
-        return self.control.claim(pool, n, lifetime=lifetime)
+        return [child_view(r) for r in self.control.claim(pool, n, lifetime=lifetime)]
