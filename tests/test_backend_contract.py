@@ -137,11 +137,11 @@ def test_the_child_listing_is_one_typed_view_through_both_doors(doors, fake_base
         assert type(here) is type(there) is type(kid) is ChildView
         assert here.elsewhere() == there
         assert local.child(kid.id) == here and remote.child(kid.id) == there  # get: the listing's view
-        longer = {name: b.set_timeout(kid.id, 600) for name, b in doors.items()}
-        assert all(type(v) is ChildView and v.id == kid.id for v in longer.values())
         compat = {s["id"]: s for s in remote._call("GET", "/v1/sandboxes")}[kid.id]
         assert compat == wire.sandbox_info(there).model_dump(mode="json")
         assert remote._call("GET", f"/v1/children/{kid.id}") == here.to_json()  # the daemon's own host view
+        longer = {name: b.set_timeout(kid.id, 600) for name, b in doors.items()}
+        assert all(type(v) is ChildView and v.id == kid.id for v in longer.values())
     finally:
         local.kill([kid.id])
 

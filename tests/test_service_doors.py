@@ -51,3 +51,23 @@ def test_a_template_forks_its_parents_snapshot_through_every_door(doors):
         assert {c.id for c in local.children()} >= set(made) and local.child(made[-1]).snapshot == BASE_TAG
     finally:
         local.kill(made)
+
+
+def test_processes_run_through_the_service_under_both_prefixes(doors):
+    """The process routes call the service's processes (forkd.service.processes), under upstream's
+    `/v1/sandboxes/{id}/` and the native `/v1/children/{id}/` alike."""
+    import base64
+    import json
+
+    local, http = doors
+    (kid,) = local.fork(Spawn.of(tag=BASE_TAG, n=1))
+    try:
+        for prefix in ("/v1/sandboxes", "/v1/children"):
+            r = http.post(f"{prefix}/{kid.id}/processes", json={"argv": ["sh", "-c", "echo hi; exit 3"]})
+            assert r.status_code == 200, r.text
+            events = [json.loads(line) for line in r.text.splitlines() if line.strip()]
+            out = b"".join(base64.b64decode(e["data"]) for e in events if e["type"] == "stdout")
+            assert (events[0]["type"], out, events[-1]["type"], events[-1]["exit_code"]) == (
+                "start", b"hi\n", "exit", 3), events
+    finally:
+        local.kill([kid.id])

@@ -118,7 +118,7 @@ def create_app(service: Service | Control, token: str | None = None, audit: Audi
 
 def call_routers(s: Service, metrics: Metrics, gate: GuestIO) -> list[APIRouter]:
     """The compatibility layer's route tables (`/v1/sandboxes` and the calls on one child under it)."""
-    return [build_sandbox_router(s, metrics, gate), build_process_router(s.rt, gate), build_files_router(s, gate),
+    return [build_sandbox_router(s, metrics, gate), build_process_router(s, gate), build_files_router(s, gate),
             build_ports_router(s)]
 
 

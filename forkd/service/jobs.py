@@ -95,13 +95,13 @@ class Jobs:
         with self._cond:
             self._get(job_id)
             self._cond.wait_for(lambda: self._changed(job_id, since), min(max(timeout, 0.0), LONGEST_POLL))
-            return self._jobs[job_id]
+            return self._get(job_id)
 
     def outcome(self, job_id: str) -> Any:
         """Wait for the job to finish: its result, or the very exception it failed with."""
         with self._cond:
-            self._cond.wait_for(lambda: self._jobs[job_id].state in FINISHED)
-            job = self._jobs[job_id]
+            self._cond.wait_for(lambda: self._changed(job_id, None))
+            job = self._get(job_id)
             if job.state == "succeeded":
                 return job.result
             if job_id in self._raised:
@@ -109,8 +109,8 @@ class Jobs:
         raise Conflict(f"job {job_id} {job.state}: {job.error.detail if job.error else ''}")
 
     def _changed(self, job_id: str, since: int | None) -> bool:
-        job = self._jobs[job_id]
-        return job.state in FINISHED or (since is not None and job.version > since)
+        job = self._jobs.get(job_id)  # None: finished and forgotten meanwhile
+        return job is None or job.state in FINISHED or (since is not None and job.version > since)
 
     def _get(self, job_id: str) -> Job:
         self._load()

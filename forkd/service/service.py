@@ -17,6 +17,7 @@ from forkd.service.guest import Guest
 from forkd.service.host import Host
 from forkd.service.jobs import Jobs
 from forkd.service.listing import ChildView
+from forkd.service.processes import LocalProcesses
 from forkd.service.snapshots import Snapshots
 from forkd.service.wire import child_view
 
@@ -28,7 +29,7 @@ class Service(Children, Snapshots, Guest, Host):
         self.control = control or Control(Runtime())
         self.grants = PortGrants()
         self.relay = Relay(self.rt)
-        self._jobs: Jobs | None = None
+        self.jobs = Jobs(self.rt.layout.jobs)  # the builds running as jobs; reads nothing until first used
 
     @classmethod
     def on(cls, layout: Layout) -> Service:
@@ -43,11 +44,9 @@ class Service(Children, Snapshots, Guest, Host):
         return self.control
 
     @property
-    def jobs(self) -> Jobs:
-        """The builds running as jobs (forkd.service.jobs), recorded under the home's jobs directory."""
-        if self._jobs is None:
-            self._jobs = Jobs(self.rt.layout.jobs)
-        return self._jobs
+    def processes(self) -> LocalProcesses:
+        """Processes in the children (start, stream, stdin, signal, wait, list, kill, console logs)."""
+        return LocalProcesses(self.rt)
 
     @property
     def rt(self) -> Runtime:
