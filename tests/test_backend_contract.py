@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from forkd.base.errors import ForkdError
+from forkd.base.errors import ForkdError, NotFound
 from forkd.base.paths import Layout
 from forkd.client.local import LocalBackend
 from forkd.client.remote import RemoteBackend
@@ -213,3 +213,26 @@ def test_the_typescript_sdk_waits_on_build_jobs(doors, fake_base):
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "# fail 0" in res.stdout and "# skipped 0" in res.stdout and "# pass 1" in res.stdout
 
+
+
+def test_the_cli_builds_through_the_daemons_job(doors, fake_base):
+    """`forkd snapshot compact` through a daemon (FORKD_URL) submits the job, reports it (the table output's
+    progress lines), waits and prints the snapshot; a build that fails exits with the code of its error kind and
+    says why."""
+    import sys
+
+    ep = doors["remote"].endpoint
+    env = dict(os.environ, FORKD_URL=ep.base_url, FORKD_TOKEN=ep.token)
+    cli = [sys.executable, "-m", "forkd.cli.main", "snapshot", "compact"]
+    ok = subprocess.run([*cli, "--from", BASE_TAG, "--to", "contract-cli"], env=env, capture_output=True,
+                        text=True, timeout=300)
+    try:
+        assert ok.returncode == 0, ok.stderr
+        assert "contract-cli" in ok.stdout and doors["remote"].snapshot_info("contract-cli")["status"] == "ready"
+        job = next(j for j in doors["remote"].api.list_jobs() if j.target == "contract-cli")
+        assert job.state == "succeeded" and job.id in ok.stdout + ok.stderr, (ok.stdout, ok.stderr)
+    finally:
+        doors["remote"].rmi("contract-cli")
+    bad = subprocess.run([*cli, "--from", "no-such-snapshot", "--to", "contract-cli-never"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == NotFound.exit_code and "no-such-snapshot" in bad.stderr, bad.stderr
