@@ -8,15 +8,14 @@ import https from "node:https";
 import path from "node:path";
 import { createInterface } from "node:readline";
 
-import { Conflict, ForkdError, InvalidInput, NotFound, Timeout, Unavailable, apiError, checked } from "./errors.js";
+import { ForkdError, InvalidInput, NotFound, Timeout, Unavailable, apiError, checked } from "./errors.js";
 import { Filesystem, isChunkStream } from "./files.js";
+import { built, waitJob } from "./jobs.js";
 
 export { CommandExitError, Conflict, ControllerError, ForkdError, InvalidInput, NotFound, ProtocolViolation, Timeout,
   TimeoutError, Unavailable } from "./errors.js";
 export { Filesystem, WatchHandle } from "./files.js";
 
-const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
-const JOB_POLL_SECS = 30; // one long poll of a job; the daemon answers sooner when the job changes
 const IDEMPOTENT = new Set(["GET", "HEAD", "PUT", "DELETE"]);
 const CONNECT_ERRORS = new Set(["ECONNREFUSED", "ENOENT", "EAI_AGAIN", "ECONNRESET", "EPIPE"]);
 const OPAQUE = new Set(["labels", "env", "envs", "metadata", "document", "body"]); // keys kept as the user wrote them
@@ -81,7 +80,7 @@ export class Controller {
   /** Build a snapshot: the daemon runs it as a job, waited on here (`timeoutMs`; `onPhase` gets each progress
    * line); a failed build throws the error kind it failed with. */
   createSnapshot(options, wait = {}) {
-    return this.#built(this.request("POST", "/v1/snapshots", options, { query: { wait: "false" } }), wait);
+    return built(this, this.request("POST", "/v1/snapshots", options, { query: { wait: "false" } }), wait);
   }
   async deleteSnapshot(tag, { cascade = false, force = false } = {}) {
     const query = {};
@@ -90,7 +89,7 @@ export class Controller {
     await this.request("DELETE", `/v1/snapshots/${seg(tag)}`, undefined, { query });
   }
   compactSnapshot(tag, to, wait = {}) {
-    return this.#built(this.request("POST", `/v1/snapshots/${seg(tag)}/compact`, { to }, { query: { wait: "false" } }),
+    return built(this, this.request("POST", `/v1/snapshots/${seg(tag)}/compact`, { to }, { query: { wait: "false" } }),
       wait);
   }
 
@@ -106,33 +105,7 @@ export class Controller {
   /** Cancel a queued job (Conflict once it runs: a running build runs to its end). */
   cancelJob(id) { return this.request("DELETE", `/v1/jobs/${seg(id)}`); }
   /** Wait until the job is finished (long polls); Timeout after `timeoutMs` (the job keeps running). */
-  async waitJob(id, { timeoutMs, onPhase } = {}) {
-    let job = await this.getJob(id);
-    const deadline = timeoutMs === undefined ? undefined : Date.now() + timeoutMs;
-    let said;
-    for (;;) {
-      if (onPhase && job.phase && job.phase !== said) onPhase((said = job.phase));
-      if (FINISHED.has(job.state)) return job;
-      const left = deadline === undefined ? JOB_POLL_SECS : (deadline - Date.now()) / 1000;
-      if (left <= 0) {
-        throw new Timeout(`job ${job.id} (${job.kind} ${job.target ?? ""}) is still ${job.state}`,
-          { hint: `it keeps running on the daemon: GET /v1/jobs/${job.id}, or wait longer` });
-      }
-      job = await this.getJob(id, { waitSecs: Math.min(JOB_POLL_SECS, Math.max(left, 0.1)), since: job.version });
-    }
-  }
-
-  /** A submitted build's result once its job is done (a daemon older than jobs answers the result itself). */
-  async #built(submitted, { timeoutMs, onPhase } = {}) {
-    const job = await submitted;
-    if (!job || typeof job !== "object" || !("state" in job && "kind" in job)) return job;
-    const done = await this.waitJob(job.id, { timeoutMs, onPhase });
-    if (done.state === "succeeded") return done.result;
-    if (done.state === "cancelled") throw new Conflict(`job ${done.id} was cancelled before it ran`);
-    const e = done.error ?? { status: 500, detail: `job ${done.id} ${done.state}` };
-    throw apiError(e.status, { detail: e.detail, hint: e.hint ?? undefined, title: e.type },
-      this.#url(`/v1/jobs/${done.id}`));
-  }
+  waitJob(id, wait = {}) { return waitJob(this, id, wait); }
 
   // -- sandboxes
   /** `egress`: "none" (the daemon's default), "internet" or { allow: ["CIDR:port", ...] }. */
