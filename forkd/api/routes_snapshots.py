@@ -184,11 +184,13 @@ def deprecated_aliases(r: APIRouter) -> APIRouter:
     for (method, old), key in ALIASES.items():
         route = native[key]
         endpoint = _waiting(route.endpoint)
-        blocks = " It blocks until the build is done unless `?wait=false`." if endpoint is not route.endpoint else ""
+        waits = endpoint is not route.endpoint
+        blocks = " It blocks until the build is done unless `?wait=false`." if waits else ""
+        status = next(c for c in route.responses if c != 202) if waits else route.status_code  # what it built
         r.add_api_route(
             old, endpoint, methods=[method], name=f"deprecated_{route.name}", deprecated=True,
-            tags=["deprecated"], response_model=route.response_model, status_code=route.status_code,
-            responses=route.responses, summary=route.summary,
+            tags=["deprecated"], response_model=None if waits else route.response_model, status_code=status,
+            responses={**route.responses, **JOB} if waits else route.responses, summary=route.summary,
             description=f"Deprecated: use `{key[0]} {key[1]}`.{blocks} {route.description}")
     return r
 
