@@ -6,15 +6,19 @@ compared here is the logic above the driver."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from forkd.base.errors import ForkdError
+from forkd.base.errors import ForkdError, NotFound
 from forkd.base.paths import Layout
 from forkd.client.local import LocalBackend
 from forkd.client.remote import RemoteBackend
-from forkd.core.requests import Branch, Spawn
+from forkd.core.requests import Branch, Compaction, Spawn
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.service import wire
@@ -55,12 +59,14 @@ VERBS_ON_NOTHING = {
     "snapshot_info": lambda b: b.snapshot_info("no-such-snapshot"),
     "rmi": lambda b: b.rmi("no-such-snapshot"),
     "set_timeout": lambda b: b.set_timeout(MISSING, 10),
+    "child": lambda b: b.child(MISSING),
     "eval": lambda b: b.eval(MISSING, "1"),
     "exec": lambda b: b.exec(MISSING, ["true"]),
     "ping": lambda b: b.ping(MISSING),
     "branch": lambda b: b.branch(Branch.of(child_id=MISSING, tag="contract-none")),
     "fork_from": lambda b: b.fork_from(MISSING, 1),
     "fork": lambda b: b.fork(Spawn.of(tag="no-such-snapshot", n=1)),
+    "compact": lambda b: b.compact(Compaction.of(from_tag="no-such-snapshot", to_tag="contract-never")),  # a job
 }
 
 
@@ -128,11 +134,14 @@ def test_the_child_listing_is_one_typed_view_through_both_doors(doors, fake_base
     try:
         here = {c.id: c for c in local.children()}[kid.id]
         there = {c.id: c for c in remote.children()}[kid.id]
-        assert type(here) is type(there) is ChildView
+        assert type(here) is type(there) is type(kid) is ChildView
         assert here.elsewhere() == there
+        assert local.child(kid.id) == here and remote.child(kid.id) == there  # get: the listing's view
         compat = {s["id"]: s for s in remote._call("GET", "/v1/sandboxes")}[kid.id]
         assert compat == wire.sandbox_info(there).model_dump(mode="json")
         assert remote._call("GET", f"/v1/children/{kid.id}") == here.to_json()  # the daemon's own host view
+        longer = {name: b.set_timeout(kid.id, 600) for name, b in doors.items()}
+        assert all(type(v) is ChildView and v.id == kid.id for v in longer.values())
     finally:
         local.kill([kid.id])
 
@@ -140,7 +149,6 @@ def test_the_child_listing_is_one_typed_view_through_both_doors(doors, fake_base
 def test_the_snapshot_listing_is_one_typed_view_through_both_doors(doors, fake_base):
     """snapshots() answers forkd.service.listing.SnapshotView in-process and through the daemon, field for field;
     a build answers the view too; upstream's `/v1/snapshots/{tag}` and SnapshotInfo read the same snapshot."""
-    from forkd.core.requests import Compaction
     from forkd.service.listing import SnapshotView
 
     local, remote = doors["local"], doors["remote"]
@@ -163,3 +171,68 @@ def test_the_snapshot_listing_is_one_typed_view_through_both_doors(doors, fake_b
         finally:
             assert b.rmi(view.tag) == [view.tag]
     assert built["local"] == built["remote"]
+
+
+def test_the_python_sdk_waits_on_build_jobs(doors, fake_base):
+    """Client and AsyncClient build through a job and wait on it (each new phase reported); a failed build raises
+    the kind a blocking call raised; the job stays listed with its result."""
+    from forkd_client import AsyncClient, Client, NotFound
+
+    ep = doors["remote"].endpoint
+    phases: list[str] = []
+    with Client(url=ep.base_url, token=ep.token) as c:
+        info = c.compact_snapshot(BASE_TAG, "contract-sdk")
+        job = c.submit_compaction(BASE_TAG, "contract-sdk-2")
+        done = c.wait_job(job.id, timeout=120, on_phase=phases.append)
+        try:
+            assert info.tag == "contract-sdk" and info.status == "ready"
+            assert done.state == "succeeded" and done.result["tag"] == "contract-sdk-2"
+            assert done.phase is None or phases[-1] == done.phase
+            assert {job.id} <= {j.id for j in c.list_jobs()}
+            with pytest.raises(NotFound):
+                c.compact_snapshot("no-such-snapshot", "contract-never")
+        finally:
+            c.delete_snapshot("contract-sdk")
+            c.delete_snapshot("contract-sdk-2")
+
+    async def run() -> str:
+        async with AsyncClient(url=ep.base_url, token=ep.token) as a:
+            got = await a.compact_snapshot(BASE_TAG, "contract-sdk-async")
+            await a.delete_snapshot(got.tag)
+            return got.tag
+
+    assert asyncio.run(run()) == "contract-sdk-async"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_typescript_sdk_waits_on_build_jobs(doors, fake_base):
+    ep = doors["remote"].endpoint
+    env = dict(os.environ, FORKD_URL=ep.base_url, FORKD_TOKEN=ep.token, FORKD_TEST_SNAPSHOT=BASE_TAG)
+    res = subprocess.run(["node", "--test", "test/jobs.test.js"], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent / "sdk" / "typescript", timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert "# fail 0" in res.stdout and "# skipped 0" in res.stdout and "# pass 1" in res.stdout
+
+
+
+def test_the_cli_builds_through_the_daemons_job(doors, fake_base):
+    """`forkd snapshot compact` through a daemon (FORKD_URL) submits the job, reports it (the table output's
+    progress lines), waits and prints the snapshot; a build that fails exits with the code of its error kind and
+    says why."""
+    import sys
+
+    ep = doors["remote"].endpoint
+    env = dict(os.environ, FORKD_URL=ep.base_url, FORKD_TOKEN=ep.token)
+    cli = [sys.executable, "-m", "forkd.cli.main", "snapshot", "compact"]
+    ok = subprocess.run([*cli, "--from", BASE_TAG, "--to", "contract-cli"], env=env, capture_output=True,
+                        text=True, timeout=300)
+    try:
+        assert ok.returncode == 0, ok.stderr
+        assert "contract-cli" in ok.stdout and doors["remote"].snapshot_info("contract-cli")["status"] == "ready"
+        job = next(j for j in doors["remote"].api.list_jobs() if j.target == "contract-cli")
+        assert job.state == "succeeded" and job.id in ok.stdout + ok.stderr, (ok.stdout, ok.stderr)
+    finally:
+        doors["remote"].rmi("contract-cli")
+    bad = subprocess.run([*cli, "--from", "no-such-snapshot", "--to", "contract-cli-never"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == NotFound.exit_code and "no-such-snapshot" in bad.stderr, bad.stderr

@@ -87,10 +87,14 @@ def test_an_unreadable_record_is_listed_failed_and_named(client):
 
 
 def test_the_old_urls_are_the_same_handlers_marked_deprecated(service):
+    """The same handler (an old build URL's only waits by default: its clients expect the snapshot, not a job)."""
     routes = {(m, r.path): r for r in build_snapshot_router(service).routes for m in r.methods}
     paths = create_app(service).openapi()["paths"]
     for (method, old), native in ALIASES.items():
-        assert routes[(method, old)].endpoint is routes[native].endpoint, old
+        endpoint = routes[(method, old)].endpoint
+        assert getattr(endpoint, "__wrapped__", endpoint) is routes[native].endpoint, old
+        wait = {p["name"]: p["schema"].get("default") for p in paths[old][method.lower()].get("parameters", [])}
+        assert wait.get("wait", True) is True, f"{old} answers a job by default: its clients expect the snapshot"
         assert paths[old][method.lower()].get("deprecated") is True, old
         assert not paths[native[1]][native[0].lower()].get("deprecated"), native
     assert {p for p in paths if p.startswith(("/v1/manifests", "/v1/build/"))} == {old for _, old in ALIASES}

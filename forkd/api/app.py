@@ -30,6 +30,7 @@ from forkd.api.guestio import RETRY_AFTER, GuestIO
 from forkd.api.metrics import Metrics
 from forkd.api.routes_children import build_children_router, child_calls
 from forkd.api.routes_files import build_files_router
+from forkd.api.routes_jobs import build_jobs_router
 from forkd.api.routes_kinds import build_kinds_router
 from forkd.api.routes_objects import build_objects_router
 from forkd.api.routes_ports import build_ports_router
@@ -108,8 +109,8 @@ def create_app(service: Service | Control, token: str | None = None, audit: Audi
     _error_handlers(app, metrics)
     _status_routes(app, metrics)
     calls = call_routers(s, metrics, gate)
-    for router in (build_snapshot_router(s), build_children_router(s), child_calls(*calls), *calls,
-                   build_kinds_router(s), build_objects_router(s)):
+    for router in (build_snapshot_router(s), build_jobs_router(s), build_children_router(s), child_calls(*calls),
+                   *calls, build_kinds_router(s), build_objects_router(s)):
         app.include_router(router)
     document_problems(app)
     return app
@@ -117,7 +118,7 @@ def create_app(service: Service | Control, token: str | None = None, audit: Audi
 
 def call_routers(s: Service, metrics: Metrics, gate: GuestIO) -> list[APIRouter]:
     """The compatibility layer's route tables (`/v1/sandboxes` and the calls on one child under it)."""
-    return [build_sandbox_router(s, metrics, gate), build_process_router(s.rt, gate), build_files_router(s, gate),
+    return [build_sandbox_router(s, metrics, gate), build_process_router(s, gate), build_files_router(s, gate),
             build_ports_router(s)]
 
 

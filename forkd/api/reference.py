@@ -23,8 +23,13 @@ has one native family, the one forkd's own clients (the CLI, `forkd.client.Remot
 - **snapshots**: `/v1/snapshots`, answering the snapshot's view (`forkd.service.listing.SnapshotView`, the same
   type in-process and through a daemon). The view holds every field of upstream's `SnapshotInfo`, so upstream's
   URLs in this family (list, get, `POST /v1/snapshots`, `DELETE /v1/snapshots/{tag}` with its 204, `/info`,
-  `/compact`) are the native routes themselves. forkd's own build requests go to `/v1/snapshots/build/*`
-  (they block until the snapshot is ready); guest images are built under `/v1/images`.
+  `/compact`) are the native routes themselves. forkd's own build requests go to `/v1/snapshots/build/*`;
+  guest images are built under `/v1/images`.
+- **jobs**: `/v1/jobs`. A build is a job (forkd.service.jobs): forkd's build routes answer `202` and the job
+  (`Location: /v1/jobs/{id}`) unless `?wait=true`; upstream's `POST /v1/snapshots` and `/compact` block as
+  upstream's do unless `?wait=false`. `GET /v1/jobs/{id}?wait_secs=N&since=V` is a long poll; a failed job's
+  `error` holds the status and kind the blocking call answers. A daemon restart fails the jobs it was running
+  ("daemon restarted").
 
 **Compatibility layer.** `/v1/sandboxes` is upstream forkd's REST surface (spawn, list, get, delete, ping, exec,
 eval, branch) and the calls the E2B-style SDKs make (forkd_client, the TypeScript SDK, `forkd-mcp`: files,
@@ -36,7 +41,8 @@ claim's children open only this layer's calls on those children (forkd.api.scope
 **Deprecated aliases** (marked `deprecated` in `/openapi.json`, kept for clients of the previous release, removed
 in a later one): `/v1/objects/{kind}[/{name}[/describe]]`, the same Control calls as the kind's collection;
 `/v1/manifests[/{tag}]` and `/v1/build/*`, the very handlers of the snapshot and image routes each names (they
-answer as those do: views where the previous release answered bare manifests).
+answer as those do: views where the previous release answered bare manifests; the build URLs block until done
+unless `?wait=false`, as they did).
 """
 
 FAMILIES = [
@@ -44,6 +50,7 @@ FAMILIES = [
     ("Declarative kinds (native)", ("/v1/parents", "/v1/layers", "/v1/pools", "/v1/branches", "/v1/claims",
                                     "/v1/apply", "/v1/diff", "/v1/wait", "/v1/node")),
     ("Snapshots (native)", ("/v1/snapshots", "/v1/images")),
+    ("Jobs (native)", ("/v1/jobs",)),
     ("Host", ("/v1/gc", "/v1/doctor", "/v1/audit", "/v1/pack", "/v1/unpack", "/v1/pull", "/v1/push")),
     ("Compatibility layer: upstream and the SDKs", ("/v1/sandboxes", "/v1/ports")),
     ("Deprecated aliases", ("/v1/objects", "/v1/manifests", "/v1/build")),

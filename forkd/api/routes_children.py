@@ -46,24 +46,22 @@ def _child_routes(r: APIRouter, s: Service) -> None:
     @r.delete("/v1/children/{id}", status_code=204)
     def kill_one(id: str) -> Response:
         """Stop one child (404 if there is none); a fork(n) snapshot goes with its last child."""
-        s.view(id)
-        s.kill([id])
+        s.kill_one(id)
         return Response(status_code=204)
 
     @r.post("/v1/children/{id}/timeout")
     def set_timeout(id: str, req: wire.TimeoutRequest) -> ChildView:
-        return wire.child_view(s.set_timeout(id, req.timeout_secs))
+        return s.set_timeout(id, req.timeout_secs)
 
     @r.post("/v1/children/{id}/fork", status_code=201)
     def fork_from(id: str, req: wire.ForkFromRequest) -> list[ChildView]:
         """`forkd fork --from-sandbox ID`: children continuing from this instant of ID."""
-        _, recs = s.fork_from(id, req.n, tag=req.tag, keep=req.keep, lifetime=req.lifetime, egress=req.egress)
-        return [wire.child_view(c) for c in recs]
+        return s.fork_from(id, req.n, tag=req.tag, keep=req.keep, lifetime=req.lifetime, egress=req.egress)[1]
 
     @r.post("/v1/children", status_code=201)
     def fork(req: Spawn) -> wire.Forked:
         """`forkd fork`: hand-made children live FORKD_SANDBOX_TIMEOUT (pool children: none)."""
-        return wire.Forked(children=[wire.child_view(c) for c in s.spawn(req)])
+        return wire.Forked(children=s.spawn(req))
 
     @r.post("/v1/children/kill")
     def kill(req: wire.KillRequest) -> dict[str, Any]:

@@ -28,10 +28,10 @@ def build_kinds_router(s: Service) -> APIRouter:
     def claim(name: str, req: wire.ClaimRequest | None = Body(None)) -> wire.ClaimResult:
         req = req or wire.ClaimRequest()
         t0 = time.perf_counter()
-        recs = s.claim(name, req.n, lifetime=req.lifetime_secs)
+        views = s.claim(name, req.n, lifetime=req.lifetime_secs)
         dt = time.perf_counter() - t0  # forkd_claim_seconds: observed by control.claim (forkd.base.telemetry)
-        return wire.ClaimResult(children=[wire.child_view(x) for x in recs],
-                                sandboxes=[wire.sandbox_info(x) for x in recs], claim_ms=dt * 1000.0)
+        return wire.ClaimResult(children=views, sandboxes=[wire.sandbox_info(v) for v in views],
+                                claim_ms=dt * 1000.0)
 
     @r.get("/v1/node", tags=["status"])
     def node() -> dict:

@@ -1,8 +1,9 @@
 """Processes in a sandbox (`/v1/sandboxes/{id}/processes`): start one and stream its output as it comes, attach to
-a background one, send stdin, resize its PTY, signal, wait, list, kill.
+a background one, send stdin, resize its PTY, signal, wait, list, kill, through the service's processes
+(forkd.service.processes).
 
 Streams are `application/x-ndjson` (chunked; one JSON event per line, output base64 in `data`: bytes end to end);
-the events are described in forkd.client.processes. Each open stream holds a worker thread of its own pool
+the events are described in forkd.service.processes. Each open stream holds a worker thread of its own pool
 (`STREAMS`), so many streams do not starve the other routes; the other calls into the guest run on the app's
 guest pool (forkd.api.guestio), within its per-child and per-client limits."""
 
@@ -20,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from forkd.api.guestio import GuestIO
 from forkd.base.errors import InvalidInput
-from forkd.client.processes import MAX_OUTPUT, LocalProcesses, events, to_line
+from forkd.service import Service
+from forkd.service.processes import MAX_OUTPUT, to_line
 
 STREAMS = 512  # streams open at once (each holds one worker thread while it waits for output)
 NDJSON = "application/x-ndjson"
@@ -111,11 +113,11 @@ async def _stream(gen: Iterator[dict], limiter: anyio.CapacityLimiter) -> Stream
     return StreamingResponse(body(), media_type=NDJSON)
 
 
-def build_process_router(rt: Any, gate: GuestIO) -> APIRouter:
+def build_process_router(s: Service, gate: GuestIO) -> APIRouter:
     """Streams run on a pool of their own (STREAMS); the other calls into the guest on `gate`'s, within its
     per-child and per-client limits."""
     r = APIRouter(tags=["processes"])
-    procs = LocalProcesses(rt)
+    procs = s.processes
     limiter = anyio.CapacityLimiter(STREAMS)
     base = "/v1/sandboxes/{id}/processes"
 
@@ -125,13 +127,13 @@ def build_process_router(rt: Any, gate: GuestIO) -> APIRouter:
         if req.background:
             pid = await anyio.to_thread.run_sync(lambda: procs.start(id, **req.start_args()), limiter=limiter)
             return JSONResponse({"pid": pid}, status_code=201)
-        return await _stream(events(rt, id, req.start_args(), max_output=req.max_output, timeout=req.timeout_secs),
+        return await _stream(procs.events(id, req.start_args(), max_output=req.max_output, timeout=req.timeout_secs),
                              limiter)
 
     @r.get(base + "/{pid}/output", responses=EVENTS_DOC)
     async def attach(id: str, pid: int, max_output: int = Query(MAX_OUTPUT, ge=0, le=MAX_OUTPUT)) -> Any:
         """Stream a running process's output not read yet, then its exit."""
-        return await _stream(events(rt, id, pid=pid, max_output=max_output), limiter)
+        return await _stream(procs.attach(id, pid, max_output=max_output), limiter)
 
     @r.get(base)
     async def list_processes(request: Request, id: str) -> list[dict[str, Any]]:

@@ -44,12 +44,12 @@ def _lifecycle_routes(r: APIRouter, s: Service, metrics: Any) -> None:
         `per_child_netns: true` needs a parent built with a NIC; `memory_limit_mib`: a per-child cgroup
         (placement fails closed); `egress`: what each child may reach (refused on a snapshot without a NIC)."""
         t0 = time.perf_counter()
-        recs = s.spawn(Spawn.of(tag=s.template(req.snapshot_tag), n=req.n, timeout=req.timeout_secs,
-                                network="isolated" if req.per_child_netns else None,
-                                memory_limit_mib=req.memory_limit_mib, egress=req.egress),
-                       lifetime=req.lifetime_secs, labels=req.labels)
+        views = s.spawn(Spawn.of(tag=req.snapshot_tag, n=req.n, timeout=req.timeout_secs,
+                                 network="isolated" if req.per_child_netns else None,
+                                 memory_limit_mib=req.memory_limit_mib, egress=req.egress),
+                        lifetime=req.lifetime_secs, labels=req.labels)
         metrics.spawn_request_seconds.observe(time.perf_counter() - t0)  # each child: forkd.base.telemetry
-        return [wire.sandbox_info(rec) for rec in recs]
+        return [wire.sandbox_info(v) for v in views]
 
     @r.get("/v1/sandboxes/{id}", tags=TAGS)
     def get_sandbox(id: str) -> wire.SandboxInfo:
@@ -57,8 +57,7 @@ def _lifecycle_routes(r: APIRouter, s: Service, metrics: Any) -> None:
 
     @r.delete("/v1/sandboxes/{id}", status_code=204, tags=TAGS)
     def kill_sandbox(id: str) -> Response:
-        s.view(id)  # 404 if absent
-        s.kill([id])
+        s.kill_one(id)
         return Response(status_code=204)
 
     @r.post("/v1/sandboxes/{id}/timeout", tags=TAGS)
@@ -71,23 +70,22 @@ def _lifecycle_routes(r: APIRouter, s: Service, metrics: Any) -> None:
         """N running sandboxes that continue from this instant: a live branch of `id` (which keeps running) and
         `n` children of it. The branch snapshot is removed with the last of them unless `keep` or `tag`."""
         req = req or wire.ForkRequest()
-        res, recs = s.fork_from(id, req.n, tag=req.tag, keep=req.keep, lifetime=req.lifetime_secs,
-                                labels=req.labels, timeout=req.timeout_secs, egress=req.egress)
+        res, views = s.fork_from(id, req.n, tag=req.tag, keep=req.keep, lifetime=req.lifetime_secs,
+                                 labels=req.labels, timeout=req.timeout_secs, egress=req.egress)
         if res.pause_ms is not None:
             metrics.branch_pause_seconds.labels("live").observe(res.pause_ms / 1000.0)
-        return [wire.sandbox_info(rec) for rec in recs]
+        return [wire.sandbox_info(v) for v in views]
 
 
 def _call_routes(r: APIRouter, s: Service, gate: GuestIO) -> None:
     @r.post("/v1/sandboxes/{id}/ping", tags=TAGS)
     async def ping(request: Request, id: str) -> wire.PingResult:
-        return wire.PingResult(**{**await gate.run(id, request, s.ping, id), "pong": True})
+        return await gate.run(id, request, s.ping, id)
 
     @r.post("/v1/sandboxes/{id}/exec", tags=TAGS)
     async def exec_(request: Request, id: str, req: wire.ExecRequest) -> wire.ExecResult:
-        res = await gate.run(id, request, lambda: s.exec(id, req.args, cwd=req.cwd, timeout=req.timeout_secs,
-                                                         env=req.env, stdin=req.stdin))
-        return wire.ExecResult(**res)
+        return await gate.run(id, request, lambda: s.exec(id, req.args, cwd=req.cwd, timeout=req.timeout_secs,
+                                                          env=req.env, stdin=req.stdin))
 
     @r.post("/v1/sandboxes/{id}/eval", tags=TAGS)
     async def eval_(request: Request, id: str, req: wire.EvalRequest) -> wire.EvalResult:

@@ -9,14 +9,22 @@ clients read it unchanged. Paths in bodies (OCI layouts) are on the daemon's hos
   POST /v1/snapshots/{tag}/compact upstream's compaction
   POST /v1/snapshots/build/parent|layer|compaction|from-image   forkd's build requests (snapshot, snapshot-diff...)
   POST /v1/images/build|debian     image build (the base image, a Debian one)
-`ALIASES`: the previous release's `/v1/manifests` and `/v1/build/*`, the very handlers mounted again, deprecated.
+A build is a job (forkd.service.jobs; GET /v1/jobs/{id}): forkd's build routes answer 202 and the job unless
+`?wait=true`; upstream's POST /v1/snapshots and /compact block by default, as upstream's clients expect
+(`?wait=false`: the job).
+`ALIASES`: the previous release's `/v1/manifests` and `/v1/build/*`, the very handlers mounted again, deprecated;
+the old build URLs block by default, as they did.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Body, Response
+from fastapi import APIRouter, Body, Query, Response
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from forkd.base.errors import InvalidInput
@@ -88,71 +96,120 @@ def _snapshot_routes(r: APIRouter, s: Service) -> None:
         return {"deleted": s.rmi(tag, force=force, cascade=cascade)}
 
 
+WAIT = "block until the build is done and answer what it built (201), instead of its job (202)"
+UPSTREAM_WAIT = "false: answer the build's job at once (202; GET /v1/jobs/{id}) instead of blocking until it is done"
+JOB = {202: {"model": wire.Job, "description": "the build's job (poll GET /v1/jobs/{id}, Location)"}}
+
+
+def _build(s: Service, kind: str, req: Any, wait: bool, done: int = 201) -> Response:
+    """A build as a job: 202 with the job (its URL in Location); with `wait`, the build's answer once done (or
+    the error it failed with, as a blocking call raised it)."""
+    job = s.build_job(kind, req)
+    if not wait:
+        return JSONResponse(job.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"})
+    return JSONResponse(s.jobs.outcome(job.id), status_code=done)
+
+
 def _upstream_builds(r: APIRouter, s: Service) -> None:
-    @r.post("/v1/snapshots", status_code=201)
-    def create_snapshot(req: wire.CreateSnapshotRequest) -> SnapshotView:
-        """Boot a parent, warm it and snapshot it (blocks until ready); with `from_tag`, build a diff layer.
-        Upstream's `kernel`, `rootfs`, `tap` and `rw: false` are refused (422, with the reason); `boot_wait_secs`
-        is the parent's boot timeout; `rw: true` is what every forkd child has (a private writable disk)."""
+    @r.post("/v1/snapshots", status_code=201, response_model=SnapshotView, responses=JOB)
+    def create_snapshot(req: wire.CreateSnapshotRequest, wait: bool = Query(True, description=UPSTREAM_WAIT)) -> Any:
+        """Boot a parent, warm it and snapshot it (blocks until ready, as upstream; `wait=false`: a job); with
+        `from_tag`, build a diff layer. Upstream's `kernel`, `rootfs`, `tap` and `rw: false` are refused (422, with
+        the reason); `boot_wait_secs` is the parent's boot timeout; `rw: true` is what every forkd child has (a
+        private writable disk)."""
         _refuse_upstream_build(req)
         if req.from_tag:
-            return s.snapshot_diff(LayerBuild.of(
+            return _build(s, "snapshot.layer", LayerBuild.of(
                 tag=req.tag, parent_tag=req.from_tag, run=tuple(req.warm_run), imports=tuple(req.warm_imports),
-                code=tuple(req.warm_exec), labels=req.labels))
+                code=tuple(req.warm_exec), labels=req.labels), wait)
         extra = {"boot_timeout": req.boot_wait_secs} if req.boot_wait_secs else {}
-        return s.create_snapshot(ParentBuild.of(
+        return _build(s, "snapshot.parent", ParentBuild.of(
             tag=req.tag, memory_mib=req.memory_mib, vcpus=req.vcpus, warm_imports=tuple(req.warm_imports),
-            warm_run=tuple(req.warm_run), warm_exec=tuple(req.warm_exec), labels=req.labels, **extra))
+            warm_run=tuple(req.warm_run), warm_exec=tuple(req.warm_exec), labels=req.labels, **extra), wait)
 
-    @r.post("/v1/snapshots/{tag}/compact", status_code=201)
-    def compact_to(tag: str, req: wire.CompactRequest) -> SnapshotView:
+    @r.post("/v1/snapshots/{tag}/compact", status_code=201, response_model=SnapshotView, responses=JOB)
+    def compact_to(tag: str, req: wire.CompactRequest, wait: bool = Query(True, description=UPSTREAM_WAIT)) -> Any:
         """Upstream's compaction: write the chain head `tag` as a new base snapshot `to`."""
-        return s.compact(Compaction.of(from_tag=tag, to_tag=req.to))
+        return _build(s, "snapshot.compaction", Compaction.of(from_tag=tag, to_tag=req.to), wait)
 
 
 def _build_routes(r: APIRouter, s: Service) -> None:
-    @r.post("/v1/snapshots/build/parent", status_code=201)
-    def build_parent(req: ParentBuild) -> SnapshotView:
-        """`forkd snapshot`: boot, warm and pause a parent (forkd's build request)."""
-        return s.create_snapshot(req)
+    done = {201: {"model": SnapshotView, "description": "wait=true: the snapshot, once built"}}
 
-    @r.post("/v1/snapshots/build/layer", status_code=201)
-    def build_layer(req: LayerBuild) -> SnapshotView:
-        """`forkd snapshot diff`: a layer of the pages some steps change on `parent_tag`."""
-        return s.snapshot_diff(req)
+    @r.post("/v1/snapshots/build/parent", status_code=202, response_model=wire.Job, responses=done)
+    def build_parent(req: ParentBuild, wait: bool = Query(False, description=WAIT)) -> Any:
+        """`forkd snapshot`: boot, warm and pause a parent (forkd's build request), as a job."""
+        return _build(s, "snapshot.parent", req, wait)
 
-    @r.post("/v1/snapshots/build/compaction", status_code=201)
-    def build_compaction(req: Compaction) -> SnapshotView:
-        """`forkd snapshot compact`: a chain head written as a base snapshot."""
-        return s.compact(req)
+    @r.post("/v1/snapshots/build/layer", status_code=202, response_model=wire.Job, responses=done)
+    def build_layer(req: LayerBuild, wait: bool = Query(False, description=WAIT)) -> Any:
+        """`forkd snapshot diff`: a layer of the pages some steps change on `parent_tag`, as a job."""
+        return _build(s, "snapshot.layer", req, wait)
 
-    @r.post("/v1/snapshots/build/from-image", status_code=201)
-    def from_image(req: wire.FromImageRequest) -> dict[str, Any]:
-        """`forkd from-image`: build the image for an OCI reference and snapshot it (the view and the image)."""
-        return s.from_image(req)
+    @r.post("/v1/snapshots/build/compaction", status_code=202, response_model=wire.Job, responses=done)
+    def build_compaction(req: Compaction, wait: bool = Query(False, description=WAIT)) -> Any:
+        """`forkd snapshot compact`: a chain head written as a base snapshot, as a job."""
+        return _build(s, "snapshot.compaction", req, wait)
 
-    @r.post("/v1/images/build", tags=["images"])
-    def build_image(req: wire.ImageBuildRequest | None = Body(None)) -> dict[str, Any]:
-        """`forkd image build`: the base guest image (cached unless `force`)."""
-        return s.build_image(force=bool(req and req.force))
+    @r.post("/v1/snapshots/build/from-image", status_code=202, response_model=wire.Job,
+            responses={201: {"description": "wait=true: the snapshot's view and its image"}})
+    def from_image(req: wire.FromImageRequest, wait: bool = Query(False, description=WAIT)) -> Any:
+        """`forkd from-image`: build the image for an OCI reference and snapshot it, as a job (its result: the
+        snapshot's view and the image)."""
+        return _build(s, "snapshot.from-image", req, wait)
+    _image_routes(r, s)
 
-    @r.post("/v1/images/debian", tags=["images"])
-    def build_debian(req: wire.DebianBuildRequest) -> dict[str, Any]:
-        """`forkd image build --debian-packages`: a guest image from Debian packages (cached unless `force`)."""
-        return s.build_debian(req)
+
+def _image_routes(r: APIRouter, s: Service) -> None:
+    done = {200: {"description": "wait=true: the image, once built"}}
+
+    @r.post("/v1/images/build", tags=["images"], status_code=202, response_model=wire.Job, responses=done)
+    def build_image(req: wire.ImageBuildRequest | None = Body(None),
+                    wait: bool = Query(False, description=WAIT)) -> Any:
+        """`forkd image build`: the base guest image (cached unless `force`), as a job."""
+        return _build(s, "image.build", req, wait, done=200)
+
+    @r.post("/v1/images/debian", tags=["images"], status_code=202, response_model=wire.Job, responses=done)
+    def build_debian(req: wire.DebianBuildRequest, wait: bool = Query(False, description=WAIT)) -> Any:
+        """`forkd image build --debian-packages`: a guest image from Debian packages (cached unless `force`), as
+        a job."""
+        return _build(s, "image.debian", req, wait, done=200)
 
 
 def deprecated_aliases(r: APIRouter) -> APIRouter:
     """`r` with each of `ALIASES` mounted as its native route's endpoint again, marked deprecated: one handler,
-    so an old URL cannot answer differently from the new one."""
+    so an old URL cannot answer differently from the new one, except that an old build URL blocks unless
+    `?wait=false` (its clients expect the snapshot, not a job)."""
     native = {(m, route.path): route for route in r.routes if isinstance(route, APIRoute) for m in route.methods}
     for (method, old), key in ALIASES.items():
         route = native[key]
+        endpoint = _waiting(route.endpoint)
+        waits = endpoint is not route.endpoint
+        blocks = " It blocks until the build is done unless `?wait=false`." if waits else ""
+        status = next(c for c in route.responses if c != 202) if waits else route.status_code  # what it built
         r.add_api_route(
-            old, route.endpoint, methods=[method], name=f"deprecated_{route.name}", deprecated=True,
-            tags=["deprecated"], response_model=route.response_model, status_code=route.status_code,
-            summary=route.summary, description=f"Deprecated: use `{key[0]} {key[1]}`. {route.description}")
+            old, endpoint, methods=[method], name=f"deprecated_{route.name}", deprecated=True,
+            tags=["deprecated"], response_model=None if waits else route.response_model, status_code=status,
+            responses={**route.responses, **JOB} if waits else route.responses, summary=route.summary,
+            description=f"Deprecated: use `{key[0]} {key[1]}`.{blocks} {route.description}")
     return r
+
+
+def _waiting(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """`endpoint` with its `wait` query parameter (if it has one) true unless the caller says otherwise."""
+    sig = inspect.signature(endpoint)
+    if "wait" not in sig.parameters:
+        return endpoint
+
+    @functools.wraps(endpoint)
+    def blocking(*args: Any, **kw: Any) -> Any:
+        return endpoint(*args, **kw)
+
+    wait = sig.parameters["wait"]
+    blocking.__signature__ = sig.replace(parameters=[  # type: ignore[attr-defined]
+        wait.replace(default=Query(True, description=UPSTREAM_WAIT)) if p is wait else p
+        for p in sig.parameters.values()])
+    return blocking
 
 
 def _refuse_upstream_build(req: wire.CreateSnapshotRequest) -> None:

@@ -19,6 +19,7 @@
       objects/<Kind>/<namespace>/<name>.json                 applied declarative objects + status (reconciler)
       objects/<Kind>/<namespace>/<name>.events.jsonl         their recent events
       logs/boot-<tag>-<time>/{qemu.log, console.log}        a failed boot's logs, kept (the newest 20)
+      jobs/<job id>.json                                     the daemon's builds as jobs (forkd.service.jobs)
       format.json                                            {"version": N} of this layout (forkd.base.format)
       forkd.sock                                             the daemon's API socket (forkd serve)
       tmp/                                                   half-built things, named by their maker (base.owners)
@@ -187,6 +188,10 @@ class Layout:
     def logs(self) -> Path:
         """Logs kept after a failure (forkd.core.pipeline.logs): boot-<tag>-<time>/{qemu.log, console.log}."""
         return self.home / "logs"
+
+    @property
+    def jobs(self) -> Path:
+        return self.home / "jobs"
 
     @property
     def daemon_socket(self) -> Path:

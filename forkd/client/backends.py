@@ -2,9 +2,9 @@
 one is configured or answers (so state has one owner), else the in-process LocalBackend.
 
 Results are the wire models of forkd.service.wire where a verb has one (eval, exec, ping, branch, settle: the same
-model from both implementations, tests/test_backend_contract.py), child listings forkd.service.listing.ChildView
-(children, fork, fork_from, claim, set_timeout), snapshots its SnapshotView (snapshots and the builds), else plain
-JSON data (the shapes `forkd VERB -o json` prints); a verb whose parameters travel together takes one request
+model from both implementations, tests/test_backend_contract.py), children forkd.service.listing.ChildView
+(children, child, fork, fork_from, claim, set_timeout), snapshots its SnapshotView (snapshots and the builds), else
+plain JSON data (the shapes `forkd VERB -o json` prints); a verb whose parameters travel together takes one request
 model (from_image, build_debian). Failures are forkd.base.errors types, the same from both implementations (the
 remote one maps the daemon's problem+json back to them)."""
 
@@ -59,6 +59,7 @@ class Backend(Protocol):
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]: ...
     # children
     def children(self, labels: list[str] | None = None) -> list[ChildView]: ...
+    def child(self, child_id: str) -> ChildView: ...
     def set_timeout(self, child: str, seconds: float) -> ChildView: ...
     def port(self, child: str, port: int, close: bool = False) -> Json: ...
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,

@@ -19,7 +19,6 @@ from forkd.reconciler.control import Control
 from forkd.service import wire
 from forkd.service.listing import ChildView, SnapshotView
 from forkd.service.service import Service
-from forkd.service.wire import child_view
 
 Progress = Callable[[str], None]
 
@@ -58,7 +57,7 @@ class LocalBackend:
         self.control.delete(kind, name)
 
     def claim(self, pool, n=1, lifetime=None):
-        return [child_view(r) for r in self.service.claim(pool, n, lifetime=lifetime)]
+        return self.service.claim(pool, n, lifetime=lifetime)
 
     def wait(self, targets, timeout, progress=_quiet):
         return self.control.reconciler.run_until_converged(timeout, targets, progress)
@@ -94,11 +93,14 @@ class LocalBackend:
 
     # -- children ------------------------------------------------------------------------------------
     def children(self, labels: list[str] | None = None) -> list[ChildView]:
-        return self.service.views(labels)
+        return self.service.children(labels)
+
+    def child(self, child_id: str) -> ChildView:
+        return self.service.view(child_id)
 
     def set_timeout(self, child: str, seconds: float) -> ChildView:
         """Keepalive: `child` now expires `seconds` from now (enforced by a running daemon's sweeper)."""
-        return child_view(self.service.set_timeout(child, seconds))
+        return self.service.set_timeout(child, seconds)
 
     def port(self, child: str, port: int, close: bool = False) -> dict[str, Any]:
         """Ports are served by a running daemon (it answers their URLs): refused here."""
@@ -109,16 +111,15 @@ class LocalBackend:
     def fork_from(self, child: str, n: int = 1, tag: str | None = None, keep: bool = False,
                   lifetime: float | None = None, egress: Egress | None = None) -> list[ChildView]:
         """`n` children continuing from this instant of `child`; egress None: the source's."""
-        _, recs = self.service.fork_from(child, n, tag=tag, keep=keep, lifetime=lifetime, egress=egress)
-        return [child_view(r) for r in recs]
+        return self.service.fork_from(child, n, tag=tag, keep=keep, lifetime=lifetime, egress=egress)[1]
 
     def fork(self, req: Spawn, progress: Progress = _quiet) -> list[ChildView]:
         """Hand-made children live FORKD_SANDBOX_TIMEOUT (enforced by a daemon's sweeper); pool children: none."""
-        return [child_view(r) for r in self.service.spawn(req, progress=progress)]
+        return self.service.spawn(req, progress=progress)
 
     def exec(self, child: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
              env: dict[str, str] | None = None, stdin: str | None = None) -> wire.ExecResult:
-        return wire.ExecResult(**self.service.exec(child, argv, cwd=cwd, timeout=timeout, env=env, stdin=stdin))
+        return self.service.exec(child, argv, cwd=cwd, timeout=timeout, env=env, stdin=stdin)
 
     def eval(self, child: str, code: str, timeout: float = 60.0) -> wire.EvalAnswer:
         res = self.service.eval(child, code, timeout=timeout)
@@ -131,7 +132,7 @@ class LocalBackend:
         return LocalFiles(self.rt, child)
 
     def ping(self, child: str) -> wire.PingResult:
-        return wire.PingResult(**{**self.service.ping(child), "pong": True})
+        return self.service.ping(child)
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[list]:
         """Stop children; the snapshot of a fork(n) goes with the last of its children."""

@@ -3,7 +3,9 @@ bearer token. It calls the native routes (`/v1/children`, `/v1/{plural}`, `/v1/s
 answers are LocalBackend's (child and snapshot listings are forkd.service.listing's views on both sides); failures
 are forkd.base.errors types. Only opening a port goes through the SDK's client (forkd.client.api.Client).
 
-Long verbs report one progress line (the daemon does the work and answers when it is done)."""
+A build is a job on the daemon (forkd.service.jobs): submitted, then waited on with long polls of `GET /v1/jobs/{id}`,
+each new phase of it reported as a progress line; a failed one raises the error kind the daemon recorded. Other long
+verbs report one progress line (the daemon does the work and answers when it is done)."""
 
 from __future__ import annotations
 
@@ -70,6 +72,15 @@ class RemoteBackend:
         progress(f"working on the daemon at {self.endpoint.where}; waiting for its answer")
         return self._call(method, path, timeout=LONG, json=json)
 
+    def _job(self, progress: Progress, path: str, json: Any) -> Any:
+        """A build on the daemon: submit it (202: its job), report each phase it reaches, answer its result."""
+        from forkd_client import jobs
+
+        job = jobs.submitted(self._call("POST", path, json=json))
+        if job.id:
+            progress(f"job {job.id} on the daemon at {self.endpoint.where}")
+        return jobs.outcome(jobs.wait(self.api, job, LONG, on_phase=progress), url=f"{self.endpoint.where}{path}")
+
     def _here(self, views: list[dict[str, Any]]) -> list[ChildView]:
         """Child views with agent sockets only where they are reachable (the daemon's host)."""
         got = [ChildView.from_json(v) for v in views]
@@ -132,13 +143,13 @@ class RemoteBackend:
 
     # -- images --------------------------------------------------------------------------------------
     def build_image(self, force: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/images/build", {"force": force})
+        return self._job(progress, "/v1/images/build", {"force": force})
 
     def build_debian(self, req: DebianBuildRequest, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/images/debian", req.model_dump(mode="json"))
+        return self._job(progress, "/v1/images/debian", req.model_dump(mode="json"))
 
     def from_image(self, req: FromImageRequest, progress: Progress = _quiet) -> dict[str, Any]:
-        return self._long(progress, "POST", "/v1/snapshots/build/from-image", req.model_dump(mode="json"))
+        return self._job(progress, "/v1/snapshots/build/from-image", req.model_dump(mode="json"))
 
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshots(self) -> list[SnapshotView]:
@@ -148,8 +159,7 @@ class RemoteBackend:
         return self._call("GET", f"/v1/snapshots/{quote(tag)}/info")
 
     def _build(self, progress: Progress, what: str, req: Any) -> SnapshotView:
-        return SnapshotView.from_json(self._long(progress, "POST", f"/v1/snapshots/build/{what}",
-                                                 req.model_dump(mode="json")))
+        return SnapshotView.from_json(self._job(progress, f"/v1/snapshots/build/{what}", req.model_dump(mode="json")))
 
     def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> SnapshotView:
         return self._build(progress, "parent", req)
@@ -167,6 +177,9 @@ class RemoteBackend:
     # -- children ------------------------------------------------------------------------------------
     def children(self, labels: list[str] | None = None) -> list[ChildView]:
         return self._here(self._call("GET", "/v1/children", params={"label": labels} if labels else None))
+
+    def child(self, child_id: str) -> ChildView:
+        return self._here([self._call("GET", f"/v1/children/{quote(child_id)}")])[0]
 
     def set_timeout(self, child: str, seconds: float) -> ChildView:
         return self._here([self._call("POST", self._child(child, "timeout"), json={"timeout_secs": seconds})])[0]

@@ -15,7 +15,7 @@ from forkd.core.requests import Branch, Egress, Spawn
 from forkd.sandbox.child import RESIDENCY  # noqa: F401 - the residency names, for the daemon's metrics
 from forkd.service import policy
 from forkd.service.listing import ChildView
-from forkd.service.wire import child_view
+from forkd.service.wire import ExecResult, PingResult, child_view
 
 Progress = Callable[[str], None]
 
@@ -28,45 +28,48 @@ class Children:
     """The child verbs of forkd.service.service.Service (`self.rt`: the node's Runtime)."""
 
     rt: Any
+    template: Callable[[str], str]  # forkd.service.service.Service.template
 
-    def children(self, labels: list[str] | None = None) -> list:
-        """Child records whose labels match every `k=v` (or bare `k`) in `labels`."""
+    def children(self, labels: list[str] | None = None) -> list[ChildView]:
+        """The children whose labels match every `k=v` (or bare `k`) in `labels`, as every door lists them."""
         sel = lifetimes.parse_selector(labels)
-        return [r for r in self.rt.children() if lifetimes.matches(r.labels, sel)]
+        return [child_view(r) for r in self.rt.children() if lifetimes.matches(r.labels, sel)]
 
-    def child(self, child_id: str) -> Any:
-        return self.rt.child(child_id)
-
-    def views(self, labels: list[str] | None = None) -> list[ChildView]:
-        """The children as every door lists them (forkd.service.listing.ChildView)."""
-        return [child_view(r) for r in self.children(labels)]
+    views = children  # the routes' name
 
     def view(self, child_id: str) -> ChildView:
         """One child's view; NotFound if there is no such child."""
         return child_view(self.rt.child(child_id))
 
     def spawn(self, req: Spawn, lifetime: float | None = None, labels: dict[str, str] | None = None,
-              progress: Progress = _quiet) -> list:
-        """`req.n` children of `req.tag`, each living `lifetime` (default FORKD_SANDBOX_TIMEOUT; a pool's: none)
-        with `labels`; their records."""
-        recs = self.rt.fork(req, progress=progress)
+              progress: Progress = _quiet) -> list[ChildView]:
+        """`req.n` children of `req.tag` (a snapshot, or a ForkParent/ForkLayer/ForkBranch's ready one), each
+        living `lifetime` (default FORKD_SANDBOX_TIMEOUT; a pool's: none) with `labels`."""
+        tag = self.template(req.tag)
+        recs = self.rt.fork(req if tag == req.tag else req.model_copy(update={"tag": tag}), progress=progress)
         seconds = policy.lifetime(lifetime, settings().sandbox_timeout, req.pool)
-        if seconds is None and not labels:
-            return recs
-        return lifetimes.stamp(self.rt, [r.id for r in recs], seconds, labels)
+        if seconds is not None or labels:
+            recs = lifetimes.stamp(self.rt, [r.id for r in recs], seconds, labels)
+        return [child_view(r) for r in recs]
 
     def fork_from(self, child_id: str, n: int = 1, tag: str | None = None, keep: bool = False,
                   lifetime: float | None = None, labels: dict[str, str] | None = None, timeout: float = 60.0,
-                  egress: Egress | None = None) -> tuple[Any, list]:
-        """`n` children continuing from this instant of `child_id` (forkd.core.forking): (the branch, records).
+                  egress: Egress | None = None) -> tuple[Any, list[ChildView]]:
+        """`n` children continuing from this instant of `child_id` (forkd.core.forking): (the branch, views).
         Without `keep` or `tag` the branch snapshot goes with the last of them (`kill`, else the sweeper)."""
         seconds = policy.lifetime(lifetime, settings().sandbox_timeout)
-        return forking.fork(self.rt, child_id, n, tag=tag, keep=keep, lifetime=seconds, labels=labels,
-                            timeout=timeout, egress=egress)
+        res, recs = forking.fork(self.rt, child_id, n, tag=tag, keep=keep, lifetime=seconds, labels=labels,
+                                 timeout=timeout, egress=egress)
+        return res, [child_view(r) for r in recs]
 
-    def set_timeout(self, child_id: str, seconds: float) -> Any:
+    def set_timeout(self, child_id: str, seconds: float) -> ChildView:
         """Keepalive: `child_id` now expires `seconds` from now (a running daemon's sweeper enforces it)."""
-        return lifetimes.set_timeout(self.rt, child_id, seconds)
+        return child_view(lifetimes.set_timeout(self.rt, child_id, seconds))
+
+    def kill_one(self, child_id: str) -> None:
+        """Stop one child: NotFound if there is none; a fork(n) snapshot goes with its last child."""
+        self.view(child_id)
+        self.kill([child_id])
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[tuple[str, bool]]:
         """Stop children: `ids`, all, or those of snapshot `tag`; a fork(n) snapshot goes with its last child."""
@@ -95,16 +98,16 @@ class Children:
 
     # -- calls into a guest ------------------------------------------------------------------------
     def exec(self, child_id: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
-             env: dict[str, str] | None = None, stdin: str | None = None) -> dict[str, Any]:
-        return self.rt.exec(child_id, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+             env: dict[str, str] | None = None, stdin: str | None = None) -> ExecResult:
+        return ExecResult(**self.rt.exec(child_id, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout))
 
     def eval(self, child_id: str, code: str, timeout: float = 60.0, mode: str = "eval") -> dict[str, Any]:
         """`mode` eval: an expression's value; exec: statements run (their stdout)."""
         call = self.rt.eval if mode == "eval" else self.rt.exec_code
         return call(child_id, code, timeout=timeout)
 
-    def ping(self, child_id: str) -> dict[str, Any]:
-        return self.rt.ping(child_id)
+    def ping(self, child_id: str) -> PingResult:
+        return PingResult(**{**self.rt.ping(child_id), "pong": True})
 
     def agent(self, child_id: str) -> AbstractContextManager:
         """The child's agent, held awake while the block runs (forkd.core.runtime.Runtime.agent)."""

@@ -20,6 +20,7 @@ class Host:
     """The node verbs of forkd.service.service.Service (`self.rt`: the node's Runtime)."""
 
     rt: Any
+    jobs: Any  # forkd.service.jobs.Jobs
 
     def capacity(self) -> dict[str, Any]:
         """What this node offers children, for placement (memory available, children running per pool)."""
@@ -42,11 +43,14 @@ class Host:
         return {"ok": verdict.ok, "text": str(verdict), "lines": verdict.lines, "bad_line": verdict.bad_line}
 
     def recover(self) -> None:
-        """At a daemon's start: fail snapshots whose writer died, reap what dead processes left, adopt the
-        children still running."""
+        """At a daemon's start: fail snapshots whose writer died and jobs the daemon before left unfinished, reap
+        what dead processes left, adopt the children still running."""
         failed = self.rt.recover()
         if failed:
             log.warning("marked snapshots left writing by a crash as failed: %s", ", ".join(failed))
+        ended = self.jobs.recover()
+        if ended:
+            log.warning("marked jobs left running or queued by the daemon before as failed: %s", ", ".join(ended))
         try:  # dead makers' temporaries; live recorded children adopted; dead ones and orphaned namespaces, veths,
             # cgroups, VMMs reaped
             rep = self.rt.gc()

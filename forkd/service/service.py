@@ -15,7 +15,11 @@ from forkd.reconciler.control import Control
 from forkd.service.children import Children
 from forkd.service.guest import Guest
 from forkd.service.host import Host
+from forkd.service.jobs import Jobs
+from forkd.service.listing import ChildView
+from forkd.service.processes import LocalProcesses
 from forkd.service.snapshots import Snapshots
+from forkd.service.wire import child_view
 
 
 class Service(Children, Snapshots, Guest, Host):
@@ -25,6 +29,7 @@ class Service(Children, Snapshots, Guest, Host):
         self.control = control or Control(Runtime())
         self.grants = PortGrants()
         self.relay = Relay(self.rt)
+        self.jobs = Jobs(self.rt.layout.jobs)  # the builds running as jobs; reads nothing until first used
 
     @classmethod
     def on(cls, layout: Layout) -> Service:
@@ -39,6 +44,11 @@ class Service(Children, Snapshots, Guest, Host):
         return self.control
 
     @property
+    def processes(self) -> LocalProcesses:
+        """Processes in the children (start, stream, stdin, signal, wait, list, kill, console logs)."""
+        return LocalProcesses(self.rt)
+
+    @property
     def rt(self) -> Runtime:
         return self.control.rt
 
@@ -46,6 +56,6 @@ class Service(Children, Snapshots, Guest, Host):
         """The snapshot tag `name` stands for: a snapshot, or a ForkParent/ForkLayer/ForkBranch's ready one."""
         return self.control.template(name)
 
-    def claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list:
+    def claim(self, pool: str, n: int = 1, lifetime: float | None = None) -> list[ChildView]:
         """`n` ready children of `pool`, each living `lifetime` (default the pool's ttl, else the node's)."""
-        return self.control.claim(pool, n, lifetime=lifetime)
+        return [child_view(r) for r in self.control.claim(pool, n, lifetime=lifetime)]

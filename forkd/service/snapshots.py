@@ -1,6 +1,7 @@
 """Snapshots and images through the service: list, describe, build (parent, layer, compaction, images), remove.
 The `/v1/snapshots` and `/v1/images` routes and LocalBackend call these; a snapshot answers as its typed view
-(forkd.service.listing.SnapshotView), which is also upstream's SnapshotInfo."""
+(forkd.service.listing.SnapshotView), which is also upstream's SnapshotInfo. Through the daemon a build is a job
+(`build_job`, forkd.service.jobs) whose result is what the verb answers, as JSON."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ from typing import Any
 from forkd.core.requests import Compaction, LayerBuild, ParentBuild
 from forkd.service import wire
 from forkd.service.listing import SnapshotView
+from forkd.service.wire import Job
 
 Progress = Callable[[str], None]
+# a build's kind -> (the verb that runs it, what it builds: a snapshot's tag)
+BUILDS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
+    "snapshot.parent": ("create_snapshot", lambda req: req.tag),
+    "snapshot.layer": ("snapshot_diff", lambda req: req.tag),
+    "snapshot.compaction": ("compact", lambda req: req.to_tag),
+    "snapshot.from-image": ("from_image", lambda req: req.tag),
+    "image.build": ("build_image_req", lambda req: None),
+    "image.debian": ("build_debian", lambda req: None),
+}
 
 
 def _quiet(_: str) -> None:
@@ -22,6 +33,13 @@ class Snapshots:
     """The snapshot and image verbs of forkd.service.service.Service (`self.rt`: the node's Runtime)."""
 
     rt: Any
+    jobs: Any  # forkd.service.jobs.Jobs
+
+    def build_job(self, kind: str, req: Any) -> Job:
+        """Start a build (`kind` one of BUILDS, `req` its request) as a job; its result is the verb's answer."""
+        verb, target = BUILDS[kind]
+        run = getattr(self, verb)
+        return self.jobs.submit(kind, lambda progress: _as_json(run(req, progress=progress)), target=target(req))
 
     def snapshots(self) -> list[SnapshotView]:
         """Every snapshot, and a `failed`, `corrupt` entry (named by its directory) for one that cannot be read."""
@@ -63,6 +81,9 @@ class Snapshots:
         image, built = self.rt.build_image(progress, force=force)
         return dict(image.meta, built_now=built, path=str(image.dir))
 
+    def build_image_req(self, req: wire.ImageBuildRequest | None, progress: Progress = _quiet) -> dict[str, Any]:
+        return self.build_image(force=bool(req and req.force), progress=progress)
+
     def build_debian(self, req: wire.DebianBuildRequest, progress: Progress = _quiet) -> dict[str, Any]:
         from forkd.core.images import build_debian
 
@@ -79,3 +100,8 @@ class Snapshots:
                                         apt=tuple(req.apt), progress=progress, rootfs=req.rootfs,
                                         registry=req.registry.model_dump() if req.registry else None)
         return dict(self.snap_view(snap).to_json(), image=dict(image.meta, built_now=built))
+
+
+def _as_json(answer: Any) -> Any:
+    """A verb's answer as a job holds it: a view's JSON, a dict as it is."""
+    return answer.to_json() if isinstance(answer, SnapshotView) else answer

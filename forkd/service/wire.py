@@ -67,6 +67,19 @@ class CompactRequest(Strict):
     to: str = Field(min_length=1, max_length=63)
 
 
+# -- jobs -----------------------------------------------------------------------------------------
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class JobError(models.JobError):
+    pass
+
+
+class Job(models.Job):
+    state: JobState
+    error: JobError | None = None
+
+
 # -- sandboxes ------------------------------------------------------------------------------------
 class SpawnRequest(Strict):
     snapshot_tag: str = Field(min_length=1)

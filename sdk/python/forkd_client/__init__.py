@@ -24,7 +24,7 @@ _WHERE = {
     "InvalidInput": "errors",
     "NotFound": "errors", "ProtocolViolation": "errors", "Timeout": "errors", "Unavailable": "errors",
     "Endpoint": "http", "Retry": "http",
-    "BranchResult": "models", "EvalResult": "models", "ExecResult": "models", "FileWritten": "models",
+    "BranchResult": "models", "EvalResult": "models", "Job": "models", "ExecResult": "models", "FileWritten": "models",
     "PingResult": "models", "PortGrant": "models", "PortGrantInfo": "models",
     "SandboxInfo": "models", "SnapshotDetail": "models", "SnapshotInfo": "models",
     "EntryInfo": "files", "Filesystem": "files", "AsyncFilesystem": "files", "WatchEvent": "files",

@@ -11,12 +11,14 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from forkd_client import jobs
 from forkd_client import models as wire
 from forkd_client.http import AsyncHttp, Call, Endpoint, Retry, SyncHttp, find_daemon, quote
 
 _SNAPS = TypeAdapter(list[wire.SnapshotInfo])
 _SBXS = TypeAdapter(list[wire.SandboxInfo])
 _PORTS = TypeAdapter(list[wire.PortGrantInfo])
+_JOBS = TypeAdapter(list[wire.Job])
 
 
 class ApiCalls:
@@ -41,21 +43,40 @@ class ApiCalls:
     def snapshot_info(self, tag: str) -> wire.SnapshotDetail:
         return self._send(Call("GET", f"/v1/snapshots/{quote(tag)}/info", parse=wire.SnapshotDetail.model_validate))
 
-    def create_snapshot(self, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
+    def submit_snapshot(self, tag: str, memory_mib: int = 512, vcpus: int = 1, warm_imports: list[str] = (),
                         warm_run: list[str] = (), warm_exec: list[str] = (),
-                        from_tag: str | None = None) -> wire.SnapshotInfo:
+                        from_tag: str | None = None) -> wire.Job:
+        """Start building snapshot `tag` (a parent; with `from_tag`, a layer on it): the job, at once."""
         body = {"tag": tag, "memory_mib": memory_mib, "vcpus": vcpus, "warm_imports": list(warm_imports),
                 "warm_run": list(warm_run), "warm_exec": list(warm_exec), "from_tag": from_tag}
         return self._send(Call("POST", "/v1/snapshots", json={k: v for k, v in body.items() if v is not None},
-                               parse=wire.SnapshotInfo.model_validate))
+                               params={"wait": "false"}, parse=jobs.submitted))
 
     def delete_snapshot(self, tag: str, cascade: bool = False, force: bool = False) -> None:
         params = {k: "true" for k, v in (("cascade", cascade), ("force", force)) if v}
         return self._send(Call("DELETE", f"/v1/snapshots/{quote(tag)}", params=params))
 
-    def compact_snapshot(self, tag: str, to: str) -> wire.SnapshotInfo:
+    def submit_compaction(self, tag: str, to: str) -> wire.Job:
+        """Start writing the chain head `tag` as a new base snapshot `to`: the job, at once."""
         return self._send(Call("POST", f"/v1/snapshots/{quote(tag)}/compact", json={"to": to},
-                               parse=wire.SnapshotInfo.model_validate))
+                               params={"wait": "false"}, parse=jobs.submitted))
+
+    # -- jobs (builds running on the daemon) ----------------------------------------------------------
+    def get_job(self, job_id: str, wait_secs: float | None = None, since: int | None = None) -> wire.Job:
+        """A job; with `wait_secs`, the daemon answers once its `version` is past `since` (or it is finished),
+        else after `wait_secs`."""
+        params = {k: v for k, v in (("wait_secs", wait_secs), ("since", since)) if v is not None}
+        timeout = None if wait_secs is None else wait_secs + 30
+        return self._send(Call("GET", f"/v1/jobs/{quote(job_id)}", params=params or None, timeout=timeout,
+                               parse=wire.Job.model_validate))
+
+    def list_jobs(self) -> list[wire.Job]:
+        """The daemon's jobs, newest first (the finished ones it still keeps)."""
+        return self._send(Call("GET", "/v1/jobs", parse=_JOBS.validate_python))
+
+    def cancel_job(self, job_id: str) -> wire.Job:
+        """Cancel a queued job (Conflict if it already runs: a running build runs to its end)."""
+        return self._send(Call("DELETE", f"/v1/jobs/{quote(job_id)}", parse=wire.Job.model_validate))
 
     # -- sandboxes (upstream names) ------------------------------------------------------------------
     def spawn_sandboxes(self, snapshot_tag: str, n: int = 1, per_child_netns: bool = False,
@@ -192,6 +213,22 @@ class Client(ApiCalls, SyncHttp):
         SyncHttp.__init__(self, at or endpoint(url or base_url, token, socket), timeout, retry)
         self.base_url, self.socket, self.token = self.endpoint.base_url, self.endpoint.socket, self.endpoint.token
 
+    def create_snapshot(self, tag: str, *args: Any, timeout: float | None = None,
+                        on_phase: jobs.Phase | None = None, **kw: Any) -> wire.SnapshotInfo:
+        """Build snapshot `tag` (submit_snapshot's arguments) and wait for it (`timeout` seconds; None: as long as
+        it takes); a failed build raises the error it failed with."""
+        job = jobs.wait(self, self.submit_snapshot(tag, *args, **kw), timeout, on_phase)
+        return wire.SnapshotInfo.model_validate(jobs.outcome(job))
+
+    def compact_snapshot(self, tag: str, to: str, timeout: float | None = None) -> wire.SnapshotInfo:
+        """Write the chain head `tag` as a new base snapshot `to`, waiting for it."""
+        return wire.SnapshotInfo.model_validate(jobs.outcome(jobs.wait(self, self.submit_compaction(tag, to),
+                                                                       timeout)))
+
+    def wait_job(self, job_id: str, timeout: float | None = None, on_phase: jobs.Phase | None = None) -> wire.Job:
+        """Block until the job is finished (Timeout after `timeout` seconds; the job keeps running)."""
+        return jobs.wait(self, self.get_job(job_id), timeout, on_phase)
+
     def __enter__(self) -> Client:
         return self
 
@@ -207,6 +244,20 @@ class AsyncClient(ApiCalls, AsyncHttp):
                  base_url: str | None = None):
         AsyncHttp.__init__(self, at or endpoint(url or base_url, token, socket), timeout, retry)
         self.base_url, self.socket, self.token = self.endpoint.base_url, self.endpoint.socket, self.endpoint.token
+
+    async def create_snapshot(self, tag: str, *args: Any, timeout: float | None = None,
+                              on_phase: jobs.Phase | None = None, **kw: Any) -> wire.SnapshotInfo:
+        """Build snapshot `tag` and wait for it (as Client.create_snapshot)."""
+        job = await jobs.wait_async(self, await self.submit_snapshot(tag, *args, **kw), timeout, on_phase)
+        return wire.SnapshotInfo.model_validate(jobs.outcome(job))
+
+    async def compact_snapshot(self, tag: str, to: str, timeout: float | None = None) -> wire.SnapshotInfo:
+        job = await jobs.wait_async(self, await self.submit_compaction(tag, to), timeout)
+        return wire.SnapshotInfo.model_validate(jobs.outcome(job))
+
+    async def wait_job(self, job_id: str, timeout: float | None = None,
+                       on_phase: jobs.Phase | None = None) -> wire.Job:
+        return await jobs.wait_async(self, await self.get_job(job_id), timeout, on_phase)
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -120,3 +120,35 @@ class PortGrantInfo(Wire):
 class FileWritten(Wire):
     path: str
     bytes: int
+
+
+class JobError(Wire):
+    """Why a job failed, as the daemon's problem+json would have said it had the call blocked: `status` is the
+    HTTP status of the error's kind, so a client raises the same error type (forkd_client.jobs.outcome)."""
+
+    status: int
+    type: str
+    detail: str
+    hint: str | None = None
+
+
+class Job(Wire):
+    """A long verb (a snapshot or image build) running on the daemon: `GET /v1/jobs/{id}` until `state` is
+    succeeded (`result`: what the blocking call answered), failed (`error`) or cancelled. `target` names what it
+    builds (a snapshot's tag); `phase` is its last progress line; `version` grows with every change."""
+
+    id: str
+    kind: str
+    state: str
+    target: str | None = None
+    phase: str | None = None
+    result: Any = None
+    error: JobError | None = None
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    version: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("succeeded", "failed", "cancelled")

@@ -1,13 +1,16 @@
 // Types of the forkd SDK. The API's shapes come from ./wire.d.ts, generated from the daemon's /openapi.json
 // (sdk/typescript/scripts/openapi_types.py), camelCased as the SDK maps them.
 import type { Readable } from "node:stream";
-import type { EgressAllow, EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, PathResult, PingResult,
+import type { EgressAllow, EntryInfo, EntryList, EvalResult, ExecResult, FileWritten, Job, PathResult, PingResult,
   PortGrant, PortGrantInfo, SandboxInfo,
   SnapshotDetail, SnapshotView, Written } from "./wire.js";
 export type * from "./wire.js";
 
 /** A snapshot as /v1/snapshots answers it: every field of upstream's SnapshotInfo, and its record's. */
 export type SnapshotInfo = SnapshotView;
+
+/** How long to wait on a job, and a callback for each progress line it reports. */
+export type JobWait = { timeoutMs?: number; onPhase?: (phase: string) => void };
 
 /** What a sandbox may reach on the network: "none" (the default), "internet" (public IPv4 only), or
  * { allow: ["CIDR:port", ...] } (exactly those). */
@@ -101,10 +104,17 @@ export class Controller {
   listSnapshots(): Promise<SnapshotInfo[]>;
   getSnapshot(tag: string): Promise<SnapshotInfo>;
   snapshotInfo(tag: string): Promise<SnapshotDetail>;
+  /** Build a snapshot as a job on the daemon and wait for it (a failed build throws its error kind). */
   createSnapshot(options: { tag: string; memoryMib?: number; vcpus?: number; warmImports?: string[];
-    warmRun?: string[]; warmExec?: string[]; fromTag?: string }): Promise<SnapshotInfo>;
+    warmRun?: string[]; warmExec?: string[]; fromTag?: string }, wait?: JobWait): Promise<SnapshotInfo>;
   deleteSnapshot(tag: string, opts?: { cascade?: boolean; force?: boolean }): Promise<void>;
-  compactSnapshot(tag: string, to: string): Promise<SnapshotInfo>;
+  compactSnapshot(tag: string, to: string, wait?: JobWait): Promise<SnapshotInfo>;
+  listJobs(): Promise<Job[]>;
+  getJob(id: string, opts?: { waitSecs?: number; since?: number }): Promise<Job>;
+  /** Cancel a queued job (Conflict once it runs). */
+  cancelJob(id: string): Promise<Job>;
+  /** Wait until the job is finished (Timeout after `timeoutMs`; the job keeps running). */
+  waitJob(id: string, wait?: JobWait): Promise<Job>;
   spawnSandboxes(opts: { snapshotTag: string; n?: number; perChildNetns?: boolean; memoryLimitMib?: number;
     labels?: Record<string, string>; lifetimeSecs?: number; egress?: Egress }): Promise<SandboxInfo[]>;
   /** Keepalive: the sandbox now expires `timeoutSecs` from now. */

@@ -10,6 +10,7 @@ import { createInterface } from "node:readline";
 
 import { ForkdError, InvalidInput, NotFound, Timeout, Unavailable, apiError, checked } from "./errors.js";
 import { Filesystem, isChunkStream } from "./files.js";
+import { built, waitJob } from "./jobs.js";
 
 export { CommandExitError, Conflict, ControllerError, ForkdError, InvalidInput, NotFound, ProtocolViolation, Timeout,
   TimeoutError, Unavailable } from "./errors.js";
@@ -76,14 +77,35 @@ export class Controller {
   listSnapshots() { return this.request("GET", "/v1/snapshots"); }
   getSnapshot(tag) { return this.request("GET", `/v1/snapshots/${seg(tag)}`); }
   snapshotInfo(tag) { return this.request("GET", `/v1/snapshots/${seg(tag)}/info`); }
-  createSnapshot(options) { return this.request("POST", "/v1/snapshots", options); }
+  /** Build a snapshot: the daemon runs it as a job, waited on here (`timeoutMs`; `onPhase` gets each progress
+   * line); a failed build throws the error kind it failed with. */
+  createSnapshot(options, wait = {}) {
+    return built(this, this.request("POST", "/v1/snapshots", options, { query: { wait: "false" } }), wait);
+  }
   async deleteSnapshot(tag, { cascade = false, force = false } = {}) {
     const query = {};
     if (cascade) query.cascade = "true";
     if (force) query.force = "true";
     await this.request("DELETE", `/v1/snapshots/${seg(tag)}`, undefined, { query });
   }
-  compactSnapshot(tag, to) { return this.request("POST", `/v1/snapshots/${seg(tag)}/compact`, { to }); }
+  compactSnapshot(tag, to, wait = {}) {
+    return built(this, this.request("POST", `/v1/snapshots/${seg(tag)}/compact`, { to }, { query: { wait: "false" } }),
+      wait);
+  }
+
+  // -- jobs (builds running on the daemon)
+  listJobs() { return this.request("GET", "/v1/jobs"); }
+  /** A job; with `waitSecs`, the daemon answers once its version is past `since` (or it is finished). */
+  getJob(id, { waitSecs, since } = {}) {
+    const query = {};
+    if (waitSecs !== undefined) query.wait_secs = String(waitSecs);
+    if (since !== undefined) query.since = String(since);
+    return this.request("GET", `/v1/jobs/${seg(id)}`, undefined, { query });
+  }
+  /** Cancel a queued job (Conflict once it runs: a running build runs to its end). */
+  cancelJob(id) { return this.request("DELETE", `/v1/jobs/${seg(id)}`); }
+  /** Wait until the job is finished (long polls); Timeout after `timeoutMs` (the job keeps running). */
+  waitJob(id, wait = {}) { return waitJob(this, id, wait); }
 
   // -- sandboxes
   /** `egress`: "none" (the daemon's default), "internet" or { allow: ["CIDR:port", ...] }. */

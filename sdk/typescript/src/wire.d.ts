@@ -242,6 +242,27 @@ export interface Item {
   source?: string | null;
 }
 
+export interface Job {
+  id: string;
+  kind: string;
+  state: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+  target?: string | null;
+  phase?: string | null;
+  result?: unknown;
+  error?: JobError | null;
+  createdAt?: number;
+  startedAt?: number | null;
+  finishedAt?: number | null;
+  version?: number;
+}
+
+export interface JobError {
+  status: number;
+  type: string;
+  detail: string;
+  hint?: string | null;
+}
+
 export interface KillRequest {
   ids?: string[];
   all?: boolean;

@@ -1,0 +1,226 @@
+"""Builds as jobs (forkd.service.jobs): the job table itself (bounds, cancellation, failures kept as their error
+kind, records that outlive their process, a restart never leaving a job running), then the routes on a home
+running the fake VMM driver (tests/fake_vmm.py: what is tested is the logic above the driver): 202 and a job, the
+blocking `?wait=true`, upstream's blocking compaction, the deprecated build URLs still blocking. No sleeps: a job's
+work blocks on events the test sets."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+
+from forkd.api.app import create_app
+from forkd.base.errors import Busy, Conflict, NotFound
+from forkd.base.paths import Layout
+from forkd.service import Service
+from forkd.service.jobs import RESTARTED, Jobs, Limits
+from tests.conftest import BASE_TAG
+
+LONG = 30.0  # the longest any wait below may take before the test fails (never reached when the code is right)
+
+
+class Gate:
+    """A job's work that reports a phase, then blocks until the test opens it."""
+
+    def __init__(self, answer=None, raises: BaseException | None = None):
+        self.started, self.opened, self.answer, self.raises = threading.Event(), threading.Event(), answer, raises
+
+    def __call__(self, progress):
+        progress("working")
+        self.started.set()
+        assert self.opened.wait(LONG), "the test never opened the gate"
+        if self.raises is not None:
+            raise self.raises
+        return self.answer
+
+
+def _done(jobs: Jobs, job_id: str):
+    job = jobs.wait(job_id, LONG)
+    assert job.state in ("succeeded", "failed", "cancelled"), job
+    return job
+
+
+def test_a_job_runs_and_keeps_its_result_on_disk(tmp_path):
+    jobs = Jobs(tmp_path / "jobs")
+    gate = Gate(answer={"tag": "t"})
+    job = jobs.submit("snapshot.parent", gate, target="t")
+    assert job.state in ("queued", "running") and job.target == "t" and job.id.startswith("job-")
+    assert gate.started.wait(LONG)
+    seen = jobs.wait(job.id, LONG, since=job.version)  # answers at the next change: running, then the phase
+    assert seen.version > job.version and seen.state == "running"
+    gate.opened.set()
+    done = _done(jobs, job.id)
+    assert (done.state, done.result, done.phase, done.error) == ("succeeded", {"tag": "t"}, "working", None)
+    assert jobs.outcome(job.id) == {"tag": "t"}
+    on_disk = json.loads((tmp_path / "jobs" / f"{job.id}.json").read_text())
+    assert on_disk["state"] == "succeeded" and on_disk["result"] == {"tag": "t"}
+    assert [j.id for j in Jobs(tmp_path / "jobs").list()] == [job.id]  # another process reads it back
+
+
+def test_a_failed_job_keeps_the_error_kind_and_a_blocking_caller_gets_the_exception(tmp_path):
+    jobs = Jobs(tmp_path / "jobs")
+    err = NotFound("no snapshot 'x'", hint="list them: forkd snapshots")
+    gate = Gate(raises=err)
+    job = jobs.submit("snapshot.compaction", gate, target="y")
+    gate.opened.set()
+    done = _done(jobs, job.id)
+    assert done.state == "failed"
+    assert (done.error.status, done.error.type, done.error.detail, done.error.hint) == (
+        404, "NotFound", "no snapshot 'x'", "list them: forkd snapshots")
+    with pytest.raises(NotFound) as got:
+        jobs.outcome(job.id)
+    assert got.value is err
+
+
+def test_at_most_limits_running_run_at_once_and_a_full_queue_is_busy(tmp_path):
+    jobs = Jobs(tmp_path / "jobs", Limits(running=1, queued=1, keep=10))
+    first, second = Gate("a"), Gate("b")
+    a = jobs.submit("image.build", first)
+    b = jobs.submit("image.build", second)
+    assert first.started.wait(LONG)
+    assert jobs.get(b.id).state == "queued" and not second.started.is_set()
+    with pytest.raises(Busy):
+        jobs.submit("image.build", Gate())
+    first.opened.set()
+    assert second.started.wait(LONG)  # started only once the first finished
+    assert jobs.get(a.id).state == "succeeded"
+    second.opened.set()
+    assert _done(jobs, b.id).result == "b"
+
+
+def test_only_a_queued_job_is_cancelled(tmp_path):
+    jobs = Jobs(tmp_path / "jobs", Limits(running=1, queued=4, keep=10))
+    running, queued = Gate(), Gate()
+    a, b = jobs.submit("image.build", running), jobs.submit("image.build", queued)
+    assert running.started.wait(LONG)
+    with pytest.raises(Conflict):
+        jobs.cancel(a.id)
+    assert jobs.cancel(b.id).state == "cancelled"
+    running.opened.set()
+    assert _done(jobs, a.id).state == "succeeded"
+    assert jobs.get(b.id).state == "cancelled" and not queued.started.is_set()  # never ran
+
+
+def test_the_newest_finished_jobs_are_kept(tmp_path):
+    jobs = Jobs(tmp_path / "jobs", Limits(running=1, queued=4, keep=2))
+    ids = []
+    for n in range(3):
+        gate = Gate(n)
+        gate.opened.set()
+        ids.append(jobs.submit("image.build", gate).id)
+        _done(jobs, ids[-1])
+    assert [j.id for j in jobs.list()] == ids[:0:-1]
+    with pytest.raises(NotFound):
+        jobs.get(ids[0])
+    assert not (tmp_path / "jobs" / f"{ids[0]}.json").exists()
+
+
+def test_a_restart_fails_the_jobs_it_cannot_finish_never_leaving_one_running(tmp_path):
+    """The first table stands for a daemon that stopped mid-build: its records say running and queued."""
+    dead = Jobs(tmp_path / "jobs", Limits(running=1, queued=4, keep=10))
+    gate = Gate()
+    a, b = dead.submit("snapshot.parent", gate, target="p"), dead.submit("snapshot.parent", Gate(), target="q")
+    assert gate.started.wait(LONG)
+    after = Jobs(tmp_path / "jobs")
+    assert sorted(after.recover()) == sorted([a.id, b.id])
+    for job in (after.get(a.id), after.get(b.id)):
+        assert job.state == "failed" and job.error.detail.startswith(RESTARTED), job
+        assert job.error.type == "Unavailable" and job.error.status == 503
+    assert not [j for j in Jobs(tmp_path / "jobs").list() if j.state in ("queued", "running")]
+    gate.opened.set()
+
+
+def test_a_job_id_names_nothing_outside_the_jobs_directory_and_odd_records_are_skipped(tmp_path):
+    root = tmp_path / "jobs"
+    jobs = Jobs(root)
+    jobs.list()  # makes the private directory
+    (tmp_path / "job-0000000000000000.json").write_text(json.dumps({"id": "job-0000000000000000", "kind": "x",
+                                                                     "state": "succeeded"}))
+    os.symlink(tmp_path / "job-0000000000000000.json", root / "job-0000000000000000.json")  # not ours to follow
+    (root / "job-1111111111111111.json").write_text("x" * (2 << 20))  # over the bound
+    (root / "job-2222222222222222.json").write_text(json.dumps({"id": "job-2222222222222222"}))  # no state
+    fresh = Jobs(root)
+    assert fresh.list() == []
+    for bad in ("../job-0000000000000000", "job-0000000000000000", "..", "job-2222222222222222"):
+        with pytest.raises(NotFound):
+            fresh.get(bad)
+
+
+# -- the routes, on the fake driver --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def api(fake_home, fake_base):
+    s = Service.on(Layout(fake_home))
+    with TestClient(create_app(s)) as c:
+        yield c, s
+
+
+def _finished(client, job: dict) -> dict:
+    while job["state"] not in ("succeeded", "failed", "cancelled"):
+        job = client.get(f"/v1/jobs/{job['id']}", params={"wait_secs": LONG, "since": job["version"]}).json()
+    return job
+
+
+def test_a_build_answers_202_and_its_job_then_the_snapshot(api):
+    client, _ = api
+    r = client.post("/v1/snapshots/build/compaction", json={"from_tag": BASE_TAG, "to_tag": "jobs-flat"})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert r.headers["Location"] == f"/v1/jobs/{job['id']}" and job["kind"] == "snapshot.compaction"
+    assert job["target"] == "jobs-flat"
+    done = _finished(client, job)
+    assert done["state"] == "succeeded" and done["result"]["tag"] == "jobs-flat", done
+    assert done["result"] == client.get("/v1/snapshots/jobs-flat").json()
+    assert done["id"] in {j["id"] for j in client.get("/v1/jobs").json()}
+    assert client.delete(f"/v1/jobs/{done['id']}").json()["state"] == "succeeded"  # nothing left to cancel
+    assert client.delete("/v1/snapshots/jobs-flat").status_code == 204
+
+
+def test_a_failed_build_job_names_the_cause_and_wait_true_answers_it_as_before(api):
+    client, _ = api
+    body = {"from_tag": "no-such-snapshot", "to_tag": "jobs-never"}
+    done = _finished(client, client.post("/v1/snapshots/build/compaction", json=body).json())
+    assert done["state"] == "failed" and done["error"]["status"] == 404 and done["error"]["type"] == "NotFound"
+    assert "no-such-snapshot" in done["error"]["detail"]
+    blocking = client.post("/v1/snapshots/build/compaction", json=body, params={"wait": "true"})
+    assert blocking.status_code == 404 and blocking.json()["title"] == "NotFound"
+
+
+@pytest.mark.parametrize("url,body,params", [
+    ("/v1/snapshots/build/compaction", {"from_tag": BASE_TAG, "to_tag": "jobs-block"}, {"wait": "true"}),
+    ("/v1/build/compaction", {"from_tag": BASE_TAG, "to_tag": "jobs-block"}, {}),  # deprecated: blocks as it did
+    (f"/v1/snapshots/{BASE_TAG}/compact", {"to": "jobs-block"}, {}),  # upstream's: blocks as upstream's does
+])
+def test_the_blocking_ways_answer_the_snapshot(api, url, body, params):
+    client, _ = api
+    r = client.post(url, json=body, params=params)
+    try:
+        assert r.status_code == 201, r.text
+        assert r.json()["tag"] == "jobs-block" and r.json()["status"] == "ready"
+    finally:
+        client.delete("/v1/snapshots/jobs-block")
+
+
+def test_upstreams_compaction_with_wait_false_is_a_job(api):
+    client, _ = api
+    r = client.post(f"/v1/snapshots/{BASE_TAG}/compact", json={"to": "jobs-up"}, params={"wait": "false"})
+    assert r.status_code == 202 and r.json()["kind"] == "snapshot.compaction"
+    assert _finished(client, r.json())["result"]["tag"] == "jobs-up"
+    client.delete("/v1/snapshots/jobs-up")
+
+
+def test_a_daemon_start_fails_a_job_left_running(api, fake_home):
+    """A record as a daemon killed mid-build leaves it; the next start's recovery (Service.recover, which `forkd
+    serve` runs before it listens) ends it failed, and GET answers so."""
+    client, _ = api
+    rec = {"id": "job-abcdefabcdefabcd", "kind": "snapshot.parent", "state": "running", "target": "gone",
+           "created_at": 1.0, "started_at": 2.0, "version": 2}
+    (Layout(fake_home).jobs / f"{rec['id']}.json").write_text(json.dumps(rec))
+    fresh = Service.on(Layout(fake_home))
+    fresh.recover()
+    with TestClient(create_app(fresh)) as c:
+        got = c.get(f"/v1/jobs/{rec['id']}").json()
+    assert got["state"] == "failed" and got["error"]["detail"].startswith(RESTARTED), got
