@@ -10,8 +10,9 @@ and page them out, then runs one `exec true` on each, the children taken in turn
 (the translation buffer read back on the request's thread before it resumes the child), `resident` (everything
 read back before the exec, not counted: what waking costs without any page fault). Then a second `exec true` on
 each (`warm`). Per exec: the VMM's CPU (every thread's schedstat run time, ns), its major faults, this process's
-CPU (the request and the page-in thread; the sweeper is stopped first) and the page-in thread's own, what was in
-swap before and after. Needs root and a zram swap (scripts/zram.sh)."""
+CPU until the exec returned (`forkd_request_ms`) and once the page-in thread is done too (`forkd_ms`; the sweeper
+is stopped first), the page-in thread's own, what was in swap before and after.
+Needs root and a zram swap (scripts/zram.sh)."""
 
 from __future__ import annotations
 
