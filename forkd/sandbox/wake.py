@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from forkd.base.errors import ForkdError
 from forkd.base.settings import settings
@@ -40,6 +41,20 @@ def wake(pid: int | None, started: int | None) -> threading.Thread | None:
     t = threading.Thread(target=_page_in, args=(pid, started), name=f"forkd-page-in-{pid}", daemon=True)
     if not _claim(pid, started, t):
         return None
+    t.start()
+    return t
+
+
+def record(write: Callable[[], None]) -> threading.Thread:
+    """Run `write` (a wake's record update) on a thread of its own, started now: the request it belongs to goes on
+    meanwhile and joins it before it lets the child sleep again. A write that raises is logged (the record is
+    bookkeeping: the child runs either way)."""
+    def run() -> None:
+        try:
+            write()
+        except Exception:  # noqa: BLE001 - bookkeeping: the request goes on
+            log.exception("a wake's record was not written")
+    t = threading.Thread(target=run, name="forkd-wake-record", daemon=True)
     t.start()
     return t
 

@@ -301,19 +301,43 @@ class AgentClient:
                     self._cond.notify_all()
 
     def call_raw(self, op: str, args: dict | None = None, timeout: float = 30.0) -> dict:
+        rid = self.post(op, args)
+        return self._answer(rid, timeout)
+
+    def post(self, op: str, args: dict | None = None) -> int:
+        """Send a request without waiting for its answer; returns its id, for `answer`. A reply another caller's
+        wait reads meanwhile is kept for it. The agent serves an op it does not run on a thread of its own
+        (forkd.guest.agent.THREADED) before it reads the next request, so a request sent after it sees its effect."""
         rid = next(self._ids)
         with self._cond:
             self._check()
             self._pending[rid] = None
         try:
             self.send_raw(json.dumps({"id": rid, "op": op, "args": args or {}}).encode())
+        except BaseException:
+            self.forget(rid)
+            raise
+        return rid
+
+    def answer(self, op: str, rid: int, timeout: float = 30.0) -> Any:
+        """The result of the request `post` sent as `rid` (waiting for it up to `timeout`), checked as `call`'s."""
+        return self._result(op, self._answer(rid, timeout), MAX_OUTPUT)
+
+    def forget(self, rid: int) -> None:
+        """Stop waiting for the answer to `rid`: it is dropped when it comes."""
+        with self._cond:
+            self._pending.pop(rid, None)
+
+    def _answer(self, rid: int, timeout: float) -> dict:
+        try:
             return self._await(rid, time.monotonic() + timeout)
         finally:
-            with self._cond:
-                self._pending.pop(rid, None)
+            self.forget(rid)
 
     def call(self, op: str, args: dict | None = None, timeout: float = 30.0, max_output: int = MAX_OUTPUT) -> Any:
-        reply = self.call_raw(op, args, timeout)
+        return self._result(op, self.call_raw(op, args, timeout), max_output)
+
+    def _result(self, op: str, reply: dict, max_output: int) -> Any:
         if not reply["ok"]:
             raise AgentError(op, reply["error"])
         try:

@@ -190,11 +190,16 @@ def cancel_migration(qmp: QMPClient) -> None:
 
 
 def ensure_running(qmp: QMPClient) -> bool:
-    """`cont` a VM a pause left paused (cancelling a capture still in flight first). True if it was resumed."""
-    state = run_state(qmp)
+    """`cont` a VM a pause left paused (cancelling a capture still in flight first). True if it was resumed. Its
+    run state and migration status are asked in one round trip (each one is a wake-up of QEMU's main loop)."""
+    status, migration = qmp.batch([("query-status", None, None), ("query-migrate", None, None)])
+    for answer in (status, migration):
+        if isinstance(answer, Exception):
+            raise answer
+    state = (status or {}).get("status", "unknown")
     if state == "running":
         return False
-    if migration_status(qmp) in IN_FLIGHT:
+    if (migration or {}).get("status") in IN_FLIGHT:
         cancel_migration(qmp)
         state = run_state(qmp)
     if state not in RESUMABLE:

@@ -30,10 +30,11 @@ class QMPClient:
         self._buf = b""
         self.sock = _connect_unix(self.path, timeout)
         self.sock.settimeout(timeout)
+        self.send("qmp_capabilities")  # with the greeting still unread: one round trip for both
         greeting = self._read()
         if "QMP" not in greeting:
             raise ForkdError(f"unexpected QMP greeting on {self.path}: {greeting}")
-        self.execute("qmp_capabilities")
+        self.result("qmp_capabilities")
 
     def _read(self) -> dict:
         while b"\n" not in self._buf:
