@@ -194,3 +194,27 @@ def test_a_freed_hold_lets_another_branch_of_the_source_start(fake_rt, fake_base
                 assert _held(fake_rt, other, rec).was_running
     finally:
         fake_rt.kill([rec.id])
+
+
+# what a running child's VMM is asked through its driver: only its handle (forkd.sandbox) and the driver do it
+HANDLE_ONLY = frozenset({"attach", "connect", "save_console", "ensure_running", "pause", "run_state"})
+
+
+def test_only_the_handle_reaches_a_running_childs_vmm():
+    """Above forkd.sandbox nothing attaches to, connects to, pauses, resumes or drains the console of a running
+    child's VMM through the driver: it asks the child's handle (console, hold_for_capture, vmm, ensure_running)."""
+    import ast
+    from pathlib import Path
+
+    import forkd
+
+    root = Path(forkd.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] in ("sandbox", "vmm"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in HANDLE_ONLY
+                    and ast.unparse(node.func.value).split(".")[-1] == "driver"):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}")
+    assert not found, "a running child's VMM reached around its handle:\n" + "\n".join(found)
