@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BranchError", "BranchJob", "BranchResult", "Conversions", "SourceLost", "Streamed", "Way"]
 
+
 @dataclass
 class BranchResult:
     snapshot: Snapshot
