@@ -257,8 +257,7 @@ class ChildHandle:
         else:
             raise Conflict(f"{max_branches} branches are already in flight (background conversions included)",
                            hint="retry when one finished (FORKD_MAX_BRANCHES raises the cap)")
-        hold = CaptureHold(self, driver.attach(RunFiles(Path(self.rec.dir)), self.rec.pid, self.rec.started), lock,
-                           driver)
+        hold = CaptureHold(driver.attach(RunFiles(Path(self.rec.dir)), self.rec.pid, self.rec.started), lock, driver)
         stack.push(hold.exit)  # the source resumed (unless lost) and its VMM released, whatever happens
         return hold
 
@@ -369,7 +368,6 @@ class CaptureHold:
     restores: a failure that passes the hold's place on the branch's stack resumes the source (`resume_after`)
     unless it is lost (SourceLost) or was freed, then the VMM is released."""
 
-    handle: ChildHandle
     vm: Vm
     lock: Flock
     driver: VmmDriver
@@ -405,10 +403,6 @@ class CaptureHold:
         self.freed = True
         self.driver.release(self.vm)
         self.lock.release()
-
-    def fate(self, exc: BaseException) -> SourceFate | None:
-        """What became of the source after `exc` (ChildHandle.fate): None while it still runs."""
-        return self.handle.fate(exc)
 
     def exit(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         """The hold's place on the branch's stack: resume on a failure, then release the VMM."""
