@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from forkd.base.errors import Conflict, ForkdError, NotFound, ProtocolViolation
+from forkd.base.errors import Conflict, ForkdError, NotFound, ProtocolViolation, first_line
 from forkd.base.locks import Flock, try_lock
 from forkd.base.procs import is_alive
 from forkd.sandbox import lockpaths, wake
@@ -39,8 +39,8 @@ from forkd.vmm.agent_client import AgentClient, AgentTimeout
 from forkd.vmm.driver import RunFiles, Vm, VmmDriver, VmmLost
 from forkd.vmm.pageout import PagedOut, page_out
 
-__all__ = ["RESIDENCY", "CaptureHold", "ChildHandle", "ChildRecord", "Children", "Claim", "Registry", "no_answer",
-           "clock_answered", "post_clock", "set_clock", "this_process", "vmm_lost"]
+__all__ = ["RESIDENCY", "CaptureHold", "ChildHandle", "ChildRecord", "Children", "Claim", "Registry", "SourceFate",
+           "SourceLost", "clock_answered", "no_answer", "post_clock", "set_clock", "this_process", "vmm_lost"]
 log = logging.getLogger(__name__)
 EXIT_WAIT_SECONDS = 5.0  # a VMM whose sockets broke is exiting: how long to wait for it to be gone
 
@@ -234,12 +234,21 @@ class ChildHandle:
         return kib
 
     # -- a branch's hold on it ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def vmm(self) -> Iterator[Vm]:
+        """Its VMM, attached for the block (not connected: enough to look at its process and memory)."""
+        driver = self.owner.driver
+        vm = driver.attach(RunFiles(Path(self.rec.dir)), self.rec.pid, self.rec.started)
+        try:
+            yield vm
+        finally:
+            driver.release(vm)
+
     def hold_for_capture(self, stack: contextlib.ExitStack, max_branches: int) -> CaptureHold:
         """Take what a branch of this child holds, on `stack` (released when it unwinds): its branch lock (one
         branch of a source at a time; the idle loop's sleep waits for it too), a branch slot (at most
-        `max_branches` per home, across processes) and its VMM, attached. Returns the hold (its VMM, the branch
-        lock, which the branch releases early once the source is free, connect and resume); Conflict naming
-        what is in the way."""
+        `max_branches` per home, across processes) and its VMM, attached, which the stack resumes if a failure
+        passes it (forkd.sandbox.child.CaptureHold). Returns the hold; Conflict naming what is in the way."""
         home, driver = self.owner.home, self.owner.driver
         lock = try_lock(lockpaths.branch_lock(home, self.id))
         if lock is None:
@@ -254,24 +263,24 @@ class ChildHandle:
         else:
             raise Conflict(f"{max_branches} branches are already in flight (background conversions included)",
                            hint="retry when one finished (FORKD_MAX_BRANCHES raises the cap)")
-        vm = driver.attach(RunFiles(Path(self.rec.dir)), self.rec.pid, self.rec.started)
-        stack.callback(driver.release, vm)  # the source keeps running, whatever happens
-        return CaptureHold(vm, lock, driver)
+        hold = CaptureHold(driver.attach(RunFiles(Path(self.rec.dir)), self.rec.pid, self.rec.started), lock, driver)
+        stack.push(hold.exit)  # the source resumed (unless lost) and its VMM released, whatever happens
+        return hold
 
-    def fate(self, exc: BaseException) -> tuple[str | None, ChildRecord | None]:
-        """After `exc` broke a branch of it: what `ls` shows for the child now if it is no longer running (its
-        record with it; "removed" and None once the record is gone), else (None, its record). A VMM whose sockets
-        broke (`vmm_lost`) is exiting: it is given EXIT_WAIT_SECONDS to be gone before its status is read."""
+    def fate(self, exc: BaseException) -> SourceFate | None:
+        """After `exc` broke an operation holding it (a branch): what became of the child if it is no longer
+        running (`removed` once its record is gone), else None. A VMM whose sockets broke (`vmm_lost`: the
+        driver's VmmLost, told apart by type) is exiting: it is given EXIT_WAIT_SECONDS to be gone before its
+        status is read."""
         try:
             rec = self.owner.registry.get(self.id)
         except NotFound:
-            return "removed", None
+            return SourceFate("removed")
         if rec.pid and vmm_lost(exc):
             deadline = time.monotonic() + EXIT_WAIT_SECONDS
             while is_alive(rec.pid, rec.started) and time.monotonic() < deadline:
                 time.sleep(0.02)
-        status = rec.status
-        return (None if status == "running" else status), rec
+        return None if rec.status == "running" else SourceFate(rec.status, rec.memory_limit_mib)
 
     @property
     def asleep(self) -> bool:
@@ -341,24 +350,74 @@ class ChildHandle:
         return self
 
 
+@dataclass(frozen=True)
+class SourceFate:
+    """What became of a child an operation held when it failed (ChildHandle.fate): what `ls` shows for it (dead,
+    oom-killed, failed, ...; `removed` once its record is gone), and its memory limit (what an OOM kill hit)."""
+
+    status: str
+    memory_limit_mib: int | None = None
+
+
+class SourceLost(Conflict):
+    """The source child died (or was removed) while it was being branched; `fate` is what `ls` shows for it."""
+
+    def __init__(self, message: str, hint: str | None = None, *, fate: str = "dead", **kw):
+        super().__init__(message, hint, **kw)
+        self.fate = fate
+
+
 @dataclass
 class CaptureHold:
-    """What a branch holds of its source while it captures it (ChildHandle.hold_for_capture): the attached VMM,
-    the branch lock, and whether the source ran when the branch connected, which every way out restores."""
+    """What a branch holds of its source while it captures it (ChildHandle.hold_for_capture): the attached VMM and
+    the branch lock until `free`, and whether the source ran when the hold connected, which every way out
+    restores: a failure that passes the hold's place on the branch's stack resumes the source (`resume_after`)
+    unless it is lost (SourceLost) or was freed, then the VMM is released."""
 
     vm: Vm
     lock: Flock
     driver: VmmDriver
     was_running: bool = False
+    connected: bool = False
+    freed: bool = False
+    resumed_after: bool = False
 
     def connect(self, timeout: float = 30.0) -> None:
         """Connect to the source's VMM and note whether it runs (what `resume` puts back)."""
         self.driver.connect(self.vm, timeout=timeout)
         self.was_running = self.driver.run_state(self.vm) == "running"
+        self.connected = True
 
     def resume(self) -> None:
         """Make sure the source runs again (a no-op if it does); the driver's error if it cannot."""
         self.driver.ensure_running(self.vm)
+
+    def resume_after(self, exc: BaseException) -> None:
+        """Resume the source (if it ran when connected) while `exc` is on its way out, once: a resume that fails
+        too is noted on `exc`, never raised in its place (the source may be dead: the caller reports its fate)."""
+        if not (self.connected and self.was_running) or self.freed or self.resumed_after:
+            return
+        self.resumed_after = True
+        try:
+            self.resume()
+        except (ForkdError, OSError) as again:
+            exc.add_note(f"resuming the source failed too: {first_line(again)}")
+
+    def free(self) -> None:
+        """The source is free (its capture is over): release its VMM and its branch lock, so another branch of it
+        may start while this one finishes."""
+        self.freed = True
+        self.driver.release(self.vm)
+        self.lock.release()
+
+    def exit(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        """The hold's place on the branch's stack: resume on a failure, then release the VMM."""
+        try:
+            if exc is not None and not isinstance(exc, SourceLost):
+                self.resume_after(exc)
+        finally:
+            self.driver.release(self.vm)
+        return False
 
 
 def vmm_lost(exc: BaseException | None) -> bool:

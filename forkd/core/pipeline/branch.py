@@ -40,11 +40,14 @@ before the pause (ChildHandle.page_in, as a request to it would), charged to its
 its page-out. A memory-limited source is never pushed over its limit by being branched.
 
 Safety:
-  * the source is resumed on every path (VmmDriver.ensure_running whenever it was running before); a resume that
-    fails while another failure is on its way out is noted on that failure, never raised in its place;
-  * when the source dies during the branch (OOM-killed, crashed, killed), the branch raises `SourceLost`
-    (Conflict, HTTP 409) naming the child's fate (`oom-killed`, `dead`, `removed`), with the original failure as
-    its cause and in its message; the snapshot is `failed` with the same message;
+  * the source is resumed on every path (VmmDriver.ensure_running whenever it was running before): a failure that
+    passes the branch's hold on it resumes it (forkd.sandbox.child.CaptureHold); a resume that fails while another
+    failure is on its way out is noted on that failure, never raised in its place;
+  * what a failure becomes is decided in one place, from the failure, its step and the source's fate
+    (forkd.core.pipeline.branch_errors.branch_failure, called by `BranchJob.failures` only): when the source dies
+    during the branch (OOM-killed, crashed, killed), the branch raises `SourceLost` (Conflict, HTTP 409) naming the
+    child's fate (`oom-killed`, `dead`, `removed`), with the original failure as its cause and in its message; the
+    snapshot is `failed` with the same message;
   * one branch per source at a time: a per-child lock (non-blocking), a second one gets Conflict naming it;
   * at most FORKD_MAX_BRANCHES branches per FORKD_HOME, background conversions included (lock-file slots, so the
     count holds across processes and a killed process frees its slot);
@@ -64,10 +67,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from forkd.base.errors import Conflict, ForkdError, first_line
+from forkd.base.errors import Conflict, ForkdError
 from forkd.base.settings import settings
 from forkd.base.steps import Step
 from forkd.core.pipeline.branch_disk import copy_disk, freeze_fs, thaw_fs
+from forkd.core.pipeline.branch_errors import PREPARE, RESUME, BranchError, Case, branch_failure
 from forkd.core.pipeline.branch_plan import Strategy
 from forkd.core.pipeline.branch_source import Source, SourceLost
 from forkd.core.pipeline.job import Job
@@ -79,9 +83,7 @@ if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
 
-
-class BranchError(ForkdError):
-    pass
+__all__ = ["BranchError", "BranchJob", "BranchResult", "Conversions", "SourceLost", "Streamed", "Way"]
 
 
 @dataclass
@@ -169,6 +171,8 @@ class BranchJob(Job):
         self.req, self.plan, self.src = req, plan, src
         self.way: Way = way if way is not None else Streamed()
         self.rec, self.source, self.machine, self.child_files = src.rec, src.snapshot, src.machine, src.files
+        self.handle = rt.handles.of(src.rec)
+        self.step = PREPARE  # the step running now: what a failure is mapped by (branch_failure)
         self.t_call = time.perf_counter()
         self.capture: Capture | None = None
         self.result = BranchResult(snapshot=None, mode=req.mode, source=req.child_id, returned_ms=0.0,  # type: ignore
@@ -185,8 +189,8 @@ class BranchJob(Job):
     def prepare(self) -> None:
         """Hold the source for the capture (forkd.sandbox.child.ChildHandle.hold_for_capture: its branch lock, a
         branch slot, its VMM attached), then the capture's own checks and resources."""
-        self.hold = self.rt.handles.of(self.rec).hold_for_capture(self.stack, settings().max_branches)
-        self.source_vm, self.child_lock = self.hold.vm, self.hold.lock
+        self.hold = self.handle.hold_for_capture(self.stack, settings().max_branches)
+        self.source_vm = self.hold.vm
         self.way.prepare(self)
 
     def record(self) -> Snapshot:
@@ -212,11 +216,11 @@ class BranchJob(Job):
 
     def start(self) -> BranchResult:
         with self.stack:
-            self.prepare()
-            self.timings["prepare"] = (time.perf_counter() - self.t_call) * 1000.0
-            self.begin()
-            self.timings["begin"] = (time.perf_counter() - self.t_call) * 1000.0 - self.timings["prepare"]
-            with self.source_fate():
+            with self.failures():
+                self.prepare()
+                self.timings["prepare"] = (time.perf_counter() - self.t_call) * 1000.0
+                self.begin()
+                self.timings["begin"] = (time.perf_counter() - self.t_call) * 1000.0 - self.timings["prepare"]
                 self.run(self.steps())
                 if self.req.wait:
                     self.finish()
@@ -241,7 +245,7 @@ class BranchJob(Job):
 
         def background() -> None:
             try:
-                with self.stack, self.source_fate():
+                with self.stack, self.failures():
                     self.finish()
             finally:
                 self.result.snapshot = self.writer.snap
@@ -251,42 +255,35 @@ class BranchJob(Job):
         self.rt.conversions.add(t)
         t.start()
 
-    # -- when the source dies under us -----------------------------------------------------------------
+    # -- when it fails -------------------------------------------------------------------------------
+    def run(self, steps: list[Step]) -> None:
+        super().run([(name, self._at(name, fn)) for name, fn in steps])
+
+    def _at(self, name: str, fn):
+        def step() -> object:
+            self.step = name
+            return fn()
+        return step
+
     @contextmanager
-    def source_fate(self) -> Iterator[None]:
-        """A failure while the source is gone becomes SourceLost naming its fate, the failure kept as the cause
-        (inside the writer's block, so the failed snapshot's manifest says it too)."""
+    def failures(self) -> Iterator[None]:
+        """The one place a branch's failure is mapped to what its caller sees (branch_errors.branch_failure, from
+        the failure, its step and the source's fate), the failure kept as the cause. Inside the writer's block,
+        so the failed snapshot's manifest says it too; the hold, below it on the stack, resumes the source."""
         try:
             yield
         except Exception as exc:
-            fate, rec = self._fate(exc)
-            if fate is None:
+            case = Case(self.req.child_id, self.req.tag, self.plan.capture,
+                        str(self.req.tmp_dir or self.rt.layout.tmp))
+            error = branch_failure(exc, self.step, self.handle.fate(exc), case).exception()
+            if error is None:
                 raise
-            cid = self.req.child_id
-            why = (f"its VMM was OOM-killed at its memory limit of {rec.memory_limit_mib} MiB"
-                   if fate == "oom-killed" and rec is not None and rec.memory_limit_mib
-                   else "its VMM was OOM-killed" if fate == "oom-killed"
-                   else "its record was removed" if fate == "removed" else "its VMM exited")
-            raise SourceLost(f"branch {self.req.tag!r} of child {cid} failed: the source child is {fate} ({why}) "
-                             f"[{type(exc).__name__}: {first_line(exc)}]",
-                             hint=f"'forkd kill {cid}' removes it; fork a new child"
-                                  + (" with a higher memory_limit_mib" if fate == "oom-killed" else ""),
-                             fate=fate) from exc
-
-    def _fate(self, exc: BaseException):
-        """(what `ls` shows for the source, its record) if it is no longer running, else (None, record)."""
-        return self.rt.handles.of(self.rec).fate(exc)
+            raise error from exc
 
     # -- steps while the source is involved ----------------------------------------------------------
     def stage(self) -> None:
         # short name: the conversion's QEMU sockets live below it, and AF_UNIX paths end at 108 bytes
-        try:
-            self.work = self.workdir("b", under=self.req.tmp_dir)
-        except OSError as exc:
-            where = self.req.tmp_dir or self.rt.layout.tmp
-            raise BranchError(f"cannot make the branch's work directory in {where}: {exc.strerror or exc}",
-                              hint="make that directory writable by forkd (and with room for the guest's RAM), "
-                                   "or branch into another tmp_dir") from exc
+        self.work = self.workdir("b", under=self.req.tmp_dir)
         if self.capture_kind == "write-protect":
             # QEMU 7.2 (measured here): a background snapshot whose stream write fails mid-way (ENOSPC) leaves the
             # source reporting 'running' but no longer answering. So refuse up front unless the whole RAM fits.
@@ -332,7 +329,7 @@ class BranchJob(Job):
             else:
                 cap.wait_resumed(timeout=60)
         except BaseException as exc:
-            self._resume_after(exc)  # never leave the source paused, whatever failed
+            self.hold.resume_after(exc)  # now, not on the way out: the thaw below needs the source running
             raise
         else:
             if self.returns_at_stop:
@@ -345,12 +342,9 @@ class BranchJob(Job):
                 thaw_fs(frozen, self.timings)
 
     def await_resume(self) -> None:
-        """After an early return (`returns_at_stop`): wait for the source to run again, in the background."""
-        try:
-            self.capture.wait_resumed(timeout=60)
-        except BaseException as exc:
-            self._resume_after(exc)
-            raise
+        """After an early return (`returns_at_stop`): wait for the source to run again, in the background (a
+        failure resumes it: the hold's)."""
+        self.capture.wait_resumed(timeout=60)
         self.live_resumed()
 
     def live_resumed(self) -> None:
@@ -367,16 +361,11 @@ class BranchJob(Job):
     def capture_stopped(self) -> None:
         cap = self.open_capture()
         t_stop = time.perf_counter()
-        try:
-            cap.pause()
-            if self.machine.disk is not None:
-                copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings,
-                          self.rt.driver.disks)
-            cap.start()
-            cap.wait_done(timeout=self.req.timeout)
-        except BaseException as exc:
-            self._resume_after(exc)
-            raise
+        cap.pause()  # from here a failure resumes the source on its way out (the hold's)
+        if self.machine.disk is not None:
+            copy_disk(self.child_files.disk, self.work / DISK, self.machine.disk, self.timings, self.rt.driver.disks)
+        cap.start()
+        cap.wait_done(timeout=self.req.timeout)
         if self.was_running:
             self._resume()
         self.result.pause_ms = (time.perf_counter() - t_stop) * 1000.0
@@ -384,21 +373,10 @@ class BranchJob(Job):
         self.timings["pause"] = self.result.pause_ms
 
     def _resume(self) -> None:
-        try:
-            self.hold.resume()
-        except ForkdError as exc:
-            raise BranchError(f"could not resume the source after the branch: {exc.message}",
-                              hint="check it with 'forkd ping'; 'forkd kill' it if it does not answer") from exc
-
-    def _resume_after(self, exc: BaseException) -> None:
-        """Resume the source while `exc` is on its way out: a resume that fails too is noted on `exc`, never
-        raised in its place (the source may be dead: the caller reports its fate)."""
-        if not self.was_running:
-            return
-        try:
-            self._resume()
-        except (ForkdError, OSError) as again:
-            exc.add_note(f"resuming the source failed too: {first_line(again)}")
+        """The source resumed after its capture (step `resume` while it runs: a failure says so)."""
+        was, self.step = self.step, RESUME
+        self.hold.resume()
+        self.step = was
 
     def _drop_capture(self) -> None:
         """On failure: stop a capture still in flight and put the source's settings back (best effort)."""
@@ -421,8 +399,7 @@ class BranchJob(Job):
                 self.result.pause_ms = cap.downtime_ms
         cap.close()
         self.capture = None
-        self.rt.driver.release(self.source_vm)
-        self.child_lock.release()
+        self.hold.free()
 
     def convert(self) -> None:
         w = self.writer

@@ -26,23 +26,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forkd.base.atomic import publish
-from forkd.base.errors import Conflict
 from forkd.base.steps import Step
 from forkd.core.pipeline.branch_disk import copy_disk
+from forkd.core.pipeline.branch_errors import DiffUnavailable
 from forkd.store import chain
 from forkd.store.snapshot import DISK, Snapshot
 from forkd.store.writer import Diff
-from forkd.vmm.agent_client import AgentBusy, AgentClient
+from forkd.vmm.agent_client import AgentClient
 
 if TYPE_CHECKING:
     from forkd.core.pipeline.branch import BranchJob
 
+__all__ = ["ByPages", "DiffUnavailable"]
 MIN_SWAPPED_KIB = 64  # a source with less than this in swap is branched as it is
 MAX_DEPTH = 32  # layers under a diff branch at most: each one more makes a new head's first flat image dearer
-
-
-class DiffUnavailable(Conflict):
-    """A diff branch of this child cannot be made here (checked before anything is written or paused)."""
 
 
 class ByPages:
@@ -61,11 +58,10 @@ class ByPages:
             self.check_source(job)
         if self.written is not None:
             job.timings["written_pages"] = self.written
-        try:  # the one host connection to its agent: held, and silent while the source is paused
-            self.agent = AgentClient.owned(job.child_files.agent)
-            job.stack.callback(self._release_agent)
-        except AgentBusy as exc:
-            raise self.agent_busy(job, exc) from exc
+        # the one host connection to its agent: held, and silent while the source is paused (AgentBusy if another
+        # client holds it: branch_errors says what the caller sees)
+        self.agent = AgentClient.owned(job.child_files.agent)
+        job.stack.callback(self._release_agent)
 
     @staticmethod
     def check_source(job: BranchJob) -> None:
@@ -81,14 +77,6 @@ class ByPages:
                                   f"branch would be layer {depth + 1} (at most {MAX_DEPTH})",
                                   hint=f"branch it with --mode live or full (a self-contained snapshot), or compact "
                                        f"{tag!r} ('forkd snapshot compact') and fork from that")
-
-    def agent_busy(self, job: BranchJob, exc: AgentBusy) -> Exception:
-        if not self.layer:  # taken by another client since the probe said it was free
-            return Conflict(f"child {job.req.child_id} cannot be branched live by pages now: {exc.message}",
-                            hint="retry once the other client is done")
-        return DiffUnavailable(f"child {job.req.child_id} cannot be branched in diff mode now: {exc.message}",
-                               hint="a diff branch needs the child's agent quiet while it is paused; retry once the "
-                                    "other client is done, or branch with --mode live")
 
     def record(self, job: BranchJob, snap: Snapshot) -> Snapshot:
         if not self.layer:
@@ -106,7 +94,7 @@ class ByPages:
     def page_in_source(job: BranchJob) -> None:
         """A source with memory in swap (idle page-out) has it read back now, before the pause: the pause reads
         the guest pages it wrote, and one in swap would be read back from zram while the source is stopped."""
-        read = job.rt.handles.of(job.rec).page_in(min_kib=MIN_SWAPPED_KIB)
+        read = job.handle.page_in(min_kib=MIN_SWAPPED_KIB)
         if read:
             job.timings["page_in_kib"] = read
 
@@ -114,22 +102,18 @@ class ByPages:
         def disk() -> None:  # the VMM flushed its block layer when it stopped: nothing writes the overlay
             copy_disk(job.child_files.disk, job.work / DISK, job.machine.disk, job.timings, job.rt.driver.disks)
 
-        try:
-            with self.agent.quiet():  # no host byte reaches guest RAM between its device state and its pages
-                self.taken = job.rt.driver.capture_diff(
-                    job.source_vm, self.source_flat, job.writer.vmstate, job.work / chain.PAGES_FILE,
-                    job.work / chain.DATA_FILE, while_paused=disk if job.machine.disk is not None else None,
-                    written=self.written)
-            job.stack.callback(self.taken.discard)  # its buffer and data file, if the pages are never written
-        except BaseException as exc:
-            job._resume_after(exc)  # the driver resumes on its own paths; this covers a VMM that broke mid-way
-            raise
+        # the driver resumes the source on its own paths; a VMM that broke mid-way is resumed by the hold
+        with self.agent.quiet():  # no host byte reaches guest RAM between its device state and its pages
+            self.taken = job.rt.driver.capture_diff(
+                job.source_vm, self.source_flat, job.writer.vmstate, job.work / chain.PAGES_FILE,
+                job.work / chain.DATA_FILE, while_paused=disk if job.machine.disk is not None else None,
+                written=self.written)
+        job.stack.callback(self.taken.discard)  # its buffer and data file, if the pages are never written
         self._timings(job)
         job.result.pause_ms = self.taken.timings["pause"]
         job.result.qemu_downtime_ms = self.taken.timings.get("pause_qemu")
-        job.rt.driver.release(job.source_vm)  # the source is free: another branch of it may start
         self._release_agent()
-        job.child_lock.release()
+        job.hold.free()  # the source is free: another branch of it may start
 
     def _release_agent(self) -> None:
         agent, self.agent = self.agent, None

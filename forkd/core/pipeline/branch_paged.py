@@ -33,8 +33,7 @@ def probe_source(rt: Runtime, src: Source) -> Probe:
     probe = Probe(has_disk=src.machine.disk is not None, memory_mib=src.snapshot.memory_mib)
     if probe.has_disk:
         return probe
-    vm = rt.driver.attach(src.files, src.rec.pid, src.rec.started)
-    try:
+    with rt.handles.of(src.rec).vmm() as vm:
         problem = rt.driver.diff_capture_problem(vm)
         if problem is not None:
             return Probe(False, probe.memory_mib, pages_problem=problem[0])
@@ -44,8 +43,6 @@ def probe_source(rt: Runtime, src: Source) -> Probe:
             return Probe(False, probe.memory_mib, pages_problem=exc.message)
         except OSError as exc:  # its /proc files: a VMM that exits now is the write-protect capture's to report
             return Probe(False, probe.memory_mib, pages_problem=f"its written pages could not be counted: {exc}")
-    finally:
-        rt.driver.release(vm)
     return Probe(False, probe.memory_mib, written_pages=written, agent_busy=_agent_busy(src))
 
 

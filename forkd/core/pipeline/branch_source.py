@@ -1,6 +1,6 @@
 """A branch's source: looked up once into a frozen value (`Source`) passed to the steps, and what becomes of it
 when it dies under the branch (`SourceLost`, naming the fate forkd.sandbox.child.ChildHandle.fate reads: a lost VMM,
-the driver's VmmLost, is told apart by type)."""
+the driver's VmmLost, is told apart by type; forkd.core.pipeline.branch_errors says what the caller sees)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forkd.base.errors import Conflict
-from forkd.sandbox.child import EXIT_WAIT_SECONDS, ChildRecord, vmm_lost  # noqa: F401 - the branch's names for them
+from forkd.sandbox.child import (  # noqa: F401 - the branch's names for them
+    EXIT_WAIT_SECONDS,
+    ChildRecord,
+    SourceLost,
+    vmm_lost,
+)
 from forkd.store.snapshot import Snapshot
 from forkd.vmm.driver import Machine, RunFiles
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Runtime
 
-
-
-class SourceLost(Conflict):
-    """The source child died (or was removed) while it was being branched; `fate` is what `ls` shows for it."""
-
-    def __init__(self, message: str, hint: str | None = None, *, fate: str = "dead", **kw):
-        super().__init__(message, hint, **kw)
-        self.fate = fate
 
 
 @dataclass(frozen=True)
