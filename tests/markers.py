@@ -9,8 +9,8 @@ Declared in pyproject.toml ([tool.pytest.ini_options] markers):
 
 Users of the image-building fixtures (`IMAGE_FIXTURES`) get `image` at collection. Two checks, both failing the
 run rather than warning:
-- at collection, a test whose fixtures (transitively) include one that boots a VM (`VM_FIXTURES`) must be
-  marked `vm`;
+- at collection, a test whose fixtures (transitively) include one that boots a VM (`VM_FIXTURES`, unless its
+  module overrides it with the fake driver's) must be marked `vm`;
 - while it runs, a test not marked `vm` that starts QEMU in this process (a VMM or the accelerator's boot probe,
   in a fixture or in the test itself) errors at teardown, naming the marker to add.
 A VM booted by a subprocess the test starts (a daemon, the CLI, a benchmark script) is not seen by the second check:
@@ -25,11 +25,13 @@ after a tier's pytest-xdist workers (`--dist loadfile`: a worker runs a module w
 from __future__ import annotations
 
 import functools
+import inspect
 
 import pytest
 
-# fixtures that boot a VM when set up (conftest.base, tests.branching.srt) and everything built on them
-VM_FIXTURES = frozenset({"base", "fork", "srt", "sfork"})
+# fixtures that boot a VM when set up, by the module that defines them (conftest's `fork` and branching's `sfork`
+# are built on these); a module that overrides one with the fake driver's (tests/fake_vmm.py) boots nothing
+VM_FIXTURES = {"base": "tests/conftest.py", "srt": "tests/branching.py"}
 # fixtures that build a rootfs from the default image's packages (tests.oci_images): their users get `image`
 IMAGE_FIXTURES = frozenset({"layers", "layout_dir"})
 # fixtures of a host-wide resource one module sets up and tears down (tests.swap): their users get `serial`, so
@@ -58,6 +60,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_QUIET_VM] = []
 
 
+def _vm_fixtures(item: pytest.Item) -> list[str]:
+    """The fixtures of `item` (transitively) that boot a VM: those of VM_FIXTURES its module did not override."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return sorted(name for name, where in VM_FIXTURES.items() if name in info.name2fixturedefs
+                  and inspect.unwrap(info.name2fixturedefs[name][-1].func).__code__.co_filename.endswith("/" + where))
+
+
 @pytest.hookimpl(tryfirst=True)  # before the -m selection, which reads the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda it: it.get_closest_marker("bench") is not None)  # benchmark smoke last (stable)
@@ -66,8 +77,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             it.add_marker(pytest.mark.image)
         if SHARED_SWAP & set(getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.serial)
-    wrong = [f"{it.nodeid} (uses {', '.join(sorted(VM_FIXTURES & set(it.fixturenames)))})"
-             for it in items if VM_FIXTURES & set(getattr(it, "fixturenames", ())) and not it.get_closest_marker("vm")]
+    wrong = [f"{it.nodeid} (uses {', '.join(_vm_fixtures(it))})"
+             for it in items if _vm_fixtures(it) and not it.get_closest_marker("vm")]
     if wrong:
         raise pytest.UsageError("these tests use a fixture that boots a VM but are not marked vm; add "
                                 "@pytest.mark.vm:\n  " + "\n  ".join(wrong))
@@ -86,7 +97,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     if booted and not is_vm:
         raise pytest.fail.Exception(f"{item.nodeid} started QEMU {booted} time(s) but is not marked vm: add "
                                     "@pytest.mark.vm (tests/markers.py)", pytrace=False)
-    if is_vm and not booted and item.nodeid in _PASSED and not VM_FIXTURES & set(getattr(item, "fixturenames", ())):
+    if is_vm and not booted and item.nodeid in _PASSED and not _vm_fixtures(item):
         item.config.stash[_QUIET_VM].append(item.nodeid)
     return result
 

@@ -1,5 +1,6 @@
-"""`forkd serve` as a real process: GitOps watch (add, change, bad file, remove), claims through its socket,
-and a kill -9 of the daemon: after a restart its children are adopted, nothing duplicated or leaked."""
+"""`forkd serve` as a real process on the fake VMM driver (tests/fake_vmm.py; watch, claims and adoption are logic
+above it): GitOps watch (add, change, bad file, remove), claims through its socket, and a kill -9 of the daemon:
+after a restart its children are adopted, nothing duplicated or leaked."""
 
 from __future__ import annotations
 
@@ -15,7 +16,20 @@ import pytest
 
 from tests.conftest import forkd_cli, qemu_pids
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def base(fake_base):
+    return fake_base
 
 PARENT = """\
 apiVersion: forkd.dev/v1alpha1

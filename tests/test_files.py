@@ -1,5 +1,6 @@
-"""Files in a sandbox (issue 16, deliverable 2) with real VMs: the agent's fs_* ops through the host's checks
-(forkd.vmm.agent_files), the streamed API routes, the SDK's `sb.files`, `forkd cp` both ways and watches."""
+"""Files in a sandbox on the fake VMM driver (tests/fake_vmm.py, which runs the real guest agent): the agent's fs_*
+ops through the host's checks (forkd.vmm.agent_files), the streamed API routes, the SDK's `sb.files`, `forkd cp` both
+ways and watches. A guest writing hostile bytes and the caps inside a VM: tests/security/test_files_guest.py."""
 
 from __future__ import annotations
 
@@ -25,7 +26,20 @@ from forkd.sdk import Sandbox
 from tests.conftest import BASE_TAG
 from tests.test_api import start_api_daemon, stop_api_daemon
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def base(fake_base):
+    return fake_base
 MIB = 1 << 20
 
 

@@ -1,6 +1,6 @@
-"""The hub with real VMs: push a layer to a file:// hub, serve it with `forkd hub serve`, pull it over HTTP into
-an empty store and fork from it; corrupted downloads, short downloads and unknown versions are refused with
-nothing left behind."""
+"""The hub on the fake VMM driver (tests/fake_vmm.py; packs, the hub and the store are logic above it): push a layer
+to a file:// hub, serve it with `forkd hub serve`, pull it over HTTP into an empty store and fork from it; corrupted
+downloads, short downloads and unknown versions are refused with nothing left behind."""
 
 from __future__ import annotations
 
@@ -22,7 +22,20 @@ from forkd.core.requests import LayerBuild, Spawn
 from forkd.core.runtime import Runtime
 from tests.conftest import BASE_TAG
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def base(fake_base):
+    return fake_base
 
 
 def cli(home: Path, *args: str, hub: str | None = None) -> subprocess.CompletedProcess:

@@ -79,7 +79,6 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.vm
 def test_missing_layer_blob(rt, layout_dir, tmp_path):
     bad = _copy(layout_dir, tmp_path / "bad")
     manifest = json.loads((bad / "blobs/sha256" / json.loads((bad / "index.json").read_text())["manifests"][0]
@@ -105,7 +104,6 @@ def test_unsupported_media_type_and_apt(rt, layers, tmp_path):
     assert _registered(rt) == before
 
 
-@pytest.mark.vm
 def test_rootfs_too_big_for_memory(rt, layers, tmp_path):
     big = oci.layer_tar([("var/", None, 0o755), ("var/big.bin", bytes(64 << 20), 0o644)])
     d = _write_layout(tmp_path / "big", [*layers, (gzip.compress(big, compresslevel=1), LAYER_GZ)])

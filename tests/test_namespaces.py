@@ -1,7 +1,8 @@
-"""Namespaces with real VMs (issue 17): the same names in two namespaces (a ForkParent and a ForkPool with warm 1
-each) applied with `forkd apply -n`, reconciled without collision (two snapshots, two pools of one child each);
-`forkd get -A` lists both with a NAMESPACE column, `-n` one; a claim takes a child of its own namespace's pool;
-deleting the pool of one namespace leaves the other's pool and child alone."""
+"""Namespaces on the fake VMM driver (tests/fake_vmm.py; the reconciler and CLI are logic above it): the same names
+in two namespaces (a ForkParent and a ForkPool with warm 1 each) applied with `forkd apply -n`, reconciled without
+collision (two snapshots, two pools of one child each); `forkd get -A` lists both with a NAMESPACE column, `-n` one;
+a claim takes a child of its own namespace's pool; deleting the pool of one namespace leaves the other's pool and
+child alone."""
 
 from __future__ import annotations
 
@@ -12,7 +13,20 @@ import pytest
 from forkd.reconciler.control import Control
 from tests.conftest import forkd_cli
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def base(fake_base):
+    return fake_base
 
 SPEC = """\
 apiVersion: forkd.dev/v1alpha1

@@ -1,6 +1,7 @@
 """The Python SDK never swallows a failed kill on leaving `with Sandbox.create(...)` (issue 15, item 7): with no
 exception in flight the failure is raised; with one, the original propagates unchanged and carries the failure as a
-note. Real daemon, real VMs: the daemon is stopped inside the block, so the kill cannot reach it."""
+note. A real daemon on the fake VMM driver (tests/fake_vmm.py; the SDK and daemon are logic above it), stopped
+inside the block, so the kill cannot reach it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,20 @@ from forkd.sdk import AsyncController, AsyncSandbox, Controller, Sandbox
 from tests.conftest import BASE_TAG
 from tests.test_api import start_api_daemon, stop_api_daemon
 
-pytestmark = pytest.mark.vm
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def base(fake_base):
+    return fake_base
 
 
 def test_a_failed_kill_on_exit_is_raised_or_noted(rt, home, base, tmp_path):

@@ -2,7 +2,7 @@
 (tests.registries: Debian's docker-registry): pushed from one home, pulled by digest into another, every digest
 verified; tampered blobs, a manifest that does not hash to its pin, path tricks in the pack and artifacts of another
 shape are refused with nothing installed. Hand-made packs (tests.test_pack's) need no VM; the last test pushes a
-real snapshot and forks a child from the pulled copy."""
+snapshot built on the fake VMM driver (tests/fake_vmm.py) and forks a child from the pulled copy."""
 
 from __future__ import annotations
 
@@ -22,6 +22,21 @@ from forkd.core.requests import Spawn
 from forkd.image.registry import RegistryOptions
 from tests.conftest import BASE_TAG
 from tests.test_pack import _drop, _empty_runtime, _fake_files, _good_members, _manifest, _reg, _write_pack
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def base(fake_base):
+    return fake_base
 
 PLAIN = RegistryOptions(tls_verify=False)
 
@@ -225,7 +240,6 @@ def test_cli_pull_names_the_digest_and_exits_2_on_a_mismatch(registry_http, targ
     assert "artifact" in _cli(target.layout.home, "snapshot", "push", "--help").stdout
 
 
-@pytest.mark.vm
 def test_a_pulled_snapshot_forks_a_child_that_has_the_parents_state(rt, base, registry_http, target):
     """A real snapshot pushed from the session's home, pulled by digest into an empty home, forks there."""
     pushed = pack_oci.push(rt, BASE_TAG, f"{registry_http.host}/forkd/base:v1", PLAIN)

@@ -1,6 +1,7 @@
-"""Issue 16, deliverable 6 and the list-fields finding, against a real daemon with real VMs: every request body
-rejects unknown fields with a 422 naming them; upstream's documented fields are honoured or refused with a reason;
-GET /v1/sandboxes fills memory_limit_mib, netns and guest_addr from the child record."""
+"""Strict request bodies against a real daemon on the fake VMM driver (tests/fake_vmm.py; request parsing is
+logic above the driver): every request body rejects unknown fields with a 422 naming them; upstream's documented
+fields are honoured or refused with a reason; GET /v1/sandboxes fills memory_limit_mib, netns and guest_addr from
+the child record."""
 
 from __future__ import annotations
 
@@ -11,6 +12,21 @@ from tests.conftest import BASE_TAG
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 PROBLEM = "application/problem+json"
+
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def base(fake_base):
+    return fake_base
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +52,6 @@ def test_every_request_model_forbids_extra_fields():
         assert model.model_config.get("extra") == "forbid", model
 
 
-@pytest.mark.vm
 def test_unknown_fields_are_422_naming_them(daemon):
     with daemon.unix() as c:
         _unknown(c.post("/v1/sandboxes", json={"snapshot_tag": BASE_TAG, "n": 1, "bogus_field": 1}), "bogus_field")
@@ -47,7 +62,6 @@ def test_unknown_fields_are_422_naming_them(daemon):
         assert "never-built" not in [s["tag"] for s in c.get("/v1/snapshots").json()]
 
 
-@pytest.mark.vm
 def test_upstream_create_snapshot_fields_are_refused_with_a_reason_not_a_default_image(daemon):
     """Before: upstream's MCP create_snapshot body answered 201 after building the default image."""
     body = {"tag": "upstream-mcp", "kernel": "/boot/vmlinux", "rootfs": "/images/rootfs.ext4", "rw": True,
@@ -63,7 +77,6 @@ def test_upstream_create_snapshot_fields_are_refused_with_a_reason_not_a_default
         assert not {"upstream-mcp", "upstream-ro"} & {s["tag"] for s in c.get("/v1/snapshots").json()}
 
 
-@pytest.mark.vm
 def test_spawn_accepts_prewarm_and_live_fork_and_list_fills_record_fields(daemon):
     """Before: memory_limit_mib was never filled by GET /v1/sandboxes though the record has it."""
     with daemon.unix() as c:
@@ -81,7 +94,6 @@ def test_spawn_accepts_prewarm_and_live_fork_and_list_fills_record_fields(daemon
             c.delete(f"/v1/sandboxes/{sid}")
 
 
-@pytest.mark.vm
 def test_isolated_child_shows_its_guest_address(rt, fork):
     """An isolated child's record (netns set) lists its guest address, as upstream's API does."""
     (rec,) = fork(1)

@@ -35,6 +35,21 @@ from forkd.spec.loader import load_text
 from forkd.spec.models import MODELS, ForkBranch
 from forkd.spec.namespaces import NAMESPACE_PATTERN, qname, split_qname
 
+
+@pytest.fixture(scope="module")
+def home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module")
+def rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module")
+def base(fake_base):
+    return fake_base
+
 NOW = 1_800_000_000.0
 
 
@@ -263,8 +278,7 @@ def test_branch_model_still_takes_what_it_took():
         assert ForkBranch(metadata={"name": "b"}, spec={"sandbox": sandbox}).spec.sandbox == sandbox
 
 
-# -- end to end, with real VMs ----------------------------------------------------------------------------------
-@pytest.mark.vm
+# -- end to end, on the fake VMM driver (the reconciler is logic above it) ------------------------------------------
 def test_a_default_branch_of_team_b_s_claimed_child_is_refused_and_team_b_s_own_is_taken(rt):
     """team-b claims a real child of its pool; default's ForkBranch naming it by raw id stalls (SandboxNotFound)
     and writes no snapshot, one naming `pool/team-b.agents` is refused at apply; team-b's own branch of the same id

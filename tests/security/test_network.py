@@ -29,8 +29,6 @@ from forkd.core.requests import Spawn
 from forkd.spec.models import ForkPool
 from tests.security.netlab import lab_main, run_lab
 
-pytestmark = pytest.mark.vm
-
 PORT, OTHER_PORT = 7777, 7778
 METADATA, PRIVATE, PUBLIC = "169.254.169.254", "192.168.77.1", "198.51.100.1"
 UPLINK_OUT, UPLINK_HOST = "192.0.2.1", "192.0.2.2"  # the lab's link to the outside (TEST-NET-1)
@@ -214,21 +212,25 @@ def reached(results: dict, policy: str) -> set[str]:
     return {k for k, v in results[policy]["reached"].items() if v.startswith("ok:")}
 
 
+@pytest.mark.vm
 def test_default_egress_reaches_no_metadata_private_host_or_ipv6(results):
     got = results["default"]["reached"]
     assert "metadata" in got and "host_bridge" in got and "ula" in got
     assert reached(results, "default") == set(), got
 
 
+@pytest.mark.vm
 def test_default_egress_denies_cloud_metadata(results):
     assert not results["default"]["reached"]["metadata"].startswith("ok:"), results["default"]["reached"]
 
 
+@pytest.mark.vm
 def test_default_egress_denies_host_services_on_the_bridge(results):
     r = results["default"]["reached"]
     assert not r["host_bridge"].startswith("ok:") and not r["host_uplink"].startswith("ok:"), r
 
 
+@pytest.mark.vm
 def test_ipv6_is_denied_under_every_policy(results):
     for policy in POLICIES:
         r = results[policy]["reached"]
@@ -236,18 +238,21 @@ def test_ipv6_is_denied_under_every_policy(results):
         assert v6 and not any(v.startswith("ok:") for v in v6.values()), (policy, v6)
 
 
+@pytest.mark.vm
 def test_internet_reaches_public_addresses_only(results):
     r = results["internet"]["reached"]
     assert r["public"] == f"ok:outside@{PUBLIC}" and r["public_other_port"].startswith("ok:"), r
     assert reached(results, "internet") == {"public", "public_other_port"}, r  # no metadata, private, host, IPv6
 
 
+@pytest.mark.vm
 def test_allow_list_reaches_exactly_what_it_names(results):
     r = results["allow"]["reached"]
     assert r["private"] == f"ok:outside@{PRIVATE}" and r["host_bridge"] == f"ok:host@{BRIDGE_ADDR}", r
     assert reached(results, "allow") == {"private", "host_bridge"}, r  # not the other port, not the rest
 
 
+@pytest.mark.vm
 def test_egress_is_recorded_and_shown(results):
     assert results["default"]["record"] == "none" and results["default"]["sandbox"] == "none"
     assert results["internet"]["view"] == "internet" and results["internet"]["sandbox"] == "internet"
@@ -256,6 +261,7 @@ def test_egress_is_recorded_and_shown(results):
     assert results["allow"]["sandbox"] == want
 
 
+@pytest.mark.vm
 def test_rules_are_forkds_own_tables_and_grants_go_with_the_child(results):
     host = results["host_rules"]
     assert "table inet forkd_host" in host and "@allow4 accept" in host and "169.254.0.0/16" in host
@@ -265,6 +271,7 @@ def test_rules_are_forkds_own_tables_and_grants_go_with_the_child(results):
     assert results["allow"]["addr"] not in results["grants_left"]  # ... is taken back when it is killed
 
 
+@pytest.mark.vm
 def test_a_dead_childs_grant_is_not_inherited_by_the_next_lease_of_its_address(results):
     s = results["stale_grant"]
     assert s["granted"] and s["leased"] == "10.200.250.250", s

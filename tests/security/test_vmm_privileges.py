@@ -24,7 +24,6 @@ from forkd.vmm.driver import RunFiles
 from forkd.vmm.qemu_cmdline import empty_root
 from tests.conftest import BASE_TAG
 
-pytestmark = pytest.mark.vm
 SETPRIV = "/usr/bin/setpriv"
 BUILD_UID_BASE = (1 << 28) + (1 << 28)  # the default range's upper half: build VMMs (forkd.base.idrange)
 
@@ -86,6 +85,7 @@ def secret():
     d.rmdir()
 
 
+@pytest.mark.vm
 def test_child_vmm_runs_as_its_own_uid_without_capabilities(rt, fork):
     a, b = fork(2)
     ua, ub = assert_unprivileged(a.pid), assert_unprivileged(b.pid)
@@ -94,6 +94,7 @@ def test_child_vmm_runs_as_its_own_uid_without_capabilities(rt, fork):
     assert rt.eval(a.id, "6 * 7")["value"] == "42" and rt.eval(b.id, "1 + 1")["value"] == "2"
 
 
+@pytest.mark.vm
 def test_child_vmm_cannot_open_root_files_or_a_siblings_run_dir(rt, fork, secret):
     """A child's VMM is chrooted into an empty directory once it dropped root (the jailer's private view): no host
     path resolves for it, not even a world-readable file; its uid would be refused the rest anyway."""
@@ -111,6 +112,7 @@ def test_child_vmm_cannot_open_root_files_or_a_siblings_run_dir(rt, fork, secret
     assert os.readlink(f"/proc/{a.pid}/root") == str(empty_root())
 
 
+@pytest.mark.vm
 def test_each_vmm_is_pid_1_of_its_own_pid_namespace_with_a_mount_namespace_of_its_own(fork):
     """The jailer's namespaces: besides its network namespace, each child's VMM has a mount namespace and a pid
     namespace of its own (tests/security/test_born_apart.py: slave propagation, the caller unchanged)."""
@@ -125,6 +127,7 @@ def test_each_vmm_is_pid_1_of_its_own_pid_namespace_with_a_mount_namespace_of_it
     assert seen[0]["mnt"] != seen[1]["mnt"] and seen[0]["pid"] != seen[1]["pid"]
 
 
+@pytest.mark.vm
 def test_child_vmm_uid_cannot_signal_or_trace_a_sibling(fork):
     a, b = fork(2)
     ua = assert_unprivileged(a.pid)
@@ -138,6 +141,7 @@ def test_child_vmm_uid_cannot_signal_or_trace_a_sibling(fork):
     assert os.kill(b.pid, 0) is None  # still alive
 
 
+@pytest.mark.vm
 def test_build_vmms_drop_root_too(rt, base, tmp_path):
     """Parent boots (and, through the same restore without an identity, layer builds) run image code: their VMMs
     drop to a fresh uid of their own too."""
@@ -164,6 +168,7 @@ def test_build_vmms_drop_root_too(rt, base, tmp_path):
         mem.parent.rmdir()
 
 
+@pytest.mark.vm
 @pytest.mark.parametrize("capture", ["pages", "write-protect"])
 def test_live_branch_of_a_child_whose_vmm_dropped_root(rt, fork, monkeypatch, capture):
     """By pages, forkd reads the VMM's pages itself: no userfaultfd in the VMM, whatever the sysctl says. By
@@ -194,6 +199,7 @@ def test_live_branch_of_a_child_whose_vmm_dropped_root(rt, fork, monkeypatch, ca
         rt.rmi(tag)
 
 
+@pytest.mark.vm
 def test_root_is_an_explicit_opt_out(rt, fork, monkeypatch):
     monkeypatch.setenv("FORKD_VMM_RUNAS", "root")
     (c,) = fork(1)
@@ -234,6 +240,7 @@ def test_disk_backed_vmms_drop_root_too(tmp_path):
         assert uid == gid and BUILD_UID_BASE <= uid < BUILD_UID_BASE + (1 << 28)
 
 
+@pytest.mark.vm
 @pytest.mark.skipif(not os.access("/dev/kvm", os.R_OK | os.W_OK), reason="the probe runs only where /dev/kvm opens")
 def test_the_accelerator_probe_runs_jailed(rt, base):
     """The KVM probe boots the image's kernel too: its QEMU drops to a uid of the build range with QEMU's seccomp
