@@ -33,7 +33,17 @@ VERBS = {
     "exec (bad id)": ["exec", "nosuchchild", "--", "true"],
     "logs (bad id)": ["logs", "nosuchchild"],
     "snapshot-info (bad tag)": ["snapshot-info", "nosuchtag"],
+    "rmi (bad tag)": ["rmi", "nosuchtag"],
+    "kill (bad id)": ["kill", "nosuchchild"],
+    "ping (bad id)": ["ping", "nosuchchild"],
+    "eval (bad id)": ["eval", "nosuchchild", "1"],
+    "fork (bad tag)": ["fork", "--tag", "nosuchtag"],
+    "describe (bad pool)": ["describe", "pool/nosuchpool"],
+    "gc --dry-run": ["gc", "--dry-run"],
+    "audit verify": ["audit", "verify"],
+    "config": ["config"],
     "fork --help": ["fork", "--help"],
+    "apply --help": ["apply", "--help"],
 }
 
 
