@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -80,6 +79,8 @@ class Retry:
     max_wait: float = 4.0
 
     def wait(self, attempt: int) -> float:
+        import random
+
         return min(self.max_wait, self.first_wait * 2 ** attempt) * random.uniform(0.8, 1.2)
 
     def again(self, attempt: int, method: str, exc: BaseException | None, status: int | None) -> bool:
