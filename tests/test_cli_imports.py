@@ -101,7 +101,7 @@ def test_importing_the_cli_loads_nothing_heavy():
     (["--version"], NO_TREE), (["version"], (*NO_TREE, "logging", "forkd.cli.tree", *other_verbs("version"))),
     (["--help"], (*NO_TREE, "logging", "forkd.cli.tree", *other_verbs(None))),  # the verbs from the table alone
     (["exec", "--help"], (*NO_CLIENT, "rich", "http.client", "email", "ssl", *other_verbs("exec"))),  # click's
-    (["fork", "--help"], NO_CLIENT), (["apply", "--help"], (*NO_CLIENT, *other_verbs("apply")))])
+    (["fork", "--help"], (*NO_CLIENT, "rich")), (["apply", "--help"], (*NO_CLIENT, "rich", *other_verbs("apply")))])
 def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     code, modules = loaded(argv, tmp_path)
     assert code == 0
