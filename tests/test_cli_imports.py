@@ -9,9 +9,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from forkd import cli
 from forkd.cli.verbs import OLD_NOUNS, VERBS
 from tests.http_stub import Draining, serving
 
@@ -23,16 +25,19 @@ NO_CLIENT = (*IN_PROCESS, "httpx", "forkd_client.api", "forkd.client.http", "yam
 # and `forkd --help`: not even the settings (pydantic); `forkd --version`: not even the command tree (typer)
 NO_BACKEND = (*NO_CLIENT, "forkd.base.settings", "pydantic")
 NO_TREE = (*NO_BACKEND, "typer", "click", "rich")
-# what a verb that reads or streams through the daemon must not load: the settings model (pydantic), httpx, the
-# SDK's client
-NO_HEAVY_CLIENT = (*IN_PROCESS, "forkd.base.settings", "pydantic", "httpx", "forkd_client.http",
-                   "forkd_client.api", "forkd_client.models", "forkd.client.http", "forkd.client.remote")
+# what a verb through the daemon must not load: the settings model (pydantic), httpx, the SDK's API client and
+# models (RemoteBackend sends over forkd.cli.daemon.Sender; only a verb whose own request or answer is a model loads
+# pydantic)
+NO_HEAVY_CLIENT = (*IN_PROCESS, "forkd.base.settings", "pydantic", "httpx", "forkd_client.api",
+                   "forkd_client.models", "forkd.service.wire")
 # nor the standard library's HTTP client and what it brings (email, ssl), nor logging (set up only in-process)
 NO_STDLIB_CLIENT = ("http.client", "email", "ssl", "logging")
-# nor rich (tables and messages are plain: forkd.cli.output), nor the command tree (forkd.cli.direct runs them)
-NO_HEAVY_CLIENT = (*NO_HEAVY_CLIENT, *NO_STDLIB_CLIENT, "rich", "typer", "click", "forkd.cli.tree")
+# nor rich (tables, messages and each verb's --help are plain); logging is set up by the tree's verbs (config)
+NO_HEAVY_CLIENT = (*NO_HEAVY_CLIENT, *NO_STDLIB_CLIENT[:-1], "rich", "pygments")
+# the verbs forkd.cli.direct runs: not the command tree either, nor logging
+NO_TREE_CLIENT = (*NO_HEAVY_CLIENT, "logging", "typer", "click", "forkd.cli.tree")
 # exec and logs: the same, also when they fail
-NO_PRINTER = NO_HEAVY_CLIENT
+NO_PRINTER = NO_TREE_CLIENT
 
 
 # modules a verb's module may draw on besides its own: the root's global options (config), the snapshot group's
@@ -72,11 +77,31 @@ class Answering(Draining):
     busy = 0  # answers at once
 
 
+# what importing the CLI (every module of forkd.cli, and what a verb imports to reach a daemon) must not load:
+# each verb imports what it needs when it runs, so a module-level import of any of these fails here
+CLI_MODULES = sorted(f"forkd.cli.{p.stem}" for p in (Path(cli.__file__).parent).glob("*.py"))
+ON_THE_WAY = ("forkd.client", "forkd.client.remote", "forkd.client.http", "forkd_client.http", "forkd.base.errors")
+NOT_AT_IMPORT = (*IN_PROCESS, "pydantic", "httpx", "forkd.base.settings", "forkd_client.api", "forkd_client.models",
+                 "forkd.service.wire", "forkd.core.requests", "yaml", "rich", "pygments", "http.client", "email",
+                 "ssl", "logging", "asyncio")
+
+
+def test_importing_the_cli_loads_nothing_heavy():
+    """The import graph of the fast path: the command tree, every verb's module and the daemon client."""
+    probe = ("import importlib, json, sys\n"
+             f"for m in {[*CLI_MODULES, *ON_THE_WAY]!r}:\n    importlib.import_module(m)\n"
+             "print(json.dumps(sorted(sys.modules)))\n")
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    modules = json.loads(got.stdout)
+    assert "forkd.cli.tree" in modules and "forkd.client.remote" in modules and "typer" in modules  # it did look
+    assert heavy(modules, NOT_AT_IMPORT) == []
+
+
 @pytest.mark.parametrize("argv,banned", [
     (["--version"], NO_TREE), (["version"], (*NO_TREE, "logging", "forkd.cli.tree", *other_verbs("version"))),
     (["--help"], (*NO_TREE, "logging", "forkd.cli.tree", *other_verbs(None))),  # the verbs from the table alone
-    (["exec", "--help"], (*IN_PROCESS, "http.client", "email", "ssl", *other_verbs("exec"))),  # typer+rich help
-    (["fork", "--help"], NO_CLIENT), (["apply", "--help"], (*NO_CLIENT, *other_verbs("apply")))])
+    (["exec", "--help"], (*NO_CLIENT, "rich", "http.client", "email", "ssl", *other_verbs("exec"))),  # click's
+    (["fork", "--help"], (*NO_CLIENT, "rich")), (["apply", "--help"], (*NO_CLIENT, "rich", *other_verbs("apply")))])
 def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     code, modules = loaded(argv, tmp_path)
     assert code == 0
@@ -91,16 +116,22 @@ def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     (["logs", "cnosuch"], "/v1/children/cnosuch/logs", b'{"data": "", "offset": 0}'),
     (["exec", "cnosuch", "true"], "/v1/children/cnosuch/processes", b'{"type": "exit", "exit_code": 0}'),
     (["get", "pools"], "/v1/pools", b"[]"),  # its answers are spec models: those it loads
+    # through the command tree (typer) and RemoteBackend, over the CLI's own transport
+    (["snapshot-info", "t1"], "/v1/snapshots/t1/info", b"{}"),
+    (["rmi", "t1"], "/v1/snapshots/t1/delete", b'{"deleted": ["t1"]}'),
+    (["kill", "c1"], "/v1/children/kill", b'{"killed": [["c1", true]]}'),
+    (["audit", "verify"], "/v1/audit/verify", b'{"ok": true, "text": "OK"}'),
 ])
 def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer, tmp_path):
     with serving(Answering) as url:
         Answering.answers = {path: ("application/json", answer)}
         code, modules = loaded(argv, tmp_path, FORKD_URL=url)
-    method = "POST" if argv[0] == "exec" else "GET"
+    method = "POST" if argv[0] in ("exec", "rmi", "kill") else "GET"
     assert Answering.seen.get((method, path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
     allowed = {"forkd.spec.models", "forkd.core", "forkd.core.requests"} if argv[0] == "get" else set()  # models
-    banned = {"get": (*IN_PROCESS, "forkd_client.api", "forkd_client.models", "rich", "pygments"),  # the SDK client
+    banned = {"get": (*IN_PROCESS, "httpx", "forkd_client.api", "forkd_client.models", "rich", "pygments"),
+              "ls": NO_TREE_CLIENT, "snapshots": NO_TREE_CLIENT,
               "exec": NO_PRINTER, "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT) + other_verbs(argv[0])
     assert [m for m in heavy(modules, banned) if m not in allowed] == []
 

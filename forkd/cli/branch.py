@@ -7,9 +7,9 @@ from enum import StrEnum
 
 import typer
 
+from forkd.cli.daemon import backend
 from forkd.cli.options import complete_children
 from forkd.cli.output import Fmt, emit, err, ms, out
-from forkd.client import backend
 
 OUTPUT_HELP = "table, json or yaml"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from forkd.cli.daemon import backend
 from forkd.cli.output import Fmt, emit, err, size
-from forkd.client import backend
 
 HELP = """Copy files or directories between a sandbox and this host, as a tar stream (like docker cp).
 

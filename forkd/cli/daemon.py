@@ -1,7 +1,9 @@
-"""The CLI's light door to a running daemon: find it and call it with the standard library alone.
+"""The CLI's door to a running daemon: find it and call it with the standard library alone.
 
-A verb that only reads (ls, snapshots) or streams (exec, logs) goes through here, so it starts without pydantic
-(forkd.base.settings), httpx or the SDK's models; every other verb goes through forkd.client's `backend()`.
+Every verb reaches the daemon through here: the streams (exec, logs) with `Daemon.events`, the rest through
+`backend()`, forkd.client's RemoteBackend sending over `Sender` (this module's HTTP/1.1, forkd.cli.http1) instead of
+the SDK's httpx client, so a verb starts without pydantic (forkd.base.settings) or httpx unless its own request or
+answer is a model.
 The variables that locate the daemon are read raw (`RAW`; declared and documented in forkd.base.settings); a value
 that is not unambiguous as written is left to settings(), which parses (or refuses) them all. Failures are the
 kinds of forkd.base.errors, as from every other client.
@@ -18,8 +20,6 @@ from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound, Time
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-    from forkd.service.listing import ChildView, SnapshotView
 
 RAW = {"url": "FORKD_URL", "token": "FORKD_TOKEN", "home": "FORKD_HOME", "no_daemon": "FORKD_NO_DAEMON",
        "ca": "FORKD_CA", "daemon_socket": "FORKD_DAEMON_SOCKET"}
@@ -98,41 +98,64 @@ class Daemon:
             return Connection(timeout, host=u.hostname, port=u.port or 443, tls=ctx)
         return Connection(timeout, host=u.hostname, port=u.port or 80)
 
-    def _send(self, method: str, path: str, body: Any, timeout: float, params: dict | None = None) -> Any:
+    def send(self, method: str, path: str, body: Any = None, timeout: float = 60.0, params: dict | None = None,
+             content: bytes | None = None, quoted: bool = False) -> Any:
+        """Send one request (a JSON `body`, or raw `content`); the open connection and its answer's head. An answer
+        of 400 or more is raised as its kind (forkd_client.errors.api_error, as the SDK's client raises it); a
+        daemon that cannot be reached, Unavailable (`refused` set when no connection was made: safe to send
+        again); one that does not answer in time, Timeout. `quoted`: `path` is already percent-encoded."""
         from urllib.parse import quote, urlencode, urlsplit
 
         prefix = urlsplit(self.url).path.rstrip("/") if self.url else ""
-        target = prefix + quote(path) + (f"?{urlencode(params, doseq=True)}" if params else "")
+        target = prefix + (path if quoted else quote(path)) + (f"?{urlencode(params, doseq=True)}" if params else "")
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        data = json.dumps(body) if body is not None else None
+        if content is not None:
+            headers, data = {"Content-Type": "application/octet-stream"}, content
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         conn = self._conn(timeout)
         try:
-            conn.request(method, target, body=json.dumps(body) if body is not None else None, headers=headers)
+            conn.request(method, target, body=data, headers=headers)
             resp = conn.getresponse()
         except OSError as exc:
             conn.close()
-            raise Unavailable(f"cannot reach the forkd daemon at {self.sock or self.url}: {exc}", UNREACHABLE) from None
+            raise self._unreached(exc, f"{method} {self.where}{path}") from None
         if resp.status >= 400:
-            raise self._problem(resp)
+            try:
+                raise self._problem(resp, f"{self.where}{path}")
+            finally:
+                conn.close()
         return conn, resp
 
+    @property
+    def where(self) -> str:
+        return self.sock or self.url or ""
+
+    def _unreached(self, exc: OSError, what: str) -> ForkdError:
+        if isinstance(exc, TimeoutError):
+            return Timeout(f"{what}: the daemon did not answer in time",
+                           hint="the operation may still be running on the daemon; check it (e.g. 'forkd ls' or "
+                                "'forkd snapshots'), or raise the client's timeout")
+        err = Unavailable(f"cannot reach the forkd daemon at {self.where}: {exc}", UNREACHABLE)
+        err.refused = isinstance(exc, ConnectionRefusedError | FileNotFoundError)  # nothing was sent
+        return err
+
     @staticmethod
-    def _problem(resp: Any) -> ForkdError:
+    def _problem(resp: Any, url: str) -> ForkdError:
+        from forkd_client.errors import api_error
+
         raw = resp.read()
         try:
             body = json.loads(raw)
         except ValueError:
-            body = {"detail": raw.decode("utf-8", "replace")}
-        if not isinstance(body, dict):
-            body = {"detail": str(body)}
-        kind = _KINDS.get(resp.status, ForkdError)
-        return kind(str(body.get("detail") or f"HTTP {resp.status}"), body.get("hint"), status=resp.status, body=body)
+            body = raw.decode("utf-8", "replace")
+        return api_error(resp.status, body, url)
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 60.0,
                 params: dict | None = None) -> Any:
         """One call; its JSON answer (None when empty)."""
-        conn, resp = self._send(method, path, body, timeout, params)
+        conn, resp = self.send(method, path, body, timeout, params)
         try:
             data = resp.read()
         finally:
@@ -141,7 +164,7 @@ class Daemon:
 
     def events(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Iterator[dict]:
         """A stream of JSON lines; `data` fields (base64) decoded to bytes."""
-        conn, resp = self._send(method, path, body, KEEPALIVE * 3, params)
+        conn, resp = self.send(method, path, body, KEEPALIVE * 3, params)
         try:
             while line := resp.readline():
                 if line.strip():
@@ -155,33 +178,56 @@ class Daemon:
             conn.close()
 
 
-class Reads:
-    """The read verbs the CLI sends through the light client (the same answers as RemoteBackend's)."""
+class Sender:
+    """Sends the SDK's Calls (forkd_client.http.Call) through a Daemon, retrying as the SDK's senders do (a
+    connection refused, whatever the method; a 503 for an idempotent one): the transport of the CLI's
+    RemoteBackend, with the standard library alone."""
 
-    def __init__(self, d: Daemon):
-        self.d = d
-        self.is_local = d.sock is not None  # a TCP daemon's agent sockets are on its host, not ours
+    def __init__(self, d: Daemon, timeout: float = 600.0):
+        from forkd_client.http import Retry
 
-    def children(self, labels: list[str] | None = None) -> list[ChildView]:
-        from forkd.service.listing import ChildView  # a dataclass: exec and logs need none
+        self.d, self.timeout, self.retry = d, timeout, Retry()
 
-        got = self.d.request("GET", "/v1/children", params={"label": labels} if labels else None)
-        views = [ChildView.from_json(v) for v in got]
-        return views if self.is_local else [v.elsewhere() for v in views]
+    def _send(self, call: Any) -> Any:
+        import time
 
-    def snapshots(self) -> list[SnapshotView]:
-        from forkd.service.listing import SnapshotView  # a dataclass, as children's
+        attempt = 0
+        while True:
+            try:
+                conn, resp = self.d.send(call.method, call.path, call.json, call.timeout or self.timeout,
+                                         call.params, call.content, quoted=True)
+            except Unavailable as exc:
+                if not getattr(exc, "refused", False) and not self.retry.again(attempt, call.method, None,
+                                                                                exc.status):
+                    raise
+                if attempt + 1 >= self.retry.attempts:
+                    raise
+            else:
+                try:
+                    data = resp.read()
+                finally:
+                    conn.close()
+                if call.raw:
+                    return data
+                got = json.loads(data) if data else None
+                return got if got is None or call.parse is None else call.parse(got)
+            time.sleep(self.retry.wait(attempt))
+            attempt += 1
 
-        return [SnapshotView.from_json(s) for s in self.d.request("GET", "/v1/snapshots")]
 
-
-def reads() -> Any:
-    """The light client when a daemon answers, else forkd.client's backend() (in-process)."""
+def backend() -> Any:
+    """The daemon's RemoteBackend over the CLI's own transport (Sender) when one answers, else forkd.client's
+    backend() (in-process, its logging set up: forkd.cli.config.QUIET_VERBS). Finding the daemon needs neither
+    the settings model nor httpx when the environment is plain (light_settings)."""
     d = Daemon.find()
-    if d is not None:
-        return Reads(d)
-    from forkd.cli.config import setup_logging
-    from forkd.client import backend
+    if d is None:
+        from forkd.cli.config import setup_logging
+        from forkd.client import backend as in_process
 
-    setup_logging()  # in-process: the runtime logs (forkd.cli.config.QUIET_VERBS)
-    return backend()
+        setup_logging()
+        return in_process()
+    from forkd.client.http import Endpoint
+    from forkd.client.remote import RemoteBackend
+
+    endpoint = Endpoint(d.url or "http://forkd", d.sock, d.token)
+    return RemoteBackend(endpoint=endpoint, http=Sender(d))

@@ -13,9 +13,9 @@ from pathlib import Path
 import typer
 
 from forkd.base.errors import InvalidInput
+from forkd.cli.daemon import backend
 from forkd.cli.options import complete_pools, count, count_option, format_or_old_path, lifetime_option, timeout_option
 from forkd.cli.output import Fmt, emit, err, out
-from forkd.client import backend
 from forkd.spec.namespaces import DEFAULT, check_namespace, qname
 
 FILES = typer.Option(..., "-f", "--filename", help="file or directory of YAML specs ('-' for stdin); repeatable")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from forkd.cli.daemon import backend
 from forkd.cli.output import Fmt, Progress, emit, size
-from forkd.client import backend
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 AUTHFILE = typer.Option(None, "--authfile", help="registry credentials (default: $REGISTRY_AUTH_FILE, containers' "

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
+from forkd.cli.daemon import backend
 from forkd.cli.output import Fmt, Progress, emit, ms, size
-from forkd.client import backend
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 ROOTFS_HELP = ("initramfs: the rootfs lives in guest RAM; disk: an ext4 root disk, each child writing its own "

@@ -1,4 +1,4 @@
-"""`forkd` command line. Each command parses its arguments, calls its verb on `backend()` (forkd.client: the
+"""`forkd` command line. Each command parses its arguments, calls its verb on `backend()` (forkd.cli.daemon: the
 daemon named by FORKD_URL/FORKD_TOKEN or answering on $FORKD_HOME/forkd.sock, else in-process), and prints.
 
 Exit codes: 0 ok; 1 runtime failure; 2 bad input; 3 not found; 4 conflict / not ready; 5 timed out;
@@ -21,6 +21,7 @@ import typer
 from forkd.base.durations import EXAMPLES
 from forkd.cli import branch as branch_cli
 from forkd.cli import reading
+from forkd.cli.daemon import backend
 from forkd.cli.options import (
     CHILD,
     OLD_COUNT,
@@ -38,7 +39,6 @@ from forkd.cli.options import (
 from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
 from forkd.cli.reading import CHILD_COLUMNS, child_rows
 from forkd.cli.tree import app, main  # noqa: F401 - the root (tests, the reference) and `python -m forkd.cli.main`
-from forkd.client import backend
 
 verbs = typer.Typer()  # this module's verbs; register() adds them to the root (forkd.cli.verbs)
 snapshot_app = typer.Typer(help="Snapshots: create, ls, info, diff (a layer), compact, rm, push, pull; or branch a "

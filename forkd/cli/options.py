@@ -121,19 +121,19 @@ def _names(fetch: Any, incomplete: str) -> list[str]:
 
 
 def complete_children(incomplete: str) -> list[str]:
-    from forkd.client import backend
+    from forkd.cli.daemon import backend
 
     return _names(lambda: [c["id"] for c in backend().children()], incomplete)
 
 
 def complete_snapshots(incomplete: str) -> list[str]:
-    from forkd.client import backend
+    from forkd.cli.daemon import backend
 
     return _names(lambda: [s["tag"] for s in backend().snapshots()], incomplete)
 
 
 def complete_pools(incomplete: str) -> list[str]:
-    from forkd.client import backend
+    from forkd.cli.daemon import backend
 
     return _names(lambda: [o.metadata.name for o in backend().get("ForkPool")], incomplete)
 

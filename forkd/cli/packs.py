@@ -8,9 +8,9 @@ from pathlib import Path
 
 import typer
 
+from forkd.cli.daemon import backend
 from forkd.cli.options import format_or_old_path, old_spelling
 from forkd.cli.output import Fmt, Progress, emit, err, out, size
-from forkd.client import backend
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 HUB = typer.Option(None, "--hub", envvar="FORKD_HUB", help="hub base URL (default: $FORKD_HUB): http://... or "

@@ -32,7 +32,7 @@ def port_forward(child: str = typer.Argument(..., help="id of a running sandbox"
     import socket
     import sys
 
-    from forkd.client import backend
+    from forkd.cli.daemon import backend
     from forkd.client.portfwd import open_tunnel, serve
 
     b = backend()

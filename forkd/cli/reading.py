@@ -1,12 +1,12 @@
 """The verbs that only read: `forkd ls` and `forkd snapshot ls`, without typer (forkd.cli.direct runs
 them before the command tree is built; forkd.cli.main and forkd.cli.config declare them). Through a daemon they
-read with forkd.cli.daemon's light client, else in-process."""
+read through forkd.cli.daemon's backend(), else in-process."""
 
 from __future__ import annotations
 
 import time
 
-from forkd.cli.daemon import reads
+from forkd.cli.daemon import backend
 from forkd.cli.output import Fmt, emit, ms, size
 
 CHILD_COLUMNS = [("ID", "left"), ("STATUS", "left"), ("RESIDENCY", "left"), ("SNAPSHOT", "left"), ("POOL", "left"),
@@ -17,13 +17,13 @@ SNAPSHOT_COLUMNS = [("TAG", "left"), ("STATUS", "left"), ("MiB", "right"), ("ACC
 
 def children(label: list[str] | None = None, output: str = Fmt.table) -> None:
     """`forkd ls`: the children (only those with every label k=v or key k in `label`)."""
-    recs = reads().children(label) if label else reads().children()
+    recs = backend().children(label) if label else backend().children()
     emit(recs, Fmt(output or Fmt.table), CHILD_COLUMNS, child_rows(recs))
 
 
 def snapshots(output: str = Fmt.table) -> None:
     """`forkd snapshot ls`: every snapshot's view, a corrupt one named by its directory, with why."""
-    data = reads().snapshots()
+    data = backend().snapshots()
     rows = []
     for s in data:
         if s.corrupt:

@@ -27,6 +27,7 @@ class Root(typer.core.TyperGroup):
 
 
 app = typer.Typer(cls=Root, help=HELP, no_args_is_help=True, pretty_exceptions_enable=False, add_completion=True,
+                  rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 app.callback()(config.global_options)
 

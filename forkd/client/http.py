@@ -13,7 +13,6 @@ Where the daemon is (`find_daemon`), first match wins: explicit `url=` / `socket
 
 from __future__ import annotations
 
-import httpx
 from forkd_client.errors import api_error
 from forkd_client.http import (
     DEFAULT_URL,
@@ -27,9 +26,6 @@ from forkd_client.http import (
     transport_error,
 )
 
-from forkd.base.paths import Layout
-from forkd.base.settings import settings
-
 __all__ = ["DEFAULT_URL", "UNREACHABLE", "AsyncHttp", "Call", "Endpoint", "Retry", "SyncHttp", "answer",
            "api_error", "find_daemon", "quote", "transport_error"]
 
@@ -38,6 +34,8 @@ UNREACHABLE = ("start it with 'forkd serve' (add --bind HOST:PORT for TCP), or f
 
 
 def _answers(sock: str) -> bool:
+    import httpx  # here, as the settings below: a caller with its own transport (the CLI) loads neither
+
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=2.0) as c:
             return c.get("http://forkd/healthz").status_code == 200
@@ -49,6 +47,9 @@ def find_daemon(url: str | None = None, socket: str | None = None, token: str | 
                 probe: bool = False) -> Endpoint | None:
     """The daemon to talk to, or None. `probe`: the local socket counts only if a daemon answers on it (a stale
     socket file left by a killed daemon does not)."""
+    from forkd.base.paths import Layout
+    from forkd.base.settings import settings
+
     env = settings()
     token = token if token is not None else env.token_value
     if url:

@@ -48,11 +48,12 @@ class RemoteBackend:
     `socket_path`, or at TCP `url` with a bearer `token`."""
 
     def __init__(self, socket_path: str | None = None, timeout: float = 600.0, url: str | None = None,
-                 token: str | None = None, *, endpoint: Endpoint | None = None):
+                 token: str | None = None, *, endpoint: Endpoint | None = None, http: Any = None):
+        """`http`: another sender of Calls to `endpoint` (`_send(call)`, as SyncHttp's), e.g. the CLI's own."""
         if endpoint is None:
             endpoint = Endpoint(url.rstrip("/"), None, token) if url else Endpoint("http://forkd", socket_path, token)
         self.endpoint, self._timeout, self._api = endpoint, timeout, None
-        self.http = _Plain(endpoint, timeout=timeout)
+        self.http = http or _Plain(endpoint, timeout=timeout)
         self.is_local = endpoint.is_local  # a TCP daemon's agent sockets and files are on its host, not ours
 
     @property

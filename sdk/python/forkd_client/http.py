@@ -20,20 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
-import ssl
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from forkd_client.errors import ForkdError, InvalidInput, Timeout, Unavailable, api_error
 
 DEFAULT_URL = "http://127.0.0.1:8889"
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+if TYPE_CHECKING:
+    import httpx
+
 UNREACHABLE = ("start it with 'forkd serve' (add --bind HOST:PORT for TCP), or pass url=/socket= or set FORKD_URL "
                "to where it listens")
 
@@ -79,12 +79,16 @@ class Retry:
     max_wait: float = 4.0
 
     def wait(self, attempt: int) -> float:
+        import random
+
         return min(self.max_wait, self.first_wait * 2 ** attempt) * random.uniform(0.8, 1.2)
 
     def again(self, attempt: int, method: str, exc: BaseException | None, status: int | None) -> bool:
         if attempt + 1 >= self.attempts:
             return False
         if exc is not None:
+            import httpx
+
             return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) and "CERTIFICATE" not in str(exc)
         return status == 503 and method.upper() in IDEMPOTENT
 
@@ -133,14 +137,25 @@ class Call:
 
 
 def quote(segment: str) -> str:
-    """Percent-encode one path segment."""
-    return httpx.URL(f"/{segment}").raw_path.decode()[1:]
+    """Percent-encode one path segment as httpx encodes a path (the URL standard's path percent-encode set:
+    controls, space, `"<>`{}` and non-ASCII, as UTF-8; `%` and `/` kept), and also `?` and `#`, so that a segment
+    never ends the path."""
+    return _UNSAFE.sub(lambda m: _encode(m.group(0)), segment)
+
+
+_UNSAFE = re.compile(r'[^\x21-\x7e]+|[ "#<>?`{}]')
+
+
+def _encode(text: str) -> str:
+    return "".join(f"%{b:02X}" for b in text.encode())
 
 
 def transport_error(exc: httpx.HTTPError, ep: Endpoint, method: str | Call, path: str = "", tries: int = 1,
                     hint: str = UNREACHABLE) -> ForkdError:
     """A request that got no answer: Unavailable (cannot connect; `hint` says how to get a daemon) or Timeout,
     naming the daemon. `method` may be the Call itself."""
+    import httpx
+
     if isinstance(method, Call):
         method, path = method.method, method.path
     where = f"{method} {ep.where}{path}"
@@ -184,6 +199,8 @@ def tls_verify(ep: Endpoint) -> Any:
         return True
     if not Path(ca).is_file():
         raise InvalidInput(f"FORKD_CA={ca!r} is not a file", hint="point FORKD_CA at a PEM bundle, or unset it")
+    import ssl
+
     return ssl.create_default_context(cafile=ca)
 
 
@@ -191,14 +208,16 @@ class _Sender:
     """What both senders share: the endpoint, the retry policy, and the hint of an unreachable daemon."""
 
     unreachable_hint = UNREACHABLE  # the runtime's front door says how to run without a daemon instead
-    _client: type = httpx.Client
-    _transport: type = httpx.HTTPTransport
+    _client, _transport = "Client", "HTTPTransport"  # httpx's, imported when a sender is made
 
     def __init__(self, endpoint: Endpoint, timeout: float = 600.0, retry: Retry | None = None):
+        import httpx
+
         self.endpoint, self.retry = endpoint, retry or Retry()
-        transport = self._transport(uds=endpoint.socket) if endpoint.socket else None
-        self._http = self._client(base_url=endpoint.base_url, transport=transport, headers=_headers(endpoint),
-                                  timeout=timeout, verify=tls_verify(endpoint))
+        transport = getattr(httpx, self._transport)(uds=endpoint.socket) if endpoint.socket else None
+        self._http = getattr(httpx, self._client)(base_url=endpoint.base_url, transport=transport,
+                                                  headers=_headers(endpoint), timeout=timeout,
+                                                  verify=tls_verify(endpoint))
 
     def _request(self, call: Call) -> httpx.Request:
         return self._http.build_request(call.method, call.path, **call.kwargs())
@@ -216,6 +235,8 @@ class SyncHttp(_Sender):
     """Sends Calls synchronously to one Endpoint, retrying as `retry` says."""
 
     def _open(self, call: Call, stream: bool) -> httpx.Response:
+        import httpx
+
         attempt = 0
         while True:
             try:
@@ -236,6 +257,8 @@ class SyncHttp(_Sender):
     def stream(self, call: Call) -> Iterator[httpx.Response]:
         """A streamed answer, read inside the block (`iter_lines`, `iter_bytes`); a status >= 400 is raised as
         its error kind, a transport error while reading as Timeout/Unavailable."""
+        import httpx
+
         r = self._open(call, stream=True)
         try:
             if r.status_code >= 400:
@@ -254,10 +277,12 @@ class SyncHttp(_Sender):
 class AsyncHttp(_Sender):
     """Sends Calls as coroutines to one Endpoint, retrying as `retry` says."""
 
-    _client, _transport = httpx.AsyncClient, httpx.AsyncHTTPTransport
+    _client, _transport = "AsyncClient", "AsyncHTTPTransport"
 
     async def _open(self, call: Call, stream: bool) -> httpx.Response:
         import asyncio  # here: a synchronous caller (the CLI) need not load it
+
+        import httpx
 
         attempt = 0
         while True:
@@ -278,6 +303,8 @@ class AsyncHttp(_Sender):
     @contextlib.asynccontextmanager
     async def stream(self, call: Call) -> AsyncIterator[httpx.Response]:
         """As SyncHttp.stream, with `aiter_lines`, `aiter_bytes`."""
+        import httpx
+
         r = await self._open(call, stream=True)
         try:
             if r.status_code >= 400:
