@@ -43,7 +43,7 @@ sys.path.insert(0, str(BENCH))
 from lib import dated  # noqa: E402
 from lib.compare_render import page  # noqa: E402
 from lib.compare_stats import combine, rows  # noqa: E402
-from lib.compare_structure import crossings, lines_per_package, test_modules  # noqa: E402
+from lib.compare_structure import RT, crossings, lines_per_package, test_modules  # noqa: E402
 from lib.figures import plan_result  # noqa: E402
 
 HOME = "{home}"
@@ -119,8 +119,7 @@ def prepare(label: str, commit: str, work: Path, debs: Path, sides: list[Side], 
         shutil.copytree(debs, home / "cache" / "debs")
     if not image:
         return
-    build = ("from forkd.base.paths import Layout; from forkd.core.runtime import Runtime; "
-             "Runtime(Layout(__import__('os').environ['FORKD_HOME'])).build_image()")
+    build = RT + "rt.build_image()"
     res = sh([side.python, "-c", build], env=side.env(), cwd=src, timeout=1800)
     if res.returncode != 0:
         raise SystemExit(f"building {commit[:7]}'s guest image failed:\n{res.stderr[-2000:]}")
@@ -172,8 +171,7 @@ def cleanup(side: Side, keep: bool) -> None:
     if side.python.exists():
         sh([side.python, "-m", "forkd.cli.main", "kill", "--all"], env=side.env(FORKD_NO_DAEMON="1"),
            cwd=side.src, timeout=300)
-        shm_dir = sh([side.python, "-c", "from forkd.base.paths import Layout; import os; "
-                      "print(Layout(os.environ['FORKD_HOME']).shm_dir or '')"], env=side.env(), cwd=side.src).stdout
+        shm_dir = sh([side.python, "-c", RT + "print(rt.layout.shm_dir or '')"], env=side.env(), cwd=side.src).stdout
     if keep:
         return
     for d in (side.home, Path(shm_dir.strip()) if shm_dir.strip() else None):
@@ -185,8 +183,10 @@ def cleanup(side: Side, keep: bool) -> None:
 def options(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module doc)",
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("a", help="the commit to compare against (any git revision)")
-    ap.add_argument("b", help="the commit compared (any git revision)")
+    ap.add_argument("a", nargs="?", help="the commit to compare against (any git revision)")
+    ap.add_argument("b", nargs="?", help="the commit compared (any git revision)")
+    ap.add_argument("--rerender", type=Path, metavar="JSON", help="only recompute the figures and the page of a "
+                    "report this script wrote (e.g. after a figure's description changed)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of A and B each (default 2)")
     ap.add_argument("--only", help=f"comma-separated subset of: {', '.join(QUICK)}")
     ap.add_argument("--out", default=str(BENCH / "reports"), help="where the report pair goes")
@@ -196,6 +196,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the worktrees, venvs and homes")
     ap.add_argument("--notes", type=Path, help="a Markdown file appended to the report (e.g. what CI time is known)")
     args = ap.parse_args(argv)
+    if not args.rerender and not (args.a and args.b):
+        ap.error("name two commits, A and B (or --rerender a report)")
     args.names = args.only.split(",") if args.only else list(QUICK)
     if unknown := [n for n in args.names if n not in QUICK]:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(QUICK)}")
@@ -237,6 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         import typer  # noqa: F401
     except ImportError:
         sys.exit("run this with an interpreter that has forkd's dependencies: .venv/bin/python bench/compare.py")
+    if args.rerender:
+        report = json.loads(args.rerender.read_text())
+        report["figures"] = rows(combine(report["runs"]))
+        args.rerender.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        args.rerender.with_suffix(".md").write_text(page(report))
+        print(page(report))
+        return 0
     commits = (git("rev-parse", "--verify", f"{args.a}^{{commit}}"),
                git("rev-parse", "--verify", f"{args.b}^{{commit}}"))
     t0 = time.perf_counter()

@@ -14,11 +14,10 @@ kind: ForkParent
 metadata: {name: crossings-parent}
 spec: {memoryMiB: 256}
 """
-TAGS = ("import os; from forkd.base.paths import Layout; from forkd.core.runtime import Runtime; "
-        "print('\\n'.join(s.tag for s in Runtime(Layout(os.environ['FORKD_HOME'])).snapshots()))")
-FORK = ("import os, sys; from forkd.base.paths import Layout; from forkd.core.runtime import Runtime; "
-        "from forkd.core.requests import Spawn; rt = Runtime(Layout(os.environ['FORKD_HOME'])); "
-        "print(rt.fork(Spawn.of(tag=sys.argv[1], n=1))[0].id)")
+RT = ("import os, sys; from pathlib import Path; from forkd.base.paths import Layout; "
+      "from forkd.core.runtime import Runtime; rt = Runtime(Layout(Path(os.environ['FORKD_HOME']))); ")
+TAGS = RT + "print('\\n'.join(s.tag for s in rt.snapshots()))"
+FORK = RT + "from forkd.core.requests import Spawn; print(rt.fork(Spawn.of(tag=sys.argv[1], n=1))[0].id)"
 
 
 def lines_per_package(src: Path) -> dict[str, dict[str, int]]:
