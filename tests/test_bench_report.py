@@ -46,17 +46,19 @@ def test_all_writes_a_dated_page_with_host_and_load(tmp_path):
 
 def test_index_names_the_newest_report_first(tmp_path):
     """The generated block of the benchmarks page links the newest report as the latest (date, then the day's
-    sequence number: `<date>-2` is newer than `<date>`), and lists every report."""
+    sequence number as a number: `<date>-10` is newer than `<date>-2`, which is newer than `<date>`), and lists every
+    report."""
     reports = tmp_path / "benchmarks"
     reports.mkdir()
-    for stem in ("2026-11-30", "2026-12-03", "2026-12-03-2", "2026-12-01"):
+    for stem in ("2026-11-30", "2026-12-03", "2026-12-03-2", "2026-12-03-10", "2026-12-01"):
         (reports / f"{stem}.md").write_text(f"# {stem}\n")
     page = tmp_path / "benchmarks.md"
     page.write_text(f"# Benchmarks\n\nintro\n\n{dated.INDEX_BEGIN}\nold\n{dated.INDEX_END}\n\nafter\n")
     dated.update_index(page, reports)
     text = page.read_text()
-    assert "**Latest report: [2026-12-03-2](benchmarks/2026-12-03-2.md)**" in text
-    assert REPORT_LINK.findall(text) == ["2026-12-03-2", "2026-12-03-2", "2026-12-03", "2026-12-01", "2026-11-30"]
+    assert "**Latest report: [2026-12-03-10](benchmarks/2026-12-03-10.md)**" in text
+    assert REPORT_LINK.findall(text) == ["2026-12-03-10", "2026-12-03-10", "2026-12-03-2", "2026-12-03", "2026-12-01",
+                                         "2026-11-30"]
     assert text.startswith("# Benchmarks\n\nintro\n") and text.rstrip().endswith("after") and "old" not in text
     assert dated.stem_for(reports, "2026-12-03") == "2026-12-03"  # no JSON yet: the page alone is not a report
     (reports / "2026-12-03.json").write_text("{}")
@@ -82,3 +84,41 @@ def test_docs_quote_only_the_newest_report():
         stale = set(REPORT_LINK.findall(p.read_text())) - {newest[0].stem}
         assert not stale, f"{p.relative_to(ROOT)} links the dated report(s) {sorted(stale)}; the newest is " \
                           f"{newest[0].stem}"
+
+
+def _plan_run(side: str, rnd: int, plan_p50: float, status_p50: float) -> dict:
+    return {"round": rnd, "bench": "plan", "side": side, "exit_code": 0, "commit": side,
+            "result": {"plan_ms": {"p50": plan_p50, "p90": plan_p50 * 1.5},
+                       "status_ms": {"p50": status_p50, "p90": status_p50 * 1.5}}}
+
+
+def test_compare_flags_a_move_over_ten_percent_and_judges_it_against_noise():
+    """bench/compare.py's figures: B/A of p50 and p90; a move over 10 % is flagged, beyond noise when neither
+    commit's own rounds spread as much; a failed run's figures are left out."""
+    from lib.compare_stats import combine, rows
+
+    runs = [_plan_run("A", 1, 100, 200), _plan_run("B", 1, 130, 210), _plan_run("B", 2, 128, 150),
+            _plan_run("A", 2, 104, 300), {**_plan_run("B", 3, 1000, 1000), "exit_code": 1}]
+    by = {r["figure"]: r for r in rows(combine(runs))}
+    plan, status = by["plan()"], by["compute_status()"]
+    assert plan["A"]["rounds"] == plan["B"]["rounds"] == 2  # the failed run is not counted
+    assert plan["ratio_p50"] == pytest.approx(129 / 102) and plan["ratio_p90"] == pytest.approx(129 / 102)
+    assert plan["noise"] == pytest.approx(4 / 102)
+    assert plan["verdict"] == "MOVED > 10 %, beyond noise"
+    assert status["ratio_p50"] == pytest.approx(180 / 250) and status["verdict"] == "moved > 10 %, within noise"
+    same = rows(combine([_plan_run("A", 1, 100, 100), _plan_run("B", 1, 109, 91)]))
+    assert [r["verdict"] for r in same] == ["same (within 10 %)", "same (within 10 %)"]
+
+
+def test_compare_interleaves_and_swaps_who_goes_first(monkeypatch):
+    """Each benchmark runs on A and B one right after the other, A first in odd rounds and B first in even ones."""
+    import compare
+
+    order = []
+    monkeypatch.setattr(compare, "run_bench", lambda side, name, timeout: order.append((name, side.label)) or
+                        {"exit_code": 0})
+    a = compare.Side("A", "a" * 40, Path("/a"), Path("/a/python"), Path("/a/home"))
+    b = compare.Side("B", "b" * 40, Path("/b"), Path("/b/python"), Path("/b/home"))
+    compare.interleave((a, b), ["plan", "pool"], 2, 60)
+    assert order == [("plan", "A"), ("plan", "B"), ("pool", "A"), ("pool", "B"),
+                     ("plan", "B"), ("plan", "A"), ("pool", "B"), ("pool", "A")]
