@@ -28,6 +28,28 @@ def head(report: dict) -> list[str]:
             "Flags: " + "; ".join(f"`{n}.py {' '.join(f)}`" for n, f in report["flags"].items()) + ".", ""]
 
 
+def summary(report: dict) -> list[str]:
+    """One paragraph: how many figures stayed within 10 %, and which moved (within noise or beyond it)."""
+    figs = [r for r in report["figures"] if "A" in r]
+    same = [r for r in figs if r["verdict"].startswith("same")]
+    noisy = [r for r in figs if r["verdict"] == "moved > 10 %, within noise"]
+    beyond = [r for r in figs if r["verdict"] == "MOVED > 10 %, beyond noise"]
+    unknown = [r for r in figs if r["verdict"].startswith("MOVED") and r not in beyond]
+    control = next((r for r in figs if r["figure"] == "start-up: python -c pass"), None)
+
+    def names(rs: list[dict]) -> str:
+        return ", ".join(f"{r['bench']} {r['figure']} ({r['ratio_p50']:.2f}x)" for r in rs) or "none"
+    return ["## Summary", "",
+            f"{len(figs)} figures measured on both commits: {len(same)} within 10 % (B/A of p50). Moved more than "
+            f"10 % but no more than one commit's own rounds moved (within noise): {names(noisy)}. Moved more than "
+            f"10 % and more than the rounds' spread: {names(beyond)}."
+            + (f" Moved more than 10 % with one round each (noise unknown): {names(unknown)}." if unknown else "")
+            + (f" Control: `python -c pass`, the same command on both sides, measured {control['ratio_p50']:.2f}x."
+               if control else "")
+            + " With two rounds per commit the spread is a rough measure of noise: a move beyond it is a lead to "
+            "re-measure, not yet a regression.", ""]
+
+
 def table(report: dict) -> list[str]:
     out = ["## Ratios B/A", "",
            "p50 and p90 per commit over every round's samples (a benchmark that kept no samples: the median of "
@@ -102,6 +124,6 @@ def structure(report: dict) -> list[str]:
 
 
 def page(report: dict) -> str:
-    lines = [*head(report), *table(report), *what_they_measure(report), *structure(report),
+    lines = [*head(report), *summary(report), *table(report), *what_they_measure(report), *structure(report),
              *report.get("notes", [])]
     return "\n".join(lines).rstrip() + "\n"

@@ -123,8 +123,9 @@ def _figure_rows(name: str, result: dict | None) -> list[str]:
 def render(report: dict, plots: dict[str, str]) -> str:
     """The report page: host, load, the command, then per benchmark its figures (what each measures) and plots."""
     h, load = report["host"], report["load"]
-    lines = [f"# Benchmark report {report['stem']}", "",
-             f"`{report['command']}`, started {report['started']}, {report['wall_s']:.0f} s in all"
+    lines = ["# Benchmark report", "",
+             f"Report `{report['stem']}`: `{report['command']}`, started {report['started']}, "
+             f"{report['wall_s']:.0f} s in all"
              f"{' (short settings: indicative figures)' if report['short'] else ''}.", "",
              "| host | |", "|---|---|",
              f"| commit | `{h['commit']}` |", f"| cores | {h['cores']} ({h['cpu']}) |",
