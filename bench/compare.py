@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -234,6 +235,7 @@ def measure(args: argparse.Namespace, commits: tuple[str, str], report: dict) ->
 
 def main(argv: list[str] | None = None) -> int:
     args = options(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the running benchmark stopped, all removed
     try:
         import pydantic  # noqa: F401 - the commits' venvs share this interpreter's third-party packages
         import typer  # noqa: F401
