@@ -140,6 +140,9 @@ def render(report: dict, plots: dict[str, str]) -> str:
     for name, r in report["benchmarks"].items():
         status = "ok" if r["exit_code"] == 0 else f"**failed** (exit {r['exit_code']})"
         lines += [f"## {name}", "", f"`{' '.join(r['command'])}`: {status}, {r['seconds']:.0f} s.", ""]
+        if r["exit_code"] != 0:
+            last = [ln.strip() for ln in (r.get("stderr_tail") or "").splitlines() if ln.strip()][-2:]
+            lines += ["Its last words: " + " / ".join(f"`{ln}`" for ln in last) if last else "No error output.", ""]
         rows = _figure_rows(name, r.get("result"))
         if rows:
             lines += ["| figure | p50 | p90 | unit | what it measures |", "|---|---|---|---|---|", *rows, ""]

@@ -42,7 +42,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("fork", "cpu_per_child_ms.total", "CPU per child", "ms",
            "host CPU (forkd + QEMU) one sequential fork and its first eval cost"),
     Figure("density", "final.mem_per_child_mib", "host memory per idle child (MemAvailable)", "MiB",
-           "the host's MemAvailable drop divided by the idle children (VMM, page cache and all)"),
+           "the host's MemAvailable drop divided by the idle children (VMM, page cache and all; host-wide, so on a "
+           "shared host other processes move it too, even below zero)"),
     Figure("density", "final.pss_per_child_mib", "host memory per idle child (Pss)", "MiB",
            "the summed Pss of the children's QEMU processes divided by their number (VMM included)"),
     Figure("density", "final.guest_private_mib_p50", "guest private pages per idle child", "MiB",
