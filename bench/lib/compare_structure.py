@@ -42,11 +42,22 @@ def test_modules(src: Path) -> dict[str, int]:
 def _traced(side, script: Path, argv: list[str], timeout: float) -> dict:
     res = subprocess.run([str(side.python), str(script), "-o", "json", "--", *argv], capture_output=True, text=True,
                          env=side.env(FORKD_NO_DAEMON="1"), cwd=side.src, timeout=timeout)
-    try:
-        out = json.loads(res.stdout)
-    except json.JSONDecodeError:
-        out = {"exit": res.returncode, "error": res.stderr[-2000:]}
-    return out
+    out = last_json(res.stdout)  # the command's own output comes first
+    return out if out is not None else {"exit": res.returncode, "error": (res.stderr or res.stdout)[-2000:]}
+
+
+def last_json(text: str) -> dict | None:
+    """The JSON document at the end of `text` (it starts a line), or None."""
+    start = 0 if text.startswith("{") else text.find("\n{") + 1
+    while start > 0 or text.startswith("{"):
+        try:
+            return json.loads(text[start:])
+        except json.JSONDecodeError:
+            nxt = text.find("\n{", start)
+            if nxt < 0:
+                return None
+            start = nxt + 1
+    return None
 
 
 def _one_side(side, script: Path, timeout: float) -> dict:
