@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
-"""Every benchmark in one command, one JSON report and PNG plots:
+"""Every benchmark in one command: a dated report page, its JSON and PNG plots, from a single run:
 
-    python3 bench/all.py --short [--home DIR] [--out bench/results] [--only fork,density] [--with-images]
+    python3 bench/all.py --short [--home DIR] [--out docs/benchmarks] [--only fork,density] [--with-images]
                                  [--with-wake]
     python -m bench.all --short
 
 Runs each script of bench/ as its own process (each with `-o json`, or its JSON flag), one after the other, on one
 FORKD_HOME (default: a fresh private directory under /dev/shm, removed afterwards, so live branches work), and
-writes `<out>/report.json`: per benchmark its command, exit status, wall time and parsed JSON (or its output's
-tail when it failed). Then plots (matplotlib, PNG) into `<out>`:
-  * fork-latency-cdf.png: fork -> first eval latency CDF of the sequential forks and of the fan-out;
-  * fanout-timeline.png: children answering an eval over time since the fan-out request;
-  * memory-per-child.png: host memory per idle child (MemAvailable drop and summed Pss) against N.
-`--short` uses settings that finish in a few minutes on 2 cores (figures are then indicative only); without it
-each benchmark runs with its own defaults (long). images.py builds Debian images with mmdebstrap (slow, needs
-the .deb cache): only with --with-images; wake.py (root, a zram swap, most of the host's memory held in hugetlb
-pages for a few seconds) only with --with-wake. Exit status: 0 when every benchmark succeeded, 1 otherwise.
+writes `<out>/<YYYY-MM-DD>.json` (per benchmark its command, exit status, wall time and parsed JSON, or its
+output's tail when it failed), `<out>/<YYYY-MM-DD>.md` (the host: cores, accelerator, kernel, QEMU, commit; the
+load average at start and end and sampled during the run; per benchmark its figures, each saying what it
+measures) and the plots beside them (a second run on one day gets `<date>-2`):
+  * <date>-fork-latency-cdf.png: fork -> first eval latency CDF of the sequential forks and of the fan-out;
+  * <date>-fanout-timeline.png: children answering an eval over time since the fan-out request;
+  * <date>-memory-per-child.png: host memory per idle child (MemAvailable drop and summed Pss) against N.
+With the default --out, docs/benchmarks.md's list of reports (between its markers) is rewritten, the newest first:
+the docs quote only that report. `--short` uses settings that finish in a few minutes on 2 cores (figures are then
+indicative only); without it each benchmark runs with its own defaults (long). images.py builds Debian images
+with mmdebstrap (slow, needs the .deb cache): only with --with-images; wake.py (root, a zram swap, most of the
+host's memory held in hugetlb pages for a few seconds) only with --with-wake. Exit status: 0 when every benchmark
+succeeded, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+DOCS = ROOT / "docs" / "benchmarks"
+INDEX_PAGE = ROOT / "docs" / "benchmarks.md"
+sys.path.insert(0, str(BENCH))  # bench/lib, also under `python -m bench.all`
+
+from lib import dated  # noqa: E402
+from lib.figures import plan_result  # noqa: E402
 
 # name -> (arguments in --short mode, arguments otherwise, flag that makes it print JSON)
 SUITE: dict[str, tuple[list[str], list[str], list[str]]] = {
@@ -93,8 +103,9 @@ def run_one(name: str, args: argparse.Namespace, home: Path) -> dict:
     t0 = time.perf_counter()
     res = run_unwinding(argv, env, args.timeout)
     took = time.perf_counter() - t0
-    out = {"command": argv[1:], "exit_code": res.returncode, "seconds": round(took, 1)}
-    data = parse_json(res.stdout) if as_json else None
+    out = {"command": [os.path.relpath(argv[1], ROOT), *argv[2:]], "exit_code": res.returncode,
+           "seconds": round(took, 1)}
+    data = parse_json(res.stdout) if as_json else plan_result(res.stdout) if name == "plan" else None
     if data is not None:
         out["result"] = data
     else:
@@ -111,13 +122,14 @@ def cdf(ax, samples: list[float], label: str) -> None:
     ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"{label} (n={len(xs)})")
 
 
-def plot(report: dict, out: Path) -> list[str]:
-    """The three PNGs from whatever benchmarks in `report` succeeded; returns the files written."""
+def plot(report: dict, out: Path, stem: str) -> dict[str, str]:
+    """The three PNGs (`<stem>-*.png` in `out`) from whatever benchmarks in `report` succeeded: "bench:file" ->
+    caption, a caption saying what the plot measures."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    written: dict[str, str] = {}
     fork = report["benchmarks"].get("fork", {}).get("result")
     density = report["benchmarks"].get("density", {}).get("result")
     if fork:
@@ -130,7 +142,9 @@ def plot(report: dict, out: Path) -> list[str]:
                title=f"fork latency ({fork['machine']['accelerator']}, {fork['machine']['nproc']} cores)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        written.append(save(fig, out / "fork-latency-cdf.png"))
+        written[f"fork:{save(fig, out / f'{stem}-fork-latency-cdf.png')}"] = (
+            "fork latency: ms from the fork request until the child answered an eval (sequential forks and the "
+            "fan-out's children), against one cold boot's p50")
 
         fig, ax = plt.subplots(figsize=(6, 4))
         done = sorted(fork["fanout"]["eval_done_after_request_ms"]["samples"])
@@ -142,7 +156,8 @@ def plot(report: dict, out: Path) -> list[str]:
                title=f"fan-out of {n} children")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        written.append(save(fig, out / "fanout-timeline.png"))
+        written[f"fork:{save(fig, out / f'{stem}-fanout-timeline.png')}"] = (
+            "fan-out: how many of its children had answered an eval, over time since the one request")
     if density:
         # the final window (longer, at full N) stands for the last level it repeats
         pts = [p for p in density["levels"] if p["n"] != density["final"]["n"]] + [density["final"]]
@@ -154,7 +169,9 @@ def plot(report: dict, out: Path) -> list[str]:
                title=f"host memory per idle child ({density['machine']['guest_memory_mib']} MiB guests)")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        written.append(save(fig, out / "memory-per-child.png"))
+        written[f"density:{save(fig, out / f'{stem}-memory-per-child.png')}"] = (
+            "host memory per idle child against N: the host's MemAvailable drop / N and the QEMU processes' summed "
+            "Pss / N (VMM included; guest private pages alone are a smaller figure, in the density table)")
     return written
 
 
@@ -163,51 +180,71 @@ def save(fig, path: Path) -> str:
     fig.savefig(path, dpi=100)
     import matplotlib.pyplot as plt
     plt.close(fig)
-    return str(path)
+    return path.name
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module doc)",
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--short", action="store_true", help="short settings (minutes, indicative figures)")
     ap.add_argument("--home", help="FORKD_HOME to use (default: a fresh one under /dev/shm, removed afterwards)")
-    ap.add_argument("--out", default=str(BENCH / "results"), help="where report.json and the PNGs go")
+    ap.add_argument("--out", default=str(DOCS), help="where the dated page, its JSON and PNGs go (default "
+                    "docs/benchmarks, which also rewrites docs/benchmarks.md's list of reports)")
     ap.add_argument("--only", help=f"comma-separated subset of: {', '.join(SUITE)}")
     ap.add_argument("--with-images", action="store_true", help="also run images.py (builds Debian images)")
     ap.add_argument("--with-wake", action="store_true", help="also run wake.py (root and a zram swap; holds most of "
                     "the host's memory in hugetlb pages for a few seconds)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per benchmark (default 3600)")
-    ap.add_argument("--replot", action="store_true", help="only redraw the PNGs from <out>/report.json")
+    ap.add_argument("--replot", action="store_true", help="only redraw the newest report's PNGs and page")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.replot:
-        report = json.loads((out / "report.json").read_text())
-        print("\n".join(plot(report, out)))
-        return 0
-    names = args.only.split(",") if args.only else [n for n in SUITE if (n != "images" or args.with_images)
-                                                     and (n != "wake" or args.with_wake)]
-    unknown = [n for n in names if n not in SUITE]
+    args.names = args.only.split(",") if args.only else [n for n in SUITE if (n != "images" or args.with_images)
+                                                         and (n != "wake" or args.with_wake)]
+    unknown = [n for n in args.names if n not in SUITE]
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(SUITE)}")
+    return args
+
+
+def run_all(args: argparse.Namespace, out: Path) -> dict:
+    """Run the benchmarks on one home, sampling the load meanwhile; the report without its plots."""
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="forkd-bench-", dir=base))
-    report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "short": args.short,
-                    "home": str(home), "loadavg_at_start": os.getloadavg(), "benchmarks": {}}
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
+    load = dated.LoadSampler().start()
+    report: dict = {"started": started, "short": args.short, "home": str(home), "host": dated.host_facts(ROOT),
+                    "command": " ".join(["python3 bench/all.py", *sys.argv[1:]]), "benchmarks": {}}
     try:
-        for name in names:
+        for name in args.names:
             report["benchmarks"][name] = run_one(name, args, home)
+        report["accel"] = dated.accel_of(report["benchmarks"], home)
     finally:
+        report["load"] = load.stop()
         if not args.home:
             subprocess.run([sys.executable, "-m", "forkd.cli.main", "kill", "--all"], env=dict(
                 os.environ, FORKD_HOME=str(home), FORKD_NO_DAEMON="1"), capture_output=True, cwd=ROOT)
             shutil.rmtree(home, ignore_errors=True)
-    report["loadavg_at_end"] = os.getloadavg()
-    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
-    report["plots"] = plot(report, out)
-    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+    report["wall_s"] = round(time.perf_counter() - t0, 1)
+    report["stem"] = dated.stem_for(out, started[:10])
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = options(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        newest = dated.reports_in(out)
+        if not newest:
+            sys.exit(f"no dated report in {out}: run bench/all.py first")
+        report = json.loads(newest[0].with_suffix(".json").read_text())
+    else:
+        report = run_all(args, out)
+    report["plots"] = plot(report, out, report["stem"])
+    _, page = dated.write(out, report, report["plots"])
+    if out == DOCS.resolve():
+        dated.update_index(INDEX_PAGE, out)
     failed = [n for n, r in report["benchmarks"].items() if r["exit_code"] != 0]
-    print(f"report: {out / 'report.json'}; plots: {', '.join(report['plots']) or 'none'}")
+    print(f"report: {page}; plots: {', '.join(p.split(':', 1)[1] for p in report['plots']) or 'none'}")
     for n, r in report["benchmarks"].items():
         status = "ok" if r["exit_code"] == 0 else f"FAILED (exit {r['exit_code']})"
         print(f"  {n:<10} {status:<16} {r['seconds']:>7.1f} s")

@@ -125,7 +125,12 @@ def main() -> int:
         ids += [g["id"] for g in got]
     finally:
         daemon.terminate()
-        daemon.wait(timeout=30)
+        try:
+            daemon.wait(timeout=120)  # a loaded host can take longer than a quiet one to stop a daemon
+        except subprocess.TimeoutExpired:
+            log("the daemon did not stop within 120 s of SIGTERM: killed")
+            daemon.kill()
+            daemon.wait()
         mine = [i for i in ids if (rt.layout.children / i).exists()]
         if mine:
             rt.kill(mine)

@@ -64,19 +64,22 @@ def test_soak_short_mode_samples_every_series(rt, tmp_path):
 @pytest.mark.vm  # through the script, in a subprocess
 @pytest.mark.bench
 def test_bench_all_short_writes_one_report_and_the_plots(home, tmp_path):
-    """bench/all.py --short with the benchmarks behind the plots (fork, density) on real VMs: one JSON report with
-    each benchmark's parsed result, and the three PNGs. Checks that they run, not how fast."""
+    """bench/all.py --short with the benchmarks behind the plots (fork, density) on real VMs: one dated page and JSON
+    report with each benchmark's parsed result, and the three PNGs the page shows. Checks that they run, not how
+    fast."""
     res = subprocess.run([sys.executable, str(BENCH / "all.py"), "--short", "--only", "plan,fork,density",
                           "--home", str(home), "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
-    report = json.loads((tmp_path / "report.json").read_text())
+    (page,) = tmp_path.glob("*.md")
+    report = json.loads(page.with_suffix(".json").read_text())
     assert {n: r["exit_code"] for n, r in report["benchmarks"].items()} == {"plan": 0, "fork": 0, "density": 0}
     density = report["benchmarks"]["density"]["result"]
     assert density["final"]["n"] == 4 and len(density["levels"]) == 2
     assert density["final"]["exec_ms"]["n"] == 5 and density["limits"]["measured_up_to_n"] == 4
     assert report["benchmarks"]["fork"]["result"]["fanout"]["n"] == 4
     for png in ("fork-latency-cdf.png", "fanout-timeline.png", "memory-per-child.png"):
-        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert (tmp_path / f"{page.stem}-{png}").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert f"]({page.stem}-{png})" in page.read_text(), png
     assert not [c for c in Runtime(Layout(home)).children() if c.snapshot.startswith(("bench-density", "bench-fork"))]
 
 
