@@ -62,6 +62,15 @@ def test_warm_imports_and_globals_survive_without_reimport(rt, fork):
     assert rt.eval(c.id, "__import__('sys').modules['decimal'] is decimal")["value"] == "True"
 
 
+def test_the_warm_heap_is_frozen_out_of_the_childs_collections(rt, fork):
+    """The parent's objects sit in the permanent generation, so a child's garbage collections do not write (and
+    so copy) the parent's pages; the collector still runs for the child's own objects."""
+    (c,) = fork(1)
+    frozen = int(rt.eval(c.id, "__import__('gc').get_freeze_count()")["value"])
+    assert frozen > 1000  # the warm interpreter's modules and objects, not a handful
+    assert rt.eval(c.id, "__import__('gc').isenabled()")["value"] == "True"  # frozen, not switched off
+
+
 def test_children_get_fresh_entropy(rt, fork):
     a, b = fork(2)
     ua = rt.exec(a.id, ["sh", "-c", "head -c 32 /dev/urandom | od -An -tx1"])["stdout"]
