@@ -8,7 +8,6 @@ from collections.abc import Callable
 from forkd.base.errors import ForkdError
 from forkd.vmm.agent_client import AgentClient
 
-
 # Run last in the guest's interpreter before it is snapshotted: what warm-up left is collected once, then moved out
 # of the cyclic collector's reach, so a child's collections neither walk nor write the parent's objects (a write to a
 # shared page is a private copy of it in the child).
