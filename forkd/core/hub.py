@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from forkd.base.atomic import rename_into_place, write_json
 from forkd.base.errors import Conflict, ForkdError, InvalidInput, NotFound
 from forkd.base.locks import file_lock
+from forkd.base.outside import noted_temporary
 from forkd.base.owners import owned_name
 from forkd.base.settings import settings
 from forkd.core.pack import PackError, pack, safe_relpath, unpack
@@ -227,8 +228,7 @@ def push(rt: Runtime, tag: str, ref_s: str, url: str | None = None, progress: Pr
         if existing and not force:
             raise Conflict(f"{ref} is already on the hub", hint="push a new version, or pass --force to replace it")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(owned_name(f".{dest.name}.tmp"))
-    try:
+    with noted_temporary(dest, rt.layout.tmp) as tmp:  # a pusher killed mid-way: gc finds it (forkd.base.outside)
         res = pack(rt, tag, tmp, progress)
         size = tmp.stat().st_size
         h = hashlib.sha256()
@@ -246,8 +246,6 @@ def push(rt: Runtime, tag: str, ref_s: str, url: str | None = None, progress: Pr
                                                           "pushed_at": time.time()}
             pk["latest"] = ref.version
             write_json(root / INDEX, idx)
-    finally:
-        tmp.unlink(missing_ok=True)
     return dict(res, name=ref.name, version=ref.version, hub=url, file=rel, sha256=h.hexdigest(), bytes=size)
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from forkd.base.errors import ForkdError
 from forkd.base.mounts import remove_tree
+from forkd.base.outside import sweep_outside
 from forkd.base.owners import dead_under, owner_alive
 from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.base.private import UnsafePath, check_private_dir
@@ -335,14 +336,19 @@ def _remove(path: Path) -> bool:
 
 def _collect_files(layout: Layout, report: GcReport, dry_run: bool, grace: float) -> None:
     """Owned temporaries (forkd.base.owners) whose maker is gone, anywhere forkd makes them: tmp/, the home's
-    tmpfs directory (scratch RAM, half-written flat images), and beside the files of the home (atomic writes);
-    then names of an older forkd that carry a pid only (LEGACY), judged by that pid."""
+    tmpfs directory (scratch RAM, half-written flat images), beside the files of the home (atomic writes), and
+    outside the home where a note in tmp/ names one (a pack's output: forkd.base.outside); then names of an older
+    forkd that carry a pid only (LEGACY), judged by that pid."""
+    with contextlib.suppress(FileNotFoundError, UnsafePath):  # the notes first: each goes with the temporary it names
+        report.temporaries += [str(p) for p in sweep_outside(check_private_dir(layout.tmp), dry_run)]
     roots = [(layout.home, 3)]  # tmp/ and cache/flat are inside
     with contextlib.suppress(FileNotFoundError, UnsafePath):
         if layout.shm_dir is not None:
             roots.append((check_private_dir(layout.shm_dir), 2))  # flat/ inside
     for root, depth in roots:
         for path in dead_under(root, depth):
+            if str(path) in report.temporaries:  # a note a dry run listed already
+                continue
             if dry_run or _remove(path):
                 report.temporaries.append(str(path))
     for d in [*_scratch_dirs(layout), *([layout.flat_cache] if layout.shm_dir else [])]:

@@ -1,5 +1,6 @@
 """Writing a pack: every file of a chain and its guest image(s) is hashed and listed in the manifest, then
-streamed into a .tar.zst beside `out` that replaces it only when complete."""
+streamed into a .tar.zst beside `out` that replaces it only when complete (noted in the home's tmp/, so a writer
+killed mid-way leaves nothing gc cannot find: forkd.base.outside)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from typing import TYPE_CHECKING
 
 import zstandard
 
-from forkd.base.atomic import rename_into_place
 from forkd.base.errors import Conflict, ForkdError, NotFound
 from forkd.base.names import check_tag
-from forkd.base.owners import owned_name
+from forkd.base.outside import publish_outside
 from forkd.core.pack.disks import disk_problem, file_hash
 from forkd.core.pack.manifest import build_manifest
 from forkd.core.pack.rules import (
@@ -76,31 +76,26 @@ def _check_unchanged(rt: Runtime, snaps: list[Snapshot], image_ids: list[str], l
                          hint="delete what no longer matches with 'forkd snapshot rm --force' and build it again")
 
 
-def _write(out: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[dict], progress: Progress,
-           level: int) -> None:
+def _write(out: Path, tmp_dir: Path, raw: bytes, members: list[tuple[str, Path]], listed: list[dict],
+           progress: Progress, level: int) -> None:
     """The manifest `raw`, then every member, as a .tar.zst in a temp file renamed to `out` when complete."""
-    tmp = out.with_name(owned_name(f".{out.name}.tmp"))
-    try:
-        with open(tmp, "xb") as fh:
-            cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=-1)
-            with cctx.stream_writer(fh, closefd=False) as zw:
-                with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
-                    now = int(time.time())
-                    info = tarfile.TarInfo(PACK_MANIFEST)
-                    info.size, info.mode, info.mtime = len(raw), 0o444, now
-                    tar.addfile(info, BytesReader(raw))
-                    for (arc, p), m in zip(members, listed, strict=True):
-                        progress(f"adding {arc} ({m['size']} bytes)")
-                        info = tarfile.TarInfo(arc)
-                        info.size, info.mode, info.mtime = m["size"], 0o444, now
-                        with open(p, "rb") as f:
-                            r = HashingReader(f)
-                            tar.addfile(info, r)
-                        if r.h.hexdigest() != m["sha256"]:
-                            raise ForkdError(f"{p} changed while it was being packed")
-        rename_into_place(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with publish_outside(out, tmp_dir) as tmp, open(tmp, "xb") as fh:
+        cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, threads=-1)
+        with cctx.stream_writer(fh, closefd=False) as zw:
+            with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
+                now = int(time.time())
+                info = tarfile.TarInfo(PACK_MANIFEST)
+                info.size, info.mode, info.mtime = len(raw), 0o444, now
+                tar.addfile(info, BytesReader(raw))
+                for (arc, p), m in zip(members, listed, strict=True):
+                    progress(f"adding {arc} ({m['size']} bytes)")
+                    info = tarfile.TarInfo(arc)
+                    info.size, info.mode, info.mtime = m["size"], 0o444, now
+                    with open(p, "rb") as f:
+                        r = HashingReader(f)
+                        tar.addfile(info, r)
+                    if r.h.hexdigest() != m["sha256"]:
+                        raise ForkdError(f"{p} changed while it was being packed")
 
 
 def _deleted_meanwhile(rt: Runtime, snaps: list[Snapshot], out: Path, exc: Exception) -> None:
@@ -132,7 +127,8 @@ def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: in
         listed = _listed(tag, members)
         _check_unchanged(rt, snaps, image_ids, listed)
         manifest = build_manifest(tag, snaps, image_ids, listed)
-        _write(out, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode(), members, listed, progress, level)
+        raw = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+        _write(out, rt.layout.tmp, raw, members, listed, progress, level)
     except (FileNotFoundError, ForkdError) as exc:  # a file gone, or found missing by the checks
         _deleted_meanwhile(rt, snaps, out, exc)
         raise
