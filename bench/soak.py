@@ -15,8 +15,9 @@ $FORKD_HOME/tmp, plus QEMU processes of this home without a live record). Each s
 prints each one's least-squares slope per minute over the whole run and over its second half (growth that
 saturates, such as a flat image's holes being filled once, is not a leak), and FLAT or GROWING.
 
-Faults (tests/faults/inject.py), one every --fault-every cycles in turn, each checked against its promise and
-counted held or broken in the report: a claimed child's VMM stopped (SIGSTOP) and then killed; the tmpfs of flat
+Faults (tests/faults/inject.py), one every --fault-every cycles in turn, each checked against its promise (and,
+after it, the pool back at its target: a pool that stops moving short of it for a stall budget broke the promise)
+and counted held or broken in the report: a claimed child's VMM stopped (SIGSTOP) and then killed; the tmpfs of flat
 images (FORKD_SHM on a size-limited tmpfs this script mounts) filled while a spawn needs it; $FORKD_HOME (made on
 a loop-mounted ext4 of --home-mib this script mounts) filled with a ballast file during a live branch, a layer
 build and a pack unpack; and with --kill-daemon, the daemon kill -9'd and restarted (off by default: a new
@@ -156,6 +157,7 @@ class Faults:
             (["home_full"] if pack_file is not None else []) + (["daemon_kill"] if kill_daemon else [])
         self.shm, self.pack_file = shm, pack_file
         self.outcomes: list[inject.Outcome] = []
+        self.clock, self.sleep = time.monotonic, time.sleep  # what the wait for the pools to refill runs on
 
     def maybe(self, cycle: int) -> None:
         if not self.every or cycle % self.every != self.every - 1:
@@ -172,9 +174,10 @@ class Faults:
                 out = inject.daemon_kill(self.api, self.rig, self.pool, wait_warm)
         except Exception as exc:  # noqa: BLE001 - a fault that could not even be set up is a broken promise too
             out = inject.Outcome(kind, [f"{type(exc).__name__}: {exc}"])
+        refill = inject.refilled(out, self.rt, self.rig.pools, clock=self.clock, sleep=self.sleep)
         self.outcomes.append(out)
-        log(f"fault {kind}: {'held' if out.held else 'BROKEN: ' + '; '.join(out.broken)} ({out.seconds:.1f} s)")
-        wait_warm(self.rig)  # the pool refills behind the children the fault claimed
+        log(f"fault {kind}: {'held' if out.held else 'BROKEN: ' + '; '.join(out.broken)} ({out.seconds:.1f} s, "
+            + (f"pools back {refill:.1f} s later)" if refill is not None else "pools not back)"))
 
     def summary(self) -> dict:
         out: dict = {}

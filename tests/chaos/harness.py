@@ -151,22 +151,8 @@ class Chaos:
         self.state.parent_tag = body["items"][0]["status"]["snapshot"]
 
     def wait_pools(self, stall: float, cap: float) -> tuple[float | None, str]:
-        """Wait until every pool is back at its target (as check_pools judges it); returns (seconds, "") or, once
-        the pools short of it did not move for `stall` seconds, or `cap` seconds passed in all, (None, why)."""
-        t0, watch, still = time.monotonic(), recovery.Watch(), 0.0
-        while (waited := time.monotonic() - t0) < cap:
-            try:
-                pools, children = self.rig.pools(), self.rt.registry.list()
-                if not inv.check_pools(pools, children):
-                    return waited, ""
-                short = [p for p in pools if inv.check_pools([p], children)]
-                still = watch.see(short, children)
-                if still >= stall:
-                    return None, f"stalled: nothing about the pools short of their target changed for {still:.0f} s"
-            except OSError:
-                pass
-            time.sleep(0.25)
-        return None, f"still changing after {cap:.0f} s (last change {still:.0f} s before): slow, not stalled"
+        """Wait until every pool is back at its target (as check_pools judges it): recovery.wait_pools."""
+        return recovery.wait_pools(lambda: (self.rig.pools(), self.rt.registry.list()), stall, cap)
 
     def round(self, n: int) -> Round:
         rng = random.Random(f"{self.cfg.seed}:{n}")

@@ -76,3 +76,27 @@ class Watch:
         if sig != self.last or spawning(short, children, self.wall()):
             self.last, self.since = sig, now
         return now - self.since
+
+
+def wait_pools(read: Callable[[], tuple[list[dict], list]], stall: float, cap: float,
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+               wall: Callable[[], float] = time.time) -> tuple[float | None, str]:
+    """Wait until every pool `read()` gives (pools, children's records) is back at its target as check_pools
+    judges it; returns (seconds, "") or, once the pools short of it did not move for `stall` seconds, or `cap`
+    seconds passed in all, (None, why). A read failing with OSError (a daemon restarting) is no answer yet."""
+    from tests.chaos.invariants import check_pools  # it imports this module
+
+    t0, watch, still = clock(), Watch(clock, wall), 0.0
+    while (waited := clock() - t0) < cap:
+        try:
+            pools, children = read()
+            if not check_pools(pools, children):
+                return waited, ""
+            short = [p for p in pools if check_pools([p], children)]
+            still = watch.see(short, children)
+            if still >= stall:
+                return None, f"stalled: nothing about the pools short of their target changed for {still:.0f} s"
+        except OSError:
+            pass
+        sleep(0.25)
+    return None, f"still changing after {cap:.0f} s (last change {still:.0f} s before): slow, not stalled"

@@ -11,6 +11,12 @@ what bench/soak.py interleaves with its churn. Each returns an Outcome: held, or
   all of it works again once the ballast is deleted;
 - `daemon_kill`: the daemon kill -9'd and restarted: a claimed child survives it and answers, the pools refill.
 
+After every fault the pools must be back at their target (`refilled`): a fault that leaves a pool short for good
+(a child counted against it that nothing will remove, a spawn that keeps failing once space is freed) broke its
+promise even if every check above held. The wait is a stall budget, as the crash harness's (tests/chaos/recovery.py):
+a pool still moving (children spawning, states changing) is given time, one that does not move for REFILL_STALL_S
+is not.
+
 Every process is found by the pid in its record, never by name."""
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +33,15 @@ from forkd.base.errors import NotFound
 from forkd.base.owners import dead_under, owned_under
 from forkd.core.audit import verify
 from forkd.core.requests import Branch, Compaction, LayerBuild, Spawn
+from forkd.reconciler.objects import ObjectStore
 from forkd.store.snapshot import Snapshot
-from tests.chaos.invariants import check_snapshots
+from tests.chaos import recovery
+from tests.chaos.invariants import check_pools, check_snapshots
 from tests.faults.mounts import MIB, fill
 
 EXEC_TIMEOUT = 5.0  # seconds a call on a stopped VMM is given
+REFILL_STALL_S = 240.0  # the pools short of their target not moving this long after a fault: they will not refill
+REFILL_CAP_S = 900.0  # nor, moving or not, after this long in all
 
 
 @dataclass
@@ -42,6 +53,23 @@ class Outcome:
     @property
     def held(self) -> bool:
         return not self.broken
+
+
+def refilled(out: Outcome, rt, pools: Callable[[], list[dict]], stall: float = REFILL_STALL_S,
+             cap: float = REFILL_CAP_S, clock: Callable[[], float] = time.monotonic,
+             sleep: Callable[[float], None] = time.sleep) -> float | None:
+    """Wait for the pools (`pools()`: as the daemon's API gives them) to be back at their target, judged from the
+    children's records (a pool whose maxChildren claimed children fill need only what room is left); the seconds
+    it took, or None with the pools still short, and why, added to `out.broken`."""
+    waited, why = recovery.wait_pools(lambda: (pools(), rt.registry.list()), stall, cap, clock, sleep)
+    if waited is None:
+        try:
+            short = check_pools(pools(), rt.registry.list(),
+                                lambda name: ObjectStore(rt.layout).events("ForkPool", name))
+        except OSError as exc:
+            short = [f"the daemon does not answer: {exc}"]
+        out.broken.append(f"the pools are not back at their target after the fault ({why}): {'; '.join(short)}")
+    return waited
 
 
 def _answers(api, cid: str) -> str | None:

@@ -1,5 +1,6 @@
 """The soak's full-home fault (`inject.home_full`) against a real daemon whose $FORKD_HOME is a loop-mounted ext4:
-run twice (the first run makes the pack the second unpacks on the full home), every promise held, nothing left.
+run twice (the first run makes the pack the second unpacks on the full home), every promise held, the pool back at
+its target after each, nothing left.
 
 Needs root (mount); boots a parent and its children under TCG for many minutes: opt-in (FORKD_FAULTS=1)."""
 
@@ -47,8 +48,10 @@ def test_the_full_home_fault_holds_every_promise_on_a_real_daemon(rig_on_loop, t
     api = RemoteBackend(str(rt.layout.daemon_socket))
     pack_file = tmp_path / "layer.tar.zst"
     first = inject.home_full(api, rt, "cx-a", soak.parent_tag(rt), pack_file, 1)
+    inject.refilled(first, rt, rig.pools)  # the pool back at its target once space is freed
     assert first.held, first.broken
     assert pack_file.exists()
     second = inject.home_full(api, rt, "cx-a", soak.parent_tag(rt), pack_file, 2)  # now with the unpack
+    inject.refilled(second, rt, rig.pools)
     assert second.held, second.broken
     assert rt.gc(dry_run=True)["leftovers"] == 0
