@@ -2,13 +2,16 @@
 path, and its half-written temporary beside that path, outside the home, is found through its note in the home's
 tmp/ (forkd.base.outside): `forkd gc` removes it, and so does the next pack. Real CLI processes on the fake VMM
 driver (no VM): each is paused by a wrapper as it starts to read a member into the archive (after the temporary is
-open and the manifest written), reports it on a pipe, and is killed there; a test never guesses with a sleep."""
+open and the manifest written), reports it on a pipe, and is killed there; a test never guesses with a sleep. An
+`forkd unpack` killed the same way, once it has extracted its members, leaves only its owned work directory under
+the home's tmp/, which gc takes, and no snapshot."""
 
 from __future__ import annotations
 
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +22,8 @@ import pytest
 from forkd.base.outside import NOTE_PREFIX, noted_temporary, sweep_outside
 from forkd.base.owners import owned_under, owner_of
 from forkd.base.paths import Layout
-from forkd.core.pack import read_manifest
+from forkd.core.pack import pack, read_manifest
+from forkd.core.runtime import Runtime
 from tests.conftest import BASE_TAG
 from tests.fake_vmm import fake_base, fake_home, fake_rt  # noqa: F401 - fixtures
 
@@ -42,19 +46,35 @@ main()
 """
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, FORKD_NO_DAEMON="1")
+# The CLI, paused for good once an unpack has extracted every member into its work directory, before it checks
+# and installs them.
+PAUSED_UNPACK = """
+import os, sys, threading
+import forkd.core.pack.read as r
+fd = int(sys.argv[1])
+def paused(*a):
+    os.write(fd, b"paused\\n")
+    threading.Event().wait()
+r.check_staged = paused
+from forkd.cli import main
+sys.argv = ["forkd", *sys.argv[2:]]
+main()
+"""
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "forkd.cli.main", *args], env=_env(), capture_output=True,
+def _env(home: Path | None = None) -> dict[str, str]:
+    return dict(os.environ, FORKD_NO_DAEMON="1", **({"FORKD_HOME": str(home)} if home else {}))
+
+
+def cli(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "forkd.cli.main", *args], env=_env(home), capture_output=True,
                           text=True, timeout=300)
 
 
-def killed_mid_write(*args: str) -> int:
-    """Run the CLI with `args`, wait until it is writing the archive, kill it with -9; its pid."""
+def killed_mid_write(*args: str, code: str = PAUSED_CLI, home: Path | None = None) -> int:
+    """Run the CLI with `args`, wait until it is writing (`code` pauses it there), kill it with -9; its pid."""
     r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", PAUSED_CLI, str(w), *args], env=_env(), pass_fds=(w,),
+    proc = subprocess.Popen([sys.executable, "-c", code, str(w), *args], env=_env(home), pass_fds=(w,),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     os.close(w)
     try:
@@ -113,6 +133,27 @@ def test_a_push_killed_while_writing_leaves_the_hub_clean_once_gc_ran(fake_base,
     res = cli("gc", "-o", "json")
     assert res.returncode == 0, res.stderr
     assert not list(where.iterdir())
+
+
+def test_an_unpack_killed_mid_way_installs_nothing_and_gc_takes_its_work(fake_rt, fake_base, tmp_path):  # noqa: F811
+    """Unpack works under the home's tmp/ only (an owned work directory): no note is needed for gc to find it."""
+    packed, other = tmp_path / "base.tar.zst", tmp_path / "other-home"
+    pack(fake_rt, BASE_TAG, packed)
+    pid = killed_mid_write("unpack", str(packed), code=PAUSED_UNPACK, home=other)
+    [work] = left_by(pid, Layout(other).tmp)
+    assert work.name.startswith("unpack-") and any(work.rglob("*"))  # the members it had extracted
+    assert not [s for s in Runtime(Layout(other)).store.list() if s.tag == BASE_TAG]
+    res = cli("gc", "-o", "json", home=other)
+    assert res.returncode == 0, res.stderr
+    assert str(work) in json.loads(res.stdout)["temporaries"] and not work.exists()
+    res = cli("unpack", str(packed), home=other)
+    assert res.returncode == 0, res.stderr
+    try:
+        assert Runtime(Layout(other)).store.get(BASE_TAG).status == "ready"
+        assert not owned_under(Layout(other).tmp)
+    finally:
+        if Layout(other).shm_dir is not None:  # its tmpfs directory, if the unpack made one
+            shutil.rmtree(Layout(other).shm_dir, ignore_errors=True)
 
 
 def _dead_note(tmp_dir: Path, dest: Path) -> tuple[Path, Path]:
