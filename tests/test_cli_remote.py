@@ -152,3 +152,16 @@ def test_fork_goes_to_the_daemon(daemon, rt, elsewhere):
     finally:
         ok(env, "kill", *ids)
     assert not set(ids) & {r.id for r in rt.children()}
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--count", "5000"], "--count 5000: must be at most 1000"),
+    (["--memory-limit-mib", "3"], "--memory-limit-mib 3: must be at least 64"),
+])
+def test_a_fork_the_daemon_refuses_names_the_flag_typed(daemon, elsewhere, argv, says):
+    """The CLI sends the request as JSON and the daemon checks it (422 naming its fields); the error printed still
+    names the flag and value the user typed, as in-process (tests/test_cli_errors.py)."""
+    res = cli(remote_env(daemon, elsewhere), "fork", "--tag", BASE_TAG, *argv)
+    assert res.returncode == InvalidInput.exit_code, res.stderr
+    assert says in res.stderr and f"hint: fix {argv[0]} and run the command again" in res.stderr, res.stderr
+    assert not [w for w in ("Spawn", "memory_limit_mib", " n:", "Input should be") if w in res.stderr], res.stderr

@@ -230,4 +230,4 @@ def backend() -> Any:
     from forkd.client.remote import RemoteBackend
 
     endpoint = Endpoint(d.url or "http://forkd", d.sock, d.token)
-    return RemoteBackend(endpoint=endpoint, http=Sender(d))
+    return RemoteBackend(endpoint=endpoint, http=Sender(d), plain=True)

@@ -208,20 +208,28 @@ def _row(kind: str, d: dict, wide: bool, all_ns: bool = False) -> list[str]:
     return row
 
 
+def _documents(objs: list) -> list[dict]:
+    """Objects as documents: a daemon's answer already is (RemoteBackend's `plain`), an in-process one is models."""
+    if all(isinstance(o, dict) for o in objs):
+        return objs
+    from forkd.spec.models import to_document
+
+    return [to_document(o) for o in objs]
+
+
 def get(resource: str = typer.Argument(..., help="parents | layers | pools | branches | claims, or KIND/NAME"),
         name: str | None = typer.Argument(None), output: GetOut = typer.Option(GetOut.table, "-o", "--output"),
         namespace: str | None = NAMESPACE, all_namespaces: bool = ALL_NAMESPACES):
     """List objects of one kind, with their status (AGE: since the object was first applied); of one namespace
     (-n, default: default) or of all (-A, with a NAMESPACE column)."""
     from forkd.client import parse_ref, resolve_kind
-    from forkd.spec.models import to_document
 
     kind, name = parse_ref(resource) if "/" in resource and name is None else (resolve_kind(resource), name)
     if all_namespaces and name:
         raise typer.BadParameter("-A lists objects; name one with -n NAMESPACE instead", param_hint="-A")
     ns = _ns(namespace)
-    objs = backend().get(kind, qname(ns, name) if name else None)
-    docs = [to_document(o) for o in objs if all_namespaces or name or o.metadata.namespace == ns]
+    docs = _documents(backend().get(kind, qname(ns, name) if name else None))
+    docs = [d for d in docs if all_namespaces or name or d["metadata"].get("namespace", DEFAULT) == ns]
     if output in (GetOut.json, GetOut.yaml):
         data = docs[0] if name else {"apiVersion": "v1", "kind": "List", "items": docs}
         emit(data, Fmt(output.value))

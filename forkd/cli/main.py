@@ -33,6 +33,7 @@ from forkd.cli.options import (
     duration_value,
     egress_from,
     egress_option,
+    egress_raw,
     old_spelling,
     timeout_option,
 )
@@ -191,25 +192,41 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
         err.print("[red]error:[/] name a snapshot (--tag T) or a running child (--from-sandbox ID)")
         raise typer.Exit(2)
     n = count(n, n_old)
-    policy = egress_from(egress)
     if from_sandbox and prime:
         err.print("[red]error:[/] --prime applies to children of a snapshot (--tag), not to --from-sandbox: "
                   "run the command in the child before forking it")
         raise typer.Exit(2)
     if from_sandbox:
-        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=policy)
+        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=egress_from(egress))
         emit({"children": recs}, output, CHILD_COLUMNS, child_rows(recs))
         return
-    from forkd.client import Spawn
-
-    req = Spawn.of(flags=SPAWN_FLAGS, tag=tag, n=n, timeout=timeout, network="isolated" if per_child_netns else None,
-                   memory_limit_mib=memory_limit_mib, allow_unconstrained=allow_unconstrained, prime=tuple(prime),
-                   egress=policy or "none")
-    recs = backend().fork(req, progress=Progress(quiet=output != Fmt.table))
+    fields = {"tag": tag, "n": n, "timeout": timeout, "network": "isolated" if per_child_netns else None,
+              "memory_limit_mib": memory_limit_mib, "allow_unconstrained": allow_unconstrained,
+              "prime": list(prime), "egress": egress_raw(egress) or "none"}
+    recs = _spawn(backend(), fields, Progress(quiet=output != Fmt.table))
     total = (time.perf_counter() - t0) * 1000.0
     emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, child_rows(recs))
     if output == Fmt.table:
         out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
+
+
+def _spawn(b: Any, fields: dict[str, Any], progress: Progress) -> list:
+    """`forkd fork --tag`'s children. A daemon takes the request as JSON and checks it itself; when it refuses it
+    (422), the same rules run here, so that the error names the flags typed (SPAWN_FLAGS), not the fields."""
+    from forkd.base.errors import InvalidInput
+
+    if not getattr(b, "plain", False):  # in-process: the typed request
+        from forkd.client import Spawn
+
+        return b.fork(Spawn.of(flags=SPAWN_FLAGS, **fields), progress=progress)
+    try:
+        return b.fork(fields, progress=progress)
+    except InvalidInput as exc:
+        if exc.status == 422:
+            from forkd.client import Spawn
+
+            Spawn.of(flags=SPAWN_FLAGS, **fields)
+        raise
 
 
 @verbs.command("set-timeout")

@@ -54,17 +54,24 @@ def lifetime_option(what: str) -> Any:
     return typer.Option(None, "--lifetime", callback=_lifetime, metavar="DURATION", help=f"{what} ({EXAMPLES})")
 
 
-def egress_from(values: list[str] | None) -> Any:
-    """--egress none | internet | CIDR:port (repeat for several): the typed egress, None when not given (bad
-    value: exit 2)."""
+def egress_raw(values: list[str] | None) -> Any:
+    """--egress values as a request's JSON says them ("none", "internet" or {"allow": [...]}), unchecked; None when
+    not given (none or internet beside CIDR:port entries: exit 2)."""
     if not values:
         return None
     if len(values) == 1 and values[0] in ("none", "internet"):
-        value: Any = values[0]
-    elif any(v in ("none", "internet") for v in values):
+        return values[0]
+    if any(v in ("none", "internet") for v in values):
         raise typer.BadParameter("--egress none or internet stands alone; an allow list is CIDR:port entries only")
-    else:
-        value = {"allow": values}
+    return {"allow": list(values)}
+
+
+def egress_from(values: list[str] | None) -> Any:
+    """--egress none | internet | CIDR:port (repeat for several): the typed egress, None when not given (bad
+    value: exit 2)."""
+    value = egress_raw(values)
+    if value is None:
+        return None
     from forkd.client import parse_egress
 
     try:

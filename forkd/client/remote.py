@@ -48,11 +48,14 @@ class RemoteBackend:
     `socket_path`, or at TCP `url` with a bearer `token`."""
 
     def __init__(self, socket_path: str | None = None, timeout: float = 600.0, url: str | None = None,
-                 token: str | None = None, *, endpoint: Endpoint | None = None, http: Any = None):
-        """`http`: another sender of Calls to `endpoint` (`_send(call)`, as SyncHttp's), e.g. the CLI's own."""
+                 token: str | None = None, *, endpoint: Endpoint | None = None, http: Any = None,
+                 plain: bool = False):
+        """`http`: another sender of Calls to `endpoint` (`_send(call)`, as SyncHttp's), e.g. the CLI's own.
+        `plain`: answers stay the daemon's JSON where they would be models (get, ping, eval), and fork takes its
+        request as JSON too, so a caller that only prints them (the CLI) loads no pydantic: the daemon validates."""
         if endpoint is None:
             endpoint = Endpoint(url.rstrip("/"), None, token) if url else Endpoint("http://forkd", socket_path, token)
-        self.endpoint, self._timeout, self._api = endpoint, timeout, None
+        self.endpoint, self._timeout, self._api, self.plain = endpoint, timeout, None, plain
         self.http = http or _Plain(endpoint, timeout=timeout)
         self.is_local = endpoint.is_local  # a TCP daemon's agent sockets and files are on its host, not ours
 
@@ -110,7 +113,7 @@ class RemoteBackend:
 
     @staticmethod
     def _kind(kind: str, name: str | None = None) -> str:
-        from forkd.spec.models import PLURALS
+        from forkd.spec.kinds import PLURALS
 
         if kind not in PLURALS:
             from forkd.base.errors import NotFound
@@ -119,10 +122,14 @@ class RemoteBackend:
         return f"/v1/{PLURALS[kind]}" + (f"/{quote(name)}" if name else "")
 
     def get(self, kind, name=None):
+        """The objects (documents, with `plain`)."""
         got = self._call("GET", self._kind(kind, name))
+        docs = [got] if name else got
+        if self.plain:
+            return docs
         from forkd.spec.models import MODELS
 
-        return [MODELS[d["kind"]].model_validate(d) for d in ([got] if name else got)]
+        return [MODELS[d["kind"]].model_validate(d) for d in docs]
 
     def describe(self, kind, name):
         return self._call("GET", self._kind(kind, name) + "/describe")
@@ -201,8 +208,10 @@ class RemoteBackend:
         grant = self.api.open_port(child, port).model_dump(mode="json")
         return dict(grant, url=None if self.is_local else self.api.endpoint.base_url + grant["path"])
 
-    def fork(self, req: Spawn, progress: Progress = _quiet) -> list[ChildView]:
-        res = self._long(progress, "POST", "/v1/children", req.model_dump(mode="json"))
+    def fork(self, req: Spawn | dict[str, Any], progress: Progress = _quiet) -> list[ChildView]:
+        """`req`: a Spawn, or (`plain`) its JSON, which the daemon validates (422 naming the field)."""
+        body = req if isinstance(req, dict) else req.model_dump(mode="json")
+        res = self._long(progress, "POST", "/v1/children", body)
         return self._here(res["children"])
 
     def exec(self, child: str, argv: list[str], cwd: str | None = None, timeout: float | None = None,
@@ -215,10 +224,14 @@ class RemoteBackend:
         return ExecResult.model_validate(res)
 
     def eval(self, child: str, code: str, timeout: float = 60.0) -> EvalAnswer:
+        """The answer (its JSON, with `plain`)."""
+        res = self._call("POST", self._child(child, "eval"), json={"code": code, "timeout_secs": timeout})
+        answer = {"value": res.get("result"), "error": res.get("error"), "stdout": res.get("stdout", "")}
+        if self.plain:
+            return answer  # type: ignore[return-value] - EvalAnswer's fields, as JSON
         from forkd.service.wire import EvalAnswer
 
-        res = self._call("POST", self._child(child, "eval"), json={"code": code, "timeout_secs": timeout})
-        return EvalAnswer(value=res.get("result"), error=res.get("error"), stdout=res.get("stdout", ""))
+        return EvalAnswer(**answer)
 
     def files(self, child: str):
         """The files of a child through the daemon (forkd.client.files_remote.RemoteFiles)."""
@@ -229,9 +242,13 @@ class RemoteBackend:
         return files
 
     def ping(self, child: str) -> PingResult:
+        """The agent's answer (its JSON, with `plain`)."""
+        res = self._call("POST", self._child(child, "ping"))
+        if self.plain:
+            return res
         from forkd.service.wire import PingResult
 
-        return PingResult.model_validate(self._call("POST", self._child(child, "ping")))
+        return PingResult.model_validate(res)
 
     def kill(self, ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> list[list]:
         return self._call("POST", "/v1/children/kill", json={"ids": ids or [], "all": all_, "tag": tag})["killed"]

@@ -39,10 +39,9 @@ from forkd.core.requests import (
     NetworkMode,
     Vcpus,
 )
+from forkd.spec.kinds import API_VERSION, KINDS, PLURALS, RESOURCE_NAMES  # noqa: F401 - the names, re-exported
 from forkd.spec.namespaces import NAMESPACE_PATTERN
 
-API_VERSION = "forkd.dev/v1alpha1"
-KINDS = ("ForkParent", "ForkLayer", "ForkPool", "ForkBranch", "ForkClaim")
 CONDITION_TYPES = ("Ready", "Reconciling", "Degraded", "Stalled", "Expired")
 MAX_CLAIM = 1000  # children one claim may hold (the claim path's own limit)
 
@@ -416,14 +415,6 @@ class ForkClaim(Strict):
 ForkObject = ForkParent | ForkLayer | ForkPool | ForkBranch | ForkClaim
 MODELS: dict[str, type[Strict]] = {"ForkParent": ForkParent, "ForkLayer": ForkLayer, "ForkPool": ForkPool,
                                    "ForkBranch": ForkBranch, "ForkClaim": ForkClaim}
-PLURALS = {"ForkParent": "parents", "ForkLayer": "layers", "ForkPool": "pools", "ForkBranch": "branches",
-           "ForkClaim": "claims"}  # each kind's REST collection: /v1/{plural}
-# plural / short names for `forkd get`
-RESOURCE_NAMES = {"parents": "ForkParent", "parent": "ForkParent", "forkparent": "ForkParent",
-                  "layers": "ForkLayer", "layer": "ForkLayer", "forklayer": "ForkLayer",
-                  "pools": "ForkPool", "pool": "ForkPool", "forkpool": "ForkPool",
-                  "branches": "ForkBranch", "branch": "ForkBranch", "forkbranch": "ForkBranch",
-                  "claims": "ForkClaim", "claim": "ForkClaim", "forkclaim": "ForkClaim"}
 
 
 def spec_dict(obj: ForkObject) -> dict[str, Any]:

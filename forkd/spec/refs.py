@@ -1,13 +1,14 @@
-"""How people name declarative objects: a resource word (`pools`, `pool`, `ForkPool`) and a `KIND/NAME` reference."""
+"""How people name declarative objects: a resource word (`pools`, `pool`, `ForkPool`) and a `KIND/NAME` reference,
+by the kinds' names alone (forkd.spec.kinds: no models loaded)."""
 
 from __future__ import annotations
 
 from forkd.base.errors import InvalidInput
-from forkd.spec.models import MODELS, RESOURCE_NAMES
+from forkd.spec.kinds import KINDS, RESOURCE_NAMES
 
 
 def resolve_kind(word: str) -> str:
-    kind = RESOURCE_NAMES.get(word.lower()) or (word if word in MODELS else None)
+    kind = RESOURCE_NAMES.get(word.lower()) or (word if word in KINDS else None)
     if not kind:
         raise InvalidInput(f"unknown resource type {word!r}", hint="use parents, layers, pools or branches")
     return kind
