@@ -14,15 +14,19 @@ OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 def config(output: Fmt = OUTPUT) -> None:
     """Every FORKD_* setting: its value in effect, default, source (env, default or invalid) and what it does.
     Secrets show only as set/unset. Exits 2 if a variable holds a value that does not parse."""
-    from forkd.base.settings import describe
+    from forkd.cli.settings_table import describe as plainly
 
-    rows = describe()
-    data = [r.__dict__ for r in rows]
+    rows = plainly()  # without the settings model, when every value set reads plainly
+    if rows is None:
+        from forkd.base.settings import describe
+
+        rows = [r.__dict__ for r in describe()]
     colour = {"env": "cyan", "default": "dim", "invalid": "red"}
-    emit(data, output, [("NAME", "left"), ("VALUE", "left"), ("DEFAULT", "left"), ("SOURCE", "left"),
+    emit(rows, output, [("NAME", "left"), ("VALUE", "left"), ("DEFAULT", "left"), ("SOURCE", "left"),
                         ("DOC", "left")],
-         [[r.name, _cell(r.value), _cell(r.default), f"[{colour[r.source]}]{r.source}[/]", r.doc] for r in rows])
-    if any(r.source == "invalid" for r in rows):
+         [[r["name"], _cell(r["value"]), _cell(r["default"]), f"[{colour[r['source']]}]{r['source']}[/]", r["doc"]]
+          for r in rows])
+    if any(r["source"] == "invalid" for r in rows):
         raise typer.Exit(2)
 
 
