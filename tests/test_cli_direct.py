@@ -9,7 +9,7 @@ import click
 import pytest
 
 from forkd.cli import direct
-from forkd.cli.direct import DIRECT, DURATION, FLAG, MANY, OUTPUT, VALUE
+from forkd.cli.direct import DIRECT, DURATION, FLAG, MANY, NUMBER, OUTPUT, VALUE, WIDE
 from forkd.cli.streams import docker_argv
 from forkd.cli.tree import _verb, command_tree
 
@@ -20,7 +20,9 @@ def _kind(p: click.Option) -> str:
     if p.multiple:
         return MANY
     if isinstance(p.type, click.Choice):
-        return OUTPUT
+        return WIDE if "wide" in p.type.choices else OUTPUT
+    if isinstance(p.type, click.types.FloatParamType):
+        return NUMBER
     return DURATION if p.name == "timeout" else VALUE
 
 
@@ -38,7 +40,8 @@ def _declared(name: str) -> tuple[dict, tuple]:
     cmd = _command(name)
     flags = {o: (p.name, _kind(p)) for p in cmd.params if isinstance(p, click.Option)
              for o in (*p.opts, *p.secondary_opts)}
-    args = tuple(p.name + ("*" if p.nargs == -1 else "") for p in cmd.params if isinstance(p, click.Argument))
+    args = tuple(p.name + ("*" if p.nargs == -1 else "" if p.required else "?") for p in cmd.params
+                 if isinstance(p, click.Argument))
     return flags, args
 
 
@@ -52,6 +55,8 @@ def test_direct_spells_the_flags_of_the_typer_command(name):
 def test_the_output_choices_are_the_commands():
     (opt,) = [p for p in _verb("ls").params if p.name == "output"]
     assert tuple(opt.type.choices) == direct.OUTPUTS
+    (opt,) = [p for p in _verb("get").params if p.name == "output"]
+    assert tuple(opt.type.choices) == direct.WIDE_OUTPUTS
 
 
 def _tree_values(name: str, words: list[str]) -> dict:
@@ -72,6 +77,14 @@ LINES = [
     ["exec", "-ie", "A=1", "-e", "B=2=3", "--env=C=", "c1", "--", "env"],
     ["exec", "-w", "/tmp", "--cwd=/", "-u", "0", "--timeout", "1m30s", "c1", "pwd"],
     ["exec", "--workdir", "/x", "--user=nobody", "--timeout=90", "c1", "--", "-"], ["exec", "c1", "--"],
+    ["config"], ["config", "-o", "yaml"], ["snapshot", "info", "t1"], ["snapshot-info", "-ojson", "t1"],
+    ["snapshot", "rm", "t1"], ["snapshot", "rm", "--force", "--cascade", "t1"], ["rmi", "-f", "t1"],
+    ["get", "pools"], ["get", "pool", "p", "-o", "wide"], ["get", "pool/p", "-n", "ns", "-oyaml"],
+    ["get", "-A", "pools", "--all-namespaces", "--output=json"], ["describe", "pool/p"],
+    ["describe", "--namespace", "ns", "pool/p"], ["ping", "c1"], ["eval", "c1", "1+1"],
+    ["eval", "--timeout", "5m", "c1", "x", "-o", "json"], ["kill"], ["kill", "c1", "c2"], ["kill", "--all"],
+    ["kill", "--tag=t1"], ["gc"], ["gc", "--dry-run", "--grace", "5"], ["gc", "--grace=0.5", "-o", "json"],
+    ["audit", "verify"],
 ]
 
 
@@ -91,8 +104,10 @@ def test_direct_parses_a_command_line_as_the_tree_does(argv):
     ["ls", "--help"], ["ls", "-h"], ["exec", "--help"], ["ls", "--lable", "x"], ["ls", "-o", "wide"],
     ["ls", "-o"], ["ls", "extra"], ["logs"], ["logs", "-fx", "c1"], ["logs", "--follow=yes", "c1"],
     ["exec", "--timeout", "soon", "c1", "true"], ["exec", "-z", "c1", "true"], ["exec"],
-    ["--log-level", "DEBUG", "ls"], ["get", "pools"], ["fork", "--help"], ["snapshot", "ls", "--help"],
-    ["snapshot", "info", "t"], ["snapshot"],
+    ["--log-level", "DEBUG", "ls"], ["fork", "--help"], ["snapshot", "ls", "--help"], ["snapshot"],
+    ["snapshot", "info"], ["get", "pools", "-o", "name"], ["get"], ["get", "a", "b", "c"], ["gc", "--grace", "1e3"],
+    ["gc", "--grace", "-1"], ["gc", "--grace", "."], ["eval", "c1"], ["eval", "c1", "x", "--timeout", "soon"],
+    ["kill", "--al"], ["ping"], ["ping", "c1", "c2"], ["describe", "pool/p", "-A"], ["audit"], ["config", "x"],
 ], ids=" ".join)
 def test_what_direct_does_not_take_whole_goes_to_the_tree(argv):
     assert direct.run(list(argv)) is None

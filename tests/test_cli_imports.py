@@ -121,7 +121,7 @@ def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     (["ls", "-o", "json"], "/v1/children", b"[]"),
     (["logs", "cnosuch"], "/v1/children/cnosuch/logs", b'{"data": "", "offset": 0}'),
     (["exec", "cnosuch", "true"], "/v1/children/cnosuch/processes", b'{"type": "exit", "exit_code": 0}'),
-    # through the command tree (typer) and RemoteBackend, over the CLI's own transport
+    # through RemoteBackend, over the CLI's own transport; run by forkd.cli.direct but for fork (the tree's)
     (["get", "pools"], "/v1/pools", b"[]"),  # kind names from forkd.spec.kinds, documents as the daemon sends them
     (["get", "pool/p", "-o", "json"], "/v1/pools/p", POOL),
     (["describe", "pool/p"], "/v1/pools/p/describe", b'{"object": %s, "events": []}' % POOL),
@@ -141,8 +141,9 @@ def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer,
     method = "POST" if argv[0] in ("exec", "rmi", "kill", "ping", "eval", "fork", "gc") else "GET"
     assert Answering.seen.get((method, path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
-    banned = {"ls": NO_TREE_CLIENT, "snapshots": NO_TREE_CLIENT,
-              "exec": NO_PRINTER, "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT) + other_verbs(argv[0])
+    tree = argv[0] == "fork"  # the verbs forkd.cli.direct does not run: the command tree's
+    banned = {"exec": NO_PRINTER, "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT if tree else NO_TREE_CLIENT)
+    banned += other_verbs(argv[0])
     assert heavy(modules, banned) == []
 
 
@@ -173,6 +174,6 @@ def test_config_reads_the_settings_without_their_model(tmp_path):
     in exponent notation) loads the model, and the command still answers."""
     code, modules = loaded(["config", "-o", "json"], tmp_path, FORKD_ACCEL="tcg", FORKD_RETRY_WAIT="0.5")
     assert code == 0
-    assert heavy(modules, (*NO_HEAVY_CLIENT, *other_verbs("config"))) == []
+    assert heavy(modules, (*NO_TREE_CLIENT, *other_verbs("config"))) == []
     code, modules = loaded(["config", "-o", "json"], tmp_path, FORKD_RETRY_WAIT="1e-3")
     assert code == 0 and "forkd.base.settings" in modules

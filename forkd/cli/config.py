@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from forkd.cli.output import Fmt, emit
+from forkd.cli.output import Fmt
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 
@@ -14,24 +14,11 @@ OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
 def config(output: Fmt = OUTPUT) -> None:
     """Every FORKD_* setting: its value in effect, default, source (env, default or invalid) and what it does.
     Secrets show only as set/unset. Exits 2 if a variable holds a value that does not parse."""
-    from forkd.cli.settings_table import describe as plainly
+    from forkd.cli.reading import settings
 
-    rows = plainly()  # without the settings model, when every value set reads plainly
-    if rows is None:
-        from forkd.base.settings import describe
-
-        rows = [r.__dict__ for r in describe()]
-    colour = {"env": "cyan", "default": "dim", "invalid": "red"}
-    emit(rows, output, [("NAME", "left"), ("VALUE", "left"), ("DEFAULT", "left"), ("SOURCE", "left"),
-                        ("DOC", "left")],
-         [[r["name"], _cell(r["value"]), _cell(r["default"]), f"[{colour[r['source']]}]{r['source']}[/]", r["doc"]]
-          for r in rows])
-    if any(r["source"] == "invalid" for r in rows):
-        raise typer.Exit(2)
-
-
-def _cell(v: object) -> str:
-    return "-" if v is None or v == "" else str(v)
+    code = settings(output)
+    if code:
+        raise typer.Exit(code)
 
 
 def _print_version(value: bool) -> None:

@@ -1,6 +1,7 @@
 """The verbs `forkd` runs before its command tree is built, with the standard library alone: `forkd --help` and
-the verbs that only read or stream through a daemon (version, ls, snapshots, exec, logs). They start without
-typer and click, which cost most of the rest of a start.
+the verbs that read, stream or make one call through a daemon (version, config, ls, snapshot ls/info/rm, get,
+describe, exec, logs, ping, eval, kill, gc, audit verify). They start without typer and click, which cost most of
+the rest of a start.
 
 `DIRECT` spells each of these verbs' flags as its typer command declares them (tests/test_cli_direct.py checks
 that the two agree, flag by flag, and parse a table of command lines to the same values). A command line this
@@ -20,21 +21,25 @@ if TYPE_CHECKING:
     from typing import Any
 
 OUTPUTS = ("table", "json", "yaml")  # forkd.cli.output.Fmt
+WIDE_OUTPUTS = ("table", "wide", "yaml", "json")  # forkd.cli.declarative.GetOut
 # kinds of flag: a bool, one value, a repeatable value, a duration (seconds, as forkd.cli.options.duration_value
-# gives them), an output format
-FLAG, VALUE, MANY, DURATION, OUTPUT = "flag", "value", "many", "duration", "output"
+# gives them), a plain decimal number (a float), an output format (OUTPUTS; WIDE: WIDE_OUTPUTS)
+FLAG, VALUE, MANY, DURATION, NUMBER, OUTPUT, WIDE = "flag", "value", "many", "duration", "number", "output", "wide"
+_NUMBER = "0123456789."
 
 
 class Verb:
     """One verb: `run` ("module:function" under forkd.cli) gets the parsed values as keywords and returns an exit
     code (None: 0); `flags` maps each spelling to (parameter, kind); `args` are the positional parameters, in
-    order, the last one ending in `*` taking every word after the others. (A plain class: dataclasses would
-    import inspect, which costs more than the rest of this module.)"""
+    order, the last one ending in `*` taking every word after the others, one ending in `?` optional (None);
+    `defaults`: a flag's value when not given, where the command's is not None, False or []. (A plain class:
+    dataclasses would import inspect, which costs more than the rest of this module.)"""
 
-    __slots__ = ("run", "flags", "args")
+    __slots__ = ("run", "flags", "args", "defaults")
 
-    def __init__(self, run: str, flags: dict[str, tuple[str, str]], args: tuple[str, ...] = ()):
-        self.run, self.flags, self.args = run, flags, args
+    def __init__(self, run: str, flags: dict[str, tuple[str, str]], args: tuple[str, ...] = (),
+                 defaults: dict[str, Any] | None = None):
+        self.run, self.flags, self.args, self.defaults = run, flags, args, defaults or {}
 
 
 def _spell(param: str, kind: str, *names: str) -> dict[str, tuple[str, str]]:
@@ -42,11 +47,27 @@ def _spell(param: str, kind: str, *names: str) -> dict[str, tuple[str, str]]:
 
 
 _OUT = _spell("output", OUTPUT, "-o", "--output")
+_NS = _spell("namespace", VALUE, "-n", "--namespace")
+_INFO = Verb("calls:snapshot_info", _OUT, ("tag",))
+_RM = Verb("calls:snapshot_rm", {**_spell("force", FLAG, "--force"), **_spell("force_old", FLAG, "-f"),
+                                 **_spell("cascade", FLAG, "--cascade")}, ("tag",))
 DIRECT: dict[str, Verb] = {
     "version": Verb("direct:version", {}),
+    "config": Verb("reading:settings", _OUT),
     "ls": Verb("reading:children", {**_spell("label", MANY, "-l", "--label"), **_OUT}),
     "snapshot ls": Verb("reading:snapshots", _OUT),
     "snapshots": Verb("reading:snapshots", _OUT),  # the old spelling (forkd.cli.verbs.OLD_NOUNS), warned
+    "snapshot info": _INFO, "snapshot-info": _INFO, "snapshot rm": _RM, "rmi": _RM,  # and their old spellings
+    "get": Verb("objects:get", {**_spell("output", WIDE, "-o", "--output"), **_NS,
+                                **_spell("all_namespaces", FLAG, "-A", "--all-namespaces")}, ("resource", "name?")),
+    "describe": Verb("objects:describe", _NS, ("ref",)),
+    "ping": Verb("calls:ping", {}, ("child",)),
+    "eval": Verb("calls:eval_", {**_OUT, **_spell("timeout", DURATION, "--timeout")}, ("child", "code"),
+                 {"timeout": 60.0}),
+    "kill": Verb("calls:kill", {**_spell("all_", FLAG, "--all"), **_spell("tag", VALUE, "--tag")}, ("ids*",)),
+    "gc": Verb("calls:gc", {**_spell("dry_run", FLAG, "--dry-run"), **_spell("grace", NUMBER, "--grace"), **_OUT},
+               defaults={"grace": 60.0}),
+    "audit verify": Verb("calls:audit_verify", {}),
     "logs": Verb("streams:run_logs", _spell("follow", FLAG, "-f", "--follow"), ("child",)),
     "exec": Verb("streams:exec_code", {**_spell("interactive", FLAG, "-i", "--interactive"),
                                        **_spell("tty", FLAG, "-t", "--tty"), **_spell("env", MANY, "-e", "--env"),
@@ -73,6 +94,7 @@ def parse(verb: Verb, words: list[str]) -> dict[str, Any]:
     """The values of `words` (what follows the verb) as the verb's typer command would parse them, with its
     defaults for what is not given; Unparsed for anything but a plain, valid command line."""
     values: dict[str, Any] = {p: [] if k == MANY else False if k == FLAG else None for p, k in verb.flags.values()}
+    values.update(verb.defaults)
     positional: list[str] = []
     words = list(words)  # a cluster of short flags is split in place
     i = 0
@@ -107,8 +129,12 @@ def parse(verb: Verb, words: list[str]) -> dict[str, Any]:
 def _value(kind: str, text: str, old: Any) -> Any:
     if kind == MANY:
         return [*old, text]
-    if kind == OUTPUT and text not in OUTPUTS:
+    if (kind == OUTPUT and text not in OUTPUTS) or (kind == WIDE and text not in WIDE_OUTPUTS):
         raise Unparsed(text)
+    if kind == NUMBER:  # plain decimals only: anything else is the tree's to read or refuse
+        if not text or text.strip(_NUMBER) or text.count(".") > 1 or text == ".":
+            raise Unparsed(text)
+        return float(text)
     if kind == DURATION:
         from forkd.base.durations import parse_duration
 
@@ -123,6 +149,8 @@ def _positional(verb: Verb, words: list[str], values: dict[str, Any]) -> dict[st
     for name in verb.args:
         if name.endswith("*"):
             values[name[:-1]], words = list(words), []
+        elif name.endswith("?"):
+            values[name[:-1]], words = (words[0], words[1:]) if words else (None, words)
         elif not words:
             raise Unparsed(name)  # a missing argument: the tree names it
         else:

@@ -20,7 +20,7 @@ import typer
 
 from forkd.base.durations import EXAMPLES
 from forkd.cli import branch as branch_cli
-from forkd.cli import reading
+from forkd.cli import calls, reading
 from forkd.cli.daemon import backend
 from forkd.cli.options import (
     CHILD,
@@ -55,6 +55,12 @@ LAYER_FLAGS = {"tag": "--tag", "parent_tag": "--from", "run": "--run", "imports"
 SPAWN_FLAGS = {"tag": "--tag", "n": "--count", "timeout": "--timeout", "network": "--per-child-netns",
                "memory_limit_mib": "--memory-limit-mib", "allow_unconstrained": "--allow-unconstrained",
                "prime": "--prime", "egress": "--egress"}
+
+
+def _exit(code: int) -> None:
+    """A body's exit code (forkd.cli.calls), as the command's."""
+    if code:
+        raise typer.Exit(code)
 
 
 # -- doctor ---------------------------------------------------------------------------------------
@@ -109,12 +115,7 @@ def snapshots(output: Fmt = OUTPUT) -> None:
 @snapshot_app.command("info")
 def snapshot_info(tag: str = SNAPSHOT, output: Fmt = OUTPUT) -> None:
     """Show one snapshot: status, sizes, hashes, warm-up, the children using it."""
-    info = backend().snapshot_info(tag)
-    keys = ["tag", "status", "error", "path", "depth", "ancestors", "dependents", "materialized", "chain_error",
-            "parent_tag", "diff_pages", "memory_mib", "vcpus", "accel", "image_id", "qemu_version",
-            "warm_imports", "warm_exec", "warm_run", "logical_bytes", "stored_bytes", "memory_sha256", "disk_sha256",
-            "disk_bytes", "children", "timings_ms"]
-    emit(info, output, [("FIELD", "left"), ("VALUE", "left")], [[k, str(info.get(k))] for k in keys])
+    calls.snapshot_info(tag, output)
 
 
 @snapshot_app.command("rm")
@@ -124,10 +125,7 @@ def rmi(tag: str = SNAPSHOT,
         force_old: bool = typer.Option(False, "-f", hidden=True, help="old spelling of --force"),
         cascade: bool = typer.Option(False, "--cascade", help="also delete the layers built on it")) -> None:
     """Delete a snapshot. Refused while children of it run or layers depend on it (409-style exit 4)."""
-    if force_old:
-        old_spelling("snapshot rm -f", "snapshot rm --force")
-    for t in backend().rmi(tag, force=force or force_old, cascade=cascade):
-        out.print(f"deleted {t}")
+    calls.snapshot_rm(tag, force=force, force_old=force_old, cascade=cascade)
 
 
 @snapshot_app.command("diff")
@@ -262,14 +260,7 @@ def gc(dry_run: bool = typer.Option(False, "--dry-run", help="report what would 
        output: Fmt = OUTPUT) -> None:
     """Adopt live children; remove dead ones and orphaned namespaces, veths, taps, cgroups, sockets, memory
     files and VMM processes (identified by recorded pid + start time, or by our naming, never by process name)."""
-    rep = backend().gc(dry_run=dry_run, grace=grace)
-    kinds = ("reaped", "processes", "netns", "veths", "leases", "cgroups", "dirs", "memory_files", "temporaries",
-             "overlay_templates")
-    emit(rep, output, [("KIND", "left"), ("COUNT", "right"), ("ITEMS", "left")],
-         [[k, str(len(rep[k])), " ".join(str(x) for x in rep[k][:6])] for k in ("adopted", *kinds)])
-    if output == Fmt.table:
-        out.print(f"{'would remove' if dry_run else 'removed'} {rep['leftovers']} leftovers; "
-                  f"{len(rep['adopted'])} live children adopted")
+    calls.gc(dry_run, grace, output)
 
 
 @verbs.command("ls")
@@ -285,25 +276,13 @@ def eval_(child: str = CHILD, code: str = typer.Argument(..., help="Python expre
           output: Fmt = OUTPUT,
           timeout: str = timeout_option("60s", "how long to wait for the answer")) -> None:
     """Evaluate a Python expression in the child's warm interpreter and print its repr."""
-    res = backend().eval(child, code, timeout=timeout)
-    if output != Fmt.table:
-        emit(res, output)
-    else:
-        sys.stdout.write(res["stdout"])
-        if res["error"]:
-            sys.stderr.write(res["error"].get("traceback") or f"{res['error']['type']}: {res['error']['message']}\n")
-        else:
-            sys.stdout.write(f"{res['value']}\n")  # the guest's text, as it is (no style tags read in it)
-    if res["error"]:
-        raise typer.Exit(1)
+    _exit(calls.eval_(child, code, output, timeout))
 
 
 @verbs.command()
 def ping(child: str = CHILD) -> None:
     """Check that a child's agent answers."""
-    t0 = time.perf_counter()
-    backend().ping(child)
-    out.print(f"{child}: pong in {(time.perf_counter() - t0) * 1000:.1f} ms")
+    calls.ping(child)
 
 
 @verbs.command()
@@ -311,8 +290,7 @@ def kill(ids: list[str] = typer.Argument(None, help="child ids"),
          all_: bool = typer.Option(False, "--all", help="kill every child"),
          tag: str | None = typer.Option(None, "--tag", help="kill the children of this snapshot")) -> None:
     """Stop children and remove their records (dead ones too)."""
-    for cid, was_running in backend().kill(ids, all_=all_, tag=tag):
-        out.print(f"{cid}: {'killed' if was_running else 'removed (was not running)'}")
+    calls.kill(ids, all_=all_, tag=tag)
 
 
 @verbs.command()
@@ -373,10 +351,7 @@ audit_app = typer.Typer(help="The daemon's hash-chained audit log ($FORKD_HOME/a
 @audit_app.command("verify")
 def audit_verify() -> None:
     """Check the audit log's hash chain: prints OK, or the first bad line and exits 1."""
-    verdict = backend().audit_verify()
-    out.print(verdict["text"])
-    if not verdict["ok"]:
-        raise typer.Exit(1)
+    _exit(calls.audit_verify())
 
 
 def _old_noun(old: str, new: str, command: Any) -> Any:

@@ -18,7 +18,7 @@ import typer
 
 from forkd.base.durations import EXAMPLES, parse_duration
 from forkd.base.errors import ForkdError
-from forkd.cli.output import Fmt, err
+from forkd.cli.output import Fmt, old_spelling  # noqa: F401 - old_spelling: here too, beside the flags
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="output format: table, json or yaml")
 
@@ -94,10 +94,6 @@ def count_option(default: int, what: str) -> Any:
 
 
 OLD_COUNT = typer.Option(None, "-n", hidden=True, help="old spelling of --count")
-
-
-def old_spelling(old: str, new: str) -> None:
-    err.print(f"[yellow]warning:[/] `{old}` is the old spelling of `{new}`; it still works, but use `{new}`")
 
 
 def count(value: int, old: int | None) -> int:

@@ -86,6 +86,11 @@ def emit(data: Any, fmt: Fmt, columns: list[tuple[str, str]] | None = None, rows
         out.print(table(columns or [], rows or [], title))
 
 
+def old_spelling(old: str, new: str) -> None:
+    """The warning an old spelling of a verb or flag prints (it still runs)."""
+    err.print(f"[yellow]warning:[/] `{old}` is the old spelling of `{new}`; it still works, but use `{new}`")
+
+
 class Progress:
     """Progress lines on stderr with elapsed seconds (stdout stays clean for -o json)."""
 

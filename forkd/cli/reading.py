@@ -1,5 +1,5 @@
-"""The verbs that only read: `forkd ls` and `forkd snapshot ls`, without typer (forkd.cli.direct runs
-them before the command tree is built; forkd.cli.main and forkd.cli.config declare them). Through a daemon they
+"""The verbs that only read: `forkd ls`, `forkd snapshot ls` and `forkd config`, without typer (forkd.cli.direct
+runs them before the command tree is built; forkd.cli.main and forkd.cli.config declare them). Through a daemon they
 read through forkd.cli.daemon's backend(), else in-process."""
 
 from __future__ import annotations
@@ -33,6 +33,28 @@ def snapshots(output: str = Fmt.table) -> None:
         rows.append([s.tag, s.status, str(s.memory_mib), s.accel or "-", size(s.memory_stored_bytes),
                      size(s.disk_bytes) if s.disk_sha256 else "-", created + (f"  {s.error}" if s.error else "")])
     emit(data, Fmt(output or Fmt.table), SNAPSHOT_COLUMNS, rows)
+
+
+def settings(output: str | None = None) -> int:
+    """`forkd config`: every setting, read without the settings model when every value set reads plainly
+    (forkd.cli.settings_table); 2 when a value set does not parse."""
+    from forkd.cli.settings_table import describe as plainly
+
+    rows = plainly()
+    if rows is None:
+        from forkd.base.settings import describe
+
+        rows = [r.__dict__ for r in describe()]
+    colour = {"env": "cyan", "default": "dim", "invalid": "red"}
+    emit(rows, Fmt(output or Fmt.table), [("NAME", "left"), ("VALUE", "left"), ("DEFAULT", "left"),
+                                          ("SOURCE", "left"), ("DOC", "left")],
+         [[r["name"], _cell(r["value"]), _cell(r["default"]), f"[{colour[r['source']]}]{r['source']}[/]", r["doc"]]
+          for r in rows])
+    return 2 if any(r["source"] == "invalid" for r in rows) else 0
+
+
+def _cell(v: object) -> str:
+    return "-" if v is None or v == "" else str(v)
 
 
 def child_rows(recs: list[dict]) -> list[list[str]]:
