@@ -9,7 +9,7 @@ import click
 import pytest
 
 from forkd.cli import direct
-from forkd.cli.direct import DIRECT, DURATION, FLAG, MANY, NUMBER, OUTPUT, VALUE, WIDE
+from forkd.cli.direct import COUNT, DIRECT, DURATION, FLAG, MANY, NUMBER, OUTPUT, VALUE, WIDE
 from forkd.cli.streams import docker_argv
 from forkd.cli.tree import _verb, command_tree
 
@@ -23,6 +23,8 @@ def _kind(p: click.Option) -> str:
         return WIDE if "wide" in p.type.choices else OUTPUT
     if isinstance(p.type, click.types.FloatParamType):
         return NUMBER
+    if isinstance(p.type, click.types.IntParamType):
+        return COUNT
     return DURATION if p.name == "timeout" else VALUE
 
 
@@ -64,7 +66,8 @@ def _tree_values(name: str, words: list[str]) -> dict:
     plain = {}
     for k, v in ctx.params.items():
         v = str(v) if k == "output" else v
-        plain[k] = list(v) if isinstance(v, tuple | list) else [] if v is None and k in ("label", "env", "cmd") else v
+        none = v is None and k in ("label", "env", "cmd", "egress")  # a repeatable flag not given: no values
+        plain[k] = list(v) if isinstance(v, tuple | list) else [] if none else v
     return plain
 
 
@@ -84,7 +87,10 @@ LINES = [
     ["describe", "--namespace", "ns", "pool/p"], ["ping", "c1"], ["eval", "c1", "1+1"],
     ["eval", "--timeout", "5m", "c1", "x", "-o", "json"], ["kill"], ["kill", "c1", "c2"], ["kill", "--all"],
     ["kill", "--tag=t1"], ["gc"], ["gc", "--dry-run", "--grace", "5"], ["gc", "--grace=0.5", "-o", "json"],
-    ["audit", "verify"],
+    ["audit", "verify"], ["fork", "--tag", "t1"], ["fork", "-t", "t1", "--count", "3", "-o", "json"],
+    ["fork", "--tag=t1", "-n", "2", "--timeout", "2m", "--per-child-netns", "--memory-limit-mib", "256"],
+    ["fork", "--tag", "t1", "--egress", "10.0.0.0/8:5432", "--egress=192.0.2.7:80", "--prime", "true"],
+    ["fork", "--from-sandbox", "c1", "--keep", "--allow-unconstrained", "--egress", "internet"],
 ]
 
 
@@ -107,7 +113,9 @@ def test_direct_parses_a_command_line_as_the_tree_does(argv):
     ["--log-level", "DEBUG", "ls"], ["fork", "--help"], ["snapshot", "ls", "--help"], ["snapshot"],
     ["snapshot", "info"], ["get", "pools", "-o", "name"], ["get"], ["get", "a", "b", "c"], ["gc", "--grace", "1e3"],
     ["gc", "--grace", "-1"], ["gc", "--grace", "."], ["eval", "c1"], ["eval", "c1", "x", "--timeout", "soon"],
-    ["kill", "--al"], ["ping"], ["ping", "c1", "c2"], ["describe", "pool/p", "-A"], ["audit"], ["config", "x"],
+    ["kill", "--al"], ["fork", "--tag", "t1", "--count", "0"], ["fork", "--tag", "t1", "--count", "x"],
+    ["fork", "--tag", "t1", "--memory-limit-mib", "-5"], ["fork", "--tag", "t1", "--timeout", "1e3"],
+    ["ping"], ["ping", "c1", "c2"], ["describe", "pool/p", "-A"], ["audit"], ["config", "x"],
 ], ids=" ".join)
 def test_what_direct_does_not_take_whole_goes_to_the_tree(argv):
     assert direct.run(list(argv)) is None

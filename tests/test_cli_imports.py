@@ -121,13 +121,14 @@ def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     (["ls", "-o", "json"], "/v1/children", b"[]"),
     (["logs", "cnosuch"], "/v1/children/cnosuch/logs", b'{"data": "", "offset": 0}'),
     (["exec", "cnosuch", "true"], "/v1/children/cnosuch/processes", b'{"type": "exit", "exit_code": 0}'),
-    # through RemoteBackend, over the CLI's own transport; run by forkd.cli.direct but for fork (the tree's)
+    # run by forkd.cli.direct, through RemoteBackend over the CLI's own transport
     (["get", "pools"], "/v1/pools", b"[]"),  # kind names from forkd.spec.kinds, documents as the daemon sends them
     (["get", "pool/p", "-o", "json"], "/v1/pools/p", POOL),
     (["describe", "pool/p"], "/v1/pools/p/describe", b'{"object": %s, "events": []}' % POOL),
     (["ping", "c1"], "/v1/children/c1/ping", b'{"pong": true}'),
     (["eval", "c1", "1"], "/v1/children/c1/eval", b'{"result": "1", "error": null, "stdout": ""}'),
     (["fork", "--tag", "t1"], "/v1/children", b'{"children": []}'),  # the daemon checks the request
+    (["fork", "--tag", "t1", "--egress", "10.0.0.0/8:5432"], "/v1/children", b'{"children": []}'),
     (["gc", "--dry-run"], "/v1/gc", GC),
     (["snapshot-info", "t1"], "/v1/snapshots/t1/info", b"{}"),
     (["rmi", "t1"], "/v1/snapshots/t1/delete", b'{"deleted": ["t1"]}'),
@@ -141,9 +142,7 @@ def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer,
     method = "POST" if argv[0] in ("exec", "rmi", "kill", "ping", "eval", "fork", "gc") else "GET"
     assert Answering.seen.get((method, path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
-    tree = argv[0] == "fork"  # the verbs forkd.cli.direct does not run: the command tree's
-    banned = {"exec": NO_PRINTER, "logs": NO_PRINTER}.get(argv[0], NO_HEAVY_CLIENT if tree else NO_TREE_CLIENT)
-    banned += other_verbs(argv[0])
+    banned = {"exec": NO_PRINTER, "logs": NO_PRINTER}.get(argv[0], NO_TREE_CLIENT) + other_verbs(argv[0])
     assert heavy(modules, banned) == []
 
 

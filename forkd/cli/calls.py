@@ -6,9 +6,17 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
+from forkd.base.errors import InvalidInput
 from forkd.cli.daemon import backend
-from forkd.cli.output import Fmt, emit, old_spelling, out
+from forkd.cli.output import Fmt, Progress, emit, err, old_spelling, out
+from forkd.cli.reading import CHILD_COLUMNS, child_rows
+
+# Spawn's fields -> the flags a user types for them (errors name the flag, forkd.core.requests.invalid_flags)
+SPAWN_FLAGS = {"tag": "--tag", "n": "--count", "timeout": "--timeout", "network": "--per-child-netns",
+               "memory_limit_mib": "--memory-limit-mib", "allow_unconstrained": "--allow-unconstrained",
+               "prime": "--prime", "egress": "--egress"}
 
 GC_KINDS = ("reaped", "processes", "netns", "veths", "leases", "cgroups", "dirs", "memory_files", "temporaries",
             "overlay_templates")
@@ -37,6 +45,72 @@ def eval_(child: str, code: str, output: str | None = None, timeout: float = 60.
         else:
             sys.stdout.write(f"{res['value']}\n")  # the guest's text, as it is (no style tags read in it)
     return 1 if res["error"] else 0
+
+
+def fork(tag: str | None = None, from_sandbox: str | None = None, keep: bool = False, n: int = 1,
+         n_old: int | None = None, timeout: float = 60.0, per_child_netns: bool = False,
+         memory_limit_mib: int | None = None, egress: list[str] | None = None, allow_unconstrained: bool = False,
+         prime: list[str] | None = None, output: str | None = None) -> int:
+    """`forkd fork` (`n_old`: `-n N`, the old spelling of --count, warned): 2 for flags that do not go together."""
+    t0, fmt = time.perf_counter(), Fmt(output or Fmt.table)
+    if tag is None and from_sandbox is None:
+        err.print("[red]error:[/] name a snapshot (--tag T) or a running child (--from-sandbox ID)")
+        return 2
+    if n_old is not None:
+        old_spelling("-n N", "--count N")
+        n = n_old
+    if from_sandbox and prime:
+        err.print("[red]error:[/] --prime applies to children of a snapshot (--tag), not to --from-sandbox: "
+                  "run the command in the child before forking it")
+        return 2
+    policy = egress_json(egress)
+    if from_sandbox:
+        from forkd.client import parse_egress
+
+        policy = None if policy is None else parse_egress(policy, "--egress")
+        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=policy)
+        emit({"children": recs}, fmt, CHILD_COLUMNS, child_rows(recs))
+        return 0
+    fields = {"tag": tag, "n": n, "timeout": timeout, "network": "isolated" if per_child_netns else None,
+              "memory_limit_mib": memory_limit_mib, "allow_unconstrained": allow_unconstrained,
+              "prime": list(prime or ()), "egress": policy or "none"}
+    recs = _spawn(backend(), fields, Progress(quiet=fmt != Fmt.table))
+    total = (time.perf_counter() - t0) * 1000.0
+    emit({"children": recs, "all_answered_ms": total}, fmt, CHILD_COLUMNS, child_rows(recs))
+    if fmt == Fmt.table:
+        out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
+    return 0
+
+
+def egress_json(values: list[str] | None) -> Any:
+    """--egress values (none | internet | CIDR:port, repeated) as a request's JSON says them ("none", "internet" or
+    {"allow": [...]}), for the daemon to check; None when not given. InvalidInput: none or internet beside
+    CIDR:port entries."""
+    if not values:
+        return None
+    if len(values) == 1 and values[0] in ("none", "internet"):
+        return values[0]
+    if any(v in ("none", "internet") for v in values):
+        raise InvalidInput("--egress none or internet stands alone; an allow list is CIDR:port entries only",
+                           hint="fix --egress and run the command again")
+    return {"allow": list(values)}
+
+
+def _spawn(b: Any, fields: dict[str, Any], progress: Progress) -> list:
+    """`forkd fork --tag`'s children. A daemon takes the request as JSON and checks it itself; when it refuses it
+    (422), the same rules run here, so that the error names the flags typed (SPAWN_FLAGS), not the fields."""
+    if not getattr(b, "plain", False):  # in-process: the typed request
+        from forkd.client import Spawn
+
+        return b.fork(Spawn.of(flags=SPAWN_FLAGS, **fields), progress=progress)
+    try:
+        return b.fork(fields, progress=progress)
+    except InvalidInput as exc:
+        if exc.status == 422:
+            from forkd.client import Spawn
+
+            Spawn.of(flags=SPAWN_FLAGS, **fields)
+        raise
 
 
 def kill(ids: list[str] | None = None, all_: bool = False, tag: str | None = None) -> None:

@@ -1,6 +1,6 @@
 """The verbs `forkd` runs before its command tree is built, with the standard library alone: `forkd --help` and
 the verbs that read, stream or make one call through a daemon (version, config, ls, snapshot ls/info/rm, get,
-describe, exec, logs, ping, eval, kill, gc, audit verify). They start without typer and click, which cost most of
+describe, exec, logs, ping, eval, fork, kill, gc, audit verify). They start without typer and click, which cost most of
 the rest of a start.
 
 `DIRECT` spells each of these verbs' flags as its typer command declares them (tests/test_cli_direct.py checks
@@ -23,8 +23,10 @@ if TYPE_CHECKING:
 OUTPUTS = ("table", "json", "yaml")  # forkd.cli.output.Fmt
 WIDE_OUTPUTS = ("table", "wide", "yaml", "json")  # forkd.cli.declarative.GetOut
 # kinds of flag: a bool, one value, a repeatable value, a duration (seconds, as forkd.cli.options.duration_value
-# gives them), a plain decimal number (a float), an output format (OUTPUTS; WIDE: WIDE_OUTPUTS)
-FLAG, VALUE, MANY, DURATION, NUMBER, OUTPUT, WIDE = "flag", "value", "many", "duration", "number", "output", "wide"
+# gives them), a plain decimal number (a float), a count (an int, 1 or more), an output format (OUTPUTS; WIDE:
+# WIDE_OUTPUTS)
+FLAG, VALUE, MANY, DURATION, NUMBER, COUNT = "flag", "value", "many", "duration", "number", "count"
+OUTPUT, WIDE = "output", "wide"
 _NUMBER = "0123456789."
 
 
@@ -64,6 +66,15 @@ DIRECT: dict[str, Verb] = {
     "ping": Verb("calls:ping", {}, ("child",)),
     "eval": Verb("calls:eval_", {**_OUT, **_spell("timeout", DURATION, "--timeout")}, ("child", "code"),
                  {"timeout": 60.0}),
+    "fork": Verb("calls:fork", {**_spell("tag", VALUE, "-t", "--tag"),
+                                **_spell("from_sandbox", VALUE, "--from-sandbox"),
+                                **_spell("keep", FLAG, "--keep"), **_spell("n", COUNT, "--count"),
+                                **_spell("n_old", COUNT, "-n"), **_spell("timeout", DURATION, "--timeout"),
+                                **_spell("per_child_netns", FLAG, "--per-child-netns"),
+                                **_spell("memory_limit_mib", COUNT, "--memory-limit-mib"),
+                                **_spell("egress", MANY, "--egress"),
+                                **_spell("allow_unconstrained", FLAG, "--allow-unconstrained"),
+                                **_spell("prime", MANY, "--prime"), **_OUT}, defaults={"n": 1, "timeout": 60.0}),
     "kill": Verb("calls:kill", {**_spell("all_", FLAG, "--all"), **_spell("tag", VALUE, "--tag")}, ("ids*",)),
     "gc": Verb("calls:gc", {**_spell("dry_run", FLAG, "--dry-run"), **_spell("grace", NUMBER, "--grace"), **_OUT},
                defaults={"grace": 60.0}),
@@ -131,6 +142,10 @@ def _value(kind: str, text: str, old: Any) -> Any:
         return [*old, text]
     if (kind == OUTPUT and text not in OUTPUTS) or (kind == WIDE and text not in WIDE_OUTPUTS):
         raise Unparsed(text)
+    if kind == COUNT:  # 1 or more, as plain digits: anything else is the tree's to read or refuse
+        if not text.isdigit() or not text.isascii() or text.startswith("0"):
+            raise Unparsed(text)
+        return int(text)
     if kind == NUMBER:  # plain decimals only: anything else is the tree's to read or refuse
         if not text or text.strip(_NUMBER) or text.count(".") > 1 or text == ".":
             raise Unparsed(text)

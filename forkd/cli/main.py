@@ -31,14 +31,11 @@ from forkd.cli.options import (
     count,
     count_option,
     duration_value,
-    egress_from,
     egress_option,
-    egress_raw,
     old_spelling,
     timeout_option,
 )
-from forkd.cli.output import Fmt, Progress, emit, err, ms, out, size
-from forkd.cli.reading import CHILD_COLUMNS, child_rows
+from forkd.cli.output import Fmt, Progress, emit, ms, out, size
 from forkd.cli.tree import app, main  # noqa: F401 - the root (tests, the reference) and `python -m forkd.cli.main`
 
 verbs = typer.Typer()  # this module's verbs; register() adds them to the root (forkd.cli.verbs)
@@ -48,13 +45,11 @@ snapshot_app = typer.Typer(help="Snapshots: create, ls, info, diff (a layer), co
 snapshot_app.callback(invoke_without_command=True)(branch_cli.snapshot_from_sandbox)
 
 OUTPUT = typer.Option(Fmt.table, "-o", "--output", help="table, json or yaml")
-# request field -> the flag a user types for it (errors name the flag, forkd.core.requests.invalid_flags)
+# request field -> the flag a user types for it (errors name the flag, forkd.core.requests.invalid_flags;
+# fork's: forkd.cli.calls.SPAWN_FLAGS)
 PARENT_FLAGS = {"tag": "--tag", "memory_mib": "--memory-mib", "vcpus": "--vcpus", "warm_imports": "--warm-import",
                 "warm_run": "--warm-run", "warm_exec": "--warm-exec", "network": "--network"}
 LAYER_FLAGS = {"tag": "--tag", "parent_tag": "--from", "run": "--run", "imports": "--import", "code": "--exec"}
-SPAWN_FLAGS = {"tag": "--tag", "n": "--count", "timeout": "--timeout", "network": "--per-child-netns",
-               "memory_limit_mib": "--memory-limit-mib", "allow_unconstrained": "--allow-unconstrained",
-               "prime": "--prime", "egress": "--egress"}
 
 
 def _exit(code: int) -> None:
@@ -185,46 +180,8 @@ def fork(tag: str | None = typer.Option(None, "--tag", "-t", help="snapshot to f
          output: Fmt = OUTPUT) -> None:
     """Fork N children of a snapshot (--tag), or of a running child as it is now (--from-sandbox ID); returns when
     every child answered. Children outlive this command; through the daemon they live FORKD_SANDBOX_TIMEOUT."""
-    t0 = time.perf_counter()
-    if tag is None and from_sandbox is None:
-        err.print("[red]error:[/] name a snapshot (--tag T) or a running child (--from-sandbox ID)")
-        raise typer.Exit(2)
-    n = count(n, n_old)
-    if from_sandbox and prime:
-        err.print("[red]error:[/] --prime applies to children of a snapshot (--tag), not to --from-sandbox: "
-                  "run the command in the child before forking it")
-        raise typer.Exit(2)
-    if from_sandbox:
-        recs = backend().fork_from(from_sandbox, n, tag=tag, keep=keep, egress=egress_from(egress))
-        emit({"children": recs}, output, CHILD_COLUMNS, child_rows(recs))
-        return
-    fields = {"tag": tag, "n": n, "timeout": timeout, "network": "isolated" if per_child_netns else None,
-              "memory_limit_mib": memory_limit_mib, "allow_unconstrained": allow_unconstrained,
-              "prime": list(prime), "egress": egress_raw(egress) or "none"}
-    recs = _spawn(backend(), fields, Progress(quiet=output != Fmt.table))
-    total = (time.perf_counter() - t0) * 1000.0
-    emit({"children": recs, "all_answered_ms": total}, output, CHILD_COLUMNS, child_rows(recs))
-    if output == Fmt.table:
-        out.print(f"{len(recs)} children answering, the last after {total:.0f} ms")
-
-
-def _spawn(b: Any, fields: dict[str, Any], progress: Progress) -> list:
-    """`forkd fork --tag`'s children. A daemon takes the request as JSON and checks it itself; when it refuses it
-    (422), the same rules run here, so that the error names the flags typed (SPAWN_FLAGS), not the fields."""
-    from forkd.base.errors import InvalidInput
-
-    if not getattr(b, "plain", False):  # in-process: the typed request
-        from forkd.client import Spawn
-
-        return b.fork(Spawn.of(flags=SPAWN_FLAGS, **fields), progress=progress)
-    try:
-        return b.fork(fields, progress=progress)
-    except InvalidInput as exc:
-        if exc.status == 422:
-            from forkd.client import Spawn
-
-            Spawn.of(flags=SPAWN_FLAGS, **fields)
-        raise
+    _exit(calls.fork(tag, from_sandbox, keep, n, n_old, timeout, per_child_netns, memory_limit_mib, egress,
+                     allow_unconstrained, prime, output))
 
 
 @verbs.command("set-timeout")

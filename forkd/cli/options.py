@@ -55,15 +55,13 @@ def lifetime_option(what: str) -> Any:
 
 
 def egress_raw(values: list[str] | None) -> Any:
-    """--egress values as a request's JSON says them ("none", "internet" or {"allow": [...]}), unchecked; None when
-    not given (none or internet beside CIDR:port entries: exit 2)."""
-    if not values:
-        return None
-    if len(values) == 1 and values[0] in ("none", "internet"):
-        return values[0]
-    if any(v in ("none", "internet") for v in values):
-        raise typer.BadParameter("--egress none or internet stands alone; an allow list is CIDR:port entries only")
-    return {"allow": list(values)}
+    """forkd.cli.calls.egress_json, refusing as a command-line parameter (exit 2)."""
+    from forkd.cli.calls import egress_json
+
+    try:
+        return egress_json(values)
+    except ForkdError as exc:
+        raise typer.BadParameter(exc.message) from None
 
 
 def egress_from(values: list[str] | None) -> Any:
