@@ -2,6 +2,7 @@
 """CLI start-up per verb: wall time of `forkd VERB` end to end, against the daemon answering on $FORKD_HOME.
 
     python3 bench/cli_start.py [--runs 20] [--verbs version,ls,...] [--before OTHER/bin/python] [-o json]
+                               [--save FILE.json]
 
 Each verb runs `--runs` times in turn (verbs interleaved, so a burst of load on a shared host hits them all alike);
 prints wall p50/p90 and CPU (user + system) p50 per verb beside `python -c pass` (the interpreter's own floor).
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--verbs", default=",".join(VERBS), help="comma-separated names from: " + ", ".join(VERBS))
     ap.add_argument("--before", metavar="PYTHON", help="also run another install's interpreter, interleaved")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    ap.add_argument("--save", metavar="FILE", help="also write the results as JSON to FILE")
     args = ap.parse_args()
     names = [n.strip() for n in args.verbs.split(",") if n.strip()]
     unknown = [n for n in names if n not in VERBS]
@@ -100,6 +102,8 @@ def main() -> None:
     res = {"load_1m": [load0, os.getloadavg()[0]], "cpus": os.cpu_count(), "verbs": summary(took[0])}
     if args.before:
         res["before"] = summary(took[1])
+    if args.save:
+        Path(args.save).write_text(json.dumps(res, indent=2) + "\n")
     if args.output == "json":
         print(json.dumps(res, indent=2))
         return
