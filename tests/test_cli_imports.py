@@ -130,7 +130,9 @@ def test_version_and_help_load_no_backend(argv, banned, tmp_path):
     (["fork", "--tag", "t1"], "/v1/children", b'{"children": []}'),  # the daemon checks the request
     (["fork", "--tag", "t1", "--egress", "10.0.0.0/8:5432"], "/v1/children", b'{"children": []}'),
     (["gc", "--dry-run"], "/v1/gc", GC),
+    (["snapshot", "info", "t1"], "/v1/snapshots/t1/info", b"{}"),
     (["snapshot-info", "t1"], "/v1/snapshots/t1/info", b"{}"),
+    (["snapshot", "rm", "t1"], "/v1/snapshots/t1/delete", b'{"deleted": ["t1"]}'),
     (["rmi", "t1"], "/v1/snapshots/t1/delete", b'{"deleted": ["t1"]}'),
     (["kill", "c1"], "/v1/children/kill", b'{"killed": [["c1", true]]}'),
     (["audit", "verify"], "/v1/audit/verify", b'{"ok": true, "text": "OK"}'),
@@ -139,7 +141,8 @@ def test_a_verb_through_a_daemon_loads_no_in_process_runtime(argv, path, answer,
     with serving(Answering) as url:
         Answering.answers = {path: ("application/json", answer)}
         code, modules = loaded(argv, tmp_path, FORKD_URL=url)
-    method = "POST" if argv[0] in ("exec", "rmi", "kill", "ping", "eval", "fork", "gc") else "GET"
+    posts = ("exec", "rmi", "kill", "ping", "eval", "fork", "gc")
+    method = "POST" if argv[0] in posts or argv[:2] == ["snapshot", "rm"] else "GET"
     assert Answering.seen.get((method, path)) == 1, Answering.seen  # it did ask the daemon
     assert code == 0
     banned = {"exec": NO_PRINTER, "logs": NO_PRINTER}.get(argv[0], NO_TREE_CLIENT) + other_verbs(argv[0])
