@@ -15,6 +15,12 @@ from forkd.base.errors import Unavailable
 MIB = 1 << 20
 
 
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged writer may still take on the filesystem of `directory`."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
 def require_room(directory: Path, need_bytes: int, what: str) -> None:
     """Unavailable naming `what`, the sizes and `directory` when its filesystem has less than `need_bytes` free."""
     st = os.statvfs(directory)

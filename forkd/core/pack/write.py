@@ -4,6 +4,8 @@ killed mid-way leaves nothing gc cannot find: forkd.base.outside)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import tarfile
 import time
@@ -12,9 +14,10 @@ from typing import TYPE_CHECKING
 
 import zstandard
 
-from forkd.base.errors import Conflict, ForkdError, NotFound
+from forkd.base.errors import Conflict, ForkdError, NotFound, Unavailable
 from forkd.base.names import check_tag
 from forkd.base.outside import publish_outside
+from forkd.base.space import free_bytes
 from forkd.core.pack.disks import disk_problem, file_hash
 from forkd.core.pack.manifest import build_manifest
 from forkd.core.pack.rules import (
@@ -108,6 +111,17 @@ def _deleted_meanwhile(rt: Runtime, snaps: list[Snapshot], out: Path, exc: Excep
                            hint=f"nothing was written to {out}; pack a snapshot that exists") from exc
 
 
+def _no_room(tag: str, out: Path, notes: Path) -> Unavailable:
+    """The pack's output filesystem (or, when it has more room, the home's, where its note goes) is full."""
+    where = out.parent
+    with contextlib.suppress(OSError):
+        if free_bytes(notes) < free_bytes(out.parent):
+            where = notes
+    return Unavailable(f"no space left on the filesystem of {where} while writing the pack of {tag!r}; {out} keeps "
+                       "what it held and no temporary is left", hint="free space there, or write the pack to another "
+                                                                     "filesystem (--output-file)")
+
+
 def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: int = 3, owned: bool = False) -> dict:
     """Write the chain of `tag` (every ancestor, root first) and its guest image to `out` (.tar.zst). `owned`:
     tags the reconciler owns may be packed (for a puller that pins the digest: forkd.core.pack.oci)."""
@@ -131,6 +145,10 @@ def pack(rt: Runtime, tag: str, out: Path, progress: Progress = quiet, level: in
         _write(out, rt.layout.tmp, raw, members, listed, progress, level)
     except (FileNotFoundError, ForkdError) as exc:  # a file gone, or found missing by the checks
         _deleted_meanwhile(rt, snaps, out, exc)
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _no_room(tag, out, rt.layout.tmp) from exc
         raise
     return {"tag": tag, "chain": manifest["chain"], "image_id": manifest["image_id"], "path": str(out),
             "members": len(listed), "logical_bytes": sum(m["size"] for m in listed),
