@@ -169,8 +169,8 @@ def index_block(page: Path, directory: Path) -> str:
     reps = reports_in(directory)
     if not reps:
         return f"{INDEX_BEGIN}\nNo report yet: run `python3 bench/all.py --short`.\n{INDEX_END}"
-    out = [INDEX_BEGIN, f"**Latest report: [{reps[0].stem}]({rel}/{reps[0].name})** (every figure quoted in these "
-           "docs comes from it).", "", "All reports, newest first:", ""]
+    out = [INDEX_BEGIN, f"**Latest report: [{reps[0].stem}]({rel}/{reps[0].name})** (the figures the docs quote "
+           "from a bench/all.py run come from it).", "", "All reports, newest first:", ""]
     out += [f"- [{p.stem}]({rel}/{p.name})" for p in reps]
     return "\n".join([*out, INDEX_END])
 
