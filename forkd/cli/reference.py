@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from forkd.cli.tree import command_tree
+
+_CODE_OR_BRACKET = re.compile(r"(`[^`]*`)|([\[\]])")
+
+
+def _text(s: str) -> str:
+    """Help text as Markdown: brackets outside code spans escaped (a synopsis `[-t] [-w DIR]` is not a link)."""
+    return _CODE_OR_BRACKET.sub(lambda m: m[1] or "\\" + m[2], s)
 
 
 def _param_row(p: Any) -> str:
     names = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts]) if p.param_type_name == "option" \
         else f"`{p.metavar or p.name.upper()}`"
-    help_ = " ".join((getattr(p, "help", None) or "").split()).replace("|", "\\|")
+    help_ = _text(" ".join((getattr(p, "help", None) or "").split()).replace("|", "\\|"))
     default = p.default if p.param_type_name == "option" and p.default not in (None, False, [], ()) else None
     if default is not None and not callable(default):
         help_ += f" (default: `{getattr(default, 'value', default)}`)"
@@ -18,13 +26,13 @@ def _param_row(p: Any) -> str:
 
 
 def _command(cmd: Any, path: str, level: int) -> list[str]:
-    doc = (cmd.help or "").strip()
+    doc = _text((cmd.help or "").strip())
     lines = [f"{'#' * level} `{path}`", "", doc, ""] if doc else [f"{'#' * level} `{path}`", ""]
     params = [p for p in cmd.params if not getattr(p, "hidden", False) and p.name not in ("help",)]
     if params:
         lines += ["| argument or option | what it does |", "|---|---|", *(_param_row(p) for p in params), ""]
     if cmd.epilog:
-        lines += [" ".join(cmd.epilog.split()), ""]
+        lines += [_text(" ".join(cmd.epilog.split())), ""]
     sub = getattr(cmd, "commands", None)
     for name in sorted(sub or {}):
         child = sub[name]
@@ -37,7 +45,7 @@ def markdown(app: Any = None) -> str:
     """Every visible command of `forkd`, its help, arguments and options, in the tree's order."""
     root = command_tree() if app is None else command_tree(app)
     lines = ["# CLI reference", "", "Generated from the command definitions (`forkd/cli/`); `forkd COMMAND --help` "
-             "prints the same.", "", " ".join((root.help or "").split()), "", "## Global options", "",
+             "prints the same.", "", _text(" ".join((root.help or "").split())), "", "## Global options", "",
              "| option | what it does |", "|---|---|",
              *(_param_row(p) for p in root.params if not getattr(p, "hidden", False)), ""]
     for name in sorted(root.commands):
