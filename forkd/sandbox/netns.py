@@ -33,6 +33,7 @@ import ctypes
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import secrets
@@ -60,13 +61,15 @@ NETNS_PREFIX = "forkd-"
 HOST_IF_PREFIX = "fkh"
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
-MS_BIND, MNT_DETACH = 4096, 2
+MS_BIND, MS_REC, MS_SHARED, MNT_DETACH = 0x1000, 0x4000, 1 << 20, 2
 TUNSETIFF, TUNSETPERSIST = 0x400454CA, 0x400454CB
 IFF_TAP, IFF_NO_PI = 0x0002, 0x1000
 
 _libc = ctypes.CDLL(None, use_errno=True)
+log = logging.getLogger("forkd.netns")
 _host_ready = threading.Lock()
 _host_done = False
+_dir_shared = False
 
 
 def _iproute():
@@ -250,12 +253,58 @@ def _host_lock() -> contextlib.AbstractContextManager[None]:
     return file_lock(run_dir / ".host.lock")
 
 
+def _mounts_beneath(directory: Path) -> list[str]:
+    """Mount points strictly below `directory` that its paths reach (mountinfo also lists mounts hidden by a later
+    mount over their directory: those are another device's than the path resolves to)."""
+    prefix, here = str(directory) + "/", os.stat(directory).st_dev
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            with contextlib.suppress(OSError):
+                if point.startswith(prefix) and os.stat(point).st_dev != here:
+                    out.append(point)
+    return out
+
+
+def ensure_shared_dir() -> None:
+    """/run/netns a shared mount of its own before forkd mounts a namespace there, as `ip netns add` makes it.
+
+    Where it is a plain directory, the first `ip netns add` run on the host afterwards bind-mounts it over itself,
+    hiding every namespace mounted there before: their paths then open an empty file, and removing them (umount
+    by path, unlink) fails, so each leaks until reboot. Made so while nothing is mounted beneath it yet (a
+    namespace mounted beneath would be hidden by the bind in just that way): otherwise left as it is, with a
+    warning, and tried again at the next namespace."""
+    global _dir_shared
+    if _dir_shared:
+        return
+    NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    path = str(NETNS_DIR).encode()
+    with _host_lock():
+        if _libc.mount(b"none", path, None, MS_SHARED | MS_REC, None) != 0:
+            e = ctypes.get_errno()
+            if e != errno.EINVAL:  # EINVAL: not a mount point of its own
+                raise NetworkError(f"making {NETNS_DIR} a shared mount: {os.strerror(e)}",
+                                   hint="run as root (CAP_SYS_ADMIN), as network isolation needs")
+            if below := _mounts_beneath(NETNS_DIR):
+                log.warning("%s is not a mount point of its own and namespaces are mounted in it already (%s): an "
+                            "`ip netns add` on this host would hide them; forkd makes it one once they are gone",
+                            NETNS_DIR, ", ".join(below[:3]))
+                return
+            if (_libc.mount(path, path, None, MS_BIND | MS_REC, None) != 0
+                    or _libc.mount(b"none", path, None, MS_SHARED | MS_REC, None) != 0):
+                e = ctypes.get_errno()
+                raise NetworkError(f"making {NETNS_DIR} a shared mount of its own: {os.strerror(e)}",
+                                   hint="run as root (CAP_SYS_ADMIN), as network isolation needs")
+    _dir_shared = True
+
+
 @contextlib.contextmanager
 def _new_netns(name: str) -> Iterator[int]:
     """Create namespace `name` and run the body inside it (this thread only; unshare(2) + a bind mount on
     /run/netns/<name>, as `ip netns add` does, without a helper process: ~1 ms). Yields an fd of the original
     namespace."""
-    NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    ensure_shared_dir()
     path = NETNS_DIR / name
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
@@ -377,8 +426,13 @@ def remove_netns(name: str) -> bool:
         return False
     path = str(NETNS_DIR / name).encode()
     _libc.umount2(path, MNT_DETACH)  # the namespace itself goes once no process or fd holds it
-    with contextlib.suppress(OSError):
+    try:
         os.unlink(NETNS_DIR / name)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # EBUSY: still a mount point, one this path no longer reaches (ensure_shared_dir)
+        log.warning("network namespace %s cannot be removed (%s): %s was mounted over after it was made, hiding "
+                    "it; it stays until the host reboots", name, exc.strerror, NETNS_DIR)
     return True
 
 
