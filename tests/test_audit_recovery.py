@@ -1,4 +1,4 @@
-"""The audit log is never torn for good (issue 15, item 6): a short write (a real one: the kernel's file size limit)
+"""The audit log is never torn for good: a short write (a real one: the kernel's file size limit)
 leaves nothing behind and is named by the next append; a torn tail a crash left is cut off and recorded as a
 recovery entry, at the next append or when a real daemon starts, and `forkd audit verify` reports it (TORN before,
 OK with the recovery named after, TAMPERED if lines the head recorded were removed first)."""
@@ -148,3 +148,31 @@ def test_an_edited_last_line_is_tampering(tmp_path):
     assert not v.ok and v.bad_line == 3 and "last line differs" in v.reason, str(v)
     r = cli_verify(tmp_path)
     assert r.returncode != 0 and "TAMPERED" in r.stdout + r.stderr
+
+
+def test_an_append_between_verifys_two_reads_is_not_called_tampering(tmp_path, monkeypatch):
+    """`verify` reads the head and the log one after the other while a daemon may append: an append landing
+    between the two reads (made here, synchronously, right after the first read returns, whichever it is) must
+    leave the log verifying OK. Read log first, head second, that log looked truncated (the soak saw it)."""
+    import forkd.core.audit as audit
+
+    log = AuditLog(tmp_path)
+    for i in range(3):
+        log.append("unix:0", "POST /v1/children", f"c{i}", "ok", 1.0)
+    first: list[str] = []
+
+    def then_append(name, read):
+        def wrapped(p):
+            out = read(p)
+            if not first:
+                first.append(name)
+                log.append("unix:0", "POST /v1/children/kill", "c0", "ok", 1.0)
+            return out
+        return wrapped
+
+    monkeypatch.setattr(audit, "_read_head", then_append("head", audit._read_head))
+    monkeypatch.setattr(audit, "_read_log", then_append("log", audit._read_log))
+    v = verify(tmp_path)
+    assert first and v.ok, (first, str(v))
+    monkeypatch.undo()
+    assert verify(tmp_path).ok and verify(tmp_path).lines == 4

@@ -281,13 +281,32 @@ def _chain(lines: list[bytes]) -> tuple[str, Verdict | None, tuple[int, ...], in
     return prev, None, tuple(recovered), lost
 
 
-def verify(home: Path) -> Verdict:
-    """Check the chain of $FORKD_HOME/audit.log and its head record (see the module doc)."""
-    path, head_path = Path(home) / LOG_NAME, Path(home) / HEAD_NAME
+def _read_head(head_path: Path) -> str | None:
+    """The head record's text, None when there is none."""
     try:
-        data = path.read_bytes()
+        return head_path.read_text()
     except FileNotFoundError:
-        if head_path.exists():
+        return None
+
+
+def _read_log(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def verify(home: Path) -> Verdict:
+    """Check the chain of $FORKD_HOME/audit.log and its head record (see the module doc).
+
+    The head is read before the log: an append landing between the two reads then shows as a line after the
+    head's, which is tolerated; read the other way round, a log read just before an append and a head read just
+    after it looked truncated (the head counting a line the log read did not have)."""
+    path, head_path = Path(home) / LOG_NAME, Path(home) / HEAD_NAME
+    head = _read_head(head_path)
+    data = _read_log(path)
+    if data is None:
+        if head is not None:
             return Verdict(False, 0, None, f"{path} is missing but {head_path} records appends")
         return Verdict(True, 0)
     whole = data[:data.rfind(b"\n") + 1]
@@ -296,15 +315,22 @@ def verify(home: Path) -> Verdict:
     prev, bad, recovered, lost = _chain(lines)
     if bad is not None:
         return bad
-    try:
-        count_s, last = head_path.read_text().split()[:2]
-        count = int(count_s)
-    except FileNotFoundError:
-        count, last = 0, GENESIS
+    if head is None:
         if lines:
             return Verdict(False, len(lines), None, f"{head_path} is missing")
-    except ValueError:
-        return Verdict(False, len(lines), None, f"{head_path} is unreadable")
+        count, last, pending = 0, GENESIS, 0
+    else:
+        try:
+            fields = head.split()
+            count, last, pending = int(fields[0]), fields[1], int(fields[2]) if len(fields) > 2 else 0
+        except (ValueError, IndexError):
+            return Verdict(False, len(lines), None, f"{head_path} is unreadable")
+    return _judge(lines, prev, torn, count, last, pending, recovered, lost)
+
+
+def _judge(lines: list[bytes], prev: str, torn: int, count: int, last: str, pending: int,
+           recovered: tuple[int, ...], lost: int) -> Verdict:
+    """The verdict on a log of whole `lines` (chain intact, ending in `prev`) against its head (count, last)."""
     cut = f" (and the last line is cut off: {torn} bytes without a newline)" if torn else ""
     if len(lines) < count:
         return Verdict(False, len(lines), len(lines) + 1 if lines else 1,
@@ -319,5 +345,4 @@ def verify(home: Path) -> Verdict:
                        f"the last line is cut off ({torn} bytes without a newline) after every line the head "
                        "recorded: a write cut short by a crash. The daemon cuts it off and records the cut at "
                        "its start or next append", torn=True, recovered=recovered, lost=lost)
-    pending = _head_fields(head_path)[2]
     return Verdict(not pending, len(lines), recovered=recovered, lost=lost, pending_lost=pending)
