@@ -4,7 +4,7 @@
 #   2. fast:  every test that boots no VM (-m "not vm and not bench and not long"), on FORKD_TEST_WORKERS
 #             pytest-xdist workers (default 4: most of these wait on subprocesses and daemons, not on a CPU)
 #   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long"), on FORKD_VM_WORKERS workers (default 0:
-#             one process; a whole VM tier on 2 workers has not passed yet, bench/reports/*-ci-tiers.md; each worker
+#             one process; on 2 workers a whole VM tier hit an anyio race once, bench/reports/*-ci-tiers.md; each worker
 #             builds its own base snapshot), then the benchmark scripts' short modes in one process
 #             (-m "bench and not long": they measure the host and hold its memory)
 # In each tier the tests marked `serial` (they swap off host-wide state: the zram swap of tests/swap.py) run alone
