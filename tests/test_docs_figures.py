@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", ROOT / "SECURITY.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md")),
+# pages generated from the code's settings, models and metrics (tests/test_reference_pages.py): their numbers are
+# defaults and limits, never measurements
+GENERATED = {"settings.md", "spec.md", "metrics.md"}
+PAGES = [ROOT / "README.md", ROOT / "SECURITY.md", ROOT / "ARCHITECTURE.md",
+         *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in GENERATED),
          *sorted((ROOT / "docs" / "layers").glob("*.md"))]
 REPORT_DIRS = ("bench/reports/", "docs/benchmarks/")
 
