@@ -104,14 +104,16 @@ def reclaim_ms() -> float:
 
 
 @contextmanager
-def squeeze(leave_gib: float | None):
-    """The host with only `leave_gib` GiB available: that much more held as hugetlb pages (added to the host's own
-    pool, which is given back as it was) until the block ends."""
+def squeeze(leave_gib: float | None, hold_gib: float | None = None):
+    """The host with only `leave_gib` GiB available (or, given `hold_gib`, with that much less available than now):
+    the difference held as hugetlb pages (added to the host's own pool, which is given back as it was) until the
+    block ends."""
     if leave_gib is None:
         yield None
         return
     saved, size = int(HUGEPAGES.read_text()), meminfo_kib("Hugepagesize") * 1024 or HUGE
-    extra = max(0, int((mem_available_kib() * 1024 - leave_gib * 2**30) // size))
+    want = hold_gib * 2**30 if hold_gib else mem_available_kib() * 1024 - leave_gib * 2**30
+    extra = max(0, int(want // size))
     try:
         HUGEPAGES.write_text(str(saved + extra))
         yield (int(HUGEPAGES.read_text()) - saved) * size / 2**30
@@ -119,8 +121,8 @@ def squeeze(leave_gib: float | None):
         HUGEPAGES.write_text(str(saved))
 
 
-def round_of(rt: Runtime, recs: list, execs: int, leave_gib: float | None) -> dict:
-    with squeeze(leave_gib) as held:
+def round_of(rt: Runtime, recs: list, execs: int, leave_gib: float | None, hold_gib: float | None = None) -> dict:
+    with squeeze(leave_gib, hold_gib) as held:
         avail0, busy0, rec0 = mem_available_kib(), host_busy_ms(), reclaim_ms()
         lat = exec_latencies(rt, [r.id for r in recs], execs)
         n = max(1, len(lat))
@@ -145,8 +147,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.defaults:
         return run_defaults(rt, args, machine)
     os.environ["FORKD_IDLE_SLEEP"] = "1"  # the sweeper below stops what it pages out, as the daemon would
-    if args.leave_gib is None:  # --short: hold back 1 GiB only
-        args.leave_gib = round(max(0.5, mem_available_kib() / 2**20 - 1.0), 1)
+    hold_gib = None
+    if args.leave_gib is None:  # --short: hold back 1 GiB only, of what is available when the round starts
+        args.leave_gib, hold_gib = round(max(0.5, mem_available_kib() / 2**20 - 1.0), 1), 1.0
     tag = parent_tag()
     ensure_snapshot(rt, tag, args.memory_mib)
     recs: list = []
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace) -> dict:
                 order = ("as_is", "squeezed") if rnd % 2 == 0 else ("squeezed", "as_is")
                 for name in order:
                     sweeper.wait_paged(rest)
-                    rows[name].append(round_of(rt, rest, args.execs, args.leave_gib if name == "squeezed" else None))
+                    rows[name].append(round_of(rt, rest, args.execs, args.leave_gib if name == "squeezed" else None,
+                                               hold_gib))
     finally:
         rt.kill([r.id for r in recs])
     touch_p50, pin_p50 = pct(touch, 50), pct([p["us_per_page"] for p in pin], 50)
