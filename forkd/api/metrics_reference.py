@@ -12,6 +12,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from forkd.api.metrics import Metrics, _StateCollector
 from forkd.base import telemetry
+from forkd.base.mdtable import cell
 
 INTRO = """# Metrics reference
 
@@ -53,7 +54,7 @@ def _states() -> list[tuple[str, str, tuple[str, ...], str]]:
 def page() -> str:
     rows = ["| metric | type | labels | what |", "| --- | --- | --- | --- |"]
     for name, typ, labels, doc in sorted(_events() + _states()):
-        rows.append(f"| `{name}` | {typ} | {', '.join(labels)} | {doc.replace('|', '/')} |")
+        rows.append(f"| `{name}` | {typ} | {', '.join(labels)} | {cell(doc)} |")
     return INTRO + "\n" + "\n".join(rows) + "\n"
 
 

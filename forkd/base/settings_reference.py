@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from forkd.base.mdtable import cell
 from forkd.base.settings import Settings, _type_name, env_name
 
 INTRO = """# Settings reference
@@ -19,10 +20,6 @@ where each comes from; a value that does not parse is an error naming the variab
 """
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _default(value: object, secret: bool) -> str:
     if secret or value is None:
         return ""
@@ -34,9 +31,8 @@ def page() -> str:
     rows = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
     for field, info in Settings.model_fields.items():
         secret = bool((info.json_schema_extra or {}).get("secret"))
-        doc = _cell(info.description or "")
-        rows.append(f"| `{env_name(field)}` | {_cell(_type_name(info.annotation))} | "
-                    f"{_default(info.default, secret)} | {doc} |")
+        rows.append(f"| `{env_name(field)}` | {cell(_type_name(info.annotation))} | "
+                    f"{_default(info.default, secret)} | {cell(info.description or '')} |")
     return INTRO + "\n" + "\n".join(rows) + "\n"
 
 

@@ -24,7 +24,7 @@ def free_bytes(directory: Path) -> int:
 def require_room(directory: Path, need_bytes: int, what: str) -> None:
     """Unavailable naming `what`, the sizes and `directory` when its filesystem has less than `need_bytes` free."""
     st = os.statvfs(directory)
-    free = st.f_bavail * st.f_frsize
+    free = free_bytes(directory)
     if st.f_blocks and free < need_bytes:  # f_blocks 0: no size limit (ramfs, tmpfs size=0): not checked
         raise Unavailable(f"{what} needs {need_bytes / MIB:.0f} MiB in {directory}, whose filesystem has "
                           f"{free / MIB:.0f} MiB free",

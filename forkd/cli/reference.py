@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from forkd.base.mdtable import cell
+from forkd.base.mdtable import text as _text
 from forkd.cli.tree import command_tree
-
-_CODE_OR_BRACKET = re.compile(r"(`[^`]*`)|([\[\]])")
-
-
-def _text(s: str) -> str:
-    """Help text as Markdown: brackets outside code spans escaped (a synopsis `[-t] [-w DIR]` is not a link)."""
-    return _CODE_OR_BRACKET.sub(lambda m: m[1] or "\\" + m[2], s)
 
 
 def _param_row(p: Any) -> str:
     names = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts]) if p.param_type_name == "option" \
         else f"`{p.metavar or p.name.upper()}`"
-    help_ = _text(" ".join((getattr(p, "help", None) or "").split()).replace("|", "\\|"))
+    help_ = cell(getattr(p, "help", None) or "")
     default = p.default if p.param_type_name == "option" and p.default not in (None, False, [], ()) else None
     if default is not None and not callable(default):
         help_ += f" (default: `{getattr(default, 'value', default)}`)"

@@ -70,6 +70,7 @@ log = logging.getLogger("forkd.netns")
 _host_ready = threading.Lock()
 _host_done = False
 _dir_shared = False
+_dir_warned = False
 
 
 def _iproute():
@@ -275,7 +276,7 @@ def ensure_shared_dir() -> None:
     by path, unlink) fails, so each leaks until reboot. Made so while nothing is mounted beneath it yet (a
     namespace mounted beneath would be hidden by the bind in just that way): otherwise left as it is, with a
     warning, and tried again at the next namespace."""
-    global _dir_shared
+    global _dir_shared, _dir_warned
     if _dir_shared:
         return
     NETNS_DIR.mkdir(parents=True, exist_ok=True)
@@ -287,6 +288,9 @@ def ensure_shared_dir() -> None:
                 raise NetworkError(f"making {NETNS_DIR} a shared mount: {os.strerror(e)}",
                                    hint="run as root (CAP_SYS_ADMIN), as network isolation needs")
             if below := _mounts_beneath(NETNS_DIR):
+                if _dir_warned:
+                    return
+                _dir_warned = True
                 log.warning("%s is not a mount point of its own and namespaces are mounted in it already (%s): an "
                             "`ip netns add` on this host would hide them; forkd makes it one once they are gone",
                             NETNS_DIR, ", ".join(below[:3]))

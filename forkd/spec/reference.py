@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from forkd.base.mdtable import cell as _cell
 from forkd.spec.models import API_VERSION, KINDS
 from forkd.spec.schema import explain
 
@@ -16,12 +17,6 @@ Every kind `forkd apply` and the CRDs take (apiVersion `{API_VERSION}`), field b
 descriptions (the same text `forkd explain KIND.path` prints and the CRDs carry). Unknown fields are errors.
 `status` is set by forkd and ignored by `forkd apply`.
 """
-
-
-def _cell(text: object) -> str:
-    """Table-safe text: pipes escaped, and brackets outside code spans too (`[:TAG]` is no link)."""
-    parts = str(text).replace("|", "\\|").replace("\n", " ").split("`")
-    return "`".join(p if i % 2 else p.replace("[", "\\[").replace("]", "\\]") for i, p in enumerate(parts))
 
 
 def _rows(path: str) -> list[str]:
