@@ -47,7 +47,8 @@ async def run_streamed(sb: Any, cmd: list[str], data: bytes | None, *, cwd: str 
                 if data is not None and out.pid is not None:
                     tg.start_soon(_send_stdin, sb, out.pid, data)
                 await _read(sb, events, out, limit)
-                tg.cancel_scope.cancel()  # the command ended: stdin it did not read is not sent
+                if out.broken:
+                    tg.cancel_scope.cancel()  # the command's fate is unknown: its stdin may block for good
     if scope.cancelled_caught:
         out.timed_out = True
         await _kill(sb, out.pid)
@@ -76,7 +77,11 @@ async def _read(sb: Any, events: Any, out: Outcome, limit: int) -> None:
 
 
 async def _send_stdin(sb: Any, pid: int, data: bytes) -> None:
-    """All of `data`, then end of file; a command that exits (or closes its stdin) first just does not get it."""
+    """All of `data`, then end of file; a command that exits (or closes its stdin) first just does not get it.
+
+    Once the command has ended the sender is left to finish (its next request fails at once), not cancelled:
+    anyio's asyncio UNIX-socket stream raises InvalidStateError from the loop when a pending read is cancelled in
+    the very iteration its socket turns readable, which a reply to that request does."""
     try:
         await sb.commands.send_stdin(pid, data, eof=True)
     except ForkdError:
