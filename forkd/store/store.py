@@ -1,11 +1,12 @@
 """The snapshot store: where snapshots live, and the writing -> ready | failed life cycle.
 
-A snapshot directory is created with a manifest saying `writing` (and the writer's pid and start time)
-before any data file; it becomes `ready` only after every file is written, fsynced and hashed, and its files
-are then made read-only. Snapshot directories are private (0700) and sealed files 0400: guest RAM and device state
-are readable by forkd's user only. Flat images live in the private flat cache (Layout.make_flat_cache), verified
-before every use. `recover()` marks `writing` snapshots whose writer is gone as `failed` and drops their
-data files, so a crash never leaves a half-written snapshot that looks usable.
+A snapshot directory comes into place with a manifest saying `writing` (and the writer's pid and start time)
+before any data file (made under a temporary name and renamed with its manifest); it becomes `ready` only after
+every file is written, fsynced and hashed, and its files are then made read-only. Snapshot directories are private
+(0700) and sealed files 0400: guest RAM and device state are readable by forkd's user only. Flat images live in the
+private flat cache (Layout.make_flat_cache), verified before every use. `recover()` marks `writing` snapshots whose
+writer is gone as `failed` and drops their data files, so a crash never leaves a half-written snapshot that looks
+usable.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from forkd.base.atomic import fsync_dir, publish, rename_into_place, write_json
+from forkd.base.atomic import publish, rename_into_place, write_json
 from forkd.base.errors import Conflict, NotFound, first_line
 from forkd.base.names import check_tag
 from forkd.base.owners import owned_name
@@ -113,22 +114,36 @@ class SnapshotStore:
         return writing(self, snap, timings)
 
     def begin(self, snap: Snapshot) -> Snapshot:
-        """Create the directory and a `writing` manifest owned by this process."""
+        """Create the directory and a `writing` manifest owned by this process: made under a temporary name and
+        renamed into place with its manifest, so no directory is ever seen under a tag without its record (a full
+        filesystem could fail the manifest after the directory; such a directory, left by an older forkd, is
+        replaced as a failed snapshot is)."""
         d = self.dir(snap.tag)
         if d.exists():
-            try:
-                old = self.get(snap.tag)
-            except CorruptManifest:
-                old = None
+            old = self._record_or_none(snap.tag)
             if old is not None and old.status != "failed":
                 raise Conflict(f"snapshot {snap.tag!r} already exists ({old.status})",
                                hint=f"delete it first with 'forkd snapshot rm {snap.tag}' or pick another tag")
             self._remove_dir(d)
-        make_private_dir(d)  # 0700: nobody else may read the RAM and device state written into it
         snap = snap.with_(status="writing", writer_pid=os.getpid(), writer_started=start_time(os.getpid()))
-        write_json(d / MANIFEST, snap.to_json(), mode=OPEN_MODE)
-        fsync_dir(self.root)
+        staged = make_private_dir(self.layout.tmp / owned_name(f"new-{snap.tag}"))  # 0700 from the start
+        try:
+            write_json(staged / MANIFEST, snap.to_json(), mode=OPEN_MODE)
+            rename_into_place(staged, d)
+        except OSError as exc:
+            shutil.rmtree(staged, ignore_errors=True)
+            if d.exists():
+                raise Conflict(f"snapshot {snap.tag!r} appeared while it was being begun",
+                               hint=f"delete it first with 'forkd snapshot rm {snap.tag}' or pick another tag") from exc
+            raise
         return snap
+
+    def _record_or_none(self, tag: str) -> Snapshot | None:
+        """The record of `tag`, None when its directory has none or an unreadable one."""
+        try:
+            return self.get(tag)
+        except (CorruptManifest, NotFound):
+            return None
 
     def commit(self, snap: Snapshot) -> Snapshot:
         d = self.dir(snap.tag)
@@ -190,10 +205,7 @@ class SnapshotStore:
         d = self.dir(tag)
         if not d.exists():
             raise NotFound(f"no snapshot tagged {tag!r}", hint="list them with 'forkd snapshot ls'")
-        try:
-            gone = self.get(tag)
-        except CorruptManifest:
-            gone = None
+        gone = self._record_or_none(tag)  # a directory without its record goes too
         self._remove_dir(d)
         if gone is not None:
             self._drop_flat_unless_owned(gone.memory_sha256)
