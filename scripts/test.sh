@@ -3,9 +3,9 @@
 #   1. lint:  import-linter (layer order), ruff, the docs site (mkdocs build --strict)
 #   2. fast:  every test that boots no VM (-m "not vm and not bench and not long"), on FORKD_TEST_WORKERS
 #             pytest-xdist workers (default 4: most of these wait on subprocesses and daemons, not on a CPU)
-#   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long"), on FORKD_VM_WORKERS workers (default 0:
-#             one process; on 2 workers a whole VM tier hit an anyio race once, bench/reports/*-ci-tiers.md; each worker
-#             builds its own base snapshot), then the benchmark scripts' short modes in one process
+#   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long"), on FORKD_VM_WORKERS workers (default 2:
+#             one per core; 0 runs them in one process; each worker builds its own base snapshot,
+#             bench/reports/*-ci-tiers.md), then the benchmark scripts' short modes in one process
 #             (-m "bench and not long": they measure the host and hold its memory)
 # In each tier the tests marked `serial` (they swap off host-wide state: the zram swap of tests/swap.py) run alone
 # after the others. Workers take whole modules (--dist loadfile), so a module fixture is set up once and torn down
@@ -55,7 +55,7 @@ tier() {  # tier WORKERS MARKERS: the tests of MARKERS on WORKERS workers, then 
 echo "== tier 2: tests that boot no VM"
 tier "${FORKD_TEST_WORKERS:-4}" "not vm and not bench and not long"
 echo "== tier 3: tests that boot VMs"
-tier "${FORKD_VM_WORKERS:-0}" "vm and not bench and not long"
+tier "${FORKD_VM_WORKERS:-2}" "vm and not bench and not long"
 echo "== tier 3: benchmark smoke"
 "${PYTEST[@]}" -m "bench and not long"
 if ((long)); then
