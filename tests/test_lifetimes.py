@@ -18,7 +18,7 @@ from forkd.sdk import Controller, Sandbox
 from tests.conftest import BASE_TAG
 from tests.test_api import start_api_daemon, stop_api_daemon
 
-SETTINGS = {"FORKD_SWEEP_INTERVAL": "0.5", "FORKD_SANDBOX_TIMEOUT": "900", "FORKD_BRANCH_TTL": "30"}
+SETTINGS = {"FORKD_SWEEP_INTERVAL": "0.5", "FORKD_SANDBOX_TIMEOUT": "900", "FORKD_BRANCH_TTL": "15"}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,13 @@ def _until(pred, what: str, limit: float = 120.0) -> None:
     while not pred():
         assert time.monotonic() < deadline, f"not within {limit:.0f} s: {what}"
         time.sleep(0.25)
+
+
+def _sweeps(daemon) -> float:
+    """Passes of the daemon's idle loop so far (forkd_sweeps_total)."""
+    with daemon.unix() as c:
+        text = c.get("/metrics").text
+    return float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("forkd_sweeps_total ")))
 
 
 def _audit(home) -> list[dict]:
@@ -124,8 +131,9 @@ def test_auto_named_branches_are_collected_but_never_while_used(daemon):
         assert res.labels.get(lifetimes.AUTO) == "branch"
         named = src.branch(tag=f"kept-{src.id}")
         user = Sandbox.create(template=tag, controller=ctrl)
-        time.sleep(max(0.0, res.created_at_unix + 33 - time.time()))  # past FORKD_BRANCH_TTL=30 s
-        time.sleep(2)  # a few sweeps more: kept while `user` runs on it
+        time.sleep(max(0.0, res.created_at_unix + 16 - time.time()))  # the TTL passing (FORKD_BRANCH_TTL=15 s)
+        passes = _sweeps(daemon)
+        _until(lambda: _sweeps(daemon) >= passes + 2, "two sweeps begun after the TTL")  # kept while `user` runs
         tags = {s.tag for s in ctrl.list_snapshots()}
         assert tag in tags and named.tag in tags
         user.kill()

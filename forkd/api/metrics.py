@@ -20,7 +20,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from forkd import __version__
@@ -94,6 +94,9 @@ class _StateCollector:
                                 value=self._stored(rt, snaps))
         yield from self._children(rt.children())
         yield from self._pools()
+        yield CounterMetricFamily("forkd_sweeps", "passes of the node's idle loop (lifetimes, throw-away branch "
+                                  "snapshots, idle page-out) since the daemon started: one that stops growing "
+                                  "enforces no lifetime", value=rt.sweeps)
 
     @staticmethod
     def _stored(rt, snaps) -> int:

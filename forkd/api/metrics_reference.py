@@ -22,7 +22,8 @@ INTRO = """# Metrics reference
 counters end in `_total`); labels take only few values (`pool`, `status`, `reason`, `kind`, `action`, `mode`,
 `residency`, and the API's `method`, `route`, `status`), never a snapshot tag or a child id, and a `pool` label
 only ever names a pool that exists. Events (histograms, counters) are observed as they happen, through
-`forkd/base/telemetry.py` for the core and the reconciler; states (gauges) are read from disk at each scrape.
+`forkd/base/telemetry.py` for the core and the reconciler; states (gauges) are read from disk at each scrape, as is
+the idle loop's pass count (`forkd_sweeps_total`) from the daemon's runtime.
 """
 
 _SUFFIX = {"counter": "_total", "info": "_info"}
@@ -46,8 +47,9 @@ def _events() -> list[tuple[str, str, tuple[str, ...], str]]:
 
 
 def _states() -> list[tuple[str, str, tuple[str, ...], str]]:
-    empty = SimpleNamespace(rt=SimpleNamespace(snapshots=list, children=list, store=None), get=lambda kind: [])
-    return [(f.name, f.type, tuple(getattr(f, "_labelnames", ())), f.documentation)
+    rt = SimpleNamespace(snapshots=list, children=list, store=None, sweeps=0)
+    empty = SimpleNamespace(rt=rt, get=lambda kind: [])
+    return [(f.name + _SUFFIX.get(f.type, ""), f.type, tuple(getattr(f, "_labelnames", ())), f.documentation)
             for f in _StateCollector(empty).collect()]
 
 

@@ -49,6 +49,7 @@ class Runtime:
         self.registry = Registry(self.layout)
         self._driver = driver
         self.conversions = Conversions()  # background conversions of its wait=False branches (this process's)
+        self.sweeps = 0  # passes its idle loop finished (forkd.core.sweeper), the metric forkd_sweeps_total
         self.handles = Children(self.registry, lambda: self.driver, self.layout.home)  # each running child's owner
 
     @property

@@ -50,6 +50,7 @@ def run(rt, stop: threading.Event, audit: AuditLog | None = None) -> None:
                 _record(audit, "rmi", tag)
         except Exception:  # noqa: BLE001 - the sweeper must survive anything one pass throws
             log.exception("sweep failed")
+        rt.sweeps += 1  # this thread alone writes it
         stop.wait(s.sweep_interval)
 
 
