@@ -87,11 +87,30 @@ POOL = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkPool", "metadata": {"na
         "spec": {"from": "metp", "warm": 1, "maxChildren": 4}}
 
 
-def wait_warm(c, n: int, timeout: float = 600) -> None:
+def wait_warm(c, n: int, claimed: int = 0, timeout: float = 600) -> None:
+    """Until the pool's status shows `n` warm and `claimed` claimed children (a status written before a claim still
+    shows the claimed child warm: waiting for warm alone could return before the refill)."""
     deadline = time.monotonic() + timeout
-    while (c.get("/v1/pools/metpool/status").json().get("warm") or 0) < n:
-        assert time.monotonic() < deadline, c.get("/v1/pools/metpool/status").json()
+
+    def status() -> dict:
+        return c.get("/v1/pools/metpool/status").json()
+
+    while (st := status()).get("warm", 0) < n or st.get("claimed", 0) < claimed:
+        assert time.monotonic() < deadline, st
         time.sleep(0.5)
+
+
+def _refills_counted(c, n: int, timeout: float = 60) -> dict:
+    """The metric families once `n` refill spawns are counted: a spawn is observed when its whole batch has
+    answered, a moment after its child shows in the pool's status; a refill never counted fails here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fams = families(c.get("/metrics").text)
+        got = value(fams, "forkd_spawn_seconds_count", pool="metpool", reason="refill")
+        if got >= n:
+            return fams
+        assert time.monotonic() < deadline, f"{got:.0f} refill spawns counted, not {n}"
+        time.sleep(0.2)
 
 
 def test_metrics_after_refill_claim_exec(home, fake_base, tmp_path):
@@ -105,8 +124,8 @@ def test_metrics_after_refill_claim_exec(home, fake_base, tmp_path):
             assert r.status_code == 200, r.text
             [child] = r.json()["sandboxes"]
             assert c.post(f"/v1/sandboxes/{child['id']}/exec", json={"args": ["true"]}).json()["exit_code"] == 0
-            wait_warm(c, 1)  # refilled after the claim
-            fams = families(c.get("/metrics").text)
+            wait_warm(c, 1, claimed=1)  # refilled after the claim
+            fams = _refills_counted(c, 2)
             c.delete(f"/v1/sandboxes/{child['id']}")
             c.delete("/v1/pools/metpool")
             c.delete("/v1/parents/metp")
