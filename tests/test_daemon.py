@@ -50,11 +50,28 @@ def start_daemon(home: Path, watch: Path) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "forkd.api", "serve", "--watch", str(watch), "--interval", "1"],
                             env=dict(os.environ, FORKD_HOME=str(home)), stdout=log, stderr=log)
     deadline = time.monotonic() + 30
-    while not (home / "forkd.sock").exists():
+    while not answers(home):  # not the socket file alone: a killed daemon's is still there
         assert proc.poll() is None, (home / "daemon-test.log").read_text()[-2000:]
-        assert time.monotonic() < deadline, "daemon socket never appeared"
+        assert time.monotonic() < deadline, "the daemon never answered on its socket"
         time.sleep(0.05)
     return proc
+
+
+def _client(home: Path):
+    import httpx
+
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(home / "forkd.sock")), base_url="http://forkd",
+                        timeout=30)
+
+
+def answers(home: Path) -> bool:
+    import httpx
+
+    try:
+        with _client(home) as c:
+            return c.get("/healthz").status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def pool(name="dpool") -> dict | None:
@@ -74,9 +91,7 @@ def wait_for(cond, timeout=180, what="condition"):
 
 def reconciles(home: Path) -> float:
     """Reconcile passes the daemon of `home` has run (forkd_reconcile_seconds_count)."""
-    import httpx
-
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(home / "forkd.sock")), base_url="http://forkd") as c:
+    with _client(home) as c:
         text = c.get("/metrics").text
     return float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("forkd_reconcile_seconds_count ")))
 
@@ -139,8 +154,11 @@ def test_daemon_watch_claim_and_restart(rt, home, tmp_path):
         # remove the pool's file: pruned; its idle children are retired, claimed ones stay
         (watch / "pool.yaml").unlink()
         wait_for(lambda: pool() is None, what="pool pruned")
-        wait_for(lambda: {r.id for r in rt.children() if r.pool == "dpool"} == set(claimed),
-                 what="idle children retired and gone, claimed ones kept")  # a retired one is `stopping` first
+        try:  # a retired child is listed as `stopping` for a moment
+            wait_for(lambda: {r.id for r in rt.children() if r.pool == "dpool"} == set(claimed), timeout=60)
+        except AssertionError:
+            left = {r.id: (r.status, r.claimed) for r in rt.children() if r.pool == "dpool"}
+            raise AssertionError(f"the pool's children left once it was pruned: {left}, claimed {claimed}") from None
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
