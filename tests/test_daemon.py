@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import forkd_cli, qemu_pids
+from tests.scrape import scraped
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +93,7 @@ def wait_for(cond, timeout=180, what="condition"):
 def reconciles(home: Path) -> float:
     """Reconcile passes the daemon of `home` has run (forkd_reconcile_seconds_count)."""
     with _client(home) as c:
-        text = c.get("/metrics").text
-    return float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("forkd_reconcile_seconds_count ")))
+        return scraped(c, "forkd_reconcile_seconds_count")
 
 
 def idle(rt, name="dpool"):

@@ -16,6 +16,7 @@ from forkd.base.errors import InvalidInput
 from forkd.core import lifetimes
 from forkd.sdk import Controller, Sandbox
 from tests.conftest import BASE_TAG
+from tests.scrape import scraped
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 SETTINGS = {"FORKD_SWEEP_INTERVAL": "0.5", "FORKD_SANDBOX_TIMEOUT": "900", "FORKD_BRANCH_TTL": "15"}
@@ -49,8 +50,7 @@ def _until(pred, what: str, limit: float = 120.0) -> None:
 def _sweeps(daemon) -> float:
     """Passes of the daemon's idle loop so far (forkd_sweeps_total)."""
     with daemon.unix() as c:
-        text = c.get("/metrics").text
-    return float(next(ln.split()[1] for ln in text.splitlines() if ln.startswith("forkd_sweeps_total ")))
+        return scraped(c, "forkd_sweeps_total")
 
 
 def _audit(home) -> list[dict]:

@@ -9,10 +9,10 @@ import time
 import weakref
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from forkd.api.metrics import Metrics
 from forkd.base import telemetry
+from tests.scrape import families, value
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 
@@ -28,18 +28,6 @@ def rt(fake_rt):
 ALIASES = {"forkd_snapshots_total", "forkd_sandboxes_active"}  # upstream names kept as gauge aliases
 BOUNDED_LABELS = {"pool", "status", "reason", "kind", "action", "mode", "method", "route", "le", "version",
                   "python", "api", "residency"}
-
-
-def families(text: str) -> dict:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def value(fams: dict, sample: str, **labels: str) -> float:
-    for fam in fams.values():
-        for s in fam.samples:
-            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    raise AssertionError(f"no sample {sample}{labels}")
 
 
 def check_conventions(fams: dict) -> None:
