@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from forkd.api.app import create_app
-from forkd.base.errors import Busy, Conflict, NotFound
+from forkd.base.errors import Busy, Conflict, InvalidInput, NotFound
 from forkd.base.paths import Layout
 from forkd.service import Service
 from forkd.service.jobs import RESTARTED, Jobs, Limits
@@ -29,7 +29,7 @@ class Gate:
     def __init__(self, answer=None, raises: BaseException | None = None):
         self.started, self.opened, self.answer, self.raises = threading.Event(), threading.Event(), answer, raises
 
-    def __call__(self, progress):
+    def __call__(self, progress, cancel=None):
         progress("working")
         self.started.set()
         assert self.opened.wait(LONG), "the test never opened the gate"
@@ -92,17 +92,68 @@ def test_at_most_limits_running_run_at_once_and_a_full_queue_is_busy(tmp_path):
     assert _done(jobs, b.id).result == "b"
 
 
-def test_only_a_queued_job_is_cancelled(tmp_path):
+class Stoppable(Gate):
+    """A Gate whose wait a cancel ends (as a stopped VMM ends a call into its guest); it then reports a phase,
+    which is where a cancelled job's work stops."""
+
+    def __call__(self, progress, cancel=None):
+        with cancel.on_cancel(self.opened.set):
+            answer = super().__call__(progress, cancel)
+        progress("after the gate")
+        return answer
+
+
+def test_a_queued_job_is_cancelled_at_once_and_a_running_one_once_its_work_stops(tmp_path):
     jobs = Jobs(tmp_path / "jobs", Limits(running=1, queued=4, keep=10))
-    running, queued = Gate(), Gate()
+    running, queued = Stoppable(answer="built"), Gate()
     a, b = jobs.submit("image.build", running), jobs.submit("image.build", queued)
     assert running.started.wait(LONG)
-    with pytest.raises(Conflict):
-        jobs.cancel(a.id)
     assert jobs.cancel(b.id).state == "cancelled"
-    running.opened.set()
-    assert _done(jobs, a.id).state == "succeeded"
+    asked = jobs.cancel(a.id)
+    assert (asked.state, asked.phase) == ("running", "cancelling")
+    done = _done(jobs, a.id)
+    assert (done.state, done.result, done.error) == ("cancelled", None, None), done
     assert jobs.get(b.id).state == "cancelled" and not queued.started.is_set()  # never ran
+    with pytest.raises(Conflict, match="cancelled"):
+        jobs.outcome(a.id)
+    for finished in (a.id, b.id):
+        with pytest.raises(Conflict, match=r"is cancelled: only a queued or running job"):
+            jobs.cancel(finished)
+    with pytest.raises(NotFound):
+        jobs.cancel("job-ffffffffffffffff")
+
+
+def test_a_job_past_its_last_check_when_cancelled_succeeds(tmp_path):
+    """Work that never looks at its token again finishes: the cancel came too late, and the job says so."""
+    jobs = Jobs(tmp_path / "jobs", Limits(running=1, queued=4, keep=10))
+    gate = Gate(answer="built")
+    job = jobs.submit("image.build", gate)
+    assert gate.started.wait(LONG)
+    assert jobs.cancel(job.id).phase == "cancelling"
+    gate.opened.set()
+    done = _done(jobs, job.id)
+    assert (done.state, done.result) == ("succeeded", "built"), done
+    with pytest.raises(Conflict, match="is succeeded"):
+        jobs.cancel(job.id)
+
+
+def test_the_limits_are_the_settings_and_a_bad_one_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORKD_JOBS_RUNNING", "1")
+    monkeypatch.setenv("FORKD_JOBS_QUEUED", "0")
+    monkeypatch.setenv("FORKD_JOBS_KEPT", "7")
+    assert Service.on(Layout(tmp_path / "home")).jobs.limits == Limits(running=1, queued=0, keep=7)
+    jobs = Jobs(tmp_path / "jobs")
+    gate = Gate()
+    jobs.submit("image.build", gate)
+    assert gate.started.wait(LONG)
+    with pytest.raises(Busy):  # one running, none may wait
+        jobs.submit("image.build", Gate())
+    gate.opened.set()
+    for name, bad in (("FORKD_JOBS_RUNNING", "0"), ("FORKD_JOBS_QUEUED", "-1"), ("FORKD_JOBS_KEPT", "0")):
+        with monkeypatch.context() as env:
+            env.setenv(name, bad)
+            with pytest.raises(InvalidInput, match=name):
+                Jobs(tmp_path / "jobs")
 
 
 def test_the_newest_finished_jobs_are_kept(tmp_path):
@@ -175,7 +226,8 @@ def test_a_build_answers_202_and_its_job_then_the_snapshot(api):
     assert done["state"] == "succeeded" and done["result"]["tag"] == "jobs-flat", done
     assert done["result"] == client.get("/v1/snapshots/jobs-flat").json()
     assert done["id"] in {j["id"] for j in client.get("/v1/jobs").json()}
-    assert client.delete(f"/v1/jobs/{done['id']}").json()["state"] == "succeeded"  # nothing left to cancel
+    finished = client.delete(f"/v1/jobs/{done['id']}")  # nothing left to cancel
+    assert finished.status_code == 409 and "succeeded" in finished.json()["detail"], finished.text
     assert client.delete("/v1/snapshots/jobs-flat").status_code == 204
 
 

@@ -2,7 +2,7 @@
 
   GET /v1/jobs          the jobs kept, newest first
   GET /v1/jobs/{id}     one job; `wait_secs` holds the answer until the job changes past `since` or finishes
-  DELETE /v1/jobs/{id}  cancel a queued job (409 while it runs: a running build runs to its end)
+  DELETE /v1/jobs/{id}  cancel a queued or running job (409 once it is finished, naming its state)
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ def build_jobs_router(s: Service) -> APIRouter:
 
     @r.delete("/v1/jobs/{id}")
     def cancel(id: str) -> wire.Job:
-        """Cancel a queued job (a finished one answers as it is; 409 for a running one)."""
+        """Cancel a queued or running job (409 for a finished one, naming its state; 404 for an unknown one).
+
+        A queued job answers `cancelled`; a running one answers still `running`, phase `cancelling`: its build
+        stops at its next check (its VMM is stopped now) and removes what it was writing, then the job is
+        `cancelled` (wait for it: GET with `wait_secs`). A step that does not wait on the VMM (a host tool, copying
+        and hashing memory) finishes first, and a build already past its last check ends `succeeded`."""
         return s.jobs.cancel(id)
 
     return r

@@ -127,6 +127,13 @@ class Settings(BaseModel):
                                    ge=1)
     guest_io_per_client: int = _env(32, "guest calls in flight at once for one client (a TCP peer address, or a "
                                         "unix socket peer process); past it: 429 with Retry-After", ge=1)
+    # -- the daemon's build jobs (docs/jobs.md)
+    jobs_running: int = _env(2, "builds (snapshots and images, each a job: POST /v1/snapshots/build/..., "
+                                "/v1/images/...) the daemon runs at once; more wait queued", ge=1, le=256)
+    jobs_queued: int = _env(16, "builds that wait queued while FORKD_JOBS_RUNNING run; one more is refused "
+                                "(429, Busy) until one finishes", ge=0, le=10000)
+    jobs_kept: int = _env(100, "finished jobs the daemon keeps listed (GET /v1/jobs, their records under "
+                               "$FORKD_HOME/jobs), the newest; older ones are forgotten", ge=1, le=100000)
     # -- children's lifetimes and ownership
     kill_wait_seconds: float = _env(120.0, "seconds `forkd kill` waits for a child another operation is still "
                                            "starting (or stopping) before it gives up with a conflict", gt=0)

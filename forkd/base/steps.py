@@ -20,13 +20,17 @@ class StepError(ForkdError):
 
 
 def run_steps(steps: Sequence[Step], timings: dict[str, float], what: str,
-              on_error: Callable[[], str] | None = None, wrap: bool = True) -> None:
+              on_error: Callable[[], str] | None = None, wrap: bool = True,
+              check: Callable[[], None] | None = None) -> None:
     """Run `steps` in order, recording each one's duration in ms in `timings`.
 
     `wrap=True`: a ForkdError or OSError becomes a StepError naming `what` and the step (plus `on_error()`, e.g.
     the VMM's log tail). `wrap=False`: the step's own exception propagates unchanged (callers that match on its
-    type, e.g. Conflict), with a note naming the step."""
+    type, e.g. Conflict), with a note naming the step. `check` runs before each step (a cancel token's check,
+    forkd.base.cancel): what it raises propagates unchanged, and the step does not start."""
     for name, fn in steps:
+        if check is not None:
+            check()
         t0 = time.perf_counter()
         try:
             fn()

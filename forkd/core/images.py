@@ -30,6 +30,7 @@ from forkd.base.settings import settings
 from forkd.core.requests import ParentBuild
 
 if TYPE_CHECKING:
+    from forkd.base.cancel import CancelToken
     from forkd.core.runtime import Runtime
 
 Progress = Callable[[str], None]
@@ -158,8 +159,10 @@ def build_debian(rt: Runtime, packages: list[str], suite: str | None = None, mem
 def from_image(rt: Runtime, ref: str, tag: str, memory_mib: int = 512, vcpus: int = 1,
                warm_imports: tuple[str, ...] = (), warm_run: tuple[str, ...] = (), pip: tuple[str, ...] = (),
                apt: tuple[str, ...] = (), progress: Progress = _quiet, labels: dict[str, str] | None = None,
-               rootfs: str = "auto", registry: dict[str, Any] | None = None):
+               rootfs: str = "auto", registry: dict[str, Any] | None = None, cancel: CancelToken | None = None):
     """Build the image for `ref` (cached) and boot, warm and snapshot it as `tag`. Returns (Snapshot, Image, built).
+    `cancel`: the snapshot's build checks it (forkd.core.pipeline.job); the image build sees it only through
+    `progress`, when the caller's progress checks it.
     A registry image's snapshot carries its reference and pinned digest as labels (forkd.dev/image-ref,
     forkd.dev/image-digest)."""
     from forkd.base.names import check_tag
@@ -186,5 +189,5 @@ def from_image(rt: Runtime, ref: str, tag: str, memory_mib: int = 512, vcpus: in
     snap = rt.create_snapshot(ParentBuild.of(tag=tag, memory_mib=memory_mib, vcpus=vcpus, warm_imports=warm_imports,
                                              warm_run=warm_run,
                                              labels={"forkd.dev/image": image.id, **pin, **(labels or {})},
-                                             image_id=image.id), progress=progress)
+                                             image_id=image.id), progress=progress, cancel=cancel)
     return snap, image, built

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from forkd.base.atomic import write_json
+from forkd.base.cancel import CancelToken
 from forkd.base.errors import Conflict, ForkdError, InvalidInput
 from forkd.base.paths import Layout
 from forkd.base.settings import settings
@@ -127,9 +128,10 @@ class Runtime:
                        accel=snap.accel, network=self.network_of(snap),
                        disk=self.store.disk_path(snap.tag) if snap.has_disk else None)
 
-    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> Snapshot:
+    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet,
+                        cancel: CancelToken | None = None) -> Snapshot:
         """Boot a parent, warm it up, pause it and write a ready snapshot (see forkd.core.pipeline.parent)."""
-        return ParentJob(self, req, progress).execute()
+        return ParentJob(self, req, progress, cancel).execute()
 
     def snapshot_info(self, tag: str) -> dict:
         snap = self.store.get(tag)
@@ -150,13 +152,15 @@ class Runtime:
         info["logical_bytes"] = snap.memory_bytes + snap.vmstate_bytes
         return info
 
-    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> Snapshot:
+    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet,
+                      cancel: CancelToken | None = None) -> Snapshot:
         """Build `req.tag` as a sparse diff layer on `req.parent_tag` (see forkd.core.pipeline.layer)."""
-        return LayerJob(self, req, progress).execute()
+        return LayerJob(self, req, progress, cancel).execute()
 
-    def compact(self, req: Compaction, progress: Progress = _quiet) -> Snapshot:
+    def compact(self, req: Compaction, progress: Progress = _quiet,
+                cancel: CancelToken | None = None) -> Snapshot:
         """Write the chain head `req.from_tag` as a base snapshot `req.to_tag` (forkd.core.pipeline.compaction)."""
-        return CompactJob(self, req, progress).execute()
+        return CompactJob(self, req, progress, cancel).execute()
 
     def branch(self, req: Branch) -> BranchResult:
         """Snapshot a running child (see forkd.core.pipeline.branch)."""

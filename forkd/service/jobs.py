@@ -3,8 +3,19 @@
 
 A job goes queued -> running -> succeeded | failed | cancelled. At most `running` jobs run at once; the rest
 wait queued, at most `queued` of them (Busy beyond: retry later). The newest `keep` finished jobs are kept, older
-ones forgotten. Only a queued job can be cancelled: a running build is not interrupted (it runs to its end, then
-its snapshot is the caller's to remove).
+ones forgotten. The three are settings (FORKD_JOBS_RUNNING, FORKD_JOBS_QUEUED, FORKD_JOBS_KEPT), read once when
+the table is made (`Limits.from_settings`).
+
+Cancelling: a queued job ends `cancelled` at once. A running one is cancelled cooperatively, never by raising
+into its thread: its work gets a cancel token (forkd.base.cancel) with its progress callback; `cancel` sets the
+token, and the job stays `running` (phase "cancelling") until the work has unwound, then ends `cancelled`. The
+work stops at its next progress line (the callback checks the token) and, for a snapshot build, between its steps,
+where setting the token also stops the build's VMM through the driver, ending a step that waits on the guest;
+what it was writing is removed on the way out (forkd.core.pipeline.job: the snapshot it began; an image build's
+work directory). A cancel cannot interrupt a step blocked elsewhere (a syscall, a host tool such as mmdebstrap or
+skopeo, a boot still waiting for its guest, copying and hashing a memory file): that step finishes first. A build
+that gets past its last check (a snapshot's commit) finishes as if never cancelled: `succeeded`. Cancelling a
+finished job is a Conflict naming its state.
 
 Each job is a record `<jobs dir>/<id>.json`, written whole (forkd.base.atomic) at every change of state, so a job
 outlives the process that ran it as a finished record. A daemon that stops mid-job cannot finish it: the next
@@ -29,14 +40,17 @@ from typing import Any
 
 from forkd.base import clock
 from forkd.base.atomic import write_json
+from forkd.base.cancel import CancelToken, checking
 from forkd.base.errors import Busy, Conflict, ForkdError, NotFound, first_line
 from forkd.base.private import ensure_private_dir
+from forkd.base.settings import settings
 from forkd.service.wire import Job, JobError
 
 log = logging.getLogger("forkd.jobs")
 
 Progress = Callable[[str], None]
-Work = Callable[[Progress], Any]  # the verb: called with a progress callback, answers JSON data
+Work = Callable[[Progress, CancelToken], Any]  # the verb: called with its progress callback and cancel token,
+# answers JSON data
 FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 ID = re.compile(r"^job-[0-9a-f]{16}$")
 MAX_RECORD = 1 << 20  # bytes of one record read back from disk
@@ -48,9 +62,15 @@ RESTARTED = "daemon restarted"
 class Limits:
     """How many jobs run at once, wait queued, and stay listed once finished."""
 
-    running: int = 2
-    queued: int = 16
-    keep: int = 100
+    running: int
+    queued: int
+    keep: int
+
+    @classmethod
+    def from_settings(cls) -> Limits:
+        """FORKD_JOBS_RUNNING, FORKD_JOBS_QUEUED and FORKD_JOBS_KEPT (bounded there: InvalidInput names a bad one)."""
+        s = settings()
+        return cls(running=s.jobs_running, queued=s.jobs_queued, keep=s.jobs_kept)
 
 
 def error_of(exc: BaseException) -> JobError:
@@ -65,13 +85,15 @@ def error_of(exc: BaseException) -> JobError:
 
 
 class Jobs:
-    """The jobs of one service, recorded under `root` (made private on first use)."""
+    """The jobs of one service, recorded under `root` (made private on first use); `limits` default to the
+    settings, read now."""
 
-    def __init__(self, root: Path, limits: Limits = Limits()):
-        self.root, self.limits = Path(root), limits
+    def __init__(self, root: Path, limits: Limits | None = None):
+        self.root, self.limits = Path(root), limits or Limits.from_settings()
         self._cond = threading.Condition()
         self._jobs: dict[str, Job] = {}
         self._work: dict[str, Work] = {}
+        self._tokens: dict[str, CancelToken] = {}  # the running jobs' cancel tokens
         self._raised: dict[str, BaseException] = {}  # failed here: the exception itself, for a blocking caller
         self._mine: set[str] = set()  # submitted to this service
         self._queue: deque[str] = deque()
@@ -106,7 +128,7 @@ class Jobs:
                 return job.result
             if job_id in self._raised:
                 raise self._raised[job_id]
-        raise Conflict(f"job {job_id} {job.state}: {job.error.detail if job.error else ''}")
+        raise Conflict(f"job {job_id} ({_what(job)}) {job.state}{': ' + job.error.detail if job.error else ''}")
 
     def _changed(self, job_id: str, since: int | None) -> bool:
         job = self._jobs.get(job_id)  # None: finished and forgotten meanwhile
@@ -138,16 +160,28 @@ class Jobs:
             return self._jobs[job.id]
 
     def cancel(self, job_id: str) -> Job:
-        """A queued job cancelled; a finished one as it is; Conflict for a running one."""
+        """Cancel a job: a queued one is answered `cancelled`; a running one is asked to stop and answered still
+        `running`, phase "cancelling" (it ends `cancelled` once its work has unwound: wait on it); Conflict naming
+        the state of a finished one, or of one another process runs."""
         with self._cond:
             job = self._get(job_id)
-            if job.state == "running":
-                raise Conflict(f"job {job_id} ({job.kind} {job.target or ''}) is running: a running build is "
-                               "not interrupted", hint="wait for it, then remove what it built (forkd rmi TAG)")
+            if job.state in FINISHED:
+                raise Conflict(f"job {job_id} ({_what(job)}) is {job.state}: only a queued or running job can be "
+                               "cancelled", hint=f"GET /v1/jobs/{job_id} for its outcome")
+            if job_id not in self._mine:
+                raise Conflict(f"job {job_id} ({_what(job)}) is {job.state} in another process, which alone can "
+                               "cancel it", hint="cancel it through the daemon that runs it; a daemon's start "
+                                                 "fails the jobs a stopped one left")
             if job.state == "queued":
                 self._queue.remove(job_id)
                 self._work.pop(job_id, None)
                 self._finish(job, "cancelled")
+                return self._jobs[job_id]
+            token = self._tokens[job_id]
+            if not token.cancelled:
+                self._put(job.model_copy(update={"phase": "cancelling"}), durable=False)
+        token.cancel(f"job {job_id} was cancelled")  # outside the lock: its hooks stop the build's VMM
+        with self._cond:
             return self._jobs[job_id]
 
     def _start_next(self) -> None:
@@ -155,24 +189,30 @@ class Jobs:
         while self._queue and self._running < self.limits.running:
             job_id = self._queue.popleft()
             self._running += 1
+            self._tokens[job_id] = CancelToken()
             self._put(self._jobs[job_id].model_copy(update={"state": "running", "started_at": clock.wall()}))
             threading.Thread(target=self._run, args=(job_id,), name=f"forkd-{job_id}", daemon=True).start()
 
     def _run(self, job_id: str) -> None:
-        work = self._work.pop(job_id)
+        work, token = self._work.pop(job_id), self._tokens[job_id]
         try:
-            result = work(lambda line: self._phase(job_id, line))
+            result = work(checking(lambda line: self._phase(job_id, line), token), token)
         except BaseException as exc:  # noqa: BLE001 - every failure is the job's answer
-            log.warning("job %s failed: %s", job_id, first_line(exc))
             with self._cond:
-                self._raised[job_id] = exc
-                self._finish(self._jobs[job_id], "failed", error=error_of(exc))
+                if token.cancelled:  # whatever the unwinding raised: the caller's cancel ended it
+                    log.info("job %s cancelled (%s)", job_id, first_line(exc))
+                    self._finish(self._jobs[job_id], "cancelled")
+                else:
+                    log.warning("job %s failed: %s", job_id, first_line(exc))
+                    self._raised[job_id] = exc
+                    self._finish(self._jobs[job_id], "failed", error=error_of(exc))
         else:
-            with self._cond:
+            with self._cond:  # a cancel that came after the work's last check was too late: it succeeded
                 self._finish(self._jobs[job_id], "succeeded", result=result)
         finally:
             with self._cond:
                 self._running -= 1
+                self._tokens.pop(job_id, None)
                 self._start_next()
 
     def _phase(self, job_id: str, line: str) -> None:
@@ -223,6 +263,11 @@ class Jobs:
                     "daemon that ran it stopped", hint="submit it again (a snapshot it was writing is failed: "
                                                        "remove it with forkd rmi TAG)"))
             return [j.id for j in left]
+
+
+def _what(job: Job) -> str:
+    """A job as its messages name it: its kind and target."""
+    return f"{job.kind} {job.target}" if job.target else job.kind
 
 
 def _read_records(root: Path) -> list[Job]:

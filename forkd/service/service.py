@@ -15,7 +15,7 @@ from forkd.reconciler.control import Control
 from forkd.service.children import Children
 from forkd.service.guest import Guest
 from forkd.service.host import Host
-from forkd.service.jobs import Jobs
+from forkd.service.jobs import Jobs, Limits
 from forkd.service.listing import ChildView
 from forkd.service.processes import LocalProcesses
 from forkd.service.snapshots import Snapshots
@@ -29,7 +29,8 @@ class Service(Children, Snapshots, Guest, Host):
         self.control = control or Control(Runtime())
         self.grants = PortGrants()
         self.relay = Relay(self.rt)
-        self.jobs = Jobs(self.rt.layout.jobs)  # the builds running as jobs; reads nothing until first used
+        # the builds running as jobs; its limits are the settings as they are now, its records read on first use
+        self.jobs = Jobs(self.rt.layout.jobs, Limits.from_settings())
 
     @classmethod
     def on(cls, layout: Layout) -> Service:

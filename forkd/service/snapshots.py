@@ -1,13 +1,19 @@
 """Snapshots and images through the service: list, describe, build (parent, layer, compaction, images), remove.
 The `/v1/snapshots` and `/v1/images` routes and LocalBackend call these; a snapshot answers as its typed view
 (forkd.service.listing.SnapshotView), which is also upstream's SnapshotInfo. Through the daemon a build is a job
-(`build_job`, forkd.service.jobs) whose result is what the verb answers, as JSON."""
+(`build_job`, forkd.service.jobs) whose result is what the verb answers, as JSON.
+
+Every build verb takes a cancel token (forkd.base.cancel; a job's, so DELETE /v1/jobs/{id} stops it): its progress
+lines become points where it stops, and a snapshot build checks it between its steps and stops its VMM when it is
+set (forkd.core.pipeline.job). An image build stops at its next progress line only: a host tool it runs (mmdebstrap,
+skopeo, pip, cpio) finishes first; its work directory is removed on the way out, as on any failure."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from forkd.base.cancel import CancelToken, checking
 from forkd.core.requests import Compaction, LayerBuild, ParentBuild
 from forkd.service import wire
 from forkd.service.listing import SnapshotView
@@ -39,7 +45,8 @@ class Snapshots:
         """Start a build (`kind` one of BUILDS, `req` its request) as a job; its result is the verb's answer."""
         verb, target = BUILDS[kind]
         run = getattr(self, verb)
-        return self.jobs.submit(kind, lambda progress: _as_json(run(req, progress=progress)), target=target(req))
+        return self.jobs.submit(kind, lambda progress, cancel: _as_json(run(req, progress=progress, cancel=cancel)),
+                                target=target(req))
 
     def snapshots(self) -> list[SnapshotView]:
         """Every snapshot, and a `failed`, `corrupt` entry (named by its directory) for one that cannot be read."""
@@ -63,42 +70,49 @@ class Snapshots:
         info = self.rt.snapshot_info(tag)
         return wire.SnapshotDetail(**dict(self.snapshot(tag).to_json(), **info))
 
-    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet) -> SnapshotView:
-        return self.snap_view(self.rt.create_snapshot(req, progress=progress))
+    def create_snapshot(self, req: ParentBuild, progress: Progress = _quiet,
+                        cancel: CancelToken | None = None) -> SnapshotView:
+        return self.snap_view(self.rt.create_snapshot(req, progress=checking(progress, cancel), cancel=cancel))
 
-    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet) -> SnapshotView:
-        return self.snap_view(self.rt.snapshot_diff(req, progress=progress))
+    def snapshot_diff(self, req: LayerBuild, progress: Progress = _quiet,
+                      cancel: CancelToken | None = None) -> SnapshotView:
+        return self.snap_view(self.rt.snapshot_diff(req, progress=checking(progress, cancel), cancel=cancel))
 
-    def compact(self, req: Compaction, progress: Progress = _quiet) -> SnapshotView:
-        return self.snap_view(self.rt.compact(req, progress=progress))
+    def compact(self, req: Compaction, progress: Progress = _quiet,
+                cancel: CancelToken | None = None) -> SnapshotView:
+        return self.snap_view(self.rt.compact(req, progress=checking(progress, cancel), cancel=cancel))
 
     def rmi(self, tag: str, force: bool = False, cascade: bool = False) -> list[str]:
         """409 while children run on it or layers depend on it (named), unless `cascade` or `force`."""
         return self.rt.rmi(tag, force=force, cascade=cascade)
 
     # -- images --------------------------------------------------------------------------------------
-    def build_image(self, force: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
-        image, built = self.rt.build_image(progress, force=force)
+    def build_image(self, force: bool = False, progress: Progress = _quiet,
+                    cancel: CancelToken | None = None) -> dict[str, Any]:
+        image, built = self.rt.build_image(checking(progress, cancel), force=force)
         return dict(image.meta, built_now=built, path=str(image.dir))
 
-    def build_image_req(self, req: wire.ImageBuildRequest | None, progress: Progress = _quiet) -> dict[str, Any]:
-        return self.build_image(force=bool(req and req.force), progress=progress)
+    def build_image_req(self, req: wire.ImageBuildRequest | None, progress: Progress = _quiet,
+                        cancel: CancelToken | None = None) -> dict[str, Any]:
+        return self.build_image(force=bool(req and req.force), progress=progress, cancel=cancel)
 
-    def build_debian(self, req: wire.DebianBuildRequest, progress: Progress = _quiet) -> dict[str, Any]:
+    def build_debian(self, req: wire.DebianBuildRequest, progress: Progress = _quiet,
+                     cancel: CancelToken | None = None) -> dict[str, Any]:
         from forkd.core.images import build_debian
 
-        image, built = build_debian(self.rt, req.packages, req.suite, progress=progress, force=req.force,
-                                    rootfs=req.rootfs)
+        image, built = build_debian(self.rt, req.packages, req.suite, progress=checking(progress, cancel),
+                                    force=req.force, rootfs=req.rootfs)
         return dict(image.meta, built_now=built, path=str(image.dir))
 
-    def from_image(self, req: wire.FromImageRequest, progress: Progress = _quiet) -> dict[str, Any]:
+    def from_image(self, req: wire.FromImageRequest, progress: Progress = _quiet,
+                   cancel: CancelToken | None = None) -> dict[str, Any]:
         """Build the image for `req.ref` (cached) and boot, warm and snapshot it as `req.tag`."""
         from forkd.core.images import from_image
 
         snap, image, built = from_image(self.rt, req.ref, req.tag, req.memory_mib, req.vcpus,
                                         tuple(req.warm_imports), tuple(req.warm_run), pip=tuple(req.pip),
-                                        apt=tuple(req.apt), progress=progress, rootfs=req.rootfs,
-                                        registry=req.registry.model_dump() if req.registry else None)
+                                        apt=tuple(req.apt), progress=checking(progress, cancel), rootfs=req.rootfs,
+                                        registry=req.registry.model_dump() if req.registry else None, cancel=cancel)
         return dict(self.snap_view(snap).to_json(), image=dict(image.meta, built_now=built))
 
 

@@ -15,14 +15,16 @@ from forkd.core.requests import Compaction
 from forkd.store.snapshot import Snapshot
 
 if TYPE_CHECKING:
+    from forkd.base.cancel import CancelToken
     from forkd.core.runtime import Progress, Runtime
 
 
 class CompactJob(Job):
     what = "compaction"
 
-    def __init__(self, rt: Runtime, req: Compaction, progress: Progress = quiet):
-        super().__init__(rt, progress)
+    def __init__(self, rt: Runtime, req: Compaction, progress: Progress = quiet,
+                 cancel: CancelToken | None = None):
+        super().__init__(rt, progress, cancel)
         self.req = req
 
     def prepare(self) -> None:

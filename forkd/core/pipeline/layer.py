@@ -26,14 +26,16 @@ from forkd.store.writer import Diff
 from forkd.vmm.driver import RunFiles
 
 if TYPE_CHECKING:
+    from forkd.base.cancel import CancelToken
     from forkd.core.runtime import Progress, Runtime
 
 
 class LayerJob(Job):
     what = "layer build"
 
-    def __init__(self, rt: Runtime, req: LayerBuild, progress: Progress = quiet):
-        super().__init__(rt, progress)
+    def __init__(self, rt: Runtime, req: LayerBuild, progress: Progress = quiet,
+                 cancel: CancelToken | None = None):
+        super().__init__(rt, progress, cancel)
         self.req = req
 
     def prepare(self) -> None:

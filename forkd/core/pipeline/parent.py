@@ -21,14 +21,16 @@ from forkd.store.snapshot import Snapshot
 from forkd.vmm.driver import Machine, RunFiles
 
 if TYPE_CHECKING:
+    from forkd.base.cancel import CancelToken
     from forkd.core.runtime import Progress, Runtime
 
 
 class ParentJob(Job):
     what = "parent build"
 
-    def __init__(self, rt: Runtime, req: ParentBuild, progress: Progress = quiet):
-        super().__init__(rt, progress)
+    def __init__(self, rt: Runtime, req: ParentBuild, progress: Progress = quiet,
+                 cancel: CancelToken | None = None):
+        super().__init__(rt, progress, cancel)
         self.req = req
 
     def prepare(self) -> None:
