@@ -276,3 +276,50 @@ def test_a_daemon_start_fails_a_job_left_running(api, fake_home):
     with TestClient(create_app(fresh)) as c:
         got = c.get(f"/v1/jobs/{rec['id']}").json()
     assert got["state"] == "failed" and got["error"]["detail"].startswith(RESTARTED), got
+
+
+def _vmm_roots(layout: Layout) -> list[str]:
+    """The processes (the fake driver's VMMs and what their guests run) whose root is a build's run directory in
+    this home (forkd.vmm.fake: each VM is chrooted into `<work dir>/root`)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                root = os.readlink(f"/proc/{d}/root")
+            except OSError:
+                continue
+            if root.startswith(str(layout.tmp) + "/"):
+                found.append(f"{d}: {root}")
+    return found
+
+
+def _left(layout: Layout) -> set[str]:
+    return {p.name for p in layout.tmp.iterdir()} | {p.name for p in layout.scratch_dir().iterdir()}
+
+
+def test_cancelling_a_running_build_stops_its_vmm_and_leaves_nothing(api, fake_home):
+    """A parent build blocked in a warm-up command (one that would run for ten minutes) is cancelled: the DELETE
+    answers it still running, "cancelling"; the build's VMM is stopped (so the command ends at once), the job ends
+    cancelled, and no snapshot, staging directory, scratch memory or VMM process of it is left."""
+    client, _ = api
+    layout = Layout(fake_home)
+    before = _left(layout)
+    body = {"tag": "jobs-cancelled", "memory_mib": 128, "warm_run": ["exec sleep 600"]}
+    r = client.post("/v1/snapshots/build/parent", json=body)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    while not (job.get("phase") or "").startswith("warming up: exec sleep"):  # the build is in its warm-up step
+        assert job["state"] == "running", job
+        job = client.get(f"/v1/jobs/{job['id']}", params={"wait_secs": LONG, "since": job["version"]}).json()
+    assert _vmm_roots(layout), "the build's VMM is not running: nothing to stop"
+    asked = client.delete(f"/v1/jobs/{job['id']}")
+    assert asked.status_code == 200 and asked.json().get("phase") == "cancelling", asked.text
+    done = client.get(f"/v1/jobs/{job['id']}", params={"wait_secs": LONG}).json()  # until it is finished
+    assert done["state"] == "cancelled" and done.get("result") is None, done
+    assert client.get("/v1/snapshots/jobs-cancelled").status_code == 404
+    assert not layout.snapshot_dir("jobs-cancelled").exists()
+    assert _left(layout) == before
+    assert _vmm_roots(layout) == []
+    again = client.delete(f"/v1/jobs/{job['id']}")
+    assert again.status_code == 409 and "is cancelled" in again.json()["detail"], again.text
+    assert client.delete("/v1/jobs/job-0123456789abcdef").status_code == 404
