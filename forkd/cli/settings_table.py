@@ -282,6 +282,18 @@ ROWS: tuple[tuple, ...] = (
      32,
      'guest calls in flight at once for one client (a TCP peer address, or a unix socket peer process); '
      'past it: 429 with Retry-After'),
+    ('FORKD_JOBS_RUNNING', 'int', (('ge', 1), ('le', 256)), 'int',
+     2,
+     'builds (snapshots and images, each a job: POST /v1/snapshots/build/..., /v1/images/...) the daemon '
+     'runs at once; more wait queued'),
+    ('FORKD_JOBS_QUEUED', 'int', (('ge', 0), ('le', 10000)), 'int',
+     16,
+     'builds that wait queued while FORKD_JOBS_RUNNING run; one more is refused (429, Busy) until one '
+     'finishes'),
+    ('FORKD_JOBS_KEPT', 'int', (('ge', 1), ('le', 100000)), 'int',
+     100,
+     'finished jobs the daemon keeps listed (GET /v1/jobs, their records under $FORKD_HOME/jobs), the '
+     'newest; older ones are forgotten'),
     ('FORKD_KILL_WAIT_SECONDS', 'float', (('gt', 0),), 'float',
      120.0,
      'seconds `forkd kill` waits for a child another operation is still starting (or stopping) before it '

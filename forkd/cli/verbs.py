@@ -64,6 +64,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "image": ("images", "Guest images (kernel + initramfs with Python and the forkd agent)."),
     "snapshot": ("main", "Snapshots: create, ls, info, diff (a layer), compact, rm, push, pull; or branch a running "
                          "child (--from-sandbox)."),
+    "job": ("jobs", "Builds running on the daemon as jobs: ls, cancel."),
     "audit": ("main", "The daemon's hash-chained audit log ($FORKD_HOME/audit.log)."),
     "hub": ("packs", "Serve a directory as a forkd hub."),
 }

@@ -148,6 +148,16 @@ class LocalBackend:
         """After a `wait=False` branch: wait for this process's background conversion; the snapshot as it ended."""
         return self.service.info(self.service.settle(tag))
 
+    # -- jobs: the records a daemon left in this home (in-process builds are not jobs) ---------------
+    def jobs(self) -> list[dict[str, Any]]:
+        return [j.model_dump(mode="json") for j in self.service.jobs.list()]
+
+    def job(self, job_id: str, wait_secs: float = 0.0, since: int | None = None) -> dict[str, Any]:
+        return self.service.jobs.wait(job_id, wait_secs, since).model_dump(mode="json")
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self.service.jobs.cancel(job_id).model_dump(mode="json")
+
     # -- this host -----------------------------------------------------------------------------------
     def gc(self, dry_run: bool = False, grace: float | None = None) -> dict[str, Any]:
         return self.service.gc(dry_run=dry_run, grace=grace)

@@ -3,7 +3,8 @@ bearer token. It calls the native routes (`/v1/children`, `/v1/{plural}`, `/v1/s
 answers are LocalBackend's (child and snapshot listings are forkd.service.listing's views on both sides); failures
 are forkd.base.errors types. Only opening a port goes through the SDK's client (forkd.client.api.Client).
 
-A build is a job on the daemon (forkd.service.jobs): submitted, then waited on with long polls of `GET /v1/jobs/{id}`,
+A build is a job on the daemon (forkd.service.jobs): submitted, then waited on with long polls of `GET /v1/jobs/{id}`
+(Ctrl-C while waiting cancels it: DELETE /v1/jobs/{id}),
 each new phase of it reported as a progress line; a failed one raises the error kind the daemon recorded. Other long
 verbs report one progress line (the daemon does the work and answers when it is done)."""
 
@@ -83,7 +84,25 @@ class RemoteBackend:
         job = jobs.submitted(self._call("POST", path, json=json))
         if job.id:
             progress(f"job {job.id} on the daemon at {self.endpoint.where}")
-        return jobs.outcome(jobs.wait(self.api, job, LONG, on_phase=progress), url=f"{self.endpoint.where}{path}")
+        try:
+            done = jobs.wait(self.api, job, LONG, on_phase=progress)
+        except KeyboardInterrupt:  # Ctrl-C stops the build, as it does one run in-process
+            if job.id:
+                self._cancel_interrupted(job.id)
+            raise
+        return jobs.outcome(done, url=f"{self.endpoint.where}{path}")
+
+    def _cancel_interrupted(self, job_id: str) -> None:
+        """Cancel the job a caller stopped waiting for (best effort: said on stderr, never raised over the
+        interrupt)."""
+        import sys
+
+        try:
+            self.cancel_job(job_id)
+            print(f"interrupted: job {job_id} cancelled on the daemon", file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the caller sees
+            print(f"interrupted: job {job_id} was not cancelled ({exc}); cancel it: forkd job cancel {job_id}",
+                  file=sys.stderr)
 
     def _here(self, views: list[dict[str, Any]]) -> list[ChildView]:
         """Child views with agent sockets only where they are reachable (the daemon's host)."""
@@ -263,6 +282,18 @@ class RemoteBackend:
     def settle(self, tag: str) -> SnapshotInfo | None:
         """The daemon converts a `wait=False` branch itself: nothing to wait for here."""
         return None
+
+    # -- jobs ----------------------------------------------------------------------------------------
+    def jobs(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/jobs")
+
+    def job(self, job_id: str, wait_secs: float = 0.0, since: int | None = None) -> dict[str, Any]:
+        params = {"wait_secs": wait_secs, **({"since": since} if since is not None else {})} if wait_secs else None
+        return self._call("GET", f"/v1/jobs/{quote(job_id)}", params=params, timeout=wait_secs + 30 if wait_secs
+                          else None)
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/jobs/{quote(job_id)}")
 
     # -- the daemon's host ---------------------------------------------------------------------------
     def gc(self, dry_run: bool = False, grace: float | None = None) -> dict[str, Any]:

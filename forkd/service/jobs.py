@@ -138,8 +138,8 @@ class Jobs:
         self._load()
         job = self._jobs.get(job_id) if ID.match(job_id) else None
         if job is None:
-            raise NotFound(f"no job {job_id!r}", hint="list them: GET /v1/jobs (finished ones are kept for the "
-                                                      f"newest {self.limits.keep})")
+            raise NotFound(f"no job {job_id!r}", hint="list them: forkd job ls, GET /v1/jobs (finished "
+                                                      f"ones are kept for the newest {self.limits.keep})")
         return job
 
     # -- running ---------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class Jobs:
             job = self._get(job_id)
             if job.state in FINISHED:
                 raise Conflict(f"job {job_id} ({_what(job)}) is {job.state}: only a queued or running job can be "
-                               "cancelled", hint=f"GET /v1/jobs/{job_id} for its outcome")
+                               "cancelled", hint=f"its outcome: forkd job ls, GET /v1/jobs/{job_id}")
             if job_id not in self._mine:
                 raise Conflict(f"job {job_id} ({_what(job)}) is {job.state} in another process, which alone can "
                                "cancel it", hint="cancel it through the daemon that runs it; a daemon's start "
