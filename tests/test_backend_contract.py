@@ -7,18 +7,20 @@ compared here is the logic above the driver."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sys
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from forkd.base.errors import ForkdError, NotFound
+from forkd.base.errors import Conflict, ForkdError, NotFound
 from forkd.base.paths import Layout
 from forkd.client.local import LocalBackend
 from forkd.client.remote import RemoteBackend
-from forkd.core.requests import Branch, Compaction, Spawn
+from forkd.core.requests import Branch, Compaction, ParentBuild, Spawn
 from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.service import wire
@@ -236,3 +238,50 @@ def test_the_cli_builds_through_the_daemons_job(doors, fake_base):
     bad = subprocess.run([*cli, "--from", "no-such-snapshot", "--to", "contract-cli-never"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == NotFound.exit_code and "no-such-snapshot" in bad.stderr, bad.stderr
+
+
+BLOCKED = "exec sleep 600"  # a warm-up command that would hold its build for ten minutes
+
+
+def _blocked_build(remote: RemoteBackend, tag: str) -> dict:
+    """A parent build on the daemon, once it is blocked in its warm-up command: its job."""
+    job = remote._call("POST", "/v1/snapshots/build/parent",
+                       json={"tag": tag, "memory_mib": 128, "warm_run": [BLOCKED]})
+    while not (job.get("phase") or "").startswith(f"warming up: {BLOCKED}"):
+        assert job["state"] == "running", job
+        job = remote.job(job["id"], wait_secs=30, since=job["version"])
+    return job
+
+
+def test_the_cli_cancels_a_running_build_on_the_daemon(doors, fake_base):
+    """`forkd job cancel ID` waits until the build has stopped and prints it cancelled; `forkd job ls` lists it
+    so; cancelling it again exits with Conflict's code, naming its state; its snapshot is not left."""
+    remote = doors["remote"]
+    job = _blocked_build(remote, "contract-cancel")
+    env = dict(os.environ, FORKD_URL=remote.endpoint.base_url, FORKD_TOKEN=remote.endpoint.token)
+    cli = [sys.executable, "-m", "forkd.cli.main", "job"]
+    ok = subprocess.run([*cli, "cancel", job["id"], "-o", "json"], env=env, capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["state"] == "cancelled", ok.stdout
+    listed = subprocess.run([*cli, "ls", "-o", "yaml"], env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and f"id: {job['id']}" in listed.stdout, listed.stderr
+    again = subprocess.run([*cli, "cancel", job["id"]], env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == Conflict.exit_code and "is cancelled" in again.stderr, again.stderr
+    assert "contract-cancel" not in {v.tag for v in remote.snapshots()}
+
+
+def test_ctrl_c_while_waiting_on_a_build_cancels_it(doors, fake_base):
+    """An interrupt while RemoteBackend waits on a build's job (the CLI's Ctrl-C) cancels the job on the daemon."""
+    remote = doors["remote"]
+
+    def interrupt_in_warm_up(line: str) -> None:
+        if line.startswith(f"warming up: {BLOCKED}"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        remote.create_snapshot(ParentBuild.of(tag="contract-interrupted", memory_mib=128, warm_run=(BLOCKED,)),
+                               progress=interrupt_in_warm_up)
+    job = next(j for j in remote.jobs() if j["target"] == "contract-interrupted")
+    assert remote.job(job["id"], wait_secs=30)["state"] == "cancelled"
+    assert "contract-interrupted" not in {v.tag for v in remote.snapshots()}
