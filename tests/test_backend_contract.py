@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest

@@ -75,7 +75,9 @@ class ApiCalls:
         return self._send(Call("GET", "/v1/jobs", parse=_JOBS.validate_python))
 
     def cancel_job(self, job_id: str) -> wire.Job:
-        """Cancel a queued job (Conflict if it already runs: a running build runs to its end)."""
+        """Cancel a queued or running job: a queued one answers `cancelled`; a running one answers still `running`
+        (phase `cancelling`) and ends `cancelled` once its build has stopped (`wait_job`). Conflict for a finished
+        job, naming its state."""
         return self._send(Call("DELETE", f"/v1/jobs/{quote(job_id)}", parse=wire.Job.model_validate))
 
     # -- sandboxes (upstream names) ------------------------------------------------------------------

@@ -28,7 +28,7 @@ def outcome(job: Job, url: str = "") -> Any:
     if job.state == "succeeded":
         return job.result
     if job.state == "cancelled":
-        raise Conflict(f"job {job.id} ({job.kind} {job.target or ''}) was cancelled before it ran",
+        raise Conflict(f"job {job.id} ({job.kind} {job.target or ''}) was cancelled",
                        hint="submit it again")
     if job.error is None:
         raise Conflict(f"job {job.id} is {job.state}, not finished", hint="wait for it (GET /v1/jobs/{id})")

@@ -111,7 +111,8 @@ export class Controller {
   compactSnapshot(tag: string, to: string, wait?: JobWait): Promise<SnapshotInfo>;
   listJobs(): Promise<Job[]>;
   getJob(id: string, opts?: { waitSecs?: number; since?: number }): Promise<Job>;
-  /** Cancel a queued job (Conflict once it runs). */
+  /** Cancel a queued or running job (a running one ends `cancelled` once its build stopped: waitJob); Conflict
+   *  for a finished one. */
   cancelJob(id: string): Promise<Job>;
   /** Wait until the job is finished (Timeout after `timeoutMs`; the job keeps running). */
   waitJob(id: string, wait?: JobWait): Promise<Job>;

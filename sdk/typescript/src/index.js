@@ -102,7 +102,8 @@ export class Controller {
     if (since !== undefined) query.since = String(since);
     return this.request("GET", `/v1/jobs/${seg(id)}`, undefined, { query });
   }
-  /** Cancel a queued job (Conflict once it runs: a running build runs to its end). */
+  /** Cancel a queued or running job: a running one answers still `running` (phase `cancelling`) and ends
+   *  `cancelled` once its build has stopped (waitJob). Conflict for a finished job, naming its state. */
   cancelJob(id) { return this.request("DELETE", `/v1/jobs/${seg(id)}`); }
   /** Wait until the job is finished (long polls); Timeout after `timeoutMs` (the job keeps running). */
   waitJob(id, wait = {}) { return waitJob(this, id, wait); }

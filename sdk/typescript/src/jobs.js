@@ -28,7 +28,7 @@ export async function built(ctrl, submitted, wait = {}) {
   if (!job || typeof job !== "object" || !("state" in job && "kind" in job)) return job;
   const done = await waitJob(ctrl, job.id, wait);
   if (done.state === "succeeded") return done.result;
-  if (done.state === "cancelled") throw new Conflict(`job ${done.id} was cancelled before it ran`);
+  if (done.state === "cancelled") throw new Conflict(`job ${done.id} was cancelled`);
   const e = done.error ?? { status: 500, detail: `job ${done.id} ${done.state}` };
   throw apiError(e.status, { detail: e.detail, hint: e.hint ?? undefined, title: e.type },
     `${ctrl.where}/v1/jobs/${done.id}`);
