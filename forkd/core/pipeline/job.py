@@ -11,6 +11,7 @@ file): that step finishes first. Past the last check the snapshot is committed: 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -30,6 +31,8 @@ from forkd.vmm.driver import Vm
 
 if TYPE_CHECKING:
     from forkd.core.runtime import Progress, Runtime
+
+log = logging.getLogger("forkd.pipeline")
 
 
 def quiet(_: str) -> None:
@@ -93,6 +96,8 @@ class Job:
                 self.rt.store.remove(mine.tag)
         except (NotFound, CorruptManifest):
             pass
+        except OSError as exc:  # left failed (forkd snapshot rm removes it): the cancel is what the caller sees
+            log.warning("cancelled snapshot %r was not removed: %s", mine.tag, exc)
 
     # -- helpers for the steps -----------------------------------------------------------------------
     def begin(self) -> SnapshotWriter:
