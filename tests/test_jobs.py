@@ -14,8 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from forkd.api.app import create_app
+from forkd.base.cancel import Cancelled, CancelToken
 from forkd.base.errors import Busy, Conflict, InvalidInput, NotFound
 from forkd.base.paths import Layout
+from forkd.core.requests import Compaction, ParentBuild
 from forkd.service import Service
 from forkd.service.jobs import RESTARTED, Jobs, Limits
 from tests.conftest import BASE_TAG
@@ -297,15 +299,18 @@ def _left(layout: Layout) -> set[str]:
     return {p.name for p in layout.tmp.iterdir()} | {p.name for p in layout.scratch_dir().iterdir()}
 
 
-def test_cancelling_a_running_build_stops_its_vmm_and_leaves_nothing(api, fake_home):
-    """A parent build blocked in a warm-up command (one that would run for ten minutes) is cancelled: the DELETE
-    answers it still running, "cancelling"; the build's VMM is stopped (so the command ends at once), the job ends
-    cancelled, and no snapshot, staging directory, scratch memory or VMM process of it is left."""
+@pytest.mark.parametrize("what,body", [
+    ("parent", {"tag": "jobs-cancelled", "memory_mib": 128, "warm_run": ["exec sleep 600"]}),
+    ("layer", {"tag": "jobs-cancelled", "parent_tag": BASE_TAG, "run": ["exec sleep 600"]}),
+])
+def test_cancelling_a_running_build_stops_its_vmm_and_leaves_nothing(api, fake_home, what, body):
+    """A parent (or layer) build blocked in a warm-up command (one that would run for ten minutes) is cancelled:
+    the DELETE answers it still running, "cancelling"; the build's VMM is stopped (so the command ends at once),
+    the job ends cancelled, and no snapshot, staging directory, scratch memory or VMM process of it is left."""
     client, _ = api
     layout = Layout(fake_home)
     before = _left(layout)
-    body = {"tag": "jobs-cancelled", "memory_mib": 128, "warm_run": ["exec sleep 600"]}
-    r = client.post("/v1/snapshots/build/parent", json=body)
+    r = client.post(f"/v1/snapshots/build/{what}", json=body)
     assert r.status_code == 202, r.text
     job = r.json()
     while not (job.get("phase") or "").startswith("warming up: exec sleep"):  # the build is in its warm-up step
@@ -323,3 +328,30 @@ def test_cancelling_a_running_build_stops_its_vmm_and_leaves_nothing(api, fake_h
     again = client.delete(f"/v1/jobs/{job['id']}")
     assert again.status_code == 409 and "is cancelled" in again.json()["detail"], again.text
     assert client.delete("/v1/jobs/job-0123456789abcdef").status_code == 404
+
+
+def test_a_cancel_during_a_step_stops_the_build_before_its_next_step(fake_rt, fake_base, fake_home):
+    """In-process, with a token: a cancel that arrives while the boot runs (a step it cannot cut short) stops the
+    build before its warm-up; the VMM the boot made is stopped and the snapshot removed."""
+    token, said = CancelToken(), []
+
+    def cancel_at_boot(line: str) -> None:
+        said.append(line)
+        if line.startswith("booting"):
+            token.cancel("the test cancelled it")
+
+    with pytest.raises(Cancelled, match="the test cancelled it"):
+        fake_rt.create_snapshot(ParentBuild.of(tag="jobs-at-boot", memory_mib=128, warm_run=("true",)),
+                                progress=cancel_at_boot, cancel=token)
+    assert [line.split(" (")[0] for line in said] == ["booting the parent"]
+    assert not Layout(fake_home).snapshot_dir("jobs-at-boot").exists() and _vmm_roots(Layout(fake_home)) == []
+
+
+def test_a_cancel_in_the_last_step_stops_the_build_before_its_commit(fake_rt, fake_base, fake_home):
+    """A compaction is one step, writing the snapshot's files: a cancel while it runs is seen at the check just
+    before the commit, so the snapshot is not committed but removed."""
+    token = CancelToken()
+    with pytest.raises(Cancelled):
+        fake_rt.compact(Compaction.of(from_tag=BASE_TAG, to_tag="jobs-late"),
+                        progress=lambda line: token.cancel("late"), cancel=token)
+    assert not Layout(fake_home).snapshot_dir("jobs-late").exists()
