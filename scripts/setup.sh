@@ -2,7 +2,8 @@
 # Idempotent set-up for a fresh Debian 12 machine, run as root:
 #   Debian packages (QEMU, busybox, cpio, ...), kernel settings, a zram swap sized for the machine (what the idle
 #   page-out and sleep defaults assume: scripts/zram.sh), a virtualenv in .venv with forkd installed,
-#   and the default guest image (Debian's cloud kernel + busybox + Python 3.11 + the forkd agent).
+#   the default guest image (Debian's cloud kernel + busybox + Python 3.11 + the forkd agent), then `forkd doctor`
+#   (a check of this host; its accelerator probe, one guest boot, is cached for the builds after it).
 # Usage: scripts/setup.sh [--dev] [--no-zram]
 #        scripts/setup.sh --undo-zram
 #   --dev        also install the test and lint tools
@@ -77,3 +78,5 @@ echo "setup: installing forkd-client (sdk/python) and forkd${extra} into .venv"
 
 echo "setup: building the default guest image (cached after the first time)"
 .venv/bin/forkd image build
+echo "setup: checking this host (forkd doctor; its KVM probe boots a guest once, cached for later builds)"
+.venv/bin/forkd doctor || echo "setup: warning: forkd doctor found a failing check (above): forkd may not work here" >&2

@@ -38,6 +38,8 @@ def tmpfs_runtime(rt: Runtime, prefix: str, parent: ParentBuild) -> Iterator[Run
     built. Afterwards its children, home and flat images are gone; QEMU processes it left behind fail the test."""
     from tests.conftest import qemu_pids  # conftest imports this module's fixtures
 
+    image, _ = rt.build_image()  # what the copy below takes: the session's image and accelerator decision
+    rt.accelerator(image)
     home = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
     layout = Layout(home).ensure()
     shutil.rmtree(layout.images)
@@ -73,7 +75,7 @@ def tracked_forks(runtime: Runtime, default_tag: str) -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def srt(rt, base):
+def srt(rt):
     """A runtime whose store is on tmpfs (/dev/shm), sharing the session's image and accelerator decision."""
     with tmpfs_runtime(rt, "fkbr", ParentBuild.of(tag=SBASE, memory_mib=512, warm_imports=("decimal",),
                                                    warm_exec=("MARK = 'warm'",))) as r:

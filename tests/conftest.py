@@ -1,5 +1,7 @@
 """Shared fixtures. Tests that need VMs boot real QEMU guests (TCG here, KVM where the probe finds it works):
-one session-wide FORKD_HOME with the image built once and one warm base snapshot every VM test forks from."""
+one session-wide FORKD_HOME per pytest process, starting with the default image and accelerator decision
+scripts/setup.sh made before the tests (tests/seed.py; made again when those are not this tree's), and one warm base
+snapshot VM tests fork from."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from forkd.base.paths import Layout, stale_flat_dirs
 from forkd.base.settings import env_name
 from forkd.core.requests import ParentBuild, Spawn
 from forkd.core.runtime import Runtime
+from tests.seed import seed_home
 
 BASE_TAG = "base"
 WARM_GLOBAL = "set at warm-up"
@@ -73,6 +76,7 @@ def awake(settings_env):
 def home():
     remove_stale_flat_dirs()
     d = Path(tempfile.mkdtemp(prefix="fkt", dir="/tmp"))
+    seed_home(Layout(d))
     old = os.environ.get("FORKD_HOME")
     os.environ["FORKD_HOME"] = str(d)
     yield d

@@ -29,7 +29,7 @@ ALLOC_MIB = 96  # what a test guest allocates and writes (fresh guest pages: hol
 
 
 @pytest.fixture(scope="module")
-def mrt(rt, base):
+def mrt(rt):
     """A runtime whose store is on tmpfs, sharing the session's image; one 512 MiB parent."""
     if cgroups.detect() is None:
         pytest.skip("no memory cgroup controller here")
