@@ -20,6 +20,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
+# Bytecode caches on, whatever the environment says: with PYTHONDONTWRITEBYTECODE set, every pytest process would
+# rewrite the assertions of every test module again and every daemon and CLI a test starts compile forkd again.
+unset PYTHONDONTWRITEBYTECODE
 PYTEST=(python -m pytest -q -ra --durations=25)
 
 echo "== tier 1: import-linter (layer order)"
