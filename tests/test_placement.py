@@ -26,7 +26,10 @@ from forkd.core.runtime import Runtime
 from forkd.operator import handlers
 from tests.test_operator import call, condition, reconcile_until, resource
 
-NODE_MIB = 8704  # memory each node daemon offers (FORKD_NODE_MEMORY_MIB): equal, so hashing breaks the tie at first
+# memory each node daemon offers (FORKD_NODE_MEMORY_MIB): equal, so hashing breaks the tie at first. Small beside the
+# host's MemAvailable, which both nodes share (a node reports the lesser of the two): with a larger offer a host short
+# of memory (other tests' tmpfs) capped both nodes alike and hashing, not room, placed the pool.
+NODE_MIB = 1024
 
 
 def _free_port() -> int:
