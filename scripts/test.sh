@@ -6,8 +6,8 @@
 #   3. vm:    the tests that boot QEMU (-m "vm and not bench and not long"), on FORKD_VM_WORKERS workers (default 2:
 #             one per core; 0 runs them in one process; each worker builds its own base snapshot,
 #             bench/reports/*-ci-tiers.md), then the benchmark scripts' short modes (-m "bench and not long") on
-#             FORKD_BENCH_WORKERS workers (default 2, each test on whichever is free: --dist load): they check that
-#             each script runs and reports every figure, not how fast (0: one process)
+#             FORKD_BENCH_WORKERS workers (default 2; 0: one process): they check that each script runs and
+#             reports every figure, not how fast
 # In each tier the tests marked `serial` (they swap off host-wide state: the zram swap of tests/swap.py) run alone
 # after the others. Workers take whole modules (--dist loadfile), so a module fixture is set up once and torn down
 # before the next; a run gets a short --basetemp (tests/basetemp.py: a daemon's socket fits beneath tmp_path).
@@ -41,14 +41,13 @@ if (($#)); then
   echo "== pytest $*"
   exec "${PYTEST[@]}" "$@"
 fi
-tier() {  # tier WORKERS MARKERS [DIST]: the tests of MARKERS on WORKERS workers (whole modules each, or as DIST
-  # says), then those of them marked serial alone
+tier() {  # tier WORKERS MARKERS: the tests of MARKERS on WORKERS workers, then those of them marked serial alone
   local rc=0
   if (($1 == 0)); then
     "${PYTEST[@]}" -m "$2"
     return
   fi
-  "${PYTEST[@]}" -n "$1" --dist "${3:-loadfile}" -m "($2) and not serial" || rc=$?
+  "${PYTEST[@]}" -n "$1" --dist loadfile -m "($2) and not serial" || rc=$?
   ((rc == 0 || rc == 5)) || return "$rc"  # 5: nothing selected
   "${PYTEST[@]}" -m "($2) and serial" || rc=$?
   ((rc == 0 || rc == 5)) || return "$rc"
@@ -58,7 +57,7 @@ tier "${FORKD_TEST_WORKERS:-4}" "not vm and not bench and not long"
 echo "== tier 3: tests that boot VMs"
 tier "${FORKD_VM_WORKERS:-2}" "vm and not bench and not long"
 echo "== tier 3: benchmark smoke"
-tier "${FORKD_BENCH_WORKERS:-2}" "bench and not long" load
+tier "${FORKD_BENCH_WORKERS:-2}" "bench and not long"
 if ((long)); then
   echo "== long tier"
   "${PYTEST[@]}" -m long

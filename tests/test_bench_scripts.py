@@ -39,28 +39,6 @@ def test_pool_bench_registry_only_short_mode():
     assert "hand out 32" in res.stdout and "before" in res.stdout and "p90" in res.stdout
 
 
-@pytest.mark.vm
-@pytest.mark.bench
-def test_soak_short_mode_samples_every_series(rt, tmp_path):
-    """bench/soak.py for half a minute, a sample every 5 s (--short's code path, half its length): claim/exec/branch/
-    release churn against a real daemon with faults; every series is sampled, a slope printed for each, nothing left
-    over at the end, and the dated report pair written."""
-    import json
-
-    rt.build_image()  # copied into the soak's private home
-    res = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--minutes", "0.5", "--interval", "5",
-                          "--image-from", str(rt.layout.home), "--out", str(tmp_path), "--label", "ci", "-o", "json"],
-                         capture_output=True, text=True, timeout=1200)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
-    assert set(out["slopes_per_min"]) == {"rss_mib", "swap_mib", "fds", "tmpfs_mib", "leftovers"}
-    assert out["cycles"] > 1 and out["branches"] >= 1 and len(out["samples"]) >= 3, res.stderr[-3000:]
-    assert out["failures"] == 0, res.stderr[-3000:]
-    assert out["samples"][-1]["leftovers"] == 0, out["samples"][-1]
-    assert out["leaked_qemu_at_end"] == []
-    assert len(list(tmp_path.glob("soak-*-ci.md"))) == 1 and len(list(tmp_path.glob("soak-*-ci.json"))) == 1
-
-
 @pytest.mark.vm  # through the script, in a subprocess
 @pytest.mark.bench
 def test_bench_all_short_writes_one_report_and_the_plots(home, tmp_path):
