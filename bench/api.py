@@ -7,6 +7,11 @@
    virtio-serial socket, p50/p90 of each and the ratio;
 2. 100 concurrent requests (eval) spread over 10 children, 20 client threads: p50/p99 latency and requests/s;
 3. claim of 10 children from a warm pool of 10 through the API (POST /v1/pools/{name}/claim).
+
+The daemon it starts allows CONCURRENT_THREADS guest calls in flight per child (FORKD_GUEST_IO_PER_CHILD, set for
+that daemon only): with 20 threads over 10 children, a slow child can hold more calls than the shipped cap of 8, and
+the daemon would refuse them (Busy) where an older daemon without the cap served them. So step 2 measures the same
+100 evals on every commit; a commit without the setting ignores the variable.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ POOL = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkPool", "metadata": {"na
         "spec": {"from": "bench-api-parent", "warm": 10, "maxChildren": 40}}
 PARENT = {"apiVersion": "forkd.dev/v1alpha1", "kind": "ForkParent", "metadata": {"name": "bench-api-parent"},
           "spec": {"memoryMiB": 256}}
+CONCURRENT_THREADS = 20  # client threads of step 2: also the guest calls per child its daemon allows
 
 
 def log(msg: str) -> None:
@@ -53,6 +59,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def daemon_env(home: str) -> dict[str, str]:
+    """The environment of the daemon this benchmark starts: its home, and a per-child cap of guest calls that step
+    2's threads cannot reach (so no eval is refused for the cap)."""
+    return dict(os.environ, FORKD_HOME=home, FORKD_GUEST_IO_PER_CHILD=str(CONCURRENT_THREADS))
 
 
 def main() -> int:
@@ -72,7 +84,7 @@ def main() -> int:
     log_path = token_file.parent / "daemon.log"
     daemon = subprocess.Popen([sys.executable, "-m", "forkd.api", "serve", "--bind", f"127.0.0.1:{port}",
                                "--token-file", str(token_file), "--interval", "0.5"],
-                              env=dict(os.environ, FORKD_HOME=args.home), stdout=open(log_path, "ab"),
+                              env=daemon_env(args.home), stdout=open(log_path, "ab"),
                               stderr=subprocess.STDOUT)
     res: dict = {}
     ids: list[str] = []
@@ -110,10 +122,11 @@ def main() -> int:
             return (time.perf_counter() - t0) * 1000
 
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=20) as pool:
+        with ThreadPoolExecutor(max_workers=CONCURRENT_THREADS) as pool:
             lat = list(pool.map(one, range(100)))
         wall = time.perf_counter() - t0
-        res["concurrent_100"] = {"p50": statistics.median(lat), "p99": pct(lat, 99), "per_s": 100 / wall}
+        res["concurrent_100"] = {"p50": statistics.median(lat), "p99": pct(lat, 99), "per_s": 100 / wall,
+                                 "threads": CONCURRENT_THREADS, "guest_io_per_child": CONCURRENT_THREADS}
 
         log("claim of 10 from a warm pool of 10")
         c.apply([PARENT, POOL], applyset="bench-api")
@@ -151,7 +164,8 @@ def main() -> int:
     print(f"  exec `true` direct to agent p50 {d['p50']:6.1f} ms  p90 {d['p90']:6.1f} ms")
     print(f"  >>> REST / direct = {res['exec_ratio']:.2f}x")
     print(f"  100 concurrent evals over 10 children: p50 {cc['p50']:.1f} ms  p99 {cc['p99']:.1f} ms  "
-          f"{cc['per_s']:.0f} req/s")
+          f"{cc['per_s']:.0f} req/s  ({CONCURRENT_THREADS} threads; the daemon's FORKD_GUEST_IO_PER_CHILD set to "
+          f"{CONCURRENT_THREADS})")
     print(f"  claim of 10 from a warm pool through the API: {res['claim_10_ms']:.1f} ms")
     return 0
 

@@ -122,3 +122,30 @@ def test_compare_interleaves_and_swaps_who_goes_first(monkeypatch):
     compare.interleave((a, b), ["plan", "pool"], 2, 60)
     assert order == [("plan", "A"), ("plan", "B"), ("pool", "A"), ("pool", "B"),
                      ("plan", "B"), ("plan", "A"), ("pool", "B"), ("pool", "A")]
+
+
+def test_compare_runs_api_on_both_sides_with_the_cap_api_sets_for_its_daemon(monkeypatch):
+    """The api benchmark's 100 evals on 20 threads must not meet a per-child cap of guest calls on either commit:
+    compare.py sets FORKD_GUEST_IO_PER_CHILD for the api runs of both sides (an older commit's api.py does not set
+    it), to the value bench/api.py gives the daemon it starts, which its threads cannot exceed; other benchmarks
+    run without it."""
+    import api
+    import compare
+
+    seen = {}
+
+    def fake_sh(argv, env=None, cwd=None, timeout=None):
+        seen[(Path(argv[1]).stem, cwd)] = env
+        return subprocess.CompletedProcess(argv, 0, "{}", "")
+
+    monkeypatch.setattr(compare, "sh", fake_sh)
+    monkeypatch.delenv("FORKD_GUEST_IO_PER_CHILD", raising=False)
+    sides = [compare.Side(x, x.lower() * 40, Path(f"/{x}"), Path(f"/{x}/python"), Path(f"/{x}/home")) for x in "AB"]
+    for side in sides:
+        for name in ("api", "fork"):
+            compare.run_bench(side, name, 60)
+    daemon = api.daemon_env("/h")
+    assert int(daemon["FORKD_GUEST_IO_PER_CHILD"]) >= api.CONCURRENT_THREADS
+    for side in sides:
+        assert seen[("api", side.src)]["FORKD_GUEST_IO_PER_CHILD"] == daemon["FORKD_GUEST_IO_PER_CHILD"]
+        assert "FORKD_GUEST_IO_PER_CHILD" not in seen[("fork", side.src)]

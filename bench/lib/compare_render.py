@@ -25,7 +25,16 @@ def head(report: dict) -> list[str]:
             f"{h['qemu']}, Python {h['python']}; this checkout `{h['commit']}`.", "",
             f"Load: {_load(report['load_benchmarks'])}. The host is shared (other sessions' tests and a "
             "crash-harness run): above 2 a figure includes waiting for a core.", "",
-            "Flags: " + "; ".join(f"`{n}.py {' '.join(f)}`" for n, f in report["flags"].items()) + ".", ""]
+            "Flags: " + "; ".join(f"`{n}.py {' '.join(f)}`" for n, f in report["flags"].items()) + ".", "",
+            *_env_line(report.get("env") or {})]
+
+
+def _env_line(env: dict[str, dict[str, str]]) -> list[str]:
+    """The environment set for a benchmark's runs on both sides, if any."""
+    if not env:
+        return []
+    told = "; ".join(f"{n}: " + ", ".join(f"`{k}={v}`" for k, v in e.items()) for n, e in env.items())
+    return [f"Environment set for both sides' runs: {told}.", ""]
 
 
 def summary(report: dict) -> list[str]:
