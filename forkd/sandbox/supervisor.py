@@ -260,7 +260,12 @@ def release_isolation(rec: ChildRecord) -> None:
 
 
 def smaps_split(pid: int, memory_path: str) -> dict[str, int]:
-    guest_private = guest_rss = other_pss = 0
+    """KiB of a VMM's memory from /proc/PID/smaps. Of the guest RAM mapping (the snapshot's memory file, mapped
+    private): guest_rss (pages mapped), guest_private (Private_Dirty: pages no other process maps, which counts the
+    pages this child copied on write and also the file's pages only this child has read, as a tmpfs page is dirty)
+    and guest_copied (Anonymous: only the pages this child wrote, each a copy of its own). vmm_pss: the Pss of the
+    VMM's other mappings."""
+    guest_private = guest_rss = guest_copied = other_pss = 0
     current_is_guest = False
     with open(f"/proc/{pid}/smaps") as f:
         for line in f:
@@ -274,6 +279,9 @@ def smaps_split(pid: int, memory_path: str) -> dict[str, int]:
                 guest_private += int(val[1])
             elif first == "Rss:" and current_is_guest:
                 guest_rss += int(val[1])
+            elif first == "Anonymous:" and current_is_guest:
+                guest_copied += int(val[1])
             elif first == "Pss:" and not current_is_guest:
                 other_pss += int(val[1])
-    return {"guest_private_kib": guest_private, "guest_rss_kib": guest_rss, "vmm_pss_kib": other_pss}
+    return {"guest_private_kib": guest_private, "guest_rss_kib": guest_rss, "guest_copied_kib": guest_copied,
+            "vmm_pss_kib": other_pss}
