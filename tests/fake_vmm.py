@@ -58,3 +58,21 @@ def fake_base(fake_rt):
     return fake_rt.create_snapshot(ParentBuild.of(tag=BASE_TAG, memory_mib=256, warm_imports=("decimal", "random"),
                                                   warm_exec=(f"WARM_GLOBAL = {WARM_GLOBAL!r}",),
                                                   warm_run=("echo parent > /root/parent.txt",)))
+
+
+# A test module runs on the fake driver by importing the ones it uses, e.g.
+#     from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module's home and runtime
+# Imported into a module, they stand in for conftest's session `home`, `rt` and `base` there only.
+@pytest.fixture(scope="module", name="home")
+def on_fake_home(fake_home):
+    return fake_home
+
+
+@pytest.fixture(scope="module", name="rt")
+def on_fake_rt(fake_rt):
+    return fake_rt
+
+
+@pytest.fixture(scope="module", name="base")
+def on_fake_base(fake_base):
+    return fake_base

@@ -18,6 +18,7 @@ import pytest
 from forkd.api.auth import check_bind, is_loopback, load_or_create_token, parse_bind
 from forkd.base.errors import InvalidInput
 from tests.conftest import BASE_TAG
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 
 PROBLEM = "application/problem+json"
 
@@ -75,16 +76,6 @@ def stop_api_daemon(d: Daemon) -> None:
     except subprocess.TimeoutExpired:
         d.proc.kill()
         d.proc.wait()
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
 
 
 @pytest.fixture(scope="module")

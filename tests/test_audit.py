@@ -14,17 +14,8 @@ import time
 import pytest
 
 from forkd.core.audit import GENESIS, AuditLog, token_id, verify
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.test_api import start_api_daemon, stop_api_daemon
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
 
 
 def cli_verify(home) -> subprocess.CompletedProcess:

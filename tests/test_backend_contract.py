@@ -25,14 +25,10 @@ from forkd.core.runtime import Runtime
 from forkd.reconciler.control import Control
 from forkd.service import wire
 from tests.conftest import BASE_TAG
+from tests.fake_vmm import on_fake_home  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 MISSING = "c-no-such-child"
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +210,6 @@ def test_the_typescript_sdk_waits_on_build_jobs(doors, fake_base):
                          cwd=Path(__file__).resolve().parent.parent / "sdk" / "typescript", timeout=300)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "# fail 0" in res.stdout and "# skipped 0" in res.stdout and "# pass 1" in res.stdout
-
 
 
 def test_the_cli_builds_through_the_daemons_job(doors, fake_base):

@@ -12,11 +12,7 @@ import pytest
 from forkd.reconciler.control import Control
 from forkd.spec.loader import load_text
 from tests.conftest import forkd_cli
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
+from tests.fake_vmm import on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 
 SPEC = """\
 apiVersion: forkd.dev/v1alpha1

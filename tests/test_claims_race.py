@@ -26,6 +26,7 @@ from forkd.reconciler.objects import ObjectStore
 from forkd.sandbox.registry import CLAIMS, RECORD, ChildRecord, Claim, Registry
 from forkd.sdk import Sandbox
 from tests.conftest import forkd_cli
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 SPEC = """\
@@ -65,16 +66,6 @@ def warm_idle(rt, n: int) -> bool:
     kids = pool_children(rt)
     idle = [r for r in kids if not r.claimed and r.status == "running"]
     return len(idle) == n and len(kids) == n
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,8 @@ from forkd.base.errors import Conflict, InvalidInput, NotFound, Unavailable
 from forkd.client.http import api_error
 from forkd.sdk import Controller, ControllerError
 from tests.conftest import BASE_TAG, WARM_GLOBAL
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.test_api import free_port, start_api_daemon, stop_api_daemon
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

@@ -12,25 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import forkd_cli, qemu_pids
+from tests.fake_vmm import on_fake_base, on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.scrape import scraped
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
-
-
-@pytest.fixture(scope="module")
-def base(fake_base):
-    return fake_base
 
 PARENT = """\
 apiVersion: forkd.dev/v1alpha1

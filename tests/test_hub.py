@@ -21,21 +21,7 @@ from forkd.core.pack import PackError
 from forkd.core.requests import LayerBuild, Spawn
 from forkd.core.runtime import Runtime
 from tests.conftest import BASE_TAG
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
-
-
-@pytest.fixture(scope="module")
-def base(fake_base):
-    return fake_base
+from tests.fake_vmm import on_fake_base, on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 
 
 def cli(home: Path, *args: str, hub: str | None = None) -> subprocess.CompletedProcess:

@@ -16,15 +16,11 @@ from forkd.base.errors import InvalidInput
 from forkd.core import lifetimes
 from forkd.sdk import Controller, Sandbox
 from tests.conftest import BASE_TAG
+from tests.fake_vmm import on_fake_home  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.scrape import scraped
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 SETTINGS = {"FORKD_SWEEP_INTERVAL": "0.5", "FORKD_SANDBOX_TIMEOUT": "900", "FORKD_BRANCH_TTL": "15"}
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
 
 
 @pytest.fixture(scope="module")

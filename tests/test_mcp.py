@@ -13,17 +13,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from tests.conftest import BASE_TAG, WARM_GLOBAL
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.test_api import start_api_daemon, stop_api_daemon
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
 
 TOOLS = {"spawn_sandboxes", "claim", "exec_command", "eval_code", "branch_sandbox", "kill_sandbox", "list_sandboxes",
          "list_snapshots", "snapshot_info", "ping_sandbox", "get_sandbox", "read_file", "write_file", "list_files",

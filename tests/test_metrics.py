@@ -8,22 +8,11 @@ import gc
 import time
 import weakref
 
-import pytest
-
 from forkd.api.metrics import Metrics
 from forkd.base import telemetry
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.scrape import families, value
 from tests.test_api import start_api_daemon, stop_api_daemon
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
 
 ALIASES = {"forkd_snapshots_total", "forkd_sandboxes_active"}  # upstream names kept as gauge aliases
 BOUNDED_LABELS = {"pool", "status", "reason", "kind", "action", "mode", "method", "route", "le", "version",

@@ -33,17 +33,7 @@ from forkd.base.errors import NotFound
 from forkd.operator import handlers
 from forkd.reconciler.objects import MANAGED_BY
 from tests.conftest import forkd_cli
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
-
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 
 LOG = logging.getLogger("test-operator")
 

@@ -32,6 +32,7 @@ import pytest
 from forkd.core.ports import GRANTS
 from forkd.sdk import Controller, Sandbox
 from tests.conftest import BASE_TAG
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.security.test_daemon_api import _self_signed
 from tests.test_api import Daemon, stop_api_daemon
 from tests.test_mcp_ports import _serve_in
@@ -40,16 +41,6 @@ from tests.test_ports_relay import _echo
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,7 @@ from forkd.sandbox.supervisor import Supervisor
 from forkd.spec.loader import load_text
 from forkd.vmm.agent_client import AgentTimeout
 from tests.conftest import BASE_TAG, forkd_cli, qemu_pids
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 
 MARK = "/root/primed"
 

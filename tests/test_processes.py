@@ -11,21 +11,7 @@ import threading
 import pytest
 
 from forkd.base.errors import ForkdError
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
-
-
-@pytest.fixture(scope="module")
-def base(fake_base):
-    return fake_base
+from tests.fake_vmm import on_fake_base, on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 
 
 def collect(a, pid: int, gen=None) -> tuple[bytes, bytes, int]:

@@ -15,11 +15,7 @@ from forkd.reconciler.control import Control
 from forkd.reconciler.world import parent_tag
 from forkd.spec.loader import load_text
 from tests.conftest import forkd_cli
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
+from tests.fake_vmm import on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 
 SPEC = """\
 apiVersion: forkd.dev/v1alpha1

@@ -26,18 +26,9 @@ from forkd_client import (  # sdk/python
 )
 
 from tests.conftest import BASE_TAG, WARM_GLOBAL
+from tests.fake_vmm import on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.http_stub import Draining, serving
 from tests.test_api import free_port, start_api_daemon, stop_api_daemon
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,22 +12,8 @@ import pytest
 from forkd.base.errors import NotFound, Unavailable
 from forkd.sdk import AsyncController, AsyncSandbox, Controller, Sandbox
 from tests.conftest import BASE_TAG
+from tests.fake_vmm import on_fake_base, on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.test_api import start_api_daemon, stop_api_daemon
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
-
-
-@pytest.fixture(scope="module")
-def base(fake_base):
-    return fake_base
 
 
 def test_a_failed_kill_on_exit_is_raised_or_noted(rt, home, base, tmp_path):

@@ -21,22 +21,8 @@ from forkd.core.pack import oci as pack_oci
 from forkd.core.requests import Spawn
 from forkd.image.registry import RegistryOptions
 from tests.conftest import BASE_TAG
+from tests.fake_vmm import on_fake_base, on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.test_pack import _drop, _empty_runtime, _fake_files, _good_members, _manifest, _reg, _write_pack
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
-
-
-@pytest.fixture(scope="module")
-def base(fake_base):
-    return fake_base
 
 PLAIN = RegistryOptions(tls_verify=False)
 

@@ -9,24 +9,10 @@ import pytest
 
 from forkd.client import wire
 from tests.conftest import BASE_TAG
+from tests.fake_vmm import on_fake_base, on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 PROBLEM = "application/problem+json"
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
-
-
-@pytest.fixture(scope="module")
-def base(fake_base):
-    return fake_base
 
 
 @pytest.fixture(scope="module")

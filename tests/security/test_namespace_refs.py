@@ -34,21 +34,7 @@ from forkd.reconciler.world import parent_tag, resolve, tag_stem
 from forkd.spec.loader import load_text
 from forkd.spec.models import MODELS, ForkBranch
 from forkd.spec.namespaces import NAMESPACE_PATTERN, qname, split_qname
-
-
-@pytest.fixture(scope="module")
-def home(fake_home):
-    return fake_home
-
-
-@pytest.fixture(scope="module")
-def rt(fake_rt):
-    return fake_rt
-
-
-@pytest.fixture(scope="module")
-def base(fake_base):
-    return fake_base
+from tests.fake_vmm import on_fake_base, on_fake_home, on_fake_rt  # noqa: F401 - fixtures: this module runs on the fake driver
 
 NOW = 1_800_000_000.0
 
