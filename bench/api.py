@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -155,6 +156,7 @@ def main() -> int:
         left = [r.id for r in rt.children() if r.pool == "bench-api-pool"]
         if left:
             rt.kill(left)
+    shutil.rmtree(token_file.parent, ignore_errors=True)  # its token and daemon log: kept only when the run failed
     if args.output == "json":
         print(json.dumps(res, indent=2))
         return 0
