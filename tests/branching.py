@@ -16,6 +16,7 @@ from forkd.base.paths import Layout
 from forkd.core.branch import wait_background
 from forkd.core.requests import ParentBuild, Spawn
 from forkd.core.runtime import Runtime
+from tests.seed import seed_home
 
 SBASE = "sbase"
 WRITER = ("import threading, time\n"
@@ -41,11 +42,8 @@ def tmpfs_runtime(rt: Runtime, prefix: str, parent: ParentBuild) -> Iterator[Run
     image, _ = rt.build_image()  # what the copy below takes: the session's image and accelerator decision
     rt.accelerator(image)
     home = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
-    layout = Layout(home).ensure()
-    shutil.rmtree(layout.images)
-    shutil.copytree(rt.layout.images, layout.images, symlinks=True)
-    if rt.layout.accel_cache.exists():
-        shutil.copy(rt.layout.accel_cache, layout.accel_cache)
+    layout = Layout(home)
+    assert seed_home(layout, rt.layout), f"the session's image was not copied into {home}"
     r = Runtime(layout)
     r.create_snapshot(parent)
     yield r
