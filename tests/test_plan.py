@@ -80,6 +80,14 @@ def test_snapshot_gc(s, collected):
     assert (DeleteSnapshot(s.tag, "unused") in plan(d, a)) is collected
 
 
+@pytest.mark.parametrize("grace, collected", [(60.0, False), (4.0, True), (0.0, True)])
+def test_a_pulled_snapshots_grace_is_the_one_actual_carries(grace, collected):
+    pulled = dataclasses.replace(snap("py-0000000000"), pulled_at=NOW - 5)
+    d, a = world(snapshots=(snap(), pulled))
+    a = dataclasses.replace(a, pull_grace=grace)
+    assert (DeleteSnapshot(pulled.tag, "unused") in plan(d, a)) is collected
+
+
 def test_snapshot_used_by_a_hand_forked_or_claimed_child_is_kept():
     old = snap("py-0000000000")
     for child in (kids(1, old.tag, pool=None), kids(1, old.tag, claimed=True), kids(1, old.tag, status="dead")):

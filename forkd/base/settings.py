@@ -105,6 +105,8 @@ class Settings(BaseModel):
     operator_interval: float = _env(10.0, "seconds between the operator's periodic reconciles of an object", gt=0)
     operator_retry: float = _env(10.0, "seconds before the operator retries a failed handler", gt=0)
     operator_delete_wait: float = _env(60.0, "seconds one attempt of the operator's delete handler waits", gt=0)
+    pull_grace: float = _env(60.0, "seconds a node keeps a snapshot the operator pulled there before the object it "
+                                   "belongs to is applied on that node (then unused pulls are collected)", ge=0)
     operator_registry: str = _env("", "operator: HOST[:PORT]/PATH of an OCI repository; when set, a ForkParent or "
                                       "ForkLayer is built on one node, pushed there as an artifact and pulled by "
                                       "digest on the others (TLS verified unless HOST is in "

@@ -249,6 +249,10 @@ ROWS: tuple[tuple, ...] = (
     ('FORKD_OPERATOR_DELETE_WAIT', 'float', (('gt', 0),), 'float',
      60.0,
      "seconds one attempt of the operator's delete handler waits"),
+    ('FORKD_PULL_GRACE', 'float', (('ge', 0),), 'float',
+     60.0,
+     'seconds a node keeps a snapshot the operator pulled there before the object it belongs to is '
+     'applied on that node (then unused pulls are collected)'),
     ('FORKD_OPERATOR_REGISTRY', 'str', (), 'str',
      '',
      'operator: HOST[:PORT]/PATH of an OCI repository; when set, a ForkParent or ForkLayer is built on '

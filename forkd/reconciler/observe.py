@@ -6,6 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from forkd.base import clock
+from forkd.base.settings import settings
 from forkd.reconciler.objects import ObjectStore
 from forkd.reconciler.state import Actual, ChildState, ClaimRecord, Desired, Failure, SnapshotState
 from forkd.store.snapshot import Snapshot
@@ -84,4 +85,5 @@ def actual(rt: Runtime, failures: tuple[Failure, ...] = (), in_flight: frozenset
     snaps = actual_snapshots(rt)
     return Actual(snapshots=tuple(snaps), children=tuple(child_states(rt, None, now, boot)), failures=failures,
                   now=now, in_flight=in_flight, spawn_p50_ms=spawn_p50_ms,
-                  claims=claim_records(objects, now, boot) if objects is not None else ())
+                  claims=claim_records(objects, now, boot) if objects is not None else (),
+                  pull_grace=settings().pull_grace)

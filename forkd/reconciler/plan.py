@@ -185,18 +185,15 @@ def plan_stray_claims(w: World) -> list[Action]:
     return out
 
 
-PULL_GRACE_S = 60.0  # an owned pull's snapshot waits this long for its object (the operator applies it right after)
-
-
 def plan_snapshots(w: World) -> list[Action]:
     """Collect reconciler-built snapshots that are neither desired nor used by any child (nor being written, nor
     the parent of another snapshot: nothing referenced is deleted). A snapshot an owned pull installed is kept for
-    PULL_GRACE_S even so: the operator pulls it before it applies the object it belongs to."""
+    `w.pull_grace` seconds even so: the operator pulls it before it applies the object it belongs to."""
     desired = set(w.tags.values()) | {t for t in w.targets.values() if t}
     used = {c.snapshot for c in w.children} | {s.parent_tag for s in w.snaps.values() if s.parent_tag}
     return [DeleteSnapshot(tag, "unused") for tag, s in sorted(w.snaps.items())
             if s.owner is not None and s.status != "writing" and tag not in desired and tag not in used
-            and not (s.pulled_at is not None and w.now - s.pulled_at < PULL_GRACE_S)]
+            and not (s.pulled_at is not None and w.now - s.pulled_at < w.pull_grace)]
 
 
 def plan(desired: Desired, actual: Actual) -> list[Action]:

@@ -253,6 +253,7 @@ class World:
     records: Mapping[str, ClaimRecord] = field(default_factory=dict)  # claim name -> what it holds
     stray_records: tuple[ClaimRecord, ...] = ()  # records of claims deleted (or deleted and made again)
     refused: tuple[ForkObject, ...] = ()  # objects naming something outside their namespace (stuck: why)
+    pull_grace: float = 60.0  # seconds an owned pull's snapshot is kept before its object is applied
 
     def child(self, child_id: str) -> ChildState | None:
         return next((c for c in self.children if c.id == child_id), None)
@@ -337,6 +338,7 @@ def resolve(desired: Desired, actual: Actual) -> World:
         failures={f"{f.kind}/{f.name}": f for f in sorted(actual.failures, key=lambda f: (f.retry_at, f.attempts,
                                                                                          f.message))},
         in_flight=actual.in_flight, p50s=dict(actual.spawn_p50_ms), refused=tuple(o for o, _ in refused.values()),
+        pull_grace=actual.pull_grace,
         **_claims(desired, actual, pools, branches, stuck))
 
 

@@ -67,7 +67,9 @@ class Node:
             tf.write_text(token + "\n")
             tf.chmod(0o600)
             argv += ["--bind", f"127.0.0.1:{self.port}", "--token-file", str(tf)]
-        env = dict(os.environ, FORKD_HOME=str(self.home))
+        # an owned pull waits FORKD_PULL_GRACE for its object: long enough for the operator's apply right after it,
+        # short enough that a deleted object's copies go within a test (the default would add a minute to each)
+        env = dict(os.environ, FORKD_HOME=str(self.home), FORKD_PULL_GRACE="5")
         if memory_mib is not None:
             env["FORKD_NODE_MEMORY_MIB"] = str(memory_mib)
         if driver is not None:
