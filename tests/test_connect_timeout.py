@@ -41,3 +41,28 @@ def test_a_socket_that_appears_later_is_still_waited_for(tmp_path):
         s.close()
     finally:
         srv.close()
+
+
+def test_a_vmm_that_exited_is_not_waited_for(tmp_path):
+    """A VMM that exited opens no socket: the connect says so at its first miss instead of waiting its timeout."""
+    asked = []
+
+    def alive() -> bool:
+        asked.append(True)
+        return False
+
+    with pytest.raises(ForkdError, match="the VMM exited before it opened"):
+        connect_unix(tmp_path / "never.sock", 30.0, alive)
+    assert asked == [True]  # one miss, one question: no retries against a process that is gone
+
+
+def test_a_running_vmm_is_waited_for_as_before(tmp_path):
+    asked = []
+
+    def alive() -> bool:
+        asked.append(True)
+        return True
+
+    with pytest.raises(ForkdError, match="cannot connect"):
+        connect_unix(tmp_path / "late.sock", 0.2, alive)
+    assert len(asked) > 1  # asked at every miss, and kept waiting

@@ -28,7 +28,7 @@ import struct
 import termios
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
@@ -86,10 +86,11 @@ class AgentClient:
     callers that may overlap in one process (the daemon: a stream and the stdin sent to it) share one through
     `AgentClient.shared`."""
 
-    def __init__(self, path: Path, connect_timeout: float = 10.0, max_frame: int = MAX_FRAME):
+    def __init__(self, path: Path, connect_timeout: float = 10.0, max_frame: int = MAX_FRAME,
+                 alive: Callable[[], bool] | None = None):
         self.path = Path(path)
         self.max_frame = max_frame
-        self.sock = connect_unix(self.path, connect_timeout)
+        self.sock = connect_unix(self.path, connect_timeout, alive)
         self._head = bytearray()  # bytes received but not yet part of a frame: at most one recv's worth
         self._scratch = bytearray(CHUNK)
         self._partial: list | None = None  # [payload buffer, bytes filled] of a frame a timeout interrupted

@@ -110,6 +110,11 @@ def save_console(qmp: QMPClient | None, console: Path) -> str:
     return tail(console)
 
 
+def _running(vm: Vm | None) -> Callable[[], bool]:
+    """Whether the VMM this process started for `vm` still runs (a connect stops waiting on one that exited)."""
+    return lambda: vm is None or not isinstance(vm.process, subprocess.Popen) or vm.process.poll() is None
+
+
 class QemuDriver(VmmDriver):
     name = "qemu"
 
@@ -259,8 +264,8 @@ class QemuDriver(VmmDriver):
                     fds.close()
 
         def connect() -> None:
-            vm.qmp = QMPClient(files.qmp, timeout=10)  # QMP answers from QEMU's main loop: after -runas
-            vm.agent = AgentClient(files.agent, connect_timeout=10)
+            vm.qmp = QMPClient(files.qmp, timeout=10, alive=_running(vm))  # answers from QEMU's main loop: after -runas
+            vm.agent = AgentClient(files.agent, connect_timeout=10, alive=_running(vm))
             vm.qmp.execute("cont")
 
         def agent_ready() -> None:
@@ -360,9 +365,9 @@ class QemuDriver(VmmDriver):
                 on_start(vm)
 
         def connect() -> None:
-            vm.qmp = QMPClient(files.qmp, timeout=timeout)
+            vm.qmp = QMPClient(files.qmp, timeout=timeout, alive=_running(vm))
             # connect before the device state loads: the guest then never sees the agent port close
-            vm.agent = AgentClient(files.agent, connect_timeout=timeout)
+            vm.agent = AgentClient(files.agent, connect_timeout=timeout, alive=_running(vm))
 
         def load() -> None:
             vm.qmp.execute("migrate-set-capabilities",
@@ -417,7 +422,7 @@ class QemuDriver(VmmDriver):
             finally:
                 if fds:
                     fds.close()
-            vm.qmp = QMPClient(files.qmp, timeout=30)
+            vm.qmp = QMPClient(files.qmp, timeout=30, alive=_running(vm))
 
         def load() -> None:
             capture.set_caps(vm.qmp, x_ignore_shared=False)

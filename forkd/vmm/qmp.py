@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,12 @@ class QMPDisconnected(VmmLost):
 
 
 class QMPClient:
-    def __init__(self, path: Path, timeout: float = 10.0):
+    def __init__(self, path: Path, timeout: float = 10.0, alive: Callable[[], bool] | None = None):
         self.path = Path(path)
         self.events: list[dict] = []
         self.broken = False  # an answer timed out: the connection is closed
         self._buf = b""
-        self.sock = _connect_unix(self.path, timeout)
+        self.sock = _connect_unix(self.path, timeout, alive)
         self.sock.settimeout(timeout)
         self.send("qmp_capabilities")  # with the greeting still unread: one round trip for both
         greeting = self._read()
@@ -139,9 +140,10 @@ class QMPClient:
             pass
 
 
-def _connect_unix(path: Path, timeout: float) -> socket.socket:
+def _connect_unix(path: Path, timeout: float, alive: Callable[[], bool] | None = None) -> socket.socket:
     """Connect to a unix socket that the VMM may not have created yet. A connect that would block (QEMU serves one
-    connection per chardev: another process holding it fills the backlog) is bounded by `timeout` too."""
+    connection per chardev: another process holding it fills the backlog) is bounded by `timeout` too; `alive`
+    (the VMM is still running) ends the wait at once when it says no: a VMM that exited opens no socket."""
     deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
@@ -153,6 +155,8 @@ def _connect_unix(path: Path, timeout: float) -> socket.socket:
             return s
         except (FileNotFoundError, ConnectionRefusedError, TimeoutError, BlockingIOError) as exc:
             s.close()
+            if alive is not None and not alive():
+                raise ForkdError(f"the VMM exited before it opened {path}") from exc
             if time.monotonic() > deadline:
                 why = "another process may hold its only connection" if isinstance(exc, TimeoutError) else exc
                 raise ForkdError(f"cannot connect to {path} within {timeout:.1f}s: {why}") from exc

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ import json, socket, threading
 R = {{}}
 def probe(name, host, port):
     try:
-        s = socket.create_connection((host, port), timeout=4)
+        s = socket.create_connection((host, port), timeout=8)
         R[name] = "ok:" + s.recv(100).decode()
         s.close()
     except Exception as e:
@@ -143,8 +144,10 @@ def lab(net_tag: str, plain_tag: str) -> dict:
         bad = _cli("fork", "--tag", net_tag, "--egress", "internet", "--egress", "10.0.0.0/8:5432")
         out["cli_bad"] = {"rc": bad.returncode, "stderr": bad.stderr[-800:]}
         made = _children(rt, str(sock), net_tag)
+        with ThreadPoolExecutor(len(made)) as pool:  # at once: each probe waits its timeout on what is dropped
+            reached = dict(zip(made, pool.map(lambda cid: _probe(rt, cid), made.values()), strict=True))
         for case, cid in made.items():
-            out["children"][case] = {"id": cid, "egress": rt.child(cid).egress, "reached": _probe(rt, cid)}
+            out["children"][case] = {"id": cid, "egress": rt.child(cid).egress, "reached": reached[case]}
     finally:
         if made:
             rt.kill(list(made.values()))

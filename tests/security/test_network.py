@@ -20,6 +20,7 @@ import secrets
 import socket
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,7 @@ def probe(name, host, port):
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         s = socket.socket(info[0], socket.SOCK_STREAM)
-        s.settimeout(4)
+        s.settimeout(8)
         s.connect(info[4])
         R[name] = "ok:" + s.recv(100).decode()
         s.close()
@@ -181,12 +182,17 @@ def lab(tag: str) -> dict:
                 out[name] = {"error": str(exc), "reached": {}}
                 continue
             made.append(rec.id)
-            targets = _targets(_bridge_link_local())
             ns_rules = subprocess.run(["ip", "netns", "exec", rec.netns, "nft", "list", "table", "inet", "forkd"],
                                       capture_output=True, text=True).stdout
-            out[name] = {"reached": _probe_child(rt, rec.id, targets), "record": getattr(rec, "egress", None),
+            out[name] = {"record": getattr(rec, "egress", None),
                          "view": child_view(rec).get("egress"), "sandbox": sandbox_info(rec).model_dump().get("egress"),
                          "netns_rules": ns_rules, "child": rec.id, "addr": rec.net_addr}
+        targets = _targets(_bridge_link_local())
+        probed = [name for name in POLICIES if "child" in out.get(name, {})]
+        with ThreadPoolExecutor(max(1, len(probed))) as pool:  # at once: each probe waits out what is dropped
+            for name, reached in zip(probed, pool.map(lambda n: _probe_child(rt, out[n]["child"], targets), probed),
+                                     strict=True):
+                out[name]["reached"] = reached
         out["host_rules"] = subprocess.run(["nft", "list", "table", "inet", "forkd_host"], capture_output=True,
                                            text=True).stdout
         out["stale_grant"] = _stale_grant()
