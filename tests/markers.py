@@ -29,6 +29,8 @@ import inspect
 
 import pytest
 
+from tests.schedule import module_order
+
 # fixtures that boot a VM when set up, by the module that defines them (conftest's `fork` and branching's `sfork`
 # are built on these); a module that overrides one with the fake driver's (tests/fake_vmm.py) boots nothing
 VM_FIXTURES = {"base": "tests/conftest.py", "srt": "tests/branching.py"}
@@ -60,6 +62,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_QUIET_VM] = []
 
 
+def _order_modules(items: list[pytest.Item]) -> None:
+    """Modules in tests/schedule.py's order (long ones first, benchmark smoke last); each module's tests keep theirs."""
+    counts: dict[str, int] = {}
+    bench: dict[str, bool] = {}
+    for it in items:
+        path = it.nodeid.split("::", 1)[0]
+        counts[path] = counts.get(path, 0) + 1
+        bench[path] = bench.get(path, False) or it.get_closest_marker("bench") is not None
+    rank = {p: i for i, p in enumerate(module_order([(p, n, bench[p]) for p, n in counts.items()]))}
+    items.sort(key=lambda it: rank[it.nodeid.split("::", 1)[0]])
+
+
 def _vm_fixtures(item: pytest.Item) -> list[str]:
     """The fixtures of `item` (transitively) that boot a VM: those of VM_FIXTURES its module did not override."""
     info = getattr(item, "_fixtureinfo", None)
@@ -71,7 +85,7 @@ def _vm_fixtures(item: pytest.Item) -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)  # before the -m selection, which reads the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda it: it.get_closest_marker("bench") is not None)  # benchmark smoke last (stable)
+    _order_modules(items)
     for it in items:
         if IMAGE_FIXTURES & set(getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.image)
