@@ -6,6 +6,7 @@ which happens after the old waits ran out. Needs root and cgroup v1's freezer; n
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 
 from forkd.base.procs import kill_and_wait, start_time
-from forkd.sandbox import cgroups
+from forkd.sandbox import cgroups, supervisor
 from forkd.sandbox.registry import ChildRecord
 from forkd.sandbox.supervisor import release_isolation
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
-THAW_AFTER = 9.0  # seconds: past kill_and_wait's 5 s and the 2 s the group was given before the fix
+KILL_WAIT = 0.5  # seconds release_isolation's kill_and_wait waits here for the VMM to go (5 s by default)
+THAW_AFTER = 4.0  # seconds: past that wait and the 2 s the group was given before the fix
 
 pytestmark = [pytest.mark.faults,
               pytest.mark.skipif(os.geteuid() != 0 or not (FREEZER / "cgroup.procs").exists() or
@@ -37,7 +39,8 @@ def frozen_group():
     cgroups.remove_group([g], timeout=30)
 
 
-def test_a_killed_vmm_slow_to_exit_still_takes_its_cgroup_with_it(tmp_path, frozen_group):
+def test_a_killed_vmm_slow_to_exit_still_takes_its_cgroup_with_it(tmp_path, frozen_group, monkeypatch):
+    monkeypatch.setattr(supervisor, "kill_and_wait", functools.partial(kill_and_wait, timeout=KILL_WAIT))
     cid = "cslowexit01"
     g = cgroups.create(cid, str(tmp_path), None)
     vmm = subprocess.Popen(["sleep", "300"])
