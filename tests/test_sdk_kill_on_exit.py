@@ -16,7 +16,8 @@ from tests.fake_vmm import on_fake_base, on_fake_home, on_fake_rt  # noqa: F401 
 from tests.test_api import start_api_daemon, stop_api_daemon
 
 
-def test_a_failed_kill_on_exit_is_raised_or_noted(rt, home, base, tmp_path):
+def test_a_failed_kill_on_exit_is_raised_or_noted(rt, home, base, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORKD_RETRY_WAIT", "0.01")  # the kill still retries the stopped daemon, without back-off
     made: list[str] = []
     try:
         d = start_api_daemon(home, tmp_path)
