@@ -18,6 +18,7 @@ def test_an_unreachable_node_may_hold_the_pool_so_it_is_not_placed_again(tmp_pat
     d = start_api_daemon(home, tmp_path)
     try:
         monkeypatch.setenv("FORKD_TOKEN", d.token)
+        monkeypatch.setenv("FORKD_RETRY_WAIT", "0.01")  # node a is still retried, without back-off
         pool = resource("ForkPool", "agents", {"from": "py", "warm": 1})
         down = f"http://127.0.0.1:{free_port()}"
         with pytest.raises(Unavailable, match="node a did not answer whether it holds ForkPool/agents") as info:
