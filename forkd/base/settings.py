@@ -107,6 +107,9 @@ class Settings(BaseModel):
     operator_delete_wait: float = _env(60.0, "seconds one attempt of the operator's delete handler waits", gt=0)
     pull_grace: float = _env(60.0, "seconds a node keeps a snapshot the operator pulled there before the object it "
                                    "belongs to is applied on that node (then unused pulls are collected)", ge=0)
+    operator_release_retry: float = _env(2.0, "seconds before the operator's delete handler of a ForkParent or "
+                                              "ForkLayer tries again while a pool or layer on the node still forks "
+                                              "from it (they are deleted first)", gt=0)
     operator_registry: str = _env("", "operator: HOST[:PORT]/PATH of an OCI repository; when set, a ForkParent or "
                                       "ForkLayer is built on one node, pushed there as an artifact and pulled by "
                                       "digest on the others (TLS verified unless HOST is in "

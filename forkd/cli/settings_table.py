@@ -253,6 +253,10 @@ ROWS: tuple[tuple, ...] = (
      60.0,
      'seconds a node keeps a snapshot the operator pulled there before the object it belongs to is '
      'applied on that node (then unused pulls are collected)'),
+    ('FORKD_OPERATOR_RELEASE_RETRY', 'float', (('gt', 0),), 'float',
+     2.0,
+     "seconds before the operator's delete handler of a ForkParent or ForkLayer tries again while a pool "
+     'or layer on the node still forks from it (they are deleted first)'),
     ('FORKD_OPERATOR_REGISTRY', 'str', (), 'str',
      '',
      'operator: HOST[:PORT]/PATH of an OCI repository; when set, a ForkParent or ForkLayer is built on '

@@ -80,6 +80,7 @@ FINALIZER = "forkd.dev/finalizer"
 INTERVAL: float = read_one("operator_interval")
 RETRY: float = read_one("operator_retry")
 DELETE_WAIT: float = read_one("operator_delete_wait")  # per attempt of the delete handler
+RELEASE_RETRY: float = read_one("operator_release_retry")  # a parent or layer still forked from: deleted after them
 CANCELLATION_POLL = 1.0  # seconds between kopf's checks that a deleted resource's timer has exited
 SETTLE_POLL = 0.1  # seconds between looks at the daemon's status after an apply
 
@@ -366,7 +367,7 @@ def release(body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdap
                 time.sleep(0.3)
         if kind in ("ForkParent", "ForkLayer") and (users := _users(b, name)):
             raise kopf.TemporaryError(f"{kind}/{name} is still the source of {', '.join(users)} on this node: "
-                                      "deleted after them", delay=2)
+                                      "deleted after them", delay=RELEASE_RETRY)
         b.delete(kind, name)
         log.info("%s/%s deleted from the node daemon", kind, name)
     except NotFound:

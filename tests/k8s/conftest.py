@@ -125,7 +125,8 @@ class Operator:
         run from there (`python -m` imports the forkd of that checkout first: a benchmark's baseline)."""
         self.cwd = cwd
         self.env = dict(os.environ, KUBECONFIG=str(api.kubeconfig(workdir / "kubeconfig")),
-                        FORKD_OPERATOR_INTERVAL="1", FORKD_OPERATOR_RETRY="1", FORKD_OPERATOR_DELETE_WAIT="30")
+                        FORKD_OPERATOR_INTERVAL="1", FORKD_OPERATOR_RETRY="1", FORKD_OPERATOR_DELETE_WAIT="30",
+                        FORKD_OPERATOR_RELEASE_RETRY="0.2")
         self.env.update(env)
         for var in ("FORKD_DAEMON_SOCKET", "FORKD_NODES", "FORKD_NODE_PODS", "FORKD_URL"):
             if var not in env:
