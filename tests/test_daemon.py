@@ -22,6 +22,7 @@ kind: ForkParent
 metadata: {name: dp}
 spec: {memoryMiB: 256, warmup: {imports: [json]}}
 """
+INTERVAL = 0.5  # seconds between the daemon's reconcile passes (and looks at the watched directory)
 POOL = """\
 apiVersion: forkd.dev/v1alpha1
 kind: ForkPool
@@ -32,8 +33,8 @@ spec: {{from: dp, warm: {warm}}}
 
 def start_daemon(home: Path, watch: Path) -> subprocess.Popen:
     log = open(home / "daemon-test.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "forkd.api", "serve", "--watch", str(watch), "--interval", "1"],
-                            env=dict(os.environ, FORKD_HOME=str(home)), stdout=log, stderr=log)
+    proc = subprocess.Popen([sys.executable, "-m", "forkd.api", "serve", "--watch", str(watch), "--interval",
+                             str(INTERVAL)], env=dict(os.environ, FORKD_HOME=str(home)), stdout=log, stderr=log)
     deadline = time.monotonic() + 30
     while not answers(home):  # not the socket file alone: a killed daemon's is still there
         assert proc.poll() is None, (home / "daemon-test.log").read_text()[-2000:]
