@@ -2,7 +2,8 @@
 schema allows may cause a 5xx, and every response must match the schema.
 
 The app runs in-process (ASGI) over a real but empty store of its own (so generated objects never reach the
-other tests' daemons). Operations that boot VMs by the hundred (spawn, snapshot creation, branch, compaction,
+other tests' daemons), on tmpfs: each mutating request appends a line to the audit log, fsynced twice, and on a
+disk the fsyncs, not the requests, took most of the test's time. Operations that boot VMs by the hundred (spawn, snapshot creation, branch, compaction,
 claim) are not called: a generated `n=1000` would start a thousand QEMU processes on this 2-core machine. They
 are exercised with real VMs in test_api.py.
 """
@@ -39,7 +40,7 @@ EXCLUDED = (r"^/v1/(sandboxes|snapshots(/[^/]+/compact|/push|/pull|/build/[a-z-]
 
 @pytest.fixture(scope="module")
 def api_schema():
-    home = Path(tempfile.mkdtemp(prefix="fksch", dir="/tmp"))
+    home = Path(tempfile.mkdtemp(prefix="fksch", dir="/dev/shm" if Path("/dev/shm").is_dir() else "/tmp"))
     app = create_app(Control(Runtime(Layout(home))))
     yield schemathesis.openapi.from_asgi("/openapi.json", app).exclude(method="POST", path_regex=EXCLUDED)
     shutil.rmtree(Layout(home).flat_cache.parent, ignore_errors=True)
