@@ -3,9 +3,9 @@ schema allows may cause a 5xx, and every response must match the schema.
 
 The app runs in-process (ASGI) over a real but empty store of its own (so generated objects never reach the
 other tests' daemons), on tmpfs: each mutating request appends a line to the audit log, fsynced twice, and on a
-disk the fsyncs, not the requests, took most of the test's time. Operations that boot VMs by the hundred (spawn, snapshot creation, branch, compaction,
-claim) are not called: a generated `n=1000` would start a thousand QEMU processes on this 2-core machine. They
-are exercised with real VMs in test_api.py.
+disk the fsyncs, not the requests, took most of the test's time. Operations that boot VMs by the hundred (spawn,
+snapshot creation, branch, compaction, claim) are not called: a generated `n=1000` would start a thousand QEMU
+processes on this 2-core machine. They are exercised with real VMs in test_api.py.
 """
 
 from __future__ import annotations
