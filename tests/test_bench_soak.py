@@ -15,11 +15,11 @@ from tests.test_bench_scripts import BENCH
 @pytest.mark.vm
 @pytest.mark.bench
 def test_soak_short_mode_samples_every_series(rt, tmp_path):
-    """bench/soak.py for half a minute, a sample every 5 s (--short's code path, half its length): claim/exec/branch/
+    """bench/soak.py for 18 s, a sample every 4 s (--short's code path, a third of its length): claim/exec/branch/
     release churn against a real daemon with faults; every series is sampled, a slope printed for each, nothing left
     over at the end, and the dated report pair written."""
     rt.build_image()  # copied into the soak's private home
-    res = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--minutes", "0.5", "--interval", "5",
+    res = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--minutes", "0.3", "--interval", "4",
                           "--image-from", str(rt.layout.home), "--out", str(tmp_path), "--label", "ci", "-o", "json"],
                          capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]

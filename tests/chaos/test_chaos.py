@@ -18,7 +18,7 @@ KILLS = 3
 @pytest.fixture(scope="module")
 def chaos(rt) -> Report:
     rt.build_image()  # the session's image (cached): the private home copies it instead of building one
-    run = Chaos(Config(kills=KILLS, seed=SEED, max_load=10.0, image_from=rt.layout.home))
+    run = Chaos(Config(kills=KILLS, seed=SEED, max_load=6.0, image_from=rt.layout.home))
     try:
         run.run()
     finally:
