@@ -219,11 +219,11 @@ def test_grants_survive_a_daemon_restart_and_revoked_ones_stay_revoked(daemon, h
 
 
 def _settled(rt, child_id: str, within: float = 120.0):
-    """The child's record once it has left `running` and the moment between its VMM's kill and its record: the
-    relay's reader quarantines the child (kill, then record `failed`) while the relay's other pump, which saw the
-    shared connection cut, may already have ended the client's request."""
+    """The child's record once it has left `running`: the relay's reader records the child failed as it quarantines
+    it, while the relay's other pump, which saw the shared connection cut, may have ended the client's request a
+    moment before."""
     deadline = time.monotonic() + within
-    while (rec := rt.child(child_id)).status in ("running", "dead") and time.monotonic() < deadline:
+    while (rec := rt.child(child_id)).status == "running" and time.monotonic() < deadline:
         time.sleep(0.1)
     return rec
 

@@ -216,11 +216,17 @@ class Supervisor:
 
     def quarantine(self, rec: ChildRecord, exc: BaseException) -> None:
         """A child whose guest broke the agent protocol: stop its VMM, release its isolation, and keep its record
-        as `failed` with the reason (`ls` shows it; `forkd kill` removes it; a pool replaces it)."""
+        as `failed` with the reason (`ls` shows it; `forkd kill` removes it; a pool replaces it).
+
+        Recorded `failed` first, its pid kept, so no reader sees a running child whose VMM is gone (`dead`) while
+        the VMM is killed; a process that dies before the kill leaves a failed record whose VMM `forkd kill` (or
+        the pool retiring it) still stops."""
+        failed = rec.with_(state="failed", error=f"misbehaved (agent protocol): {exc}")
+        self.registry.save(failed)
         if rec.pid is not None:
             kill_and_wait(rec.pid, rec.started)
         release_isolation(rec)
-        self.registry.save(rec.with_(state="failed", error=f"misbehaved (agent protocol): {exc}", pid=None))
+        self.registry.save(failed.with_(pid=None))
 
     def private_memory_kib(self, rec: ChildRecord, memory: Path) -> dict[str, int]:
         """Guest RAM this child copied (Private_Dirty of the memory-file mapping) and the VMM's other Pss."""
