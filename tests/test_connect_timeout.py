@@ -43,26 +43,19 @@ def test_a_socket_that_appears_later_is_still_waited_for(tmp_path):
         srv.close()
 
 
-def test_a_vmm_that_exited_is_not_waited_for(tmp_path):
+
+@pytest.mark.parametrize("running, error, asked_once", [
+    (False, "the VMM exited before it opened", True),  # one miss, one question: no retries against a gone process
+    (True, "cannot connect", False),  # asked at every miss, and kept waiting until the timeout
+], ids=["exited", "running"])
+def test_a_vmm_that_exited_is_not_waited_for(tmp_path, running, error, asked_once):
     """A VMM that exited opens no socket: the connect says so at its first miss instead of waiting its timeout."""
     asked = []
 
     def alive() -> bool:
         asked.append(True)
-        return False
+        return running
 
-    with pytest.raises(ForkdError, match="the VMM exited before it opened"):
-        connect_unix(tmp_path / "never.sock", 30.0, alive)
-    assert asked == [True]  # one miss, one question: no retries against a process that is gone
-
-
-def test_a_running_vmm_is_waited_for_as_before(tmp_path):
-    asked = []
-
-    def alive() -> bool:
-        asked.append(True)
-        return True
-
-    with pytest.raises(ForkdError, match="cannot connect"):
-        connect_unix(tmp_path / "late.sock", 0.2, alive)
-    assert len(asked) > 1  # asked at every miss, and kept waiting
+    with pytest.raises(ForkdError, match=error):
+        connect_unix(tmp_path / "never.sock", 30.0 if not running else 0.2, alive)
+    assert (asked == [True]) if asked_once else len(asked) > 1

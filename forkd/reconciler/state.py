@@ -81,4 +81,4 @@ class Actual:
     in_flight: frozenset[str] = field(default_factory=frozenset)  # keys of actions still running
     spawn_p50_ms: tuple[tuple[str, float], ...] = ()  # (pool, p50 of recent spawn-to-answer times)
     claims: tuple[ClaimRecord, ...] = ()  # what each ForkClaim (deleted ones too) holds
-    pull_grace: float = 60.0  # seconds an owned pull's snapshot waits for its object (FORKD_PULL_GRACE)
+    pull_grace: float = 60.0  # FORKD_PULL_GRACE's default (observe.actual passes the setting; a test keeps them equal)

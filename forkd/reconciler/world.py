@@ -249,11 +249,11 @@ class World:
     failures: Mapping[str, Failure]  # action key -> its latest failure
     in_flight: frozenset[str]  # keys of actions still running
     p50s: Mapping[str, float]  # pool -> p50 of recent spawn-to-answer times (ms)
+    pull_grace: float  # seconds an owned pull's snapshot is kept before its object is applied (Actual's)
     claims: tuple[ForkClaim, ...] = ()
     records: Mapping[str, ClaimRecord] = field(default_factory=dict)  # claim name -> what it holds
     stray_records: tuple[ClaimRecord, ...] = ()  # records of claims deleted (or deleted and made again)
     refused: tuple[ForkObject, ...] = ()  # objects naming something outside their namespace (stuck: why)
-    pull_grace: float = 60.0  # seconds an owned pull's snapshot is kept before its object is applied
 
     def child(self, child_id: str) -> ChildState | None:
         return next((c for c in self.children if c.id == child_id), None)
